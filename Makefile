@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: demo test install dev lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# llama-cpp-python compiles llama.cpp on install (about 5 minutes on 2 cores; pip caches the wheel).
+install: $(PY)
+	$(PY) -m pip install --quiet -e .
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+dev: $(STAMP)
+
+demo: install
+	$(VENV)/bin/specgen run "The three most important ideas in computer science are"
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check specgen tests
+	$(VENV)/bin/ruff format --check specgen tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,117 @@
+"""The seams between the loop and the models: `Engine` and `Drafter` protocols.
+
+No third-party imports beyond numpy, so the loop and its tests never need llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Logits = npt.NDArray[np.float32]
+"""(n_rows, n_vocab) float32 raw scores, one row per output position."""
+Probs = npt.NDArray[np.float64]
+"""(n_vocab,) or (n_rows, n_vocab) float64, each row sums to 1."""
+TokenIds = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What llama.cpp's `common_speculative_are_compatible` compares between two models.
+
+    Attributes:
+        vocab_type: llama.cpp's `llama_vocab_type` (1 = SPM, 2 = BPE, ...).
+        n_vocab: number of tokens.
+        bos, eos: special token ids (-1 when absent).
+        add_bos, add_eos: whether tokenization adds them.
+    """
+
+    vocab_type: int
+    n_vocab: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Engine(Protocol):
+    """One model with one KV cache (sequence 0), as the loop needs it.
+
+    Invariant kept by the caller: ``tokens`` is exactly what the cache holds, in order.
+    """
+
+    name: str
+    n_vocab: int
+    n_ctx: int
+    vocab: VocabInfo
+    tokens: list[int]
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        """Tokenize UTF-8 bytes (special tokens such as ``<start_of_turn>`` are parsed)."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to (control tokens render to b'')."""
+        ...
+
+    def token_text(self, token: int) -> str:
+        """The token's vocabulary entry as stored in the GGUF (for compatibility checks)."""
+        ...
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+        ...
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+        """Append ``tokens`` to the cache and evaluate them in one batched pass.
+
+        Returns:
+            (len(tokens), n_vocab) float32 when ``all_logits``, else (1, n_vocab) for the
+            last token. A view into llama.cpp's buffer: valid only until the next decode.
+
+        Raises:
+            EngineError: llama.cpp failed, or the tokens do not fit in the context.
+        """
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Drop cached positions >= n (rollback). Raises EngineError when the cache
+        cannot drop that range."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Block:
+    """A drafted block.
+
+    Attributes:
+        tokens: (K,) int64 proposed token ids x_1..x_K.
+        q: (K, n_vocab) float64; row i is the exact distribution x_{i+1} was sampled
+            from (after the same warpers as the target's p), rows sum to 1.
+    """
+
+    tokens: TokenIds
+    q: Probs
+
+
+class Drafter(Protocol):
+    """Proposes up to K tokens after the committed context (llama.cpp's
+    `common_speculative_gen_draft`)."""
+
+    name: str
+
+    def prefill(self, context: list[int]) -> None:
+        """Evaluate the committed context except its last token (may be a no-op)."""
+        ...
+
+    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+        """Propose up to k tokens following ``context`` (which ends with the committed,
+        not yet evaluated token). May return fewer than k (even 0)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,38 @@
+"""The exception hierarchy. Each class says what the user should do.
+
+Library code raises these; only ``cli.py`` turns them into a one-line message and an
+exit code (set ``SPECGEN_DEBUG=1`` to see the traceback instead).
+"""
+
+from __future__ import annotations
+
+
+class SpecgenError(Exception):
+    """Base class: a problem the user can fix; the message says how. Exit code 1."""
+
+    exit_code = 1
+
+
+class ModelFileError(SpecgenError):
+    """A model file is missing, unreadable, not GGUF, or truncated: check the path or re-download it."""
+
+
+class ModelLoadError(SpecgenError):
+    """llama.cpp refused to load a model or create its context: check memory, -c and -ngl."""
+
+
+class VocabMismatchError(SpecgenError):
+    """Draft and target tokenizers differ: pick a draft from the same model family."""
+
+
+class PromptError(SpecgenError):
+    """The prompt is empty or does not fit in the context: shorten it or raise -c."""
+
+
+class EngineError(SpecgenError):
+    """llama.cpp failed while decoding or could not roll back its cache (for example a
+    recurrent model): report it with SPECGEN_DEBUG=1 output, or use --draft none."""
+
+
+class ConfigError(SpecgenError):
+    """A command-line value or registry entry is invalid: the message names the flag, file or key."""

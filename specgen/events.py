@@ -1,0 +1,136 @@
+"""Typed events the generation loop yields. They never print; the view and the JSON
+writer turn them into output. Field names carry units (`_s` = seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["length", "stop", "eos", "interrupted"]
+
+
+@dataclass(frozen=True)
+class Span:
+    """Text emitted for one committed token.
+
+    Attributes:
+        text: the characters this token completed (may be '' while a multi-byte
+            character is still incomplete, or hold the tail of earlier tokens' bytes).
+        token: the token id.
+        from_draft: True when the draft proposed it and the target accepted it; False
+            when the target produced it (residual resample, bonus token, or ordinary decoding).
+    """
+
+    text: str
+    token: int
+    from_draft: bool
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt has been evaluated by the target (and the draft, if any)."""
+
+    n_prompt: int
+    prefill_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round: draft K, verify once, accept n, emit n + 1 tokens (fewer at the end).
+
+    Attributes:
+        k: block size used (0 = an ordinary decoding pass).
+        n_accepted: accepted draft tokens this round (counted up to the last emitted token).
+        spans: the emitted tokens with their text and origin, in order.
+        rejected_text: text of the rejected draft proposal, or None when nothing was rejected.
+        draft_s, verify_s, sample_s: seconds spent drafting, in the target's batched
+            decode, and in warping/acceptance/residual sampling.
+        round_s: wall seconds of the whole round.
+    """
+
+    k: int
+    n_accepted: int
+    spans: tuple[Span, ...]
+    rejected_text: str | None
+    draft_s: float
+    verify_s: float
+    sample_s: float
+    round_s: float
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.spans)
+
+
+@dataclass
+class Stats:
+    """Running totals of one generation.
+
+    Attributes:
+        n_prompt: prompt tokens.
+        n_generated: tokens emitted (nothing after an end-of-generation token or stop string).
+        n_drafted: draft tokens proposed and verified (counted up to the last emitted token).
+        n_accepted: of those, accepted.
+        target_passes: target decodes after the prompt (one per round).
+        prefill_s: seconds to evaluate the prompt.
+        decode_s: wall seconds from the end of prefill to the last emitted token.
+        draft_s, verify_s, sample_s: the split of decode_s (the rest is bookkeeping).
+        ttft_s: time to first token: prefill plus the first round, seconds.
+        k_history: block size chosen each round.
+    """
+
+    n_prompt: int = 0
+    n_generated: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    target_passes: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    sample_s: float = 0.0
+    ttft_s: float = 0.0
+    k_history: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha estimate: accepted / drafted (0 when nothing was drafted)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Mean tokens emitted per target pass (1.0 for ordinary decoding)."""
+        return self.n_generated / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over decode wall time (prefill excluded), tokens/s."""
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "n_prompt": self.n_prompt,
+            "n_generated": self.n_generated,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "target_passes": self.target_passes,
+            "tokens_per_pass": round(self.tokens_per_pass, 6),
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "prefill_s": round(self.prefill_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "draft_s": round(self.draft_s, 6),
+            "verify_s": round(self.verify_s, 6),
+            "sample_s": round(self.sample_s, 6),
+            "ttft_s": round(self.ttft_s, 6),
+        }
+
+
+@dataclass(frozen=True)
+class Done:
+    """Generation ended. `text` is the whole output, `tokens` the emitted ids."""
+
+    finish_reason: FinishReason
+    text: str
+    tokens: tuple[int, ...]
+    stats: Stats
