@@ -1,0 +1,672 @@
+"""Every Rich renderable of `specgen run`: the live view, the final summary, the loading spinner.
+
+The view is a function of state (the shape of Rich's ``top_lite_simulator`` example):
+
+* ``ViewState`` holds what the screen needs; ``apply(state, event)`` folds the loop's
+  ``Prefilled`` / ``Step`` / ``Done`` events into it.
+* ``render(state)`` and ``render_summary(state)`` are pure: state in, renderable out.
+* ``LiveView`` owns the one ``rich.live.Live`` and decides *when* to draw (at most every
+  ``min_interval_s`` seconds) and *what stays on screen*: finished lines of text are printed
+  above the live region as soon as their newline arrives, so the scrollback always holds
+  the text so far; the live region holds only the current line(s), the legend and the footer.
+* ``loading_status`` is the spinner shown while models load.
+
+Imports rich and ``specgen.events`` only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.live import Live
+from rich.measure import Measurement
+from rich.segment import Segment
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+
+Origin = Literal["draft", "target", "rejected"]
+"""Where a piece of text came from: an accepted draft token, a token the target produced
+(residual resample, bonus token or ordinary decoding), or a rejected draft proposal."""
+
+Event = Prefilled | Step | Done
+
+COLOR_STYLES: dict[Origin, str] = {
+    "draft": "green",
+    "target": "magenta",
+    "rejected": "dim strike red",
+}
+"""Styles per origin when color is on."""
+
+MONO_STYLES: dict[Origin, str] = {
+    "draft": "",
+    "target": "bold",
+    "rejected": "dim strike",
+}
+"""Styles per origin under NO_COLOR: attributes only (NO_COLOR forbids color, not bold)."""
+
+FINISH_TEXT: dict[str, str] = {
+    "length": "length (max tokens reached)",
+    "stop": "stop string",
+    "eos": "end-of-generation token",
+    "interrupted": "interrupted (Ctrl-C)",
+}
+
+# C0 control characters (except newline and tab) and DEL are shown as their Unicode
+# "control pictures" so model output can never move the cursor or change terminal modes.
+_CONTROL_PICTURES = {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {127: 0x2421}
+_REJECTED_PICTURES = _CONTROL_PICTURES | {10: 0x21B5}  # a rejected newline shows as "↵"
+
+Position = tuple[int, int]
+"""(segment index, character offset) into ``ViewState.segments``."""
+
+
+# --------------------------------------------------------------------------------------
+# break-even acceptance
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha): expected tokens per round (Leviathan
+    et al. 2023, eq. 1) when each draft token is accepted with probability alpha.
+
+    Args:
+        alpha: acceptance rate in [0, 1].
+        k: block size K >= 0.
+
+    Returns:
+        Tokens per round, from 1 (alpha = 0) to K + 1 (alpha = 1).
+    """
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def break_even_alpha(
+    k: int, draft_token_s: float, verify_s: float, ordinary_token_s: float
+) -> float:
+    """The acceptance rate below which speculation is slower than ordinary decoding.
+
+    A round costs ``k * draft_token_s + verify_s`` seconds and yields E(alpha, k) tokens;
+    ordinary decoding yields one token per ``ordinary_token_s`` seconds. Solves
+    E(alpha, k) = (k * draft_token_s + verify_s) / ordinary_token_s by bisection
+    (E is increasing in alpha).
+
+    Args:
+        k: block size K >= 1.
+        draft_token_s: seconds to draft one token.
+        verify_s: seconds per round outside drafting (the target's batched pass, plus
+            sampling and bookkeeping if the caller counts them), seconds.
+        ordinary_token_s: seconds per token of ordinary decoding (> 0).
+
+    Returns:
+        alpha in [0, 1]; 0.0 when any acceptance pays, 1.0 when only perfect acceptance
+        breaks even, and ``math.inf`` when even alpha = 1 is slower than ordinary decoding.
+    """
+    if k < 1:
+        raise ValueError(f"break_even_alpha needs k >= 1, got {k}")
+    if ordinary_token_s <= 0:
+        raise ValueError(f"ordinary_token_s must be > 0, got {ordinary_token_s}")
+    needed = (k * draft_token_s + verify_s) / ordinary_token_s  # tokens per round to tie
+    eps = 1e-9
+    if needed <= 1.0 + eps:
+        return 0.0
+    if needed > k + 1 + eps:
+        return math.inf
+    if needed >= k + 1 - eps:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_tokens_per_round(mid, k) < needed:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# --------------------------------------------------------------------------------------
+# state
+
+
+@dataclass
+class ViewState:
+    """Everything the screen shows. Built by the CLI, folded by ``apply``.
+
+    Attributes:
+        target_name, draft_name: model names (draft_name None when there is no drafter).
+        show_rejected: show rejected draft proposals inline, dim and struck through.
+        color: use colors; False selects attribute-only styles (NO_COLOR).
+        segments: (text, origin) pieces in the order they came; rejected pieces are kept
+            even when not shown.
+        stats: running totals, replaced by ``Done.stats`` at the end.
+        k: block size of the latest round (0 = ordinary decoding), None before the first.
+        ordinary_token_s: seconds per token of ordinary decoding of this target, timed in
+            this process right after the prompt; None when not measured.
+        ordinary_how: how ``ordinary_token_s`` was obtained, e.g. "3 single-token target
+            passes after the prompt".
+        finish_reason: None while generating.
+        spec_rounds, spec_drafted, spec_draft_s, spec_round_s: rounds with K > 0, the draft
+            tokens they proposed, and their drafting and wall seconds (for break-even).
+        last_spec_k: block size of the latest round with K > 0 (0 if none yet).
+    """
+
+    target_name: str
+    draft_name: str | None = None
+    show_rejected: bool = False
+    color: bool = True
+    segments: list[tuple[str, Origin]] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    k: int | None = None
+    ordinary_token_s: float | None = None
+    ordinary_how: str = ""
+    finish_reason: FinishReason | None = None
+    spec_rounds: int = 0
+    spec_drafted: int = 0
+    spec_draft_s: float = 0.0
+    spec_round_s: float = 0.0
+    last_spec_k: int = 0
+
+    @property
+    def text(self) -> str:
+        """The generated text so far (rejected proposals excluded)."""
+        return "".join(t for t, origin in self.segments if origin != "rejected")
+
+    @property
+    def speedup(self) -> float | None:
+        """Measured tokens/s over ordinary decoding's tokens/s (1 / ordinary_token_s);
+        None until both are known."""
+        if not self.ordinary_token_s or self.stats.decode_s <= 0:
+            return None
+        return self.stats.tokens_per_s * self.ordinary_token_s
+
+    @property
+    def break_even(self) -> tuple[int, float] | None:
+        """(K, break-even alpha) from the costs measured so far, or None when there is no
+        baseline or no speculative round yet."""
+        k = self.k if self.k else self.last_spec_k
+        if not self.ordinary_token_s or not k or not self.spec_rounds or not self.spec_drafted:
+            return None
+        draft_token_s = self.spec_draft_s / self.spec_drafted
+        fixed_s = max(0.0, self.spec_round_s - self.spec_draft_s) / self.spec_rounds
+        return k, break_even_alpha(k, draft_token_s, fixed_s, self.ordinary_token_s)
+
+
+def apply(state: ViewState, event: Event) -> None:
+    """Fold one event from the generation loop into ``state`` (in place).
+
+    Unknown event types are ignored, so the loop may grow new events.
+    """
+    if isinstance(event, Prefilled):
+        state.stats.n_prompt = event.n_prompt
+        state.stats.prefill_s = event.prefill_s
+    elif isinstance(event, Step):
+        _apply_step(state, event)
+    elif isinstance(event, Done):
+        if not event.stats.k_history and state.stats.k_history:
+            event.stats.k_history = list(state.stats.k_history)
+        state.stats = event.stats
+        state.finish_reason = event.finish_reason
+
+
+def _apply_step(state: ViewState, step: Step) -> None:
+    segments = state.segments
+    for i, span in enumerate(step.spans):
+        if i == step.n_accepted and step.rejected_text is not None:
+            segments.append((step.rejected_text, "rejected"))
+        segments.append((span.text, "draft" if span.from_draft else "target"))
+    if step.rejected_text is not None and step.n_accepted >= len(step.spans):
+        segments.append((step.rejected_text, "rejected"))
+    s = state.stats
+    if s.target_passes == 0:
+        s.ttft_s = s.prefill_s + step.round_s
+    s.n_generated += len(step.spans)
+    s.n_drafted += step.k
+    s.n_accepted += step.n_accepted
+    s.target_passes += 1
+    s.draft_s += step.draft_s
+    s.verify_s += step.verify_s
+    s.sample_s += step.sample_s
+    s.decode_s += step.round_s
+    s.k_history.append(step.k)
+    state.k = step.k
+    if step.k > 0:
+        state.spec_rounds += 1
+        state.spec_drafted += step.k
+        state.spec_draft_s += step.draft_s
+        state.spec_round_s += step.round_s
+        state.last_spec_k = step.k
+
+
+# --------------------------------------------------------------------------------------
+# pure rendering
+
+
+def styles(state: ViewState) -> dict[Origin, str]:
+    """The style per origin for this state (color or NO_COLOR)."""
+    return COLOR_STYLES if state.color else MONO_STYLES
+
+
+def body_text(state: ViewState, start: Position = (0, 0), end: Position | None = None) -> Text:
+    """The generated text from ``start`` up to ``end`` (exclusive), styled by origin.
+
+    Rejected proposals appear only when ``state.show_rejected``; control characters are
+    shown as visible symbols.
+    """
+    style = styles(state)
+    text = Text()
+    segs = state.segments
+    i0, off0 = start
+    i1, off1 = end if end is not None else (len(segs), 0)
+    run: list[str] = []
+    run_origin: Origin | None = None
+    for i in range(i0, min(i1, len(segs) - 1) + 1):
+        piece, origin = segs[i]
+        piece = piece[(off0 if i == i0 else 0) : (off1 if i == i1 else len(piece))]
+        if not piece:
+            continue
+        if origin == "rejected":
+            if not state.show_rejected:
+                continue
+            piece = piece.translate(_REJECTED_PICTURES)
+        else:
+            piece = piece.translate(_CONTROL_PICTURES)
+        if origin != run_origin and run:
+            text.append("".join(run), style[run_origin] if run_origin else "")
+            run = []
+        run_origin = origin
+        run.append(piece)
+    if run and run_origin is not None:
+        text.append("".join(run), style[run_origin])
+    return text
+
+
+def legend(state: ViewState) -> Text:
+    """One line naming the style of each origin and the models."""
+    style = styles(state)
+    if state.draft_name is None:
+        return Text.assemble(("target", style["target"]), f" {state.target_name}")
+    parts: list[str | tuple[str, str]]
+    if state.color:
+        parts = [
+            ("accepted draft", style["draft"]),
+            f" ({state.draft_name}) · ",
+            ("target", style["target"]),
+            f" ({state.target_name})",
+        ]
+    else:
+        parts = [
+            "plain: accepted draft",
+            f" ({state.draft_name}) · ",
+            ("bold: target", style["target"]),
+            f" ({state.target_name})",
+        ]
+    if state.show_rejected:
+        parts += [" · ", ("rejected" if state.color else "struck: rejected", style["rejected"])]
+    return Text.assemble(*parts)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def time_split(stats: Stats) -> str:
+    """'draft 40% · verify 50% · other 10%' of the decode wall time."""
+    total = stats.decode_s
+    if total <= 0:
+        return "draft – · verify – · other –"
+    other = max(0.0, total - stats.draft_s - stats.verify_s)
+    return (
+        f"draft {stats.draft_s / total:.0%} · verify {stats.verify_s / total:.0%}"
+        f" · other {other / total:.0%}"
+    )
+
+
+def k_text(k: int | None) -> str | None:
+    """'K=5', 'fallback: ordinary decoding' (K = 0), or None before the first round."""
+    if k is None:
+        return None
+    return "fallback: ordinary decoding" if k == 0 else f"K={k}"
+
+
+def speedup_text(state: ViewState) -> str:
+    """The speedup and how the ordinary-decoding baseline was obtained."""
+    if not state.ordinary_token_s:
+        return "speedup n/a (ordinary decoding not timed)"
+    base = f"ordinary {1.0 / state.ordinary_token_s:.1f} tok/s"
+    how = f", timed: {state.ordinary_how}" if state.ordinary_how else ""
+    sp = state.speedup
+    head = f"speedup {sp:.2f}×" if sp is not None else "speedup –"
+    return f"{head} vs {base}{how}"
+
+
+def break_even_text(state: ViewState) -> str | None:
+    """'break-even acceptance 35% at K=5' (or why there is none), None when unknown."""
+    be = state.break_even
+    if be is None:
+        return None
+    k, alpha = be
+    if math.isinf(alpha):
+        return f"break-even: none at K={k} (slower even at 100% acceptance)"
+    if alpha <= 0.0:
+        return f"break-even: any acceptance pays at K={k}"
+    return f"break-even acceptance {alpha:.1%} at K={k}"
+
+
+def footer(state: ViewState) -> RenderableType:
+    """The running numbers: K, tokens, tokens/s, acceptance, tokens per target pass, time
+    split, speedup over ordinary decoding with its baseline, break-even acceptance."""
+    s = state.stats
+    items: list[str] = []
+    kt = k_text(state.k)
+    if kt:
+        items.append(kt)
+    items += [
+        f"{s.n_generated} tokens",
+        f"{s.tokens_per_s:.1f} tok/s",
+        f"acceptance {_pct(s.acceptance_rate)}" if s.n_drafted else "acceptance n/a",
+        f"{s.tokens_per_pass:.2f} tok/pass",
+        f"time: {time_split(s)}",
+        speedup_text(state),
+    ]
+    be = break_even_text(state)
+    if be:
+        items.append(be)
+    return Flow([Text(item) for item in items])
+
+
+def render(state: ViewState, start: Position = (0, 0), tail: bool = False) -> RenderableType:
+    """The whole view: text (colored by origin), legend line, footer. Pure.
+
+    Args:
+        state: what to show.
+        start: show the text from this position (LiveView passes what it already printed).
+        tail: keep only as many trailing lines of text as fit the terminal height above
+            the legend and footer (for the live region).
+    """
+    bottom: list[RenderableType] = [Text("─" * 3, style="dim"), legend(state), footer(state)]
+    body = body_text(state, start)
+    if tail:
+        return _Tail(body, bottom)
+    return Group(body, *bottom)
+
+
+def render_summary(state: ViewState) -> RenderableType:
+    """The final summary: finish reason, models, totals, time split, speedup, break-even."""
+    s = state.stats
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    reason = state.finish_reason or "interrupted"
+    grid.add_row("finished", FINISH_TEXT.get(reason, reason))
+    models = f"target {state.target_name}"
+    if state.draft_name:
+        models += f" · draft {state.draft_name}"
+    grid.add_row("models", models)
+    grid.add_row("tokens", f"{s.n_generated} generated · {s.n_prompt} prompt")
+    grid.add_row(
+        "speed",
+        f"{s.tokens_per_s:.1f} tok/s · ttft {s.ttft_s:.2f} s · prefill {s.prefill_s:.2f} s",
+    )
+    acc = (
+        f"{_pct(s.acceptance_rate)} ({s.n_accepted} of {s.n_drafted} drafted)"
+        if s.n_drafted
+        else "n/a (nothing drafted)"
+    )
+    grid.add_row("acceptance", acc)
+    grid.add_row("per pass", f"{s.tokens_per_pass:.2f} tokens over {s.target_passes} target passes")
+    grid.add_row("time", f"decode {s.decode_s:.2f} s: {time_split(s)}")
+    grid.add_row("speedup", speedup_text(state).removeprefix("speedup "))
+    be = break_even_text(state)
+    if be:
+        grid.add_row("break-even", be.removeprefix("break-even").lstrip(": "))
+    ks = [k for k in s.k_history if k > 0]
+    if s.k_history:
+        fallback = len(s.k_history) - len(ks)
+        mean_k = f"mean {sum(ks) / len(ks):.1f}" if ks else "no speculative rounds"
+        grid.add_row("K", f"{mean_k} · {fallback} fallback rounds of {len(s.k_history)}")
+    return Group(Text("summary", style="bold underline"), grid)
+
+
+class Flow:
+    """Items laid out left to right, separated by ' · ', wrapping only between items
+    (an item wider than the line wraps on its own)."""
+
+    def __init__(self, items: Sequence[Text], sep: str = " · ") -> None:
+        self.items = list(items)
+        self.sep = sep
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        out = Text(end="")
+        line_len = 0
+        for item in self.items:
+            n = item.cell_len
+            if line_len and line_len + len(self.sep) + n > width:
+                out.append("\n")
+                line_len = 0
+            elif line_len:
+                out.append(self.sep, style="dim")
+                line_len += len(self.sep)
+            out.append_text(item)
+            line_len += n
+        yield out
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widths = [i.cell_len for i in self.items] or [0]
+        total = sum(widths) + len(self.sep) * (len(widths) - 1)
+        return Measurement(min(max(widths), options.max_width), min(total, options.max_width))
+
+
+class _Tail:
+    """The last lines of ``body`` that fit above ``bottom`` in the terminal height."""
+
+    def __init__(self, body: Text, bottom: Sequence[RenderableType]) -> None:
+        self.body = body
+        self.bottom = bottom
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        bottom = console.render_lines(Group(*self.bottom), options, pad=False)
+        room = max(1, options.size.height - len(bottom) - 1)
+        lines = console.render_lines(self.body, options, pad=False) if self.body else []
+        new_line = Segment.line()
+        for line in [*lines[-room:], *bottom]:
+            yield from line
+            yield new_line
+
+
+# --------------------------------------------------------------------------------------
+# live view
+
+
+def console_has_color(console: Console) -> bool:
+    """False when the console will not print colors (NO_COLOR set, or no color system)."""
+    return not console.no_color and console.color_system is not None
+
+
+class LiveView:
+    """One ``rich.live.Live`` showing the text so far, the legend and the footer.
+
+    Use as a context manager and feed it every event::
+
+        with LiveView(console, state) as view:
+            for event in events:
+                view.update(event)
+
+    Finished lines (up to a newline) are printed above the live region as they arrive, so
+    the terminal's scrollback holds the whole text; the live region holds only the current
+    line(s) and the footer, which keeps each redraw cheap however long the output grows.
+    Redraws happen at most every ``min_interval_s`` seconds. On exit, normal or not
+    (KeyboardInterrupt included), the live region is removed, the rest of the text is
+    printed, then the summary; the exception is not swallowed.
+
+    Args:
+        console: the stdout console (a terminal).
+        state: the state to fold events into; ``state.color`` is switched off when the
+            console shows no color.
+        min_interval_s: minimum seconds between redraws (0.1 = at most 10 Hz).
+        clock: monotonic clock in seconds (injectable for tests).
+        summary: print ``render_summary`` on exit.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        state: ViewState,
+        *,
+        min_interval_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        summary: bool = True,
+    ) -> None:
+        self.console = console
+        self.state = state
+        state.color = state.color and console_has_color(console)
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self.summary = summary
+        self.n_refreshes = 0
+        self._printed: Position = (0, 0)
+        self._last_refresh = -math.inf
+        self._live = Live(
+            console=console,
+            auto_refresh=False,
+            transient=True,
+            vertical_overflow="visible",
+        )
+
+    def __enter__(self) -> LiveView:
+        self._live.start()
+        self.refresh()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and self.state.finish_reason is None:
+            if issubclass(exc_type, KeyboardInterrupt):
+                self.state.finish_reason = "interrupted"
+        self.close()
+
+    def close(self) -> None:
+        """Remove the live region, print the rest of the text and the summary (idempotent)."""
+        if self._live is None:
+            return
+        live, self._live = self._live, None
+        live.stop()
+        rest = body_text(self.state, self._printed)
+        self._printed = (len(self.state.segments), 0)
+        self.console.print(rest, end="\n", crop=False)
+        if self.summary:
+            self.console.print()
+            self.console.print(render_summary(self.state))
+
+    def set_baseline(self, ordinary_token_s: float | None, how: str) -> None:
+        """Record ordinary decoding's seconds per token and how it was measured."""
+        self.state.ordinary_token_s = ordinary_token_s
+        self.state.ordinary_how = how
+
+    def update(self, event: Event) -> None:
+        """Fold one event and redraw if ``min_interval_s`` has passed (always on
+        ``Prefilled`` and ``Done``)."""
+        apply(self.state, event)
+        now = self.clock()
+        if isinstance(event, Step) and now - self._last_refresh < self.min_interval_s:
+            return
+        self._redraw(now)
+
+    def refresh(self) -> None:
+        """Redraw now, whatever the throttle says."""
+        self._redraw(self.clock())
+
+    def _redraw(self, now: float) -> None:
+        if self._live is None:
+            return
+        self._last_refresh = now
+        self.n_refreshes += 1
+        done, end = self._finished_lines()
+        self._live.update(render(self.state, self._printed, tail=True), refresh=done is None)
+        if done is not None:
+            # Printing above the live region redraws it too (Rich's render hook).
+            self.console.print(done, crop=False)
+            self._printed = end
+
+    def _finished_lines(self) -> tuple[Text | None, Position]:
+        """The text from what was printed up to the last newline, and where the rest starts."""
+        segs = self.state.segments
+        i0 = self._printed[0]
+        for i in range(len(segs) - 1, i0 - 1, -1):
+            piece, origin = segs[i]
+            if origin == "rejected":
+                continue
+            pos = piece.rfind("\n")
+            if pos < 0 or (i == i0 and pos < self._printed[1]):
+                continue
+            text = body_text(self.state, self._printed, (i, pos))
+            nxt = (i, pos + 1) if pos + 1 < len(piece) else (i + 1, 0)
+            return text, nxt
+        return None, self._printed
+
+
+# --------------------------------------------------------------------------------------
+# loading status
+
+
+class _Elapsed:
+    """A status message followed by the seconds since ``start``, computed at each redraw."""
+
+    def __init__(self, message: str, start: float, clock: Callable[[], float]) -> None:
+        self.message = message
+        self.start = start
+        self.clock = clock
+
+    def __rich__(self) -> Text:
+        return Text.assemble(self.message, (f" {self.clock() - self.start:.1f} s", "dim"))
+
+
+@contextmanager
+def loading_status(
+    console: Console,
+    message: str,
+    done: str | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Status]:
+    """A spinner with ``message`` and the seconds elapsed while the block runs, then one
+    line saying how long it took: "✓ loaded target model in 1.2 s".
+
+    Args:
+        console: the stderr console.
+        message: what is happening, e.g. "loading target model gemma-3-1b-it".
+        done: the line's text on success (defaults to ``message``).
+        clock: monotonic clock in seconds.
+
+    Yields:
+        The ``rich.status.Status`` (``.update(...)`` changes the spinner's message).
+    """
+    start = clock()
+    outcome = "failed"
+    try:
+        with console.status(_Elapsed(message, start, clock), spinner="dots") as status:
+            yield status
+        outcome = "ok"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    finally:
+        elapsed = clock() - start
+        if outcome == "ok":
+            line = Text.assemble(("✓ ", "green"), done or message, f" in {elapsed:.1f} s")
+        else:
+            line = Text.assemble(("✗ ", "red"), message, f" {outcome} after {elapsed:.1f} s")
+        console.print(line)
