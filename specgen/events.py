@@ -32,6 +32,9 @@ class Prefilled:
 
     n_prompt: int
     prefill_s: float
+    ordinary_token_s: float | None = None
+    """Median seconds of a single-token target pass, timed right after the prompt on
+    this hardware (the ordinary-decoding baseline), or None when not measured."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""What the `run` command does, below the Typer layer: resolve models, load them,
+drive the loop, and write plain text, JSON or the live view. No Typer here."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.events import Done, Prefilled, Step
+from specgen.generate import GenerateConfig, generate
+from specgen.llamacpp import EngineConfig, set_verbose
+from specgen.runner import DRAFT_NGRAM, DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
+from specgen.sampling import SamplingParams
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    prompt: bytes
+    target: str | None
+    draft: str | None
+    pair: str | None
+    models: Path | None
+    max_tokens: int
+    temp: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None
+    draft_max: str
+    draft_p_min: float
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    json_out: bool
+    live: bool
+    show_rejected: bool
+    n_gpu_layers: int
+    n_gpu_layers_draft: int
+    threads: int
+    ctx_size: int
+    verbose: bool
+
+
+def resolve_models(
+    target: str | None, draft: str | None, pair: str | None, models: Path | None, status=None
+) -> tuple[Path, Path | str, int | None]:
+    """Turn --target/--draft/--pair into paths (or `none`/`ngram`) and a suggested K.
+
+    With nothing given, the embedded demo pair (prepared once, offline).
+
+    Raises:
+        ConfigError: unknown or not-downloaded names, or --pair mixed with --target.
+    """
+    from specgen.errors import ConfigError
+
+    if pair is not None:
+        if target is not None:
+            raise ConfigError("--pair cannot be combined with --target")
+        from specgen.registry import load_registry
+
+        t, d, k = load_registry(models).resolve_pair(pair)
+        return t, (draft if draft in (DRAFT_NONE, DRAFT_NGRAM) else d), k
+    if target is None:
+        from specgen.demo import ensure_demo_pair
+
+        t, d = ensure_demo_pair(status=status)
+        if draft is None:
+            return t, d, None
+        return t, _resolve_one(draft, models), None
+    if draft is None:
+        raise ConfigError("--target needs --draft too (a model, 'ngram' or 'none')")
+    return _resolve_one(target, models), _resolve_one(draft, models), None
+
+
+def _resolve_one(name: str, models: Path | None) -> Path | str:
+    if name in (DRAFT_NONE, DRAFT_NGRAM):
+        return name
+    p = Path(name)
+    if p.exists() or p.suffix == ".gguf" or "/" in name:
+        return p
+    from specgen.registry import load_registry
+
+    return load_registry(models).resolve_model(name)
+
+
+def run(a: RunArgs) -> int:
+    """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
+    set_verbose(a.verbose)
+    seed = a.seed if a.seed is not None else secrets.randbits(31)
+    params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
+    draft_max = parse_draft_max(a.draft_max)
+    view = None
+    if a.live:
+        from specgen import view as view_mod
+
+        view = view_mod
+    status = None
+    target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
+    if target_path == DRAFT_NONE or target_path == DRAFT_NGRAM:
+        from specgen.errors import ConfigError
+
+        raise ConfigError("--target must be a model")
+    spec = ModelSpec(
+        target=Path(target_path),
+        draft=draft_path,
+        target_cfg=EngineConfig(
+            n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers, n_threads=a.threads
+        ),
+        draft_cfg=EngineConfig(
+            n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers_draft, n_threads=a.threads
+        ),
+    )
+    loaded = load(spec, params, draft_p_min=a.draft_p_min)
+    try:
+        prompt = loaded.target.tokenize(a.prompt)
+        config = GenerateConfig(
+            max_tokens=a.max_tokens,
+            params=params,
+            stop=a.stop,
+            ignore_eos=a.ignore_eos,
+            seed=seed,
+            measure_ordinary=3 if view is not None else 0,
+        )
+        policy = make_policy(draft_max if draft_max is not None else pair_k)
+        events = generate(loaded.target, loaded.drafter, prompt, config, policy)
+        if a.json_out:
+            return _run_json(events, loaded.target.name, loaded.draft_name, seed)
+        return _run_plain(events)
+    finally:
+        loaded.close()
+
+
+def _run_plain(events) -> int:
+    # UTF-8 bytes whatever the console encoding; flushed per round so pipes stream.
+    out = sys.stdout.buffer
+    done: Done | None = None
+    written = 0
+    try:
+        for ev in events:
+            text = ev.text if isinstance(ev, Step) else ""
+            if isinstance(ev, Done):
+                done = ev
+                text = ev.text[written:]  # text released only at the end (held bytes)
+            if text:
+                out.write(text.encode("utf-8"))
+                out.flush()
+                written += len(text)
+    except KeyboardInterrupt:
+        events.close()
+        return EXIT_INTERRUPTED
+    return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
+
+
+def _run_json(events, target_name: str, draft_name: str, seed: int | None) -> int:
+    done: Done | None = None
+    prefilled: Prefilled | None = None
+    for ev in events:
+        if isinstance(ev, Done):
+            done = ev
+        elif isinstance(ev, Prefilled):
+            prefilled = ev
+    assert done is not None
+    stats = done.stats.to_dict()
+    stats["wall_s"] = round(done.stats.prefill_s + done.stats.decode_s, 6)
+    obj = {
+        "text": done.text,
+        "tokens": list(done.tokens),
+        "finish_reason": done.finish_reason,
+        "target": target_name,
+        "draft": draft_name,
+        "seed": seed,
+        "stats": stats,
+        "k_history": done.stats.k_history,
+    }
+    del prefilled
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+    return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0

@@ -1,0 +1,111 @@
+"""Drafters: a second, smaller model (`ModelDrafter`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specgen.engine import Block, Engine, Logits
+from specgen.sampling import SamplingParams, draw, warp
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ModelDrafter:
+    """Drafts with a small model, sampling each token from q under the target's settings.
+
+    Its cache mirrors the committed context except the last token; `draft` first
+    brings the cache up to date (rolling back to the longest common prefix and
+    evaluating what is missing), so it stays correct whatever the last round did.
+
+    Args:
+        engine: the draft model.
+        params: the same sampling settings as the target's.
+        n_vocab: the target's vocabulary size; q rows have this width. Draft logits past
+            it are dropped and missing ids get -inf, *before* warping, so q is exactly the
+            distribution that was sampled from.
+        p_min: confidence cut-off (`--draft-p-min`, llama.cpp's `p_min`): stop the block
+            when the draft's most likely token has probability below p_min. The decision
+            depends only on the draft's own distribution, known before the target sees the
+            block, so it changes how many tokens are proposed, never the accept/resample
+            law at a proposed position: the output is still distributed as the target's.
+    """
+
+    def __init__(
+        self, engine: Engine, params: SamplingParams, n_vocab: int, p_min: float = 0.0
+    ) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.params = params
+        self.n_vocab = n_vocab
+        self.p_min = p_min
+
+    def _align(self, row: Logits) -> Logits:
+        v = self.n_vocab
+        if row.shape[0] == v:
+            return row
+        if row.shape[0] > v:
+            return row[:v]
+        out = np.full(v, -np.inf, dtype=np.float32)
+        out[: row.shape[0]] = row
+        return out
+
+    def _sync(self, context: list[int]) -> Logits:
+        """Make the cache hold `context`, evaluating at least its last token; returns
+        the (n_vocab,) logits row after it."""
+        keep = min(common_prefix(self.engine.tokens, context), len(context) - 1)
+        self.engine.truncate(keep)
+        return self.engine.decode(context[keep:])[-1]
+
+    def prefill(self, context: list[int]) -> None:
+        """Evaluate the prompt except its last token (done with the target's prefill)."""
+        if len(context) > 1:
+            self.rollback(context)
+            missing = context[len(self.engine.tokens) : -1]
+            if missing:
+                self.engine.decode(missing)
+
+    def rollback(self, context: list[int]) -> None:
+        """Drop cached positions that are not a prefix of the committed context
+        (stage 5 for the draft's cache)."""
+        self.engine.truncate(min(common_prefix(self.engine.tokens, context), len(context) - 1))
+
+    def _confident(self, row: Logits, probs: np.ndarray) -> bool:
+        if self.p_min <= 0.0:
+            return True
+        if self.params.greedy:  # the one-hot q says nothing: use the draft's softmax
+            z = row.astype(np.float64)
+            top = 1.0 / float(np.exp(z - z.max()).sum())
+        else:
+            top = float(probs.max())
+        return top >= self.p_min
+
+    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+        """Propose up to k tokens after `context` (see `specgen.engine.Drafter`).
+
+        Returns a Block with tokens (m,) int64 and q (m, n_vocab) float64, m <= k
+        (m < k only when the confidence cut-off stopped the block).
+        """
+        tokens: list[int] = []
+        q = np.zeros((k, self.n_vocab), dtype=np.float64)
+        if k > 0:
+            row = self._align(self._sync(context))
+            for i in range(k):
+                ids, probs = warp(row, self.params)
+                if not self._confident(row, probs):
+                    break
+                x = draw(ids, probs, rng)
+                q[i, ids] = probs
+                tokens.append(x)
+                if i + 1 < k:
+                    row = self._align(self.engine.decode([x])[-1])
+        return Block(tokens=np.array(tokens, dtype=np.int64), q=q[: len(tokens)])
+
+    def close(self) -> None:
+        self.engine.close()

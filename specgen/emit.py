@@ -1,0 +1,106 @@
+"""Committed tokens -> output text: UTF-8 across token boundaries, stop strings,
+end-of-generation and the token limit. Pure apart from the engine's vocabulary."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Callable
+
+from specgen.events import FinishReason, Span
+
+
+class Emitter:
+    """Turns committed tokens into `Span`s and decides when generation ends.
+
+    Text is released only when it is valid UTF-8 (a character split across tokens, or
+    across blocks, waits for its last byte) and cannot be the start of a stop string
+    (so streamed text never has to be taken back). A stop string is cut exactly: the
+    text before it is emitted, the stop string and everything after it are not.
+
+    Args:
+        token_bytes: token id -> the bytes it renders to.
+        is_eog: token id -> True for end-of-generation tokens.
+        stop: stop strings.
+        ignore_eos: keep going through end-of-generation tokens.
+        max_tokens: emit at most this many tokens.
+    """
+
+    def __init__(
+        self,
+        token_bytes: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
+        stop: tuple[str, ...] = (),
+        ignore_eos: bool = False,
+        max_tokens: int = 256,
+    ) -> None:
+        self._bytes = token_bytes
+        self._is_eog = is_eog
+        self._stop = tuple(s for s in stop if s)
+        self._ignore_eos = ignore_eos
+        self.max_tokens = max_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""  # decoded text that might still become a stop string
+        self.tokens: list[int] = []
+        self.text_parts: list[str] = []
+        self.finish: FinishReason | None = None
+
+    @property
+    def remaining(self) -> int:
+        """Tokens that may still be emitted."""
+        return self.max_tokens - len(self.tokens)
+
+    def push(self, token: int, from_draft: bool) -> Span | None:
+        """Commit one token. Returns its Span, or None when it ended generation without
+        being emitted (an end-of-generation token). Must not be called after `finish`."""
+        assert self.finish is None
+        if self._is_eog(token) and not self._ignore_eos:
+            self.finish = "eos"
+            tail = self._flush()
+            return Span(tail, token, from_draft) if tail else None
+        self.tokens.append(token)
+        text = self._held + self._decoder.decode(self._bytes(token))
+        self._held = ""
+        cut = self._find_stop(text)
+        if cut is not None:
+            text = text[:cut]
+            self.finish = "stop"
+        else:
+            hold = self._stop_prefix_len(text)
+            if hold:
+                text, self._held = text[:-hold], text[-hold:]
+            if len(self.tokens) >= self.max_tokens:
+                self.finish = "length"
+                text += self._flush()
+        self.text_parts.append(text)
+        return Span(text, token, from_draft)
+
+    def close(self, reason: FinishReason) -> str:
+        """End generation from outside (context full, interrupt); returns held text."""
+        if self.finish is None:
+            self.finish = reason
+        tail = self._flush()
+        self.text_parts.append(tail)
+        return tail
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def _flush(self) -> str:
+        tail = self._held + self._decoder.decode(b"", final=True)
+        self._held = ""
+        return tail
+
+    def _find_stop(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def _stop_prefix_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best

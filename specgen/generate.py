@@ -1,0 +1,285 @@
+"""The speculative decoding loop, as five named stages, yielding typed events.
+
+Invariant before every round (kept by `rollback`, restored in `finally`):
+    the target's cache holds exactly the committed tokens except the last one, `last`,
+    which is committed but not yet evaluated; a model drafter's cache holds a prefix of
+    that (it catches up lazily at the start of `draft_block`).
+
+One round: (1) `draft_block`: K proposals x_1..x_K with their q rows; (2) `score_block`:
+one target decode of [last, x_1..x_K] with K+1 output rows; (3) `accept_prefix`: the
+longest accepted prefix, n; (4) `next_token`: a residual draw at position n+1, or the
+bonus token from p_{K+1} when n = K; (5) `rollback`: the target drops x_{n+1}..x_K.
+K = 0 is a plain ordinary-decoding pass through the same code.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from specgen import rejection
+from specgen.emit import Emitter
+from specgen.engine import Block, Drafter, Engine, Logits, Probs
+from specgen.errors import PromptError
+from specgen.events import Done, Prefilled, Span, Stats, Step
+from specgen.sampling import SamplingParams, dense, warp
+
+Event = Prefilled | Step | Done
+
+
+class KPolicy(Protocol):
+    """Chooses the block size each round (see `specgen.controller.Controller`)."""
+
+    def choose_k(self, remaining: int) -> int: ...
+
+    def observe(
+        self, k: int, n_accepted: int, draft_s: float, verify_s: float, n_drafted: int
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class FixedK:
+    """Always K (capped by what is left): `--draft-max K`."""
+
+    k: int
+
+    def choose_k(self, remaining: int) -> int:
+        return max(0, min(self.k, remaining))
+
+    def observe(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Settings of one generation.
+
+    Attributes:
+        max_tokens: `-n`, tokens to emit at most.
+        params: sampling settings for both p and q.
+        stop: stop strings (cut exactly).
+        ignore_eos: do not stop at end-of-generation tokens.
+        seed: seeds both random streams (draft sampling, acceptance); None = random.
+        measure_ordinary: single-token target passes timed after the prompt to measure the
+            ordinary-decoding baseline (0 = skip); each is rolled back.
+    """
+
+    max_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    measure_ordinary: int = 0
+
+
+@dataclass
+class Verified:
+    """Target side of a round: p rows (or their argmax when greedy)."""
+
+    p: Probs | None  # (k+1, n_vocab) float64, None when greedy
+    argmax: np.ndarray | None  # (k+1,) int64 when greedy
+
+
+# -- the five stages --------------------------------------------------------------------
+
+
+def draft_block(
+    drafter: Drafter | None, context: list[int], k: int, rng: np.random.Generator
+) -> Block:
+    """Stage 1: up to k proposals after `context` with their q rows (empty when k = 0)."""
+    if drafter is None or k == 0:
+        return Block(tokens=np.zeros(0, dtype=np.int64), q=np.zeros((0, 0)))
+    return drafter.draft(context, k, rng)
+
+
+def score_block(target: Engine, last: int, block: Block) -> Logits:
+    """Stage 2: one batched target decode of [last, x_1..x_K].
+
+    Returns (K+1, n_vocab) float32 logits: row i scores the token after x_i (row 0 the
+    token after `last`). A view into llama.cpp's buffer, valid until the next decode.
+    """
+    return target.decode([last, *block.tokens.tolist()], all_logits=True)
+
+
+def target_distributions(logits: Logits, params: SamplingParams) -> Verified:
+    """p rows under the same warpers as q; greedy keeps only the argmax per row."""
+    if params.greedy:
+        return Verified(p=None, argmax=np.argmax(logits, axis=1))
+    n_vocab = logits.shape[1]
+    p = np.empty((logits.shape[0], n_vocab), dtype=np.float64)
+    for i in range(logits.shape[0]):
+        p[i] = dense(*warp(logits[i], params), n_vocab)
+    return Verified(p=p, argmax=None)
+
+
+def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
+    """Stage 3: n, the accepted prefix length (Leviathan et al. 2023, Algorithm 1)."""
+    if v.argmax is not None:
+        return rejection.accept_greedy(block.tokens, v.argmax)
+    assert v.p is not None
+    return rejection.accept(block.tokens, block.q, v.p, u)
+
+
+def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int:
+    """Stage 4: residual draw at the first rejection, or the bonus token after a full accept."""
+    if v.argmax is not None:
+        # one-hot p minus one-hot q at a rejected position leaves p: the argmax
+        return int(v.argmax[n])
+    assert v.p is not None
+    if block.tokens.size == 0:
+        return rejection.correct(0, np.zeros((0, v.p.shape[1])), v.p, rng)
+    return rejection.correct(n, block.q, v.p, rng)
+
+
+def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
+    """Stage 5: both caches back to the committed tokens except the last."""
+    target.truncate(len(committed) - 1)
+    if drafter is not None and hasattr(drafter, "rollback"):
+        drafter.rollback(committed)
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+def prefill(target: Engine, drafter: Drafter | None, prompt: list[int]) -> None:
+    """Evaluate the prompt except its last token in the target (and the draft)."""
+    target.truncate(0)
+    if len(prompt) > 1:
+        target.decode(prompt[:-1])
+    if drafter is not None:
+        drafter.prefill(prompt)
+
+
+def measure_ordinary_pass(target: Engine, last: int, n: int) -> float | None:
+    """Median seconds of n single-token target passes of `last`, each rolled back."""
+    if n <= 0:
+        return None
+    base = len(target.tokens)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        target.decode([last])
+        times.append(time.perf_counter() - t0)
+        target.truncate(base)
+    return statistics.median(times)
+
+
+def check_prompt(prompt: list[int], n_ctx: int) -> None:
+    """Raises PromptError for an empty prompt or one that leaves no room to generate."""
+    if not prompt:
+        raise PromptError("the prompt is empty")
+    if len(prompt) >= n_ctx:
+        raise PromptError(
+            f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}:"
+            " shorten it or raise -c"
+        )
+
+
+def generate(
+    target: Engine,
+    drafter: Drafter | None,
+    prompt: list[int],
+    config: GenerateConfig,
+    policy: KPolicy | None = None,
+) -> Iterator[Event]:
+    """Generate from `prompt` (token ids), yielding Prefilled, then a Step per round,
+    then Done. With `drafter=None` (or K = 0) this is ordinary decoding.
+
+    On every exit (limit, stop, EOS, Ctrl-C, exception, the consumer closing the
+    generator) both caches are left holding the committed tokens except the last.
+
+    Raises:
+        PromptError: empty prompt, or no room in the context.
+        EngineError: llama.cpp failed.
+    """
+    check_prompt(prompt, target.n_ctx)
+    params = config.params
+    policy = policy or FixedK(0)
+    draft_rng, target_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(2)
+    )
+    emitter = Emitter(
+        target.token_bytes, target.is_eog, config.stop, config.ignore_eos, config.max_tokens
+    )
+    stats = Stats(n_prompt=len(prompt))
+    committed = list(prompt)
+    t_start = time.perf_counter()
+    t_decode = t_start
+    try:
+        prefill(target, drafter, prompt)
+        stats.prefill_s = time.perf_counter() - t_start
+        ordinary_s = measure_ordinary_pass(target, committed[-1], config.measure_ordinary)
+        yield Prefilled(len(prompt), stats.prefill_s, ordinary_s)
+        t_decode = time.perf_counter()
+        while emitter.finish is None:
+            room = target.n_ctx - len(committed)  # target will hold len-1 + 1 + K tokens
+            if room < 0 or emitter.remaining <= 0:
+                emitter.close("length")
+                break
+            t_round = time.perf_counter()
+            # a round emits up to K+1 tokens: never draft past -n or the context
+            k = policy.choose_k(min(emitter.remaining - 1, room)) if drafter else 0
+            block = draft_block(drafter, committed, k, draft_rng)
+            t1 = time.perf_counter()
+            logits = score_block(target, committed[-1], block)
+            t2 = time.perf_counter()
+            v = target_distributions(logits, params)
+            u = target_rng.random(block.tokens.size)
+            n = accept_prefix(block, v, u)
+            x_next = next_token(n, block, v, target_rng)
+            t3 = time.perf_counter()
+
+            new = [*block.tokens[:n].tolist(), x_next]
+            spans: list[Span] = []
+            for i, tok in enumerate(new):
+                span = emitter.push(tok, from_draft=i < n)
+                if span is not None:
+                    spans.append(span)
+                if emitter.finish is not None:
+                    del new[i + 1 :]  # nothing after EOS, a stop string or -n is kept
+                    break
+            committed.extend(new)
+            rollback(target, drafter, committed)
+            # Count proposals only up to the last token that mattered: the rejected
+            # x_{n+1} counts once its correction token was reached.
+            n_drafted = min(int(block.tokens.size), len(new))
+            n_acc = min(n, len(new))
+            policy.observe(k, n, t1 - t_round, t2 - t1, int(block.tokens.size))
+            now = time.perf_counter()
+            stats.n_generated = len(emitter.tokens)
+            stats.n_drafted += n_drafted
+            stats.n_accepted += n_acc
+            stats.target_passes += 1
+            stats.draft_s += t1 - t_round
+            stats.verify_s += t2 - t1
+            stats.sample_s += t3 - t2
+            stats.decode_s = now - t_decode
+            stats.k_history.append(k)
+            if stats.ttft_s == 0.0 and stats.n_generated:
+                stats.ttft_s = stats.prefill_s + (now - t_decode)
+            rejected = None
+            if n < block.tokens.size and n < len(new):
+                rejected = target.token_bytes(int(block.tokens[n])).decode("utf-8", "replace")
+            yield Step(
+                k=k,
+                n_accepted=n_acc,
+                spans=tuple(spans),
+                rejected_text=rejected,
+                draft_s=t1 - t_round,
+                verify_s=t2 - t1,
+                sample_s=t3 - t2,
+                round_s=now - t_round,
+            )
+    except KeyboardInterrupt:
+        emitter.close("interrupted")
+    finally:
+        # Leave both caches consistent whatever happened (invariant above).
+        rollback(target, drafter, committed)
+    stats.n_generated = len(emitter.tokens)
+    assert emitter.finish is not None
+    yield Done(emitter.finish, emitter.text, tuple(emitter.tokens), stats)

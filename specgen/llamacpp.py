@@ -1,0 +1,304 @@
+"""The engine adapter: the only module that imports `llama_cpp`.
+
+Uses llama.cpp's C API through llama-cpp-python's low-level bindings: one model, one
+context, one sequence (id 0). Logits come back as zero-copy numpy views of llama.cpp's
+output buffer, and only for the rows the loop asks for, so nothing grows as
+n_ctx x n_vocab (the high-level `Llama(logits_all=True)` would allocate 4.3 GB for
+Gemma 3 at n_ctx 4096).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from specgen.engine import Logits, VocabInfo
+from specgen.errors import EngineError, ModelFileError, ModelLoadError
+
+GGUF_MAGIC = b"GGUF"
+
+_verbose = False
+_recent_log: collections.deque[str] = collections.deque(maxlen=20)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # Keep the tail of llama.cpp's log so a failure can say why; print only when asked.
+    line = text.decode("utf-8", errors="replace")
+    _recent_log.append(line)
+    if _verbose:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+# The ctypes callback must stay referenced for the life of the process: llama.cpp keeps
+# the raw pointer, and a collected callback crashes at the next log line.
+_LOG_CALLBACK_REF = _log_callback
+llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log lines on stderr (`--verbose`); silent by default."""
+    global _verbose
+    _verbose = verbose
+
+
+def _last_error() -> str:
+    lines = [ln.strip() for ln in _recent_log if ln.strip()]
+    return lines[-1] if lines else "no detail from llama.cpp (run with --verbose)"
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse a path that cannot be a GGUF model before llama.cpp sees it.
+
+    Raises:
+        ModelFileError: missing, a directory, unreadable, empty, or without the GGUF magic.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {path}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings for one model.
+
+    Attributes:
+        n_ctx: context size in tokens (0 = the model's training context).
+        n_gpu_layers: layers offloaded to the GPU (-1 or 99 = all, 0 = CPU only).
+        n_threads: CPU threads for generation and batch evaluation (0 = llama.cpp default).
+        n_batch: maximum tokens per llama_decode call (longer prompts are split).
+    """
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    n_threads: int = 0
+    n_batch: int = 512
+
+
+class LlamaEngine:
+    """One GGUF model with a KV cache, implementing `specgen.engine.Engine`.
+
+    `tokens` mirrors the cache: positions 0..len(tokens)-1 are evaluated.
+
+    Raises (constructor):
+        ModelFileError: missing, non-GGUF or truncated file (llama.cpp returns NULL).
+        ModelLoadError: the context could not be created (memory, n_ctx).
+    """
+
+    def __init__(self, path: Path | str, config: EngineConfig = EngineConfig()) -> None:
+        self.path = Path(path)
+        self.name = self.path.name
+        check_gguf_file(self.path)
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:  # NULL: truncated, corrupt or unsupported
+            raise ModelFileError(f"llama.cpp could not load {self.path}: {_last_error()}")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = config.n_batch
+        cparams.n_seq_max = 1
+        if config.n_threads > 0:
+            cparams.n_threads = config.n_threads
+            cparams.n_threads_batch = config.n_threads
+        # Sliding-window layers (Gemma 3) otherwise keep only the last window of
+        # positions; rolling back past a rejected block would then silently drop cells
+        # that later positions still need. The full-size SWA cache makes rollback exact.
+        cparams.swa_full = True
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(
+                f"llama.cpp could not create a context for {self.name} (n_ctx={config.n_ctx}):"
+                f" {_last_error()}"
+            )
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = config.n_batch
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []
+        v = self._vocab
+        self.vocab = VocabInfo(
+            vocab_type=int(llama_cpp.llama_vocab_type(v)),
+            n_vocab=self.n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+        self._piece_cache: dict[int, bytes] = {}
+
+    # -- vocabulary ---------------------------------------------------------------
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        """Tokenize UTF-8 bytes; special-token text (e.g. ``<start_of_turn>``) is parsed."""
+        n_max = len(text) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, n_max, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, text, len(text), buf, n_max, add_special, True
+            )
+        if n < 0:
+            raise EngineError(f"{self.name}: tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """Bytes the token renders to in output text; control tokens give b''."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry as stored (`llama_vocab_get_text`)."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        """End-of-generation token (EOS, EOT, ...) per `llama_vocab_is_eog`."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- evaluation ---------------------------------------------------------------
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+        """Append `tokens` at positions len(self.tokens)... and evaluate them.
+
+        Splits into chunks of n_batch; output rows are requested only for the last
+        token, or for every token of the final chunk when `all_logits` (the loop never
+        asks for more than K+1 rows, which fit one chunk).
+
+        Returns:
+            (n_rows, n_vocab) float32 zero-copy view of llama.cpp's logits buffer:
+            valid until the next decode or truncate on this engine.
+
+        Raises:
+            EngineError: the tokens do not fit in the context, or llama_decode failed.
+        """
+        if not tokens:
+            raise EngineError("decode called with no tokens")
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise EngineError(
+                f"{self.name}: {len(self.tokens) + len(tokens)} tokens exceed the context"
+                f" of {self.n_ctx}"
+            )
+        if all_logits and len(tokens) > self.n_batch:
+            raise EngineError(f"{self.name}: {len(tokens)} output rows exceed n_batch")
+        batch = self._batch
+        n_out = 0
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            pos0 = len(self.tokens)
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                want = last_chunk and (all_logits or i == len(chunk) - 1)
+                batch.logits[i] = 1 if want else 0
+            batch.n_tokens = len(chunk)
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                # A failed decode may leave part of this chunk in the cache: drop it so
+                # the cache matches `tokens` again.
+                llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
+            self.tokens.extend(chunk)
+            n_out = len(chunk) if all_logits else 1
+        return self._logits(n_out)
+
+    def _logits(self, n_rows: int) -> Logits:
+        # Outputs are stored contiguously in batch order (llama.h, llama_get_logits), so
+        # row 0's pointer covers all n_rows; checked against llama_get_logits_ith.
+        ptr0 = llama_cpp.llama_get_logits_ith(self._ctx, -n_rows)
+        if not ptr0:
+            raise EngineError(f"{self.name}: llama.cpp returned no logits")
+        if n_rows > 1:
+            ptr_last = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+            step = ctypes.sizeof(ctypes.c_float) * self.n_vocab * (n_rows - 1)
+            if ctypes.addressof(ptr_last.contents) - ctypes.addressof(ptr0.contents) != step:
+                raise EngineError(f"{self.name}: logits rows are not contiguous")
+        return np.ctypeslib.as_array(ptr0, shape=(n_rows, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first n positions (`llama_memory_seq_rm`).
+
+        Raises:
+            EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), or
+            the cache still holds positions >= n afterwards.
+        """
+        # Always ask llama.cpp, even when `tokens` says there is nothing to drop: after
+        # an interrupt the cache may hold a chunk that `tokens` has not recorded yet.
+        ok = llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, 0)
+        if not ok or pos_max >= n:
+            raise EngineError(
+                f"{self.name}: the KV cache cannot roll back to {n} tokens"
+                " (recurrent or hybrid models are not supported for speculation)"
+            )
+        del self.tokens[n:]
+
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def system_info() -> dict[str, str]:
+    """llama.cpp build facts for reproducibility records: versions and backends."""
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        "gpu_offload": str(bool(llama_cpp.llama_supports_gpu_offload())),
+    }

@@ -1,0 +1,120 @@
+"""Open a target and a drafter from user-facing specs (paths, registry names, `none`,
+`ngram`), check they are compatible, and build the block-size policy. Shared by the
+`run`, `bench` and `verify` commands; prints nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.compat import check_compatible
+from specgen.engine import Drafter
+from specgen.errors import ConfigError
+from specgen.generate import FixedK, KPolicy
+from specgen.llamacpp import EngineConfig, LlamaEngine
+from specgen.sampling import SamplingParams
+
+DRAFT_NONE = "none"
+DRAFT_NGRAM = "ngram"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where the models come from and how to run them.
+
+    Attributes:
+        target: path (or registry name, resolved before this point).
+        draft: path, `none` (ordinary decoding) or `ngram` (prompt lookup).
+        target_cfg, draft_cfg: llama.cpp settings for each model (-ngl / -ngld, -t, -c).
+    """
+
+    target: Path
+    draft: Path | str
+    target_cfg: EngineConfig
+    draft_cfg: EngineConfig
+
+
+@dataclass
+class Loaded:
+    """An open target and drafter; `close()` frees both."""
+
+    target: LlamaEngine
+    drafter: Drafter | None
+    draft_name: str
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
+
+
+Status = Callable[[str], None]
+
+
+def load(
+    spec: ModelSpec,
+    params: SamplingParams,
+    draft_p_min: float = 0.0,
+    ngram_n: int = 4,
+    status: Status | None = None,
+) -> Loaded:
+    """Open both models and check the draft's vocabulary against the target's.
+
+    Raises:
+        ModelFileError, ModelLoadError: a model cannot be opened.
+        VocabMismatchError: the draft's tokenizer differs (llama.cpp's rules).
+    """
+    say = status or (lambda _msg: None)
+    say(f"loading target {spec.target.name}")
+    target = LlamaEngine(spec.target, spec.target_cfg)
+    try:
+        if spec.draft == DRAFT_NONE:
+            return Loaded(target, None, DRAFT_NONE)
+        if spec.draft == DRAFT_NGRAM:
+            from specgen.ngram import NgramDrafter
+
+            return Loaded(target, NgramDrafter(target.n_vocab, n_max=ngram_n), DRAFT_NGRAM)
+        from specgen.drafters import ModelDrafter
+
+        path = Path(spec.draft)
+        say(f"loading draft {path.name}")
+        draft = LlamaEngine(path, spec.draft_cfg)
+        try:
+            say("checking vocabularies")
+            check_compatible(target.vocab, draft.vocab, target.token_text, draft.token_text)
+        except BaseException:
+            draft.close()
+            raise
+        return Loaded(target, ModelDrafter(draft, params, target.n_vocab, draft_p_min), path.name)
+    except BaseException:
+        target.close()
+        raise
+
+
+def parse_draft_max(value: str) -> int | None:
+    """`--draft-max`: a block size K >= 1, or `auto` (None: the adaptive controller).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if value == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        raise ConfigError(f"--draft-max must be a number or 'auto', got {value!r}") from None
+    if not 1 <= k <= 64:
+        raise ConfigError(f"--draft-max must be between 1 and 64, got {k}")
+    return k
+
+
+def make_policy(draft_max: int | None, k_max: int = 16) -> KPolicy:
+    """FixedK for a number; the adaptive controller for `auto`."""
+    if draft_max is not None:
+        return FixedK(draft_max)
+    try:
+        from specgen.controller import Controller
+    except ImportError:  # controller not available: a measured good default
+        return FixedK(8)
+    return Controller(k_max=k_max)
