@@ -36,3 +36,8 @@ class EngineError(SpecgenError):
 
 class ConfigError(SpecgenError):
     """A command-line value or registry entry is invalid: the message names the flag, file or key."""
+
+
+class DownloadError(SpecgenError):
+    """A model download failed (no network, gated repository, missing file, full disk): the
+    message says what to fix; run the same `specgen download` again to resume."""
