@@ -1,0 +1,122 @@
+"""Shared fixtures: isolated cache, tiny synthetic models, the demo pair, broken files.
+
+Model fixtures are session-scoped and return paths. The tiny models (about 0.5 MB each, llama
+architecture, 272-token vocabulary) take milliseconds to write; the demo files take about
+20-30 s the first time, so set ``SPECGEN_CACHE`` to a persistent directory to reuse them
+across runs (otherwise they go to a per-session pytest temporary directory).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specgen import gguf_tools
+
+# Weight noise of the tiny draft relative to the tiny target (same seed). Measured with
+# llama-cpp-python 0.3.36 over 256 positions of random token sequences: mean sum(min(p, q))
+# (the expected acceptance rate at temperature 1) is 0.67, greedy top-1 agreement 0.52.
+TINY_DRAFT_NOISE = 0.015
+# Token id changed in ``vocab_mismatch_draft``: a normal word token ("▁the"), past llama.cpp's
+# compatibility check start (id 5).
+MISMATCH_TOKEN_ID = 262
+
+
+# --- cache isolation ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def specgen_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``SPECGEN_CACHE`` for the whole session: the environment's value if already set (to
+    reuse demo files across runs), else a fresh session temporary directory."""
+    existing = os.environ.get("SPECGEN_CACHE")
+    if existing:
+        yield Path(existing)
+        return
+    path = tmp_path_factory.mktemp("specgen-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECGEN_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Session directory for the tiny and broken model files."""
+    return tmp_path_factory.mktemp("models")
+
+
+# --- tiny synthetic models ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_target(model_dir: Path) -> Path:
+    """Tiny llama target: seed 0, no noise."""
+    path = model_dir / "tiny-target.gguf"
+    gguf_tools.write_tiny_llama(path, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(model_dir: Path) -> Path:
+    """Tiny draft: the target's weights plus noise ``TINY_DRAFT_NOISE`` (acceptance ~0.67)."""
+    path = model_dir / "tiny-draft.gguf"
+    gguf_tools.write_tiny_llama(path, seed=0, noise=TINY_DRAFT_NOISE, noise_seed=1)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_wrong(model_dir: Path) -> Path:
+    """Tiny model with unrelated weights (seed 1): same vocabulary, acceptance ~0.02."""
+    path = model_dir / "tiny-wrong.gguf"
+    gguf_tools.write_tiny_llama(path, seed=1)
+    return path
+
+
+@pytest.fixture(scope="session")
+def vocab_mismatch_draft(model_dir: Path, tiny_draft: Path) -> Path:
+    """``tiny_draft`` with token ``MISMATCH_TOKEN_ID`` renamed: one differing vocabulary entry."""
+    path = model_dir / "tiny-draft-vocab-mismatch.gguf"
+    gguf_tools.replace_token(tiny_draft, path, MISMATCH_TOKEN_ID, "▁zzz")
+    return path
+
+
+# --- demo pair (Gemma 3 270M) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def demo_pair(specgen_cache: Path) -> tuple[Path, Path]:
+    """``(target, draft)``: Gemma 3 270M F32 and Q4_K_M, cached under ``SPECGEN_CACHE``."""
+    from specgen.demo import ensure_demo_pair
+
+    return ensure_demo_pair()
+
+
+@pytest.fixture(scope="session")
+def weak_draft(specgen_cache: Path) -> Path:
+    """The Q4_K_M demo model cut to its first 6 of 18 blocks, cached under ``SPECGEN_CACHE``."""
+    from specgen.demo import ensure_weak_draft
+
+    return ensure_weak_draft(6)
+
+
+# --- broken files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def not_gguf_file(model_dir: Path) -> Path:
+    """A text file with a ``.gguf`` name."""
+    path = model_dir / "not-a-model.gguf"
+    path.write_text("this is not a GGUF file\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def truncated_gguf(model_dir: Path, tiny_target: Path) -> Path:
+    """The first half of ``tiny_target``: valid header and metadata, tensor data cut off."""
+    path = model_dir / "truncated.gguf"
+    data = tiny_target.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
