@@ -1,0 +1,486 @@
+"""The online cost model that picks the block size K before each round (`--draft-max auto`).
+
+Speculation pays only when the tokens a round is expected to emit outweigh what the
+round costs. Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative
+Decoding", section 3.4, eq. (1) and Theorem 3.8) give the expected number of tokens of a
+round with block K under a constant acceptance rate alpha, E = (1 - alpha^(K+1)) /
+(1 - alpha); the speedup is E divided by the round's cost in ordinary-decoding passes.
+This module measures every term online instead of assuming it:
+
+- acceptance per position i of the block, alpha_i = P(x_i accepted | x_1..x_{i-1}
+  accepted), as Beta-like counts with exponential forgetting, shrunk toward the pooled
+  rate of all positions (deep positions are seen rarely);
+- the probability that the drafter proposes position i at all, s_i (a confidence
+  cut-off or an n-gram lookup may stop a block early: positions never drafted are not
+  rejections, they make the round shorter and its verification cheaper);
+- the draft cost as a function of the number of drafted tokens, and the target's verify
+  cost as a function of the number of tokens in the batch (a per-size moving average
+  plus a linear fit c0 + c1 * n for sizes not seen yet). On a CPU scoring 8 tokens costs
+  2x to 5x one token; on a GPU it is nearly flat, so neither is assumed.
+
+A round with K = 0 is an ordinary decoding pass, so its measured cost *is* the ordinary
+baseline 1 / `ordinary_token_s`. The controller runs one K = 0 round first to measure
+it, updates it on every K = 0 round (fallback), and otherwise reads it from the verify
+cost model at n = 1 (the per-size average blended with the linear fit).
+
+When no K > 0 is predicted to beat ordinary decoding, the controller falls back to
+K = 0 and re-probes with a small block every `probe_every` ordinary rounds; the gap
+doubles while probes fail (up to `probe_every_max`) and a fully accepted probe is
+followed at once by another, so a draft that becomes useful again is picked up again.
+
+Pure: numpy only. The loop calls `choose_k` before and `observe` after every round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+Reason = Literal["warmup", "model", "fallback", "probe", "fixed", "limit"]
+FloatArray = npt.NDArray[np.float64]
+
+
+def expected_tokens(alpha_by_pos: Sequence[float], k: int) -> float:
+    """Expected tokens emitted by one round with block size k.
+
+    E = 1 + sum_{i=1..k} prod_{j<=i} alpha_j: the accepted prefix plus the one token the
+    target always adds (the residual draw after a rejection, or the bonus token). With a
+    constant alpha this is Leviathan et al. 2023, eq. (1): (1 - alpha^(k+1)) / (1 - alpha).
+
+    Args:
+        alpha_by_pos: alpha_1, alpha_2, ...: probability that position i is accepted given
+            positions 1..i-1 were (to account for a drafter that may stop early, pass
+            s_i * alpha_i, the probability it is drafted *and* accepted). Shorter than k:
+            the last value repeats. Empty: alpha = 0.
+        k: block size (>= 0).
+
+    Returns:
+        Expected tokens, in [1, k + 1].
+    """
+    if k <= 0:
+        return 1.0
+    a = np.asarray(alpha_by_pos, dtype=np.float64)[:k]
+    if a.size == 0:
+        return 1.0
+    if a.size < k:
+        a = np.concatenate([a, np.full(k - a.size, a[-1])])
+    return 1.0 + float(np.cumprod(np.clip(a, 0.0, 1.0)).sum())
+
+
+def break_even_alpha(
+    k: int, draft_token_s: float, verify_s: float, ordinary_token_s: float
+) -> float:
+    """The constant acceptance rate below which block size k is slower than ordinary decoding.
+
+    Speculation with block k pays when E(alpha, k) / (k * draft_token_s + verify_s) >
+    1 / ordinary_token_s (E from `expected_tokens`), i.e. E(alpha, k) > c with
+    c = (k * draft_token_s + verify_s) / ordinary_token_s. E rises from 1 at alpha = 0 to
+    k + 1 at alpha = 1, so the root is found by bisection.
+
+    Args:
+        k: block size (>= 1).
+        draft_token_s: seconds to draft one token.
+        verify_s: seconds for the target to score the k + 1 tokens [last, x_1..x_k].
+        ordinary_token_s: seconds of one ordinary decoding pass (one token).
+
+    Returns:
+        alpha in [0, 1]; 0.0 when speculation pays at any alpha (c <= 1), 1.0 when it
+        cannot pay even at alpha = 1 (c >= k + 1).
+    """
+    c = (k * draft_token_s + verify_s) / ordinary_token_s
+    if c <= 1.0:
+        return 0.0
+    if c >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # 2^-60: far below any timing noise
+        mid = 0.5 * (lo + hi)
+        if expected_tokens([mid], k) < c:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+class _Rates:
+    """Per-position Bernoulli rates with exponential forgetting and pooled shrinkage.
+
+    Position i (0-based) holds decayed counts hits_i / trials_i. The estimate is
+    (hits_i + shrink * pooled) / (trials_i + shrink), where pooled =
+    (prior_mean * prior_strength + sum hits) / (prior_strength + sum trials): an
+    optimistic prior that evidence outweighs within a round or two.
+    """
+
+    def __init__(
+        self, n: int, prior_mean: float, prior_strength: float, shrink: float, forget: float
+    ) -> None:
+        self.hits = np.zeros(n)
+        self.trials = np.zeros(n)
+        self.prior_mean = prior_mean
+        self.prior_strength = prior_strength
+        self.shrink = shrink
+        self.forget = forget
+
+    def update(self, tested: int, hits: int) -> None:
+        """One round: positions 0..tested-1 were tried, the first `hits` of them succeeded."""
+        # forgetting per round (not per trial) so stale deep positions drift back to the pool
+        self.hits *= self.forget
+        self.trials *= self.forget
+        self.trials[:tested] += 1.0
+        self.hits[:hits] += 1.0
+
+    def pooled(self) -> float:
+        num = self.prior_mean * self.prior_strength + float(self.hits.sum())
+        return num / (self.prior_strength + float(self.trials.sum()))
+
+    def estimate(self) -> FloatArray:
+        """(n,) float64 rates in [0, 1]."""
+        pooled = self.pooled()
+        return (self.hits + self.shrink * pooled) / (self.trials + self.shrink)
+
+
+class _CostModel:
+    """Seconds as a function of a size n (tokens): per-size moving average + linear fit.
+
+    A size seen before is predicted by its moving average blended with the fit (weight
+    of the average = number of observations, capped); an unseen size by the fit alone.
+    The fit is weighted least squares of c0 + c1 * n over the per-size averages with
+    c0, c1 >= 0 (cost never falls with more tokens). With a single size observed the
+    slope comes from `prior_slope(n0, seconds0)`.
+    """
+
+    def __init__(
+        self,
+        prior_slope: Callable[[int, float], float],
+        ema: float = 0.25,
+        max_weight: float = 8.0,
+    ) -> None:
+        self._mean: dict[int, float] = {}
+        self._count: dict[int, float] = {}
+        self._prior_slope = prior_slope
+        self._ema = ema
+        self._max_weight = max_weight
+        self._fit: tuple[float, float] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._mean)
+
+    def add(self, n: int, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0.0:
+            return
+        if n in self._mean:
+            self._mean[n] += self._ema * (seconds - self._mean[n])
+            self._count[n] += 1.0
+        else:
+            self._mean[n] = seconds
+            self._count[n] = 1.0
+        self._fit = None
+
+    def fit(self) -> tuple[float, float]:
+        """(c0, c1) seconds and seconds/token. Requires at least one observation."""
+        if self._fit is not None:
+            return self._fit
+        xs = np.array(list(self._mean), dtype=np.float64)
+        ys = np.array(list(self._mean.values()))
+        ws = np.minimum(np.array(list(self._count.values())), self._max_weight)
+        if xs.size == 1:
+            c1 = max(0.0, self._prior_slope(int(xs[0]), float(ys[0])))
+            c0 = float(ys[0]) - c1 * float(xs[0])
+            if c0 < 0.0:  # through the origin instead
+                c0, c1 = 0.0, float(ys[0] / xs[0])
+        else:
+            xm, ym = np.average(xs, weights=ws), np.average(ys, weights=ws)
+            sxx = float(np.sum(ws * (xs - xm) ** 2))
+            c1 = float(np.sum(ws * (xs - xm) * (ys - ym)) / sxx)
+            c0 = float(ym - c1 * xm)
+            if c1 < 0.0:
+                c0, c1 = float(ym), 0.0
+            elif c0 < 0.0:
+                c0, c1 = 0.0, float(np.sum(ws * xs * ys) / np.sum(ws * xs * xs))
+        self._fit = (c0, c1)
+        return self._fit
+
+    def __call__(self, n: int) -> float:
+        """Predicted seconds at size n; nan before any observation."""
+        if not self._mean:
+            return math.nan
+        c0, c1 = self.fit()
+        line = c0 + c1 * n
+        if n in self._mean:
+            w = min(self._count[n], self._max_weight)
+            return (w * self._mean[n] + line) / (w + 1.0)
+        return line
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice of block size, for stats and the live view.
+
+    Attributes:
+        round: 0-based round index.
+        k: block size chosen (0 = ordinary decoding).
+        reason: "warmup" (gathering the first measurements), "model" (the cost model's
+            best K > 0), "fallback" (no K > 0 beats ordinary decoding), "probe" (a small
+            block during fallback, to notice a draft that became useful), "fixed"
+            (`--draft-max N`), "limit" (no room for a block: max_k = 0).
+        predicted_tokens_per_s: the model's prediction for k when chosen (nan before data).
+    """
+
+    round: int
+    k: int
+    reason: Reason
+    predicted_tokens_per_s: float
+
+
+class Controller:
+    """Chooses K each round from costs and acceptance measured online.
+
+    Usage by the loop (one call of each per round, in this order):
+
+        k = controller.choose_k(max_k)      # max_k: largest block allowed this round
+        ... draft (may return m <= k tokens), verify, accept n ...
+        controller.observe(k, n, draft_s, verify_s, n_drafted=m)
+
+    Args:
+        k_max: largest block size considered (>= 0).
+        fixed_k: when set (`--draft-max N`) every round uses min(fixed_k, max_k); costs
+            and acceptance are still measured for the stats.
+        probe_every: ordinary rounds between probes at the start of a fallback episode.
+        probe_every_max: the gap doubles after each failed probe, up to this.
+        probe_k: block size of a probe (small: a failed probe costs little).
+        k_init: block size of the warm-up round that follows the first (ordinary) round.
+        forget: per-round decay of the acceptance counts (memory ~ 1 / (1 - forget) rounds).
+        prior_alpha, prior_strength: optimistic Beta prior of the pooled acceptance rate
+            (mean, pseudo-count); evidence outweighs it after a round or two.
+        shrink: pseudo-count pulling each position's rate toward the pooled rate.
+    """
+
+    def __init__(
+        self,
+        k_max: int,
+        fixed_k: int | None = None,
+        probe_every: int = 8,
+        probe_every_max: int = 64,
+        probe_k: int = 1,
+        k_init: int = 4,
+        forget: float = 0.8,
+        prior_alpha: float = 0.8,
+        prior_strength: float = 1.0,
+        shrink: float = 2.0,
+    ) -> None:
+        if k_max < 0 or (fixed_k is not None and fixed_k < 0):
+            raise ValueError("block sizes must be >= 0")
+        if not 1 <= probe_every <= probe_every_max or probe_k < 1:
+            raise ValueError("need 1 <= probe_every <= probe_every_max and probe_k >= 1")
+        if not 0.0 < forget <= 1.0:
+            raise ValueError("forget must be in (0, 1]")
+        self.k_max = k_max if fixed_k is None else max(k_max, fixed_k)
+        self.fixed_k = fixed_k
+        self.probe_every = probe_every
+        self.probe_every_max = probe_every_max
+        self.probe_k = probe_k
+        n = max(self.k_max, 1)
+        self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget)
+        # drafted-at-all rates: prior "the drafter proposes every position it is asked for"
+        self._drafted = _Rates(n, 0.95, 1.0, shrink, forget)
+        # a single verify size: assume scoring n tokens costs 1 + 0.15 (n - 1) passes (the
+        # CPU F32 figure, 8 tokens ~ 2 passes) until a second size is measured
+        self._verify = _CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
+        # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
+        self._draft = _CostModel(
+            lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s
+        )
+        self._warmup: tuple[int, ...] = (0, min(k_init, self.k_max)) if self.k_max else ()
+        self.decisions: list[Decision] = []
+        self._pending: Decision | None = None
+        self._since_spec = 0  # ordinary rounds since the last block was drafted
+        self._gap = probe_every  # ordinary rounds before the next probe
+        self._fail_gap = probe_every  # gap after the next failed probe
+
+    # -- estimates -------------------------------------------------------------------
+
+    @property
+    def alpha_by_pos(self) -> FloatArray:
+        """(k_max,) float64: estimated P(x_i accepted | x_1..x_{i-1} accepted), i = 1..k_max."""
+        return self._alpha.estimate()[: self.k_max]
+
+    @property
+    def drafted_by_pos(self) -> FloatArray:
+        """(k_max,) float64: estimated P(drafter proposes x_i | it proposed x_{i-1} and was
+        asked for >= i tokens). 1 for a drafter that never stops early."""
+        return self._drafted.estimate()[: self.k_max]
+
+    def verify_s(self, n_tokens: int) -> float:
+        """Predicted seconds of the target's round for a batch of n_tokens (= K + 1)
+        tokens: decode plus whatever else the loop reports as verify time. nan before data."""
+        return self._verify(n_tokens)
+
+    def draft_s(self, n_drafted: int) -> float:
+        """Predicted seconds to draft a block that ends with n_drafted tokens. nan before data."""
+        return self._draft(n_drafted)
+
+    @property
+    def draft_token_s(self) -> float:
+        """Predicted seconds to draft one token (a block of one), nan before data."""
+        return self._draft(1)
+
+    @property
+    def ordinary_token_s(self) -> float:
+        """Seconds of one ordinary decoding pass: the verify cost model at n = 1 (measured
+        directly on every K = 0 round, else extrapolated by the linear fit). nan before data."""
+        return self._verify(1)
+
+    def _rates(self, k_cap: int) -> FloatArray:
+        """(k_cap + 1,) float64 predicted tokens/s for K = 0..k_cap (nan before data).
+
+        For a block size K the number m of tokens actually drafted is random (early
+        stop): P(m) = r_m (1 - s_{m+1}) for m < K and r_K for m = K, with r_m =
+        prod_{j<=m} s_j. Expected cost = sum_m P(m) (draft_s(m) + verify_s(m + 1));
+        expected tokens = 1 + sum_{i<=K} prod_{j<=i} s_j alpha_j.
+        """
+        out = np.full(k_cap + 1, math.nan)
+        out[0] = 1.0 / self.ordinary_token_s if self._verify else math.nan
+        if k_cap == 0 or not self._verify or not self._draft:
+            return out
+        s = self.drafted_by_pos[:k_cap]
+        a = self.alpha_by_pos[:k_cap]
+        tokens = 1.0 + np.cumsum(np.cumprod(s * a))  # (k_cap,) for K = 1..k_cap
+        reach = np.concatenate([[1.0], np.cumprod(s)])  # r_0..r_{k_cap}
+        m = np.arange(k_cap + 1)
+        cost_m = np.array([self._draft(i) + self._verify(i + 1) for i in m])
+        stop_here = reach[:-1] * (1.0 - s) * cost_m[:-1]  # m = 0..k_cap-1 and stopped
+        cost = np.cumsum(stop_here) + reach[1:] * cost_m[1:]  # for K = 1..k_cap
+        out[1:] = tokens / cost
+        return out
+
+    def predicted_tokens_per_s(self, k: int) -> float:
+        """Expected tokens/s of block size k (0 = ordinary decoding) under the current
+        estimates; nan before the costs involved have been measured."""
+        return float(self._rates(min(k, self.k_max))[min(k, self.k_max)])
+
+    # -- decisions -------------------------------------------------------------------
+
+    def choose_k(self, max_k: int) -> int:
+        """Block size for the next round.
+
+        Args:
+            max_k: the largest block this round may use. A round emits up to K + 1
+                tokens, so the loop passes min(tokens still allowed - 1, context room);
+                0 (one token left) forces K = 0.
+
+        Returns:
+            K in [0, min(k_max, max_k)]; 0 means an ordinary decoding pass.
+        """
+        cap = max(0, min(self.k_max, max_k))
+        i = len(self.decisions)
+        k: int
+        reason: Reason
+        if self.fixed_k is not None:
+            k, reason = min(self.fixed_k, cap), "fixed"
+        elif cap == 0:
+            k, reason = 0, "limit"
+        elif i < len(self._warmup):
+            k, reason = min(self._warmup[i], cap), "warmup"
+        else:
+            rates = self._rates(cap)
+            best = int(np.nanargmax(rates)) if np.isfinite(rates).any() else 0
+            if best > 0:
+                k, reason = best, "model"
+                self._gap = self._fail_gap = self.probe_every
+            elif self._since_spec + 1 >= self._gap:
+                k, reason = min(self.probe_k, cap), "probe"
+            else:
+                k, reason = 0, "fallback"
+        pred = self.predicted_tokens_per_s(k) if self._verify else math.nan
+        self._pending = Decision(i, k, reason, pred)
+        self.decisions.append(self._pending)
+        return k
+
+    def observe(
+        self,
+        k: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        n_drafted: int | None = None,
+    ) -> None:
+        """Record the outcome of a round.
+
+        Args:
+            k: the block size asked for (what `choose_k` returned).
+            n_accepted: accepted draft tokens, 0..n_drafted (count them all, even past an
+                end-of-generation token: this measures the draft, not the output).
+            draft_s: seconds spent drafting (0 for K = 0).
+            verify_s: seconds of the rest of the round: the target's batched decode of
+                n_drafted + 1 tokens plus the sampling, acceptance and rollback around it
+                (all of it grows with the block, so all of it belongs in the cost).
+            n_drafted: tokens actually proposed (< k when the drafter stopped early or
+                found nothing); None means k. Positions not drafted are not rejections.
+
+        A call with k = 0 and no preceding `choose_k` is allowed: it feeds a separately
+        timed ordinary pass into the cost model.
+        """
+        m = k if n_drafted is None else max(0, min(n_drafted, k))
+        n = max(0, min(n_accepted, m))
+        self._verify.add(m + 1, verify_s)
+        if k > 0:
+            self._draft.add(m, draft_s)
+            # the drafter tried positions 1..min(m+1, k) and continued past the first m
+            self._drafted.update(min(m + 1, k), m)
+        if m > 0:
+            # positions 1..n accepted, n+1 (if drafted) rejected, later ones never tested
+            self._alpha.update(min(n + 1, m), n)
+        d, self._pending = self._pending, None
+        if d is None:
+            return
+        if k == 0:
+            self._since_spec += 1
+            return
+        self._since_spec = 0
+        if d.reason == "probe":
+            if m > 0 and n == m:  # fully accepted: look again next round
+                self._gap, self._fail_gap = 1, self.probe_every
+            elif m > 0:
+                self._gap = self._fail_gap
+                self._fail_gap = min(2 * self._fail_gap, self.probe_every_max)
+            # m == 0: the drafter had nothing to offer; keep the gap as it was
+
+    # -- stats -----------------------------------------------------------------------
+
+    @property
+    def k_history(self) -> list[int]:
+        """Block size chosen each round, in order."""
+        return [d.k for d in self.decisions]
+
+    @property
+    def fallback_episodes(self) -> list[tuple[int, int]]:
+        """(start_round, end_round) of each run of fallback rounds (probes inside count as
+        part of it), end exclusive; an episode still going ends at the current round count."""
+        episodes: list[tuple[int, int]] = []
+        start: int | None = None
+        for d in self.decisions:
+            if d.reason == "fallback" and start is None:
+                start = d.round
+            elif d.reason not in ("fallback", "probe") and start is not None:
+                episodes.append((start, d.round))
+                start = None
+        if start is not None:
+            episodes.append((start, len(self.decisions)))
+        return episodes
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready state for the stats output (seconds, tokens/s)."""
+        return {
+            "k_history": self.k_history,
+            "fallback_episodes": [list(e) for e in self.fallback_episodes],
+            "alpha_by_pos": [round(float(x), 4) for x in self.alpha_by_pos],
+            "drafted_by_pos": [round(float(x), 4) for x in self.drafted_by_pos],
+            "ordinary_token_s": self.ordinary_token_s,
+            "draft_token_s": self.draft_token_s,
+            "verify_s_by_n": {n: self.verify_s(n) for n in range(1, self.k_max + 2)},
+        }

@@ -1,0 +1,112 @@
+"""Prompt lookup (`specgen.ngram`): exact lookups, the drafter's one-hot blocks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from specgen.ngram import NgramDrafter, NgramIndex, lookup
+
+
+def test_longest_ngram_wins() -> None:
+    # suffix [1, 2, 3]: the 3-gram occurs at 0 (followed by 9), the 1-gram [3] more
+    # recently at 6 (followed by 7): the longer match wins
+    ctx = [1, 2, 3, 9, 5, 5, 3, 7, 1, 2, 3]
+    assert lookup(ctx, 2, n_max=3) == [9, 5]
+    assert lookup(ctx, 2, n_max=1) == [7, 1]
+
+
+def test_most_recent_occurrence_wins() -> None:
+    ctx = [4, 5, 10, 4, 5, 20, 4, 5]
+    assert lookup(ctx, 1, n_max=2) == [20]
+    assert lookup(ctx, 3, n_max=2) == [20, 4, 5]
+
+
+def test_no_match_is_empty() -> None:
+    assert lookup([1, 2, 3, 4], 5) == []
+    assert lookup([7], 3) == []
+    assert lookup([], 3) == []
+    # n_min above the only matching length: nothing
+    assert lookup([1, 2, 9, 2], 3, n_max=4, n_min=2) == []
+    assert lookup([1, 2, 9, 2], 3, n_max=4, n_min=1) == [9, 2, 9]
+
+
+def test_k_caps_and_zero() -> None:
+    ctx = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert lookup(ctx, 3) == [3, 4, 5]
+    assert lookup(ctx, 0) == []
+
+
+def test_continues_periodically_past_the_end() -> None:
+    # period 2: the most recent [1, 2] is two tokens back; the copy runs into itself
+    assert lookup([1, 2, 1, 2], 5, n_max=2) == [1, 2, 1, 2, 1]
+    assert lookup([7, 7, 7], 4, n_max=2) == [7, 7, 7, 7]
+
+
+def test_suffix_itself_is_not_a_match() -> None:
+    # [3] occurs only as the last token: no earlier occurrence
+    assert lookup([1, 2, 3], 2) == []
+
+
+def test_index_agrees_with_lookup_on_random_growing_contexts() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        n_vocab = int(rng.integers(2, 12))
+        idx = NgramIndex(n_max=int(rng.integers(1, 5)), n_min=1)
+        ctx: list[int] = []
+        for _ in range(60):
+            ctx.extend(rng.integers(0, n_vocab, size=int(rng.integers(1, 4))).tolist())
+            k = int(rng.integers(0, 6))
+            assert idx.lookup(ctx, k) == lookup(ctx, k, idx.n_max, idx.n_min), (trial, ctx)
+        # a context that is not an extension is re-indexed
+        ctx = rng.integers(0, n_vocab, size=30).tolist()
+        assert idx.lookup(ctx, 4) == lookup(ctx, 4, idx.n_max, idx.n_min)
+
+
+def test_drafter_block_is_one_hot() -> None:
+    d = NgramDrafter(n_vocab=50, n_max=3)
+    ctx = [1, 2, 3, 4, 5, 1, 2]
+    d.prefill(ctx)
+    block = d.draft(ctx, 4, np.random.default_rng(0))
+    assert block.tokens.dtype == np.int64
+    assert block.tokens.tolist() == [3, 4, 5, 1]
+    assert block.q.shape == (4, 50) and block.q.dtype == np.float64
+    np.testing.assert_array_equal(block.q.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(block.q[np.arange(4), block.tokens], 1.0)
+    empty = d.draft([9, 8, 7], 4, np.random.default_rng(0))
+    assert empty.tokens.shape == (0,) and empty.q.shape == (0, 50)
+    d.close()
+
+
+def test_one_hot_q_keeps_the_rule_exact() -> None:
+    """Accept x with prob p(x), else draw from norm(max(0, p - delta_x)): the emitted
+    token is distributed as p (computed exactly, no sampling)."""
+    from specgen.rejection import residual
+
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    for x in range(3):
+        q = np.eye(4)[x]
+        emitted = min(p[x], 1.0) * np.eye(4)[x] + (1 - p[x]) * residual(p, q)
+        np.testing.assert_allclose(emitted, p, atol=1e-15)
+
+
+@pytest.mark.parametrize("size", [4000])
+def test_lookup_is_fast(size: int) -> None:
+    rng = np.random.default_rng(1)
+    ctx = rng.integers(0, 30000, size=size).tolist()
+    ctx += ctx[100:103]  # a 3-gram match far back
+    t0 = time.perf_counter()
+    for _ in range(20):
+        out = lookup(ctx, 8)
+    per_call = (time.perf_counter() - t0) / 20
+    assert out == ctx[103:111]
+    assert per_call < 5e-3  # measured well under 1 ms
+    idx = NgramIndex()
+    idx.lookup(ctx, 8)
+    t0 = time.perf_counter()
+    for t in range(20):
+        ctx.append(t)
+        idx.lookup(ctx, 8)
+    assert (time.perf_counter() - t0) / 20 < 1e-3
