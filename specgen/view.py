@@ -594,15 +594,20 @@ class LiveView:
             return
         self._last_refresh = now
         self.n_refreshes += 1
-        done, end = self._finished_lines()
+        done = self._take_finished_lines()
         self._live.update(render(self.state, self._printed, tail=True), refresh=done is None)
         if done is not None:
             # Printing above the live region redraws it too (Rich's render hook).
             self.console.print(done, crop=False)
-            self._printed = end
 
-    def _finished_lines(self) -> tuple[Text | None, Position]:
-        """The text from what was printed up to the last newline, and where the rest starts."""
+    def _take_finished_lines(self) -> Text | None:
+        """Text that can go above the live region for good, or None; advances ``_printed``.
+
+        That is everything up to the last newline, then, of the line being written, all
+        wrapped rows but the last (greedy wrapping never moves a break before the last row
+        when text is appended, so those rows are final).
+        """
+        parts: list[Text] = []
         segs = self.state.segments
         i0 = self._printed[0]
         for i in range(len(segs) - 1, i0 - 1, -1):
@@ -612,10 +617,50 @@ class LiveView:
             pos = piece.rfind("\n")
             if pos < 0 or (i == i0 and pos < self._printed[1]):
                 continue
-            text = body_text(self.state, self._printed, (i, pos))
-            nxt = (i, pos + 1) if pos + 1 < len(piece) else (i + 1, 0)
-            return text, nxt
-        return None, self._printed
+            parts.append(body_text(self.state, self._printed, (i, pos)))
+            self._printed = _normalize(segs, (i, pos + 1))
+            break
+        rest = body_text(self.state, self._printed)
+        width = self.console.width
+        if rest.cell_len > width:
+            rows = rest.wrap(self.console, width)
+            plain = rest.plain
+            used = 0
+            for n, row in enumerate(rows):
+                at = plain.find(row.plain, used)
+                if at < 0 or plain[used:at].strip():
+                    break  # the row is not a verbatim slice (tabs expanded): keep it live
+                if n == len(rows) - 1:
+                    used = at  # drop the whitespace the wrap dropped before the last row
+                    break
+                used = at + len(row.plain)
+                parts.append(row)
+            if parts and used:
+                self._printed = _advance(self.state, self._printed, used)
+        if not parts:
+            return None
+        return Text("\n").join(parts)
+
+
+def _normalize(segs: Sequence[tuple[str, Origin]], pos: Position) -> Position:
+    i, off = pos
+    while i < len(segs) and off >= len(segs[i][0]):
+        i, off = i + 1, 0
+    return i, off
+
+
+def _advance(state: ViewState, pos: Position, n: int) -> Position:
+    """The position ``n`` displayed characters after ``pos`` (hidden rejections count 0)."""
+    segs = state.segments
+    i, off = pos
+    while i < len(segs) and n > 0:
+        piece, origin = segs[i]
+        shown = len(piece) - off if (origin != "rejected" or state.show_rejected) else 0
+        if n < shown:
+            return i, off + n
+        n -= shown
+        i, off = i + 1, 0
+    return _normalize(segs, (i, off))
 
 
 # --------------------------------------------------------------------------------------
