@@ -1,0 +1,113 @@
+"""A scripted in-memory engine for testing the loop's logic exactly and fast.
+
+Its logits are a deterministic function of the last two cached tokens, so the exact
+next-token distribution is known in closed form, and it checks the cache discipline the
+real engine relies on (positions are contiguous, rollback only shrinks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specgen.engine import VocabInfo
+
+
+class FakeEngine:
+    """A bigram-ish model over a small vocabulary.
+
+    Args:
+        n_vocab: vocabulary size (token 0 renders as b'' and is EOS when eos=True).
+        seed: picks the logit table.
+        scale: logit scale (larger = more peaked).
+        n_ctx: context size.
+        noise: added to the table from `noise_seed` (a draft "close to" the target).
+        pieces: token id -> bytes; default: token i renders as a letter.
+    """
+
+    def __init__(
+        self,
+        n_vocab: int = 8,
+        seed: int = 0,
+        scale: float = 2.0,
+        n_ctx: int = 256,
+        noise: float = 0.0,
+        noise_seed: int = 1,
+        pieces: dict[int, bytes] | None = None,
+        eos: int | None = None,
+    ) -> None:
+        rng = np.random.default_rng(seed)
+        self.table = rng.standard_normal((n_vocab, n_vocab, n_vocab)).astype(np.float32) * scale
+        if noise:
+            self.table += (
+                np.random.default_rng(noise_seed).standard_normal(self.table.shape) * noise
+            ).astype(np.float32)
+        self.name = f"fake-{seed}"
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.eos = eos
+        self.vocab = VocabInfo(1, n_vocab, 1, eos if eos is not None else 2, True, False)
+        self.tokens: list[int] = []
+        self.pieces = pieces or {i: bytes([97 + i % 26]) for i in range(n_vocab)}
+        self.n_decode_calls = 0
+        self.closed = False
+
+    def logits_after(self, context: list[int]) -> np.ndarray:
+        """(n_vocab,) float32: the row the model gives after `context`."""
+        a = context[-2] if len(context) >= 2 else 0
+        b = context[-1]
+        return self.table[a, b]
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        return [c % self.n_vocab for c in text]
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.pieces.get(token, b"")
+
+    def token_text(self, token: int) -> str:
+        return self.pieces.get(token, b"").decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return self.eos is not None and token == self.eos
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        assert tokens, "decode of nothing"
+        assert len(self.tokens) + len(tokens) <= self.n_ctx, "context overflow"
+        self.n_decode_calls += 1
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        rows = range(start, len(self.tokens)) if all_logits else [len(self.tokens) - 1]
+        return np.stack([self.logits_after(self.tokens[: i + 1]) for i in rows])
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class WrongDrafter:
+    """Always proposes a token the target's argmax is not, with q one-hot on it."""
+
+    name = "wrong"
+
+    def __init__(self, target: FakeEngine) -> None:
+        self.target = target
+
+    def prefill(self, context: list[int]) -> None:
+        pass
+
+    def draft(self, context, k, rng):
+        from specgen.engine import Block
+
+        toks, ctx = [], list(context)
+        for _ in range(k):
+            best = int(np.argmax(self.target.logits_after(ctx)))
+            x = (best + 1) % self.target.n_vocab
+            toks.append(x)
+            ctx.append(x)
+        q = np.zeros((k, self.target.n_vocab))
+        q[np.arange(k), toks] = 1.0
+        return Block(tokens=np.array(toks, dtype=np.int64), q=q)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,201 @@
+"""The loop's logic on scripted in-memory models: exact checks of greedy equality,
+rollback discipline, stop/EOS/limit/context handling, and a statistical check that the
+whole loop samples the target's joint distribution (chi-square, fixed seed, p > 1e-4)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fakes import FakeEngine, WrongDrafter
+from specgen.drafters import ModelDrafter
+from specgen.errors import PromptError
+from specgen.events import Done, Prefilled, Step
+from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.sampling import SamplingParams, probs
+
+GREEDY = SamplingParams(temp=0.0)
+
+
+def run(target, drafter, prompt, k, **cfg):
+    events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))
+    assert isinstance(events[0], Prefilled) and isinstance(events[-1], Done)
+    return events
+
+
+def ordinary(target, prompt, **cfg):
+    return run(target, None, prompt, 0, **cfg)[-1]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("prompt", [[1], [3, 4, 1], [2, 2, 2, 2, 2, 7]])
+def test_greedy_speculative_equals_ordinary(k, prompt):
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
+    base = ordinary(target, prompt, max_tokens=40, params=GREEDY)
+    spec = run(target, ModelDrafter(draft, GREEDY, 9), prompt, k, max_tokens=40, params=GREEDY)
+    done = spec[-1]
+    assert done.tokens == base.tokens and done.text == base.text
+    s = done.stats
+    assert 0 < s.n_accepted < s.n_drafted  # the noisy draft is sometimes right, sometimes not
+    assert s.n_generated == 40 and s.target_passes < 40
+
+
+def test_wrong_drafter_changes_nothing_at_temperature_zero():
+    target = FakeEngine(n_vocab=9, seed=2)
+    base = ordinary(target, [1, 2], max_tokens=30, params=GREEDY)
+    done = run(target, WrongDrafter(target), [1, 2], 4, max_tokens=30, params=GREEDY)[-1]
+    assert done.tokens == base.tokens
+    # the last round has room for one token only, so it drafts nothing
+    assert done.stats.n_accepted == 0 and done.stats.n_drafted == 29
+    assert done.stats.target_passes == 30  # one token per pass, like ordinary decoding
+
+
+def test_identical_draft_accepts_everything_when_sampling():
+    params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    target = FakeEngine(n_vocab=9, seed=3)
+    draft = FakeEngine(n_vocab=9, seed=3)
+    done = run(target, ModelDrafter(draft, params, 9), [1], 4, max_tokens=50, params=params, seed=7)[-1]
+    assert done.stats.acceptance_rate == 1.0
+    assert done.stats.target_passes == 10  # 50 tokens in blocks of 4 + bonus
+
+
+def test_caches_hold_committed_minus_last_after_every_round():
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
+    prompt = [4, 5]
+    emitted: list[int] = []
+    for ev in generate(target, ModelDrafter(draft, GREEDY, 9), prompt,
+                       GenerateConfig(max_tokens=25, params=GREEDY), FixedK(5)):
+        if isinstance(ev, Step):
+            emitted += [s.token for s in ev.spans]
+            committed = prompt + emitted
+            assert target.tokens == committed[:-1]
+            assert draft.tokens == committed[: len(draft.tokens)]
+    assert target.tokens == (prompt + emitted)[:-1]
+
+
+def test_closing_the_generator_early_restores_the_caches():
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
+    gen = generate(target, ModelDrafter(draft, GREEDY, 9), [1], GenerateConfig(max_tokens=50, params=GREEDY), FixedK(6))
+    emitted = []
+    for ev in gen:
+        if isinstance(ev, Step):
+            emitted += [s.token for s in ev.spans]
+            if len(emitted) > 5:
+                break
+    gen.close()
+    assert target.tokens == ([1] + emitted)[:-1]
+
+
+def test_interrupt_inside_a_decode_ends_cleanly():
+    target = FakeEngine(n_vocab=9, seed=0)
+    real = target.decode
+    calls = itertools.count()
+
+    def flaky(tokens, all_logits=False):
+        out = real(tokens, all_logits)
+        if next(calls) == 4:
+            raise KeyboardInterrupt
+        return out
+
+    target.decode = flaky
+    events = list(generate(target, None, [1], GenerateConfig(max_tokens=50, params=GREEDY)))
+    done = events[-1]
+    assert done.finish_reason == "interrupted" and 0 < len(done.tokens) < 50
+    assert target.tokens == ([1] + list(done.tokens))[:-1]
+
+
+def test_eos_inside_an_accepted_block_ends_there():
+    pieces = {i: bytes([97 + i]) for i in range(9)}
+    target = FakeEngine(n_vocab=9, seed=5, eos=0, pieces=pieces)
+    base = ordinary(target, [3], max_tokens=200, params=GREEDY)
+    assert base.finish_reason == "eos", "this seed must reach EOS"
+    draft = FakeEngine(n_vocab=9, seed=5, eos=0, pieces=pieces)  # identical: all accepted
+    done = run(target, ModelDrafter(draft, GREEDY, 9), [3], 8, max_tokens=200, params=GREEDY)[-1]
+    assert done.finish_reason == "eos" and done.tokens == base.tokens
+    assert 0 not in done.tokens
+    s = done.stats
+    assert s.n_generated == len(base.tokens)
+    assert s.n_accepted <= s.n_generated + 1  # nothing counted past the EOS
+
+
+def test_stop_string_completed_inside_a_block():
+    target = FakeEngine(n_vocab=9, seed=0)
+    base = ordinary(target, [1], max_tokens=30, params=GREEDY)
+    stop = base.text[7:10]
+    draft = FakeEngine(n_vocab=9, seed=0)
+    done = run(target, ModelDrafter(draft, GREEDY, 9), [1], 8, max_tokens=30, params=GREEDY, stop=(stop,))[-1]
+    cut = base.text.find(stop)
+    assert done.finish_reason == "stop" and done.text == base.text[:cut]
+
+
+def test_context_full_ends_with_length_and_no_overflow():
+    target = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
+    draft = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
+    done = run(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], 8, max_tokens=100, params=GREEDY)[-1]
+    assert done.finish_reason == "length"
+    assert len(done.tokens) == 20 - 3 + 1  # the last token needs no cache slot
+    base = ordinary(FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=100, params=GREEDY)
+    assert base.tokens == done.tokens
+
+
+def test_prompt_errors():
+    target = FakeEngine(n_vocab=9, n_ctx=8)
+    with pytest.raises(PromptError, match="empty"):
+        list(generate(target, None, [], GenerateConfig()))
+    with pytest.raises(PromptError, match="context holds 8"):
+        list(generate(target, None, [1] * 8, GenerateConfig()))
+
+
+def test_seed_reproducible_and_different_seeds_differ():
+    params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+    def sample(seed):
+        t = FakeEngine(n_vocab=9, seed=0, scale=1.0)
+        d = FakeEngine(n_vocab=9, seed=0, scale=1.0, noise=0.5)
+        return run(t, ModelDrafter(d, params, 9), [1], 4, max_tokens=30, params=params, seed=seed)[-1].tokens
+
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
+        SamplingParams(temp=0.7, top_k=3, top_p=0.9, min_p=0.05),
+    ],
+)
+def test_loop_samples_the_targets_joint_distribution(params):
+    """First three tokens of (prompt [1]) with K = 2: the exact law is the product of
+    the target's warped conditionals; the draft is a different, noisy model."""
+    v = 5
+    target = FakeEngine(n_vocab=v, seed=0, scale=1.0)
+    draft = FakeEngine(n_vocab=v, seed=0, scale=1.0, noise=1.0)
+    law = {}
+    for seq in itertools.product(range(v), repeat=3):
+        ctx, pr = [1], 1.0
+        for x in seq:
+            pr *= probs(target.logits_after(ctx), params)[x]
+            ctx.append(x)
+        law[seq] = pr
+    counts = dict.fromkeys(law, 0)
+    drafter = ModelDrafter(draft, params, v)
+    n = 5000
+    for s in range(n):
+        done = run(target, drafter, [1], 2, max_tokens=3, params=params, seed=s)[-1]
+        counts[tuple(done.tokens)] += 1
+    keys = sorted(law)
+    exp = np.array([law[k] for k in keys]) * n
+    obs = np.array([counts[k] for k in keys], dtype=float)
+    assert obs[exp == 0].sum() == 0
+    big = exp >= 5  # pool small cells so the chi-square approximation holds
+    small = (exp > 0) & ~big
+    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
+    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
+    assert stats.chisquare(obs_p, exp_p).pvalue > 1e-4
