@@ -189,7 +189,8 @@ def dequantize_to_f32(src: Path | str, dst: Path | str) -> None:
             value = int(gguf.LlamaFileType.ALL_F32)
         kvs.append((name, value, vtype, sub_type))
     if reader.get_field(_FILE_TYPE_KEY) is None:
-        kvs.append((_FILE_TYPE_KEY, int(gguf.LlamaFileType.ALL_F32), gguf.GGUFValueType.UINT32, None))
+        f32 = int(gguf.LlamaFileType.ALL_F32)
+        kvs.append((_FILE_TYPE_KEY, f32, gguf.GGUFValueType.UINT32, None))
 
     tensors = list(reader.tensors)
     specs = []
@@ -403,7 +404,7 @@ def write_tiny_llama(
         w[p + "ffn_norm.weight"] = np.ones(n_embd)
         w[p + "ffn_gate.weight"] = normal(p + "ffn_gate.weight", (n_ff, n_embd), inv)
         w[p + "ffn_up.weight"] = normal(p + "ffn_up.weight", (n_ff, n_embd), inv)
-        w[p + "ffn_down.weight"] = normal(p + "ffn_down.weight", (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
+        w[p + "ffn_down.weight"] = normal(p + "ffn_down.weight", (n_embd, n_ff), n_ff**-0.5)
     w["output_norm.weight"] = np.ones(n_embd)
     w["output.weight"] = vocab_rows("output.weight", _TINY_LOGIT_SCALE * inv)
     if noise > 0:
