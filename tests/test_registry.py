@@ -32,13 +32,13 @@ def test_packaged_registry_has_the_demo_and_the_llama_cpp_presets():
     assert (demo.target, demo.draft, demo.draft_max) == ("gemma3-270m-f32", "gemma3-270m-q4", 8)
     assert reg.model("gemma3-270m-q4").embedded and reg.model("gemma3-270m-f32").embedded
     for size in ("7b", "14b"):
-        pair = reg.pair(f"qwen-coder-{size}")
+        pair = reg.pair(f"qwen2.5-coder-{size}")
         target, draft = reg.model(pair.target), reg.model(pair.draft)
         assert target.repo == f"ggml-org/Qwen2.5-Coder-{size.upper()}-Q8_0-GGUF"
         assert target.file == f"qwen2.5-coder-{size}-q8_0.gguf"
         assert (draft.repo, draft.file) == (
             "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", "qwen2.5-coder-0.5b-q8_0.gguf")
-    assert {"qwen-7b-instruct", "llama-8b", "gemma3-4b"} <= set(reg.pairs)
+    assert {"qwen2.5-7b-instruct", "llama3.1-8b", "gemma3-4b"} <= set(reg.pairs)
     # nothing with a repo was checked from a machine with network
     assert not any(m.verified for m in reg.models.values() if not m.embedded)
 
@@ -153,8 +153,8 @@ def test_resolve_model_paths_names_and_errors(tmp_path):
         reg.resolve_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(ConfigError, match="`specgen download qwen2.5-coder-7b-q8`"):
         reg.resolve_model("qwen2.5-coder-7b-q8")
-    with pytest.raises(ConfigError, match="`specgen download qwen-coder-7b`"):
-        reg.resolve_pair("qwen-coder-7b")
+    with pytest.raises(ConfigError, match="`specgen download qwen2.5-coder-7b`"):
+        reg.resolve_pair("qwen2.5-coder-7b")
     with pytest.raises(ConfigError, match="no pair named 'nope'"):
         reg.resolve_pair("nope")
 
@@ -183,7 +183,7 @@ def test_embedded_models_are_built_by_the_demo_module(tmp_path, monkeypatch):
 
 def test_models_for_download(tmp_path):
     reg = load_registry()
-    assert [m.name for m in reg.models_for("qwen-coder-14b")] == [
+    assert [m.name for m in reg.models_for("qwen2.5-coder-14b")] == [
         "qwen2.5-coder-14b-q8", "qwen2.5-coder-0.5b-q8"]
     assert [m.name for m in reg.models_for("gemma3-4b-it-q4")] == ["gemma3-4b-it-q4"]
     with pytest.raises(ConfigError, match="neither a pair nor a model"):

@@ -1,0 +1,205 @@
+"""`specgen download` and `specgen models`: thin commands over registry.py and download.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specgen.errors import ConfigError
+from specgen.registry import ModelEntry, Registry, load_registry
+
+ModelsOpt = Annotated[
+    Path | None,
+    typer.Option("--models", help="Extra models.yaml merged over the packaged and user ones."),
+]
+
+DOWNLOAD_EPILOG = (
+    "Examples:\n\n"
+    "  specgen download qwen2.5-coder-7b            # a pair: target and draft\n\n"
+    "  specgen download qwen2.5-coder-0.5b-q8 --dry-run\n\n"
+    "  HF_TOKEN=hf_... specgen download llama3.1-8b  # gated repositories need a token"
+)
+MODELS_EPILOG = "Examples:\n\n  specgen models\n\n  specgen models --json | jq '.models[]'"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``download`` and ``models`` commands to ``app``."""
+    app.command("download", epilog=DOWNLOAD_EPILOG)(download)
+    app.command("models", epilog=MODELS_EPILOG)(models)
+
+
+def download(
+    name: Annotated[str, typer.Argument(help="A pair or model name (see `specgen models`).")],
+    revision: Annotated[
+        str | None,
+        typer.Option("--revision", help="Branch, tag or commit (one model only)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be downloaded; fetch nothing.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete the cached copy and download it again.")
+    ] = False,
+    models: ModelsOpt = None,
+) -> None:
+    """Download a pair or a model into the Hugging Face cache (resumable)."""
+    from rich.console import Console
+
+    from specgen import download as dl
+
+    reg = load_registry(models)
+    entries = reg.models_for(name)
+    if revision and len(entries) > 1:
+        raise ConfigError(f"--revision applies to one model; {name!r} is a pair: name a model")
+    err = Console(stderr=True)
+    for entry in entries:
+        if entry.embedded:
+            if dry_run:
+                typer.echo(f"{entry.name}: embedded demo model, built locally (no download)")
+                continue
+            from specgen.demo import ensure_demo_model
+
+            path = ensure_demo_model(entry.name, status=err.print)
+            typer.echo(f"{entry.name}\t{path}")
+        elif dry_run:
+            for plan in dl.plan_download(entry, revision):
+                what = "cached" if plan.cached else "to download"
+                typer.echo(f"{entry.name}\t{entry.repo}/{plan.filename}\t"
+                           f"{_human(plan.size_bytes)}\t{what}")
+        else:
+            with _progress_bars(err) as hook:
+                result = dl.download_model(entry, revision=revision, force=force, progress=hook)
+            typer.echo(f"{entry.name}\t{result.path}")
+
+
+def models(
+    models: ModelsOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """List the registry's pairs and models: downloaded or not, size on disk, path."""
+    reg = load_registry(models)
+    rows = model_rows(reg)
+    pairs = pair_rows(reg, rows)
+    if json_out:
+        typer.echo(json.dumps({"pairs": pairs, "models": rows, "sources": [
+            str(s) for s in reg.sources]}, ensure_ascii=False))
+        return
+    from rich.console import Console
+
+    Console(soft_wrap=False).print(*render_tables(pairs, rows))
+
+
+def model_rows(reg: Registry) -> list[dict[str, Any]]:
+    """One dict per model: name, where, quant, size_gb, status, bytes_on_disk, path."""
+    return [_model_row(m) for m in reg.models.values()]
+
+
+def _model_row(m: ModelEntry) -> dict[str, Any]:
+    paths = _local_paths(m)
+    status = ("built" if paths else "not built") if m.embedded else (
+        "downloaded" if paths else "not downloaded")
+    return {
+        "name": m.name,
+        "where": "embedded" if m.embedded else f"{m.repo}/{m.file}",
+        "quant": m.quant,
+        "size_gb": m.size_gb,
+        "verified": m.verified,
+        "embedded": m.embedded,
+        "downloaded": bool(paths),
+        "status": status,
+        "bytes_on_disk": sum(p.stat().st_size for p in paths) if paths else 0,
+        "path": str(paths[0]) if paths else None,
+    }
+
+
+def pair_rows(reg: Registry, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per pair: name, target, draft, draft_max, ready, note."""
+    ready = {r["name"]: r["downloaded"] or r["embedded"] for r in rows}
+    return [
+        {"name": p.name, "target": p.target, "draft": p.draft, "draft_max": p.draft_max,
+         "ready": ready[p.target] and ready[p.draft], "note": p.note}
+        for p in reg.pairs.values()
+    ]
+
+
+def render_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Any]:
+    """Rich tables for `specgen models` (pure)."""
+    from rich import box
+    from rich.table import Table
+
+    pt = Table(title="pairs", title_justify="left", box=box.SIMPLE_HEAD)
+    pt.add_column("name", no_wrap=True)
+    pt.add_column("target + draft", no_wrap=True)
+    pt.add_column("K", justify="right")
+    pt.add_column("ready")
+    pt.add_column("good for", overflow="fold", min_width=12)
+    for p in pairs:
+        pt.add_row(p["name"], f"{p['target']}\n+ {p['draft']}", str(p["draft_max"]),
+                   "[green]yes[/]" if p["ready"] else "no", p["note"])
+    mt = Table(title="models", title_justify="left", box=box.SIMPLE_HEAD,
+               caption="* not verified from a specgen developer's machine", caption_justify="left")
+    mt.add_column("name", no_wrap=True)
+    mt.add_column("quant", no_wrap=True)
+    mt.add_column("size", justify="right", no_wrap=True)
+    mt.add_column("on disk", no_wrap=True)
+    mt.add_column("path, or Hub repo/file", overflow="fold", min_width=16)
+    for r in rows:
+        if r["downloaded"]:
+            disk, where = f"[green]{_human(r['bytes_on_disk'])}[/]", r["path"]
+        else:
+            disk = "not built" if r["embedded"] else "[dim]-[/]"
+            where = f"[dim]{r['where']}[/]"
+        mt.add_row(r["name"] + ("" if r["verified"] else " *"), r["quant"],
+                   f"~{r['size_gb']:g} GB" if r["size_gb"] else "", disk, where)
+    return [pt, mt]
+
+
+def _local_paths(m: ModelEntry) -> list[Path] | None:
+    if m.embedded:
+        try:
+            from specgen.demo import DEMO_MODELS, cache_dir
+        except ImportError:
+            return None
+        path = cache_dir() / DEMO_MODELS.get(m.name, "")
+        return [path] if path.is_file() else None
+    from specgen.download import find_cached
+
+    return find_cached(m)
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+@contextmanager
+def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int | None], None]]:
+    """Rich progress bars on ``console`` (stderr), one per file; yields the progress hook."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    tasks: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=console) as bars:
+
+        def hook(filename: str, done: int, total: int | None) -> None:
+            if filename not in tasks:
+                tasks[filename] = bars.add_task(filename, total=total)
+            bars.update(tasks[filename], completed=done, total=total)
+
+        yield hook
