@@ -194,12 +194,18 @@ def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int | None], No
     )
 
     tasks: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=console) as bars:
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=console)
 
-        def hook(filename: str, done: int, total: int | None) -> None:
-            if filename not in tasks:
-                tasks[filename] = bars.add_task(filename, total=total)
-            bars.update(tasks[filename], completed=done, total=total)
+    def hook(filename: str, done: int, total: int | None) -> None:
+        if not tasks:
+            bars.start()  # lazily: an error before the first byte prints no empty bar
+        if filename not in tasks:
+            tasks[filename] = bars.add_task(filename, total=total)
+        bars.update(tasks[filename], completed=done, total=total)
 
+    try:
         yield hook
+    finally:
+        if tasks:
+            bars.stop()

@@ -1,0 +1,133 @@
+"""`specgen download` and `specgen models` through Typer, against the local Hub server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from hubserver import HubServer, isolate_env, tiny_gguf
+from typer.testing import CliRunner
+
+from specgen.cli_models import register
+from specgen.errors import SpecgenError
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    isolate_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "demo-cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    server = HubServer().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def reg_file(tmp_path, hub) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": tiny_gguf(src / "t.gguf", 8192, 1)})
+    hub.add_repo("org/draft-GGUF", {"draft-q4_0.gguf": tiny_gguf(src / "d.gguf", 1024, 2)})
+    f = tmp_path / "reg.yaml"
+    f.write_text("""
+models:
+  tgt: {repo: org/target-GGUF, file: target-q8_0.gguf, quant: Q8_0, size_gb: 0.01}
+  drf: {repo: org/draft-GGUF, file: "draft-*.gguf"}
+  typo: {repo: org/draft-GGUF, file: draft-q8_0.gguf}
+pairs:
+  tiny: {target: tgt, draft: drf, draft_max: 4, note: a test pair}
+""")
+    return f
+
+
+def invoke(*args: str):
+    """Run a command on a local app; SpecgenError becomes exit 1 and one line, as in cli.main."""
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, list(args))
+    if isinstance(result.exception, SpecgenError):
+        result.exit_code = 1
+        result.message = str(result.exception)
+    return result
+
+
+def test_models_lists_the_packaged_registry():
+    result = invoke("models")
+    assert result.exit_code == 0, result.output
+    for name in ("demo", "qwen2.5-coder-7b", "qwen2.5-coder-14b-q8", "gemma3-270m-f32"):
+        assert name in result.output
+    assert "not verified" in result.output
+
+
+def test_download_a_pair_then_models_shows_it(reg_file, hub, monkeypatch):
+    before = json.loads(invoke("models", "--json", "--models", str(reg_file)).output)
+    assert not any(p["ready"] for p in before["pairs"] if p["name"] == "tiny")
+    result = invoke("download", "tiny", "--models", str(reg_file))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["tgt", "drf"]
+    paths = [Path(line.split("\t")[1]) for line in lines]
+    assert all(p.read_bytes().startswith(b"GGUF") for p in paths)
+
+    after = json.loads(invoke("models", "--json", "--models", str(reg_file)).output)
+    rows = {r["name"]: r for r in after["models"]}
+    assert rows["tgt"]["downloaded"] and rows["tgt"]["path"] == str(paths[0])
+    assert rows["tgt"]["bytes_on_disk"] == paths[0].stat().st_size
+    assert not rows["typo"]["downloaded"] and rows["typo"]["path"] is None
+    assert [p["ready"] for p in after["pairs"] if p["name"] == "tiny"] == [True]
+    monkeypatch.setenv("COLUMNS", "400")
+    table = invoke("models", "--models", str(reg_file)).output
+    assert str(paths[1]) in table and "a test pair" in table
+
+    again = invoke("download", "tgt", "--models", str(reg_file))
+    assert again.exit_code == 0 and len(hub.file_gets()) == 2
+
+
+def test_dry_run_fetches_nothing(reg_file, hub):
+    result = invoke("download", "tiny", "--dry-run", "--models", str(reg_file))
+    assert result.exit_code == 0, result.output
+    assert "target-GGUF/target-q8_0.gguf" in result.stdout
+    assert "draft-GGUF/draft-q4_0.gguf" in result.stdout
+    assert result.stdout.count("to download") == 2
+    assert hub.file_gets() == []
+
+
+def test_embedded_pair_dry_run_downloads_nothing():
+    result = invoke("download", "demo", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("embedded demo model") == 2
+
+
+def test_errors_are_one_line(reg_file):
+    result = invoke("download", "nope", "--models", str(reg_file))
+    assert result.exit_code == 1 and "neither a pair nor a model" in result.message
+    result = invoke("download", "typo", "--models", str(reg_file))
+    assert result.exit_code == 1 and "its .gguf files: draft-q4_0.gguf" in result.message
+    assert "\n" not in result.message
+    result = invoke("download", "tiny", "--revision", "v1", "--models", str(reg_file))
+    assert result.exit_code == 1 and "--revision applies to one model" in result.message
+
+
+def test_bad_models_file_names_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  m: {repo: o/r, file: x.gguf, colour: red}\n")
+    result = invoke("models", "--models", str(bad))
+    assert result.exit_code == 1
+    assert result.message.startswith(f"{bad}: models.m.colour: unknown key")
+
+
+def test_the_real_cli_registers_these_commands(reg_file, capsys):
+    cli = pytest.importorskip("specgen.cli")
+    with pytest.raises(SystemExit) as code:
+        cli.main(["download", "typo", "--models", str(reg_file)])
+    assert code.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specgen: error: org/draft-GGUF has no file matching")
+    assert err.count("\n") == 1
