@@ -69,8 +69,9 @@ def download(
         elif dry_run:
             for plan in dl.plan_download(entry, revision):
                 what = "cached" if plan.cached else "to download"
-                typer.echo(f"{entry.name}\t{entry.repo}/{plan.filename}\t"
-                           f"{_human(plan.size_bytes)}\t{what}")
+                typer.echo(
+                    f"{entry.name}\t{entry.repo}/{plan.filename}\t{_human(plan.size_bytes)}\t{what}"
+                )
         else:
             with _progress_bars(err) as hook:
                 result = dl.download_model(entry, revision=revision, force=force, progress=hook)
@@ -86,8 +87,12 @@ def models(
     rows = model_rows(reg)
     pairs = pair_rows(reg, rows)
     if json_out:
-        typer.echo(json.dumps({"pairs": pairs, "models": rows, "sources": [
-            str(s) for s in reg.sources]}, ensure_ascii=False))
+        typer.echo(
+            json.dumps(
+                {"pairs": pairs, "models": rows, "sources": [str(s) for s in reg.sources]},
+                ensure_ascii=False,
+            )
+        )
         return
     from rich.console import Console
 
@@ -101,8 +106,11 @@ def model_rows(reg: Registry) -> list[dict[str, Any]]:
 
 def _model_row(m: ModelEntry) -> dict[str, Any]:
     paths = _local_paths(m)
-    status = ("built" if paths else "not built") if m.embedded else (
-        "downloaded" if paths else "not downloaded")
+    status = (
+        ("built" if paths else "not built")
+        if m.embedded
+        else ("downloaded" if paths else "not downloaded")
+    )
     return {
         "name": m.name,
         "where": "embedded" if m.embedded else f"{m.repo}/{m.file}",
@@ -121,8 +129,14 @@ def pair_rows(reg: Registry, rows: list[dict[str, Any]]) -> list[dict[str, Any]]
     """One dict per pair: name, target, draft, draft_max, ready, note."""
     ready = {r["name"]: r["downloaded"] or r["embedded"] for r in rows}
     return [
-        {"name": p.name, "target": p.target, "draft": p.draft, "draft_max": p.draft_max,
-         "ready": ready[p.target] and ready[p.draft], "note": p.note}
+        {
+            "name": p.name,
+            "target": p.target,
+            "draft": p.draft,
+            "draft_max": p.draft_max,
+            "ready": ready[p.target] and ready[p.draft],
+            "note": p.note,
+        }
         for p in reg.pairs.values()
     ]
 
@@ -139,10 +153,20 @@ def render_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> li
     pt.add_column("ready")
     pt.add_column("good for", overflow="fold", min_width=12)
     for p in pairs:
-        pt.add_row(p["name"], f"{p['target']}\n+ {p['draft']}", str(p["draft_max"]),
-                   "[green]yes[/]" if p["ready"] else "no", p["note"])
-    mt = Table(title="models", title_justify="left", box=box.SIMPLE_HEAD,
-               caption="* not verified from a specgen developer's machine", caption_justify="left")
+        pt.add_row(
+            p["name"],
+            f"{p['target']}\n+ {p['draft']}",
+            str(p["draft_max"]),
+            "[green]yes[/]" if p["ready"] else "no",
+            p["note"],
+        )
+    mt = Table(
+        title="models",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="* not verified from a specgen developer's machine",
+        caption_justify="left",
+    )
     mt.add_column("name", no_wrap=True)
     mt.add_column("quant", no_wrap=True)
     mt.add_column("size", justify="right", no_wrap=True)
@@ -154,8 +178,13 @@ def render_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> li
         else:
             disk = "not built" if r["embedded"] else "[dim]-[/]"
             where = f"[dim]{r['where']}[/]"
-        mt.add_row(r["name"] + ("" if r["verified"] else " *"), r["quant"],
-                   f"~{r['size_gb']:g} GB" if r["size_gb"] else "", disk, where)
+        mt.add_row(
+            r["name"] + ("" if r["verified"] else " *"),
+            r["quant"],
+            f"~{r['size_gb']:g} GB" if r["size_gb"] else "",
+            disk,
+            where,
+        )
     return [pt, mt]
 
 
@@ -194,8 +223,14 @@ def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int | None], No
     )
 
     tasks: dict[str, Any] = {}
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                    TransferSpeedColumn(), TimeRemainingColumn(), console=console)
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
 
     def hook(filename: str, done: int, total: int | None) -> None:
         if not tasks:

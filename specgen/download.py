@@ -124,7 +124,7 @@ def select_files(pattern: str, available: list[str]) -> list[str]:
         )
     if not groups:
         return []
-    (stem, n), = groups
+    ((stem, n),) = groups
     if n is None:
         return matches
     names = split_names(stem, int(n))
@@ -152,8 +152,11 @@ def _snapshots(storage: Path, revision: str) -> list[Path]:
         found.append(storage / "snapshots" / (storage / "refs" / revision).read_text().strip())
     except OSError:
         pass
-    others = sorted((storage / "snapshots").glob("*"), key=lambda p: -p.stat().st_mtime) if (
-        storage / "snapshots").is_dir() else []
+    others = (
+        sorted((storage / "snapshots").glob("*"), key=lambda p: -p.stat().st_mtime)
+        if (storage / "snapshots").is_dir()
+        else []
+    )
     return found + [p for p in others if p not in found]
 
 
@@ -328,8 +331,9 @@ def _metadata(repo: str, filename: str, revision: str):  # -> HfFileMetadata
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     url = hf_hub_url(repo, filename, revision=revision, endpoint=hub_endpoint())
-    meta = get_hf_file_metadata(url, token=_token(), library_name="specgen",
-                                endpoint=hub_endpoint())
+    meta = get_hf_file_metadata(
+        url, token=_token(), library_name="specgen", endpoint=hub_endpoint()
+    )
     if not meta.etag or not meta.commit_hash:
         raise DownloadError(
             f"{hub_endpoint()} did not answer like a Hugging Face Hub for {repo}/{filename} "
@@ -364,8 +368,15 @@ def _fetch(
                 os.replace(partial, blob)
     elif progress is not None:
         progress(filename, blob.stat().st_size, meta.size)
-    path = hf_hub_download(repo, filename, revision=revision, cache_dir=hub_cache_dir(),
-                           endpoint=hub_endpoint(), token=_token(), library_name="specgen")
+    path = hf_hub_download(
+        repo,
+        filename,
+        revision=revision,
+        cache_dir=hub_cache_dir(),
+        endpoint=hub_endpoint(),
+        token=_token(),
+        library_name="specgen",
+    )
     return Path(path), meta.size, moved
 
 
@@ -412,8 +423,9 @@ def _bar_class(progress: ProgressHook, filename: str) -> type:
     """A tqdm-shaped class that forwards byte counts to ``progress``."""
 
     class _Bar:
-        def __init__(self, *args: object, total: int | None = None, initial: int = 0,
-                     **kwargs: object) -> None:
+        def __init__(
+            self, *args: object, total: int | None = None, initial: int = 0, **kwargs: object
+        ) -> None:
             self.n, self.total = initial, total
             progress(filename, self.n, total)
 
@@ -445,6 +457,7 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        LocalEntryNotFoundError,
         RemoteEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -456,8 +469,9 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
     except GatedRepoError as e:
         raise _auth_error(repo, e) from e
     except RevisionNotFoundError as e:
-        raise DownloadError(f"{repo} has no revision {revision!r}: fix `revision:` or "
-                            "--revision") from e
+        raise DownloadError(
+            f"{repo} has no revision {revision!r}: fix `revision:` or --revision"
+        ) from e
     except RemoteEntryNotFoundError as e:
         raise _missing_file_error(repo, entry.file or "", revision, None) from e
     except RepositoryNotFoundError as e:
@@ -472,6 +486,10 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(hub_cache_dir(), 0, _free_bytes_safe(hub_cache_dir())) from e
+        if isinstance(e, LocalEntryNotFoundError):  # the Hub went away mid-download
+            raise DownloadError(
+                f"cannot reach {ep}: check the network connection and run the command again"
+            ) from e
         raise
     except Exception as e:
         if _is_network_error(e):
@@ -484,8 +502,17 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
 
 def _is_network_error(e: BaseException) -> bool:
     names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"TransportError", "NetworkError", "TimeoutException",
-                         "ConnectionError", "ConnectError", "RemoteProtocolError"})
+    return bool(
+        names
+        & {
+            "TransportError",
+            "NetworkError",
+            "TimeoutException",
+            "ConnectionError",
+            "ConnectError",
+            "RemoteProtocolError",
+        }
+    )
 
 
 def _status(e: Exception) -> int | None:
@@ -497,8 +524,8 @@ def _auth_error(repo: str | None, e: Exception) -> DownloadError:
     ep = hub_endpoint()
     how = (
         "the token in HF_TOKEN (or the saved token) was refused; check it can read the repo"
-        if _token() else "set a token: export HF_TOKEN=hf_... (create one at "
-        f"{ep}/settings/tokens)"
+        if _token()
+        else f"set a token: export HF_TOKEN=hf_... (create one at {ep}/settings/tokens)"
     )
     return DownloadError(
         f"{repo} is gated or private (HTTP {_status(e)}): accept its terms at {ep}/{repo} "

@@ -22,8 +22,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOP_KEYS = frozenset({"models", "pairs"})
 _MODEL_KEYS = frozenset(
-    {"repo", "file", "revision", "sha256", "quant", "size_gb", "license", "note", "embedded",
-     "verified"}
+    {
+        "repo",
+        "file",
+        "revision",
+        "sha256",
+        "quant",
+        "size_gb",
+        "license",
+        "note",
+        "embedded",
+        "verified",
+    }
 )
 _PAIR_KEYS = frozenset({"target", "draft", "draft_max", "note"})
 
@@ -131,7 +141,8 @@ class Registry:
         """(target path, draft path, draft_max) for a pair; errors as in resolve_model."""
         p = self.pair(name)
         missing = [
-            m for m in (p.target, p.draft)
+            m
+            for m in (p.target, p.draft)
             if not self.models[m].embedded and _find_cached(self.models[m]) is None
         ]
         if missing:
@@ -256,13 +267,18 @@ def _model(name: str, body: dict[str, Any], path: Path) -> ModelEntry:
     if size is not None and (isinstance(size, bool) or size <= 0):
         raise ConfigError(f"{path}: {key}.size_gb: must be a positive number")
     return ModelEntry(
-        name=name, source=path, repo=repo, file=file,
-        revision=_get(body, "revision", str, path, key, None), sha256=sha,
+        name=name,
+        source=path,
+        repo=repo,
+        file=file,
+        revision=_get(body, "revision", str, path, key, None),
+        sha256=sha,
         quant=_get(body, "quant", str, path, key, ""),
         size_gb=float(size) if size is not None else None,
         license=_get(body, "license", str, path, key, ""),
         note=_get(body, "note", str, path, key, ""),
-        embedded=embedded, verified=_get(body, "verified", bool, path, key, False),
+        embedded=embedded,
+        verified=_get(body, "verified", bool, path, key, False),
     )
 
 
@@ -276,8 +292,11 @@ def _pair(name: str, body: dict[str, Any], path: Path) -> PairEntry:
     if isinstance(k_max, bool) or not 1 <= k_max <= 64:
         raise ConfigError(f"{path}: {key}.draft_max: must be an integer from 1 to 64")
     return PairEntry(
-        name=name, source=path, target=_get(body, "target", str, path, key, ""),
-        draft=_get(body, "draft", str, path, key, ""), draft_max=k_max,
+        name=name,
+        source=path,
+        target=_get(body, "target", str, path, key, ""),
+        draft=_get(body, "draft", str, path, key, ""),
+        draft_max=k_max,
         note=_get(body, "note", str, path, key, ""),
     )
 

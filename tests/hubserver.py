@@ -49,8 +49,9 @@ class HubServer:
     _blobs: dict[str, bytes] = field(default_factory=dict)
     _httpd: ThreadingHTTPServer | None = None
 
-    def add_repo(self, repo_id: str, files: dict[str, bytes],
-                 gated_token: str | None = None) -> Repo:
+    def add_repo(
+        self, repo_id: str, files: dict[str, bytes], gated_token: str | None = None
+    ) -> Repo:
         commit = hashlib.sha1((repo_id + "".join(sorted(files))).encode()).hexdigest()
         repo = Repo(dict(files), commit, gated_token)
         self.repos[repo_id] = repo
@@ -111,8 +112,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
-        self.hub.requests.append(Request(self.command, path, self.headers.get("Range"),
-                                         self.headers.get("Authorization")))
+        self.hub.requests.append(
+            Request(
+                self.command, path, self.headers.get("Range"), self.headers.get("Authorization")
+            )
+        )
         if m := _CDN.match(path):
             return self._bytes(m[1], head)
         if m := _RESOLVE.match(path):
@@ -184,8 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return
         listing = [
-            {"type": "file", "oid": hashlib.sha1(d).hexdigest(), "size": len(d), "path": name,
-             "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}
+            {
+                "type": "file",
+                "oid": hashlib.sha1(d).hexdigest(),
+                "size": len(d),
+                "path": name,
+                "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134},
+            }
             for name, d in sorted(repo.files.items())
         ]
         self._json(200, listing)
@@ -198,8 +207,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, code: int, error_code: str, message: str,
-               extra: dict[str, str] | None = None) -> None:
+    def _error(
+        self, code: int, error_code: str, message: str, extra: dict[str, str] | None = None
+    ) -> None:
         body = json.dumps({"error": message}).encode()
         self.send_response(code)
         self.send_header("X-Error-Code", error_code)
@@ -213,8 +223,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-def tiny_gguf(path: Path, n_floats: int = 1024, seed: int = 0, extra: dict[str, int] | None = None
-              ) -> bytes:
+def tiny_gguf(
+    path: Path, n_floats: int = 1024, seed: int = 0, extra: dict[str, int] | None = None
+) -> bytes:
     """Write a small valid GGUF file (one F32 tensor of ``n_floats``) and return its bytes."""
     import gguf
     import numpy as np
@@ -234,8 +245,16 @@ def tiny_gguf(path: Path, n_floats: int = 1024, seed: int = 0, extra: dict[str, 
 
 def isolate_env(monkeypatch, tmp_path: Path) -> None:
     """Point every cache, config and Hub variable into ``tmp_path``; no real network."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_TOKEN_PATH",
-                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "XDG_CACHE_HOME", "SPECGEN_MODELS"):
+    for var in (
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "XDG_CACHE_HOME",
+        "SPECGEN_MODELS",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "specgen"))

@@ -36,8 +36,9 @@ def ggufs(tmp_path) -> dict[str, bytes]:
         "draft": tiny_gguf(d / "d.gguf", 2048, seed=2),
     }
     for i in range(1, 4):
-        files[f"shard{i}"] = tiny_gguf(d / f"s{i}.gguf", 4096, seed=10 + i,
-                                       extra={"split.no": i - 1, "split.count": 3})
+        files[f"shard{i}"] = tiny_gguf(
+            d / f"s{i}.gguf", 4096, seed=10 + i, extra={"split.no": i - 1, "split.count": 3}
+        )
     return files
 
 
@@ -69,7 +70,8 @@ def test_pair_download_then_resolve(hub, ggufs, tmp_path):
     ]
     assert [r.path.read_bytes() for r in results] == [ggufs["target"], ggufs["draft"]]
     assert seen == {
-        "target-q8_0.gguf": len(ggufs["target"]), "draft-q4_0.gguf": len(ggufs["draft"])
+        "target-q8_0.gguf": len(ggufs["target"]),
+        "draft-q4_0.gguf": len(ggufs["draft"]),
     }
     assert all(str(r.path).startswith(str(tmp_path / "hf" / "hub")) for r in results)
     target, draft, k = reg.resolve_pair("tiny")
@@ -95,7 +97,10 @@ def test_dry_run_plan_transfers_nothing(hub, ggufs, tmp_path):
     entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
     [plan] = plan_download(entry)
     assert (plan.filename, plan.size_bytes, plan.cached) == (
-        "target-q8_0.gguf", len(ggufs["target"]), False)
+        "target-q8_0.gguf",
+        len(ggufs["target"]),
+        False,
+    )
     assert hub.file_gets() == [] and find_cached(entry) is None
 
 
@@ -151,10 +156,13 @@ def test_corrupted_bytes_are_caught_by_sha256_and_kept(hub, ggufs, tmp_path):
     bad[len(bad) // 2] ^= 0xFF
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": bytes(bad)})
     sha = hashlib.sha256(good).hexdigest()
-    reg = registry(tmp_path, f"""
+    reg = registry(
+        tmp_path,
+        f"""
 models:
   tgt: {{repo: org/target-GGUF, file: target-q8_0.gguf, sha256: {sha}}}
-""")
+""",
+    )
     with pytest.raises(ModelFileError, match="SHA-256 mismatch") as err:
         download_model(reg.model("tgt"))
     assert "--force" in str(err.value) and "kept" in str(err.value)
@@ -170,13 +178,22 @@ def test_not_gguf_is_refused(hub, tmp_path):
 
 
 def test_missing_file_lists_the_repository_ggufs(hub, ggufs, tmp_path):
-    hub.add_repo("org/target-GGUF", {"target-Q4_K_M.gguf": ggufs["target"],
-                                     "target-Q8_0.gguf": ggufs["target"], "README.md": b"x"})
-    reg = registry(tmp_path, """
+    hub.add_repo(
+        "org/target-GGUF",
+        {
+            "target-Q4_K_M.gguf": ggufs["target"],
+            "target-Q8_0.gguf": ggufs["target"],
+            "README.md": b"x",
+        },
+    )
+    reg = registry(
+        tmp_path,
+        """
 models:
   exact: {repo: org/target-GGUF, file: target-q8_0.gguf}
   glob: {repo: org/target-GGUF, file: "*f16*.gguf"}
-""")
+""",
+    )
     for name in ("exact", "glob"):
         with pytest.raises(DownloadError, match="HTTP 404") as err:
             download_model(reg.model(name))
@@ -187,12 +204,15 @@ models:
 def test_split_set_downloads_every_shard_and_loads_the_first(hub, ggufs, tmp_path):
     shards = {f"big-q4_k_m-0000{i}-of-00003.gguf": ggufs[f"shard{i}"] for i in (1, 2, 3)}
     hub.add_repo("org/big-GGUF", {**shards, "big-q8_0.gguf": ggufs["draft"]})
-    reg = registry(tmp_path, """
+    reg = registry(
+        tmp_path,
+        """
 models:
   big: {repo: org/big-GGUF, file: "big-q4_k_m*.gguf"}
   one: {repo: org/big-GGUF, file: big-q4_k_m-00002-of-00003.gguf}
   both: {repo: org/big-GGUF, file: "big-*.gguf"}
-""")
+""",
+    )
     result = download_model(reg.model("big"))
     assert [p.name for p in result.paths] == sorted(shards)
     assert [p.read_bytes() for p in result.paths] == [shards[n] for n in sorted(shards)]
@@ -204,8 +224,10 @@ models:
 
 
 def test_incomplete_split_set_is_refused(hub, ggufs, tmp_path):
-    hub.add_repo("org/big-GGUF", {"big-00001-of-00003.gguf": ggufs["shard1"],
-                                  "big-00003-of-00003.gguf": ggufs["shard3"]})
+    hub.add_repo(
+        "org/big-GGUF",
+        {"big-00001-of-00003.gguf": ggufs["shard1"], "big-00003-of-00003.gguf": ggufs["shard3"]},
+    )
     reg = registry(tmp_path, "models:\n  big: {repo: org/big-GGUF, file: 'big*.gguf'}\n")
     with pytest.raises(ModelFileError, match="missing big-00002-of-00003.gguf"):
         download_model(reg.model("big"))
@@ -246,11 +268,14 @@ def test_gated_repository_asks_for_a_token_then_works_with_hf_token(
 
 def test_unknown_repository_and_revision(hub, ggufs, tmp_path):
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
-    reg = registry(tmp_path, """
+    reg = registry(
+        tmp_path,
+        """
 models:
   gone: {repo: org/nothing-here, file: x.gguf}
   tgt: {repo: org/target-GGUF, file: target-q8_0.gguf}
-""")
+""",
+    )
     with pytest.raises(DownloadError, match="repository org/nothing-here not found"):
         download_model(reg.model("gone"))
     with pytest.raises(DownloadError, match="no revision 'v9'"):
@@ -276,3 +301,36 @@ def test_embedded_models_are_not_downloadable(tmp_path):
     reg = load_registry()
     with pytest.raises(ConfigError, match="embedded"):
         download_model(reg.model("gemma3-270m-q4"))
+
+
+def test_a_corrupted_cache_is_reported_then_force_downloads_again(hub, ggufs, tmp_path):
+    good = ggufs["target"]
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": good})
+    sha = hashlib.sha256(good).hexdigest()
+    entry = registry(
+        tmp_path,
+        f"""
+models:
+  tgt: {{repo: org/target-GGUF, file: target-q8_0.gguf, sha256: {sha}}}
+""",
+    ).model("tgt")
+    path = download_model(entry).path
+    blob = path.resolve()
+    blob.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # bit rot in the cache
+    with pytest.raises(ModelFileError, match="SHA-256 mismatch.*--force"):
+        download_model(entry)
+    assert download_model(entry, force=True).path.read_bytes() == good
+    assert len(hub.file_gets()) == 2
+
+
+def test_registry_modules_import_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, specgen.registry, specgen.download;"
+        "print(sorted(m for m in ('huggingface_hub', 'yaml', 'rich', 'typer', 'llama_cpp')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

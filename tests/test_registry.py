@@ -37,7 +37,9 @@ def test_packaged_registry_has_the_demo_and_the_llama_cpp_presets():
         assert target.repo == f"ggml-org/Qwen2.5-Coder-{size.upper()}-Q8_0-GGUF"
         assert target.file == f"qwen2.5-coder-{size}-q8_0.gguf"
         assert (draft.repo, draft.file) == (
-            "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", "qwen2.5-coder-0.5b-q8_0.gguf")
+            "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF",
+            "qwen2.5-coder-0.5b-q8_0.gguf",
+        )
     assert {"qwen2.5-7b-instruct", "llama3.1-8b", "gemma3-4b"} <= set(reg.pairs)
     # nothing with a repo was checked from a machine with network
     assert not any(m.verified for m in reg.models.values() if not m.embedded)
@@ -63,8 +65,11 @@ OK_MODEL = "repo: o/r\n    file: m.gguf"
         ("models: [a]\n", "models", "expected a mapping"),
         ("models:\n  a/b: {repo: o/r, file: m.gguf}\n", "models.a/b", "invalid name"),
         ("models:\n  m: just-a-string\n", "models.m", "expected a mapping"),
-        (f"models:\n  m:\n    {OK_MODEL}\n    quantization: Q8_0\n", "models.m.quantization",
-         "unknown key"),
+        (
+            f"models:\n  m:\n    {OK_MODEL}\n    quantization: Q8_0\n",
+            "models.m.quantization",
+            "unknown key",
+        ),
         ("models:\n  m: {file: m.gguf}\n", "models.m.repo", "missing field"),
         ("models:\n  m: {repo: o/r}\n", "models.m.file", "missing field"),
         ("models:\n  m: {repo: justname, file: m.gguf}\n", "models.m.repo", "owner/name"),
@@ -73,19 +78,37 @@ OK_MODEL = "repo: o/r\n    file: m.gguf"
         (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: -1\n", "models.m.size_gb", "positive"),
         (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: big\n", "models.m.size_gb", "expected"),
         (f"models:\n  m:\n    {OK_MODEL}\n    quant: 8\n", "models.m.quant", "expected str"),
-        (f"models:\n  m:\n    {OK_MODEL}\n    embedded: yes-ish\n", "models.m.embedded",
-         "expected bool"),
-        ("pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, k: 4}\n", "pairs.p.k",
-         "unknown key"),
+        (
+            f"models:\n  m:\n    {OK_MODEL}\n    embedded: yes-ish\n",
+            "models.m.embedded",
+            "expected bool",
+        ),
+        (
+            "pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, k: 4}\n",
+            "pairs.p.k",
+            "unknown key",
+        ),
         ("pairs:\n  p: {target: gemma3-270m-f32}\n", "pairs.p.draft", "missing field"),
-        ("pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, draft_max: 0}\n",
-         "pairs.p.draft_max", "1 to 64"),
-        ("pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, draft_max: true}\n",
-         "pairs.p.draft_max", "expected int"),
-        ("pairs:\n  p: {target: gemma3-270m-f32, draft: nope}\n", "pairs.p.draft",
-         "unknown model 'nope'"),
-        ("pairs:\n  gemma3-270m-q4: {target: gemma3-270m-f32, draft: gemma3-270m-q4}\n",
-         "pairs.gemma3-270m-q4", "also a model"),
+        (
+            "pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, draft_max: 0}\n",
+            "pairs.p.draft_max",
+            "1 to 64",
+        ),
+        (
+            "pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, draft_max: true}\n",
+            "pairs.p.draft_max",
+            "expected int",
+        ),
+        (
+            "pairs:\n  p: {target: gemma3-270m-f32, draft: nope}\n",
+            "pairs.p.draft",
+            "unknown model 'nope'",
+        ),
+        (
+            "pairs:\n  gemma3-270m-q4: {target: gemma3-270m-f32, draft: gemma3-270m-q4}\n",
+            "pairs.gemma3-270m-q4",
+            "also a model",
+        ),
     ],
 )
 def test_validation_errors_name_file_and_key(tmp_path, text, key, problem):
@@ -108,20 +131,26 @@ def test_empty_file_is_an_empty_registry(tmp_path):
 
 
 def test_merge_order_packaged_then_user_then_models_flag(tmp_path):
-    user = write(user_registry_file(), """
+    user = write(
+        user_registry_file(),
+        """
 models:
   gemma3-4b-it-q4: {repo: me/gemma-4b, file: g.gguf}
   mine: {repo: me/mine, file: mine.gguf}
 pairs:
   gemma3-4b: {target: gemma3-4b-it-q4, draft: mine, draft_max: 3}
-""")
+""",
+    )
     assert user == tmp_path / "specgen" / "models.yaml"
-    extra = write(tmp_path / "extra.yaml", """
+    extra = write(
+        tmp_path / "extra.yaml",
+        """
 models:
   mine: {repo: other/mine, file: mine2.gguf}
 pairs:
   p: {target: mine, draft: gemma3-270m-q4}
-""")
+""",
+    )
     reg = load_registry(extra)
     assert reg.sources == (PACKAGED_FILE, user, extra)
     assert reg.model("gemma3-4b-it-q4").repo == "me/gemma-4b"  # user over packaged
@@ -133,8 +162,10 @@ pairs:
 
 def test_user_file_falls_back_to_dot_config(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECGEN_HOME")
-    f = write(tmp_path / "home" / ".config" / "specgen" / "models.yaml",
-              "models:\n  mine: {repo: me/mine, file: m.gguf}\n")
+    f = write(
+        tmp_path / "home" / ".config" / "specgen" / "models.yaml",
+        "models:\n  mine: {repo: me/mine, file: m.gguf}\n",
+    )
     assert user_registry_file() == f
     assert load_registry().model("mine").source == f
 
@@ -184,7 +215,9 @@ def test_embedded_models_are_built_by_the_demo_module(tmp_path, monkeypatch):
 def test_models_for_download(tmp_path):
     reg = load_registry()
     assert [m.name for m in reg.models_for("qwen2.5-coder-14b")] == [
-        "qwen2.5-coder-14b-q8", "qwen2.5-coder-0.5b-q8"]
+        "qwen2.5-coder-14b-q8",
+        "qwen2.5-coder-0.5b-q8",
+    ]
     assert [m.name for m in reg.models_for("gemma3-4b-it-q4")] == ["gemma3-4b-it-q4"]
     with pytest.raises(ConfigError, match="neither a pair nor a model"):
         reg.models_for("nope")
