@@ -11,7 +11,8 @@ The view is a function of state (the shape of Rich's ``top_lite_simulator`` exam
   the text so far; the live region holds only the current line(s), the legend and the footer.
 * ``loading_status`` is the spinner shown while models load.
 
-Imports rich and ``specgen.events`` only.
+Imports rich, ``specgen.events`` and the pure ``specgen.controller`` (for
+``break_even_alpha``, the same formula the controller decides with).
 """
 
 from __future__ import annotations
@@ -32,7 +33,20 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
+from specgen.controller import break_even_alpha
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+
+__all__ = [
+    "LiveView",
+    "ViewState",
+    "apply",
+    "body_text",
+    "break_even_alpha",
+    "console_has_color",
+    "loading_status",
+    "render",
+    "render_summary",
+]
 
 Origin = Literal["draft", "target", "rejected"]
 """Where a piece of text came from: an accepted draft token, a token the target produced
@@ -54,6 +68,9 @@ MONO_STYLES: dict[Origin, str] = {
 }
 """Styles per origin under NO_COLOR: attributes only (NO_COLOR forbids color, not bold)."""
 
+ORDINARY_HOW = "median of single-token target passes right after the prompt"
+"""How the loop measures ``Prefilled.ordinary_token_s`` (said next to the speedup)."""
+
 FINISH_TEXT: dict[str, str] = {
     "length": "length (max tokens reached)",
     "stop": "stop string",
@@ -68,69 +85,6 @@ _REJECTED_PICTURES = _CONTROL_PICTURES | {10: 0x21B5}  # a rejected newline show
 
 Position = tuple[int, int]
 """(segment index, character offset) into ``ViewState.segments``."""
-
-
-# --------------------------------------------------------------------------------------
-# break-even acceptance
-
-
-def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha): expected tokens per round (Leviathan
-    et al. 2023, eq. 1) when each draft token is accepted with probability alpha.
-
-    Args:
-        alpha: acceptance rate in [0, 1].
-        k: block size K >= 0.
-
-    Returns:
-        Tokens per round, from 1 (alpha = 0) to K + 1 (alpha = 1).
-    """
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def break_even_alpha(
-    k: int, draft_token_s: float, verify_s: float, ordinary_token_s: float
-) -> float:
-    """The acceptance rate below which speculation is slower than ordinary decoding.
-
-    A round costs ``k * draft_token_s + verify_s`` seconds and yields E(alpha, k) tokens;
-    ordinary decoding yields one token per ``ordinary_token_s`` seconds. Solves
-    E(alpha, k) = (k * draft_token_s + verify_s) / ordinary_token_s by bisection
-    (E is increasing in alpha).
-
-    Args:
-        k: block size K >= 1.
-        draft_token_s: seconds to draft one token.
-        verify_s: seconds per round outside drafting (the target's batched pass, plus
-            sampling and bookkeeping if the caller counts them), seconds.
-        ordinary_token_s: seconds per token of ordinary decoding (> 0).
-
-    Returns:
-        alpha in [0, 1]; 0.0 when any acceptance pays, 1.0 when only perfect acceptance
-        breaks even, and ``math.inf`` when even alpha = 1 is slower than ordinary decoding.
-    """
-    if k < 1:
-        raise ValueError(f"break_even_alpha needs k >= 1, got {k}")
-    if ordinary_token_s <= 0:
-        raise ValueError(f"ordinary_token_s must be > 0, got {ordinary_token_s}")
-    needed = (k * draft_token_s + verify_s) / ordinary_token_s  # tokens per round to tie
-    eps = 1e-9
-    if needed <= 1.0 + eps:
-        return 0.0
-    if needed > k + 1 + eps:
-        return math.inf
-    if needed >= k + 1 - eps:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_round(mid, k) < needed:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 # --------------------------------------------------------------------------------------
@@ -191,12 +145,20 @@ class ViewState:
     @property
     def break_even(self) -> tuple[int, float] | None:
         """(K, break-even alpha) from the costs measured so far, or None when there is no
-        baseline or no speculative round yet."""
+        baseline or no speculative round yet. Alpha is ``math.inf`` when even alpha = 1
+        would be slower than ordinary decoding.
+
+        A round's cost is K times the mean seconds per drafted token plus the mean of
+        everything else in a speculative round (verify, sampling, bookkeeping), seconds.
+        """
         k = self.k if self.k else self.last_spec_k
         if not self.ordinary_token_s or not k or not self.spec_rounds or not self.spec_drafted:
             return None
         draft_token_s = self.spec_draft_s / self.spec_drafted
         fixed_s = max(0.0, self.spec_round_s - self.spec_draft_s) / self.spec_rounds
+        needed = (k * draft_token_s + fixed_s) / self.ordinary_token_s  # tokens per round
+        if needed > k + 1 + 1e-9:
+            return k, math.inf
         return k, break_even_alpha(k, draft_token_s, fixed_s, self.ordinary_token_s)
 
 
@@ -208,11 +170,19 @@ def apply(state: ViewState, event: Event) -> None:
     if isinstance(event, Prefilled):
         state.stats.n_prompt = event.n_prompt
         state.stats.prefill_s = event.prefill_s
+        ordinary_s = getattr(event, "ordinary_token_s", None)
+        if ordinary_s:
+            state.ordinary_token_s = ordinary_s
+            state.ordinary_how = state.ordinary_how or ORDINARY_HOW
     elif isinstance(event, Step):
         _apply_step(state, event)
     elif isinstance(event, Done):
         if not event.stats.k_history and state.stats.k_history:
             event.stats.k_history = list(state.stats.k_history)
+        shown = state.text
+        if len(event.text) > len(shown) and event.text.startswith(shown):
+            # Text the loop held back (an incomplete character, a possible stop string).
+            state.segments.append((event.text[len(shown) :], "target"))
         state.stats = event.stats
         state.finish_reason = event.finish_reason
 
@@ -330,11 +300,14 @@ def time_split(stats: Stats) -> str:
     )
 
 
-def k_text(k: int | None) -> str | None:
-    """'K=5', 'fallback: ordinary decoding' (K = 0), or None before the first round."""
-    if k is None:
+def k_text(state: ViewState) -> str | None:
+    """'K=5', 'fallback: ordinary decoding' (K = 0 with a drafter), 'ordinary decoding'
+    (no drafter), or None before the first round."""
+    if state.k is None:
         return None
-    return "fallback: ordinary decoding" if k == 0 else f"K={k}"
+    if state.k > 0:
+        return f"K={state.k}"
+    return "fallback: ordinary decoding" if state.draft_name is not None else "ordinary decoding"
 
 
 def speedup_text(state: ViewState) -> str:
@@ -366,7 +339,7 @@ def footer(state: ViewState) -> RenderableType:
     split, speedup over ordinary decoding with its baseline, break-even acceptance."""
     s = state.stats
     items: list[str] = []
-    kt = k_text(state.k)
+    kt = k_text(state)
     if kt:
         items.append(kt)
     items += [
@@ -504,7 +477,11 @@ class LiveView:
     Finished lines (up to a newline) are printed above the live region as they arrive, so
     the terminal's scrollback holds the whole text; the live region holds only the current
     line(s) and the footer, which keeps each redraw cheap however long the output grows.
-    Redraws happen at most every ``min_interval_s`` seconds. On exit, normal or not
+    Redraws happen at most every ``min_interval_s`` seconds, and further apart when a
+    redraw is slow: the gap after a redraw that took d seconds is at least
+    d / ``max_share`` (up to ``max_interval_s``), so drawing takes about that share of
+    the wall time at most (1% by default; the budget for the live view is 3% of
+    tokens/s). On exit, normal or not
     (KeyboardInterrupt included), the live region is removed, the rest of the text is
     printed, then the summary; the exception is not swallowed.
 
@@ -513,6 +490,9 @@ class LiveView:
         state: the state to fold events into; ``state.color`` is switched off when the
             console shows no color.
         min_interval_s: minimum seconds between redraws (0.1 = at most 10 Hz).
+        max_share: the largest fraction of wall time redraws may take (0 < share < 1).
+        max_interval_s: the longest gap between redraws, seconds (the footer stays live
+            even when a redraw is slow).
         clock: monotonic clock in seconds (injectable for tests).
         summary: print ``render_summary`` on exit.
     """
@@ -523,6 +503,8 @@ class LiveView:
         state: ViewState,
         *,
         min_interval_s: float = 0.1,
+        max_share: float = 0.01,
+        max_interval_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         summary: bool = True,
     ) -> None:
@@ -530,6 +512,11 @@ class LiveView:
         self.state = state
         state.color = state.color and console_has_color(console)
         self.min_interval_s = min_interval_s
+        self.max_share = max_share
+        self.max_interval_s = max(min_interval_s, max_interval_s)
+        self.redraw_s = 0.0
+        """Seconds spent redrawing so far (by ``clock``)."""
+        self._gap_s = min_interval_s
         self.clock = clock
         self.summary = summary
         self.n_refreshes = 0
@@ -581,7 +568,7 @@ class LiveView:
         ``Prefilled`` and ``Done``)."""
         apply(self.state, event)
         now = self.clock()
-        if isinstance(event, Step) and now - self._last_refresh < self.min_interval_s:
+        if isinstance(event, Step) and now - self._last_refresh < self._gap_s:
             return
         self._redraw(now)
 
@@ -592,13 +579,16 @@ class LiveView:
     def _redraw(self, now: float) -> None:
         if self._live is None:
             return
-        self._last_refresh = now
         self.n_refreshes += 1
         done = self._take_finished_lines()
         self._live.update(render(self.state, self._printed, tail=True), refresh=done is None)
         if done is not None:
             # Printing above the live region redraws it too (Rich's render hook).
             self.console.print(done, crop=False)
+        self._last_refresh = self.clock()
+        cost = max(0.0, self._last_refresh - now)
+        self.redraw_s += cost
+        self._gap_s = min(self.max_interval_s, max(self.min_interval_s, cost / self.max_share))
 
     def _take_finished_lines(self) -> Text | None:
         """Text that can go above the live region for good, or None; advances ``_printed``.

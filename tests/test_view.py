@@ -14,6 +14,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+from specgen.controller import expected_tokens
 from specgen.events import Done, Prefilled, Span, Stats, Step
 from specgen.view import (
     LiveView,
@@ -22,7 +23,6 @@ from specgen.view import (
     body_text,
     break_even_alpha,
     console_has_color,
-    expected_tokens_per_round,
     loading_status,
     render,
     render_summary,
@@ -189,7 +189,7 @@ def test_zero_acceptance_run() -> None:
     assert st.speedup == pytest.approx(0.010 / 0.017)
     alpha = float(re.search(r"break-even acceptance ([0-9.]+)%", out).group(1))  # type: ignore[union-attr]
     # round = 4 * 0.001 s drafting + 0.013 s rest; needs E(alpha, 4) = 1.7 tokens per round
-    assert expected_tokens_per_round(alpha / 100, 4) == pytest.approx(1.7, abs=0.01)
+    assert expected_tokens([alpha / 100], 4) == pytest.approx(1.7, abs=0.01)
 
 
 def test_without_a_baseline_the_footer_says_so() -> None:
@@ -320,6 +320,22 @@ def test_live_refresh_is_throttled() -> None:
     assert st.stats.n_generated == 2000
 
 
+def test_slow_redraws_are_spaced_out() -> None:
+    class TickingClock(FakeClock):
+        """Every reading costs 5 ms: a redraw (two readings apart) looks 5 ms long."""
+
+        def __call__(self) -> float:
+            self.t += 0.005
+            return self.t
+
+    clock = TickingClock()
+    with LiveView(console(), state(), clock=clock, max_share=0.01, summary=False) as view:
+        feed(view, clock, 1000, dt=0.0)
+    # 1,000 updates * 5 ms = 5 s of wall time; a 5 ms redraw earns a 0.5 s gap (the cap).
+    assert view.n_refreshes <= 2 + 5.0 / 0.5 + 1
+    assert view.redraw_s <= 0.02 * clock.t
+
+
 def test_live_leaves_whole_text_then_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     c = console()
@@ -394,7 +410,15 @@ def test_break_even_only_perfect_acceptance_pays() -> None:
     # K=2: a round costs 3 ordinary tokens and yields at most 3 tokens.
     alpha = break_even_alpha(2, draft_token_s=0.1, verify_s=0.4, ordinary_token_s=0.2)
     assert alpha == pytest.approx(1.0)
-    assert math.isinf(break_even_alpha(2, draft_token_s=0.2, verify_s=0.4, ordinary_token_s=0.2))
+
+
+def test_break_even_never_pays_is_said_plainly() -> None:
+    st = state(ordinary_token_s=0.001)  # ordinary decoding far faster than any round
+    apply(st, step([("a", True), ("b", False)], k=2))
+    assert st.break_even is not None and math.isinf(st.break_even[1])
+    assert "break-even: none at K=2 (slower even at 100% acceptance)" in " ".join(
+        rendered(st).split()
+    )
 
 
 def test_break_even_hand_solved() -> None:
@@ -404,11 +428,16 @@ def test_break_even_hand_solved() -> None:
     assert break_even_alpha(1, 0.1, 0.4, 0.4) == pytest.approx(0.25, abs=1e-9)
 
 
-def test_break_even_rejects_bad_input() -> None:
-    with pytest.raises(ValueError):
-        break_even_alpha(0, 0.1, 0.1, 0.1)
-    with pytest.raises(ValueError):
-        break_even_alpha(2, 0.1, 0.1, 0.0)
+def test_prefilled_baseline_and_held_back_text() -> None:
+    st = ViewState(target_name="t", draft_name=None)
+    apply(st, Prefilled(n_prompt=3, prefill_s=0.1, ordinary_token_s=0.02))
+    assert st.ordinary_token_s == 0.02 and "single-token target passes" in st.ordinary_how
+    apply(st, step([("ab", False), ("", False)], k=0))
+    apply(st, Done("stop", "abç", (1, 2, 3), Stats(n_generated=3)))
+    assert st.text == "abç"
+    out = " ".join(rendered(st).split())
+    assert "target t" in out and "K=0" not in out
+    assert "ordinary decoding" in out and "fallback" not in out
 
 
 # -- purity ------------------------------------------------------------------------------
