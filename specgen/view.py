@@ -68,7 +68,7 @@ MONO_STYLES: dict[Origin, str] = {
 }
 """Styles per origin under NO_COLOR: attributes only (NO_COLOR forbids color, not bold)."""
 
-ORDINARY_HOW = "median of single-token target passes right after the prompt"
+ORDINARY_HOW = "median of single-token target passes after the prompt"
 """How the loop measures ``Prefilled.ordinary_token_s`` (said next to the speedup)."""
 
 FINISH_TEXT: dict[str, str] = {
@@ -315,7 +315,7 @@ def speedup_text(state: ViewState) -> str:
     if not state.ordinary_token_s:
         return "speedup n/a (ordinary decoding not timed)"
     base = f"ordinary {1.0 / state.ordinary_token_s:.1f} tok/s"
-    how = f", timed: {state.ordinary_how}" if state.ordinary_how else ""
+    how = f" ({state.ordinary_how})" if state.ordinary_how else ""
     sp = state.speedup
     head = f"speedup {sp:.2f}×" if sp is not None else "speedup –"
     return f"{head} vs {base}{how}"
@@ -522,7 +522,8 @@ class LiveView:
         self.n_refreshes = 0
         self._printed: Position = (0, 0)
         self._last_refresh = -math.inf
-        self._live = Live(
+        self._live: Live | None = Live(
+            _LiveRegion(self),
             console=console,
             auto_refresh=False,
             transient=True,
@@ -581,9 +582,11 @@ class LiveView:
             return
         self.n_refreshes += 1
         done = self._take_finished_lines()
-        self._live.update(render(self.state, self._printed, tail=True), refresh=done is None)
-        if done is not None:
-            # Printing above the live region redraws it too (Rich's render hook).
+        if done is None:
+            self._live.refresh()
+        else:
+            # Printing above the live region redraws the region too (Rich's render hook),
+            # and _LiveRegion draws the current state: one redraw either way.
             self.console.print(done, crop=False)
         self._last_refresh = self.clock()
         cost = max(0.0, self._last_refresh - now)
@@ -630,6 +633,16 @@ class LiveView:
         if not parts:
             return None
         return Text("\n").join(parts)
+
+
+class _LiveRegion:
+    """The live region's renderable: whatever ``view``'s state is when Rich draws it."""
+
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield render(self.view.state, self.view._printed, tail=True)
 
 
 def _normalize(segs: Sequence[tuple[str, Origin]], pos: Position) -> Position:

@@ -162,7 +162,7 @@ def test_footer_has_every_number_and_how_the_baseline_was_measured() -> None:
     assert "time: draft 24% · verify 71% · other 6%" in out
     # speedup = (40 / 0.17 tok/s) / (1 / 0.010 s per token)
     assert f"speedup {40 / 0.17 * 0.010:.2f}× vs ordinary 100.0 tok/s" in out
-    assert "timed: 3 single-token target passes after the prompt" in out
+    assert "(3 single-token target passes after the prompt)" in out
     assert "break-even" in out
     assert "accepted draft (drf-270m)" in out and "target (tgt-1b)" in out
 
@@ -239,7 +239,7 @@ def test_summary_has_totals_finish_reason_and_models() -> None:
         "acceptance 50.0% (1 of 2 drafted)",
         "1.50 tokens over 2 target passes",
         "decode 0.03 s: draft 12% · verify 71% · other 18%",
-        "timed: 3 single-token target passes",
+        "(3 single-token target passes",
         "1 fallback rounds of 2",
     ):
         assert part in out, part
@@ -334,6 +334,15 @@ def test_slow_redraws_are_spaced_out() -> None:
     # 1,000 updates * 5 ms = 5 s of wall time; a 5 ms redraw earns a 0.5 s gap (the cap).
     assert view.n_refreshes <= 2 + 5.0 / 0.5 + 1
     assert view.redraw_s <= 0.02 * clock.t
+
+
+def test_live_footer_is_current_after_each_redraw() -> None:
+    clock = FakeClock()
+    c = console()
+    with LiveView(c, state(), clock=clock, summary=False) as view:
+        for n in range(1, 60):
+            feed(view, clock, 1, dt=1.0)  # every update redraws; some print lines above
+            assert f"· {n} tokens ·" in c.export_text()[-2000:]
 
 
 def test_live_leaves_whole_text_then_summary(monkeypatch: pytest.MonkeyPatch) -> None:
