@@ -223,6 +223,11 @@ def test_demo_pair_loads_in_llama_cpp(demo_pair: tuple[Path, Path]) -> None:
     llm = _llama(target)
     assert llm.metadata["general.file_type"] == "0"
     assert llm.n_vocab() == 262_144
+    # Semantic check through llama.cpp: both files continue this prompt the same way
+    # (measured: " the capital of the country of France. It is the largest city in France").
+    for model in (llm, _llama(draft)):
+        out = model.create_completion("The capital of France is", max_tokens=3, temperature=0.0)
+        assert out["choices"][0]["text"].startswith(" the capital")
 
 
 # --- keep_first_layers -------------------------------------------------------------------------
