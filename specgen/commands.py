@@ -67,7 +67,7 @@ def resolve_models(
     if target is None:
         from specgen.demo import ensure_demo_pair
 
-        t, d = ensure_demo_pair(status=status)
+        t, d = ensure_demo_pair(status=status)  # prepared once, then cached
         if draft is None:
             return t, d, None
         return t, _resolve_one(draft, models), None
@@ -79,9 +79,6 @@ def resolve_models(
 def _resolve_one(name: str, models: Path | None) -> Path | str:
     if name in (DRAFT_NONE, DRAFT_NGRAM):
         return name
-    p = Path(name)
-    if p.exists() or p.suffix == ".gguf" or "/" in name:
-        return p
     from specgen.registry import load_registry
 
     return load_registry(models).resolve_model(name)
@@ -93,17 +90,41 @@ def run(a: RunArgs) -> int:
     seed = a.seed if a.seed is not None else secrets.randbits(31)
     params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     draft_max = parse_draft_max(a.draft_max)
-    view = None
     if a.live:
-        from specgen import view as view_mod
+        from rich.console import Console
 
-        view = view_mod
-    status = None
-    target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
-    if target_path == DRAFT_NONE or target_path == DRAFT_NGRAM:
-        from specgen.errors import ConfigError
+        from specgen import view
 
-        raise ConfigError("--target must be a model")
+        err = Console(stderr=True)
+        with view.loading_status(err, "preparing models", "models ready") as spinner:
+            loaded, pair_k = _load(a, params, lambda msg: spinner.update(msg))
+    else:
+        loaded, pair_k = _load(a, params, None)
+    try:
+        prompt = loaded.target.tokenize(a.prompt)
+        config = GenerateConfig(
+            max_tokens=a.max_tokens,
+            params=params,
+            stop=a.stop,
+            ignore_eos=a.ignore_eos,
+            seed=seed,
+            measure_ordinary=3 if a.live else 0,
+        )
+        policy = make_policy(draft_max if draft_max is not None else pair_k)
+        events = generate(loaded.target, loaded.drafter, prompt, config, policy)
+        if a.json_out:
+            return _run_json(events, loaded.target.name, loaded.draft_name, seed)
+        if a.live:
+            return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected)
+        return _run_plain(events)
+    finally:
+        loaded.close()
+
+
+def _load(a: RunArgs, params: SamplingParams, status):
+    target_path, draft_path, pair_k = resolve_models(
+        a.target, a.draft, a.pair, a.models, status
+    )
     spec = ModelSpec(
         target=Path(target_path),
         draft=draft_path,
@@ -114,24 +135,25 @@ def run(a: RunArgs) -> int:
             n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers_draft, n_threads=a.threads
         ),
     )
-    loaded = load(spec, params, draft_p_min=a.draft_p_min)
+    return load(spec, params, draft_p_min=a.draft_p_min, status=status), pair_k
+
+
+def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
+    from rich.console import Console
+
+    from specgen import view
+
+    state = view.ViewState(
+        target_name, None if draft_name == DRAFT_NONE else draft_name, show_rejected=show_rejected
+    )
     try:
-        prompt = loaded.target.tokenize(a.prompt)
-        config = GenerateConfig(
-            max_tokens=a.max_tokens,
-            params=params,
-            stop=a.stop,
-            ignore_eos=a.ignore_eos,
-            seed=seed,
-            measure_ordinary=3 if view is not None else 0,
-        )
-        policy = make_policy(draft_max if draft_max is not None else pair_k)
-        events = generate(loaded.target, loaded.drafter, prompt, config, policy)
-        if a.json_out:
-            return _run_json(events, loaded.target.name, loaded.draft_name, seed)
-        return _run_plain(events)
-    finally:
-        loaded.close()
+        with view.LiveView(Console(), state) as live:
+            for ev in events:
+                live.update(ev)
+    except KeyboardInterrupt:
+        events.close()
+        return EXIT_INTERRUPTED  # the view has kept the text and printed the summary
+    return EXIT_INTERRUPTED if state.finish_reason == "interrupted" else 0
 
 
 def _run_plain(events) -> int:

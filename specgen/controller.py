@@ -134,6 +134,11 @@ class _Rates:
         self.trials[:tested] += 1.0
         self.hits[:hits] += 1.0
 
+    def discount(self, factor: float) -> None:
+        """Keep only `factor` of the evidence (after a detected change)."""
+        self.hits *= factor
+        self.trials *= factor
+
     def pooled(self) -> float:
         num = self.prior_mean * self.prior_strength + float(self.hits.sum())
         return num / (self.prior_strength + float(self.trials.sum()))
@@ -159,12 +164,14 @@ class _CostModel:
         prior_slope: Callable[[int, float], float],
         ema: float = 0.25,
         max_weight: float = 8.0,
+        line_weight: float = 2.0,
     ) -> None:
         self._mean: dict[int, float] = {}
         self._count: dict[int, float] = {}
         self._prior_slope = prior_slope
         self._ema = ema
         self._max_weight = max_weight
+        self._line_weight = line_weight
         self._fit: tuple[float, float] | None = None
 
     def __bool__(self) -> bool:
@@ -213,7 +220,7 @@ class _CostModel:
         line = c0 + c1 * n
         if n in self._mean:
             w = min(self._count[n], self._max_weight)
-            return (w * self._mean[n] + line) / (w + 1.0)
+            return line + w / (w + self._line_weight) * (self._mean[n] - line)
         return line
 
 
@@ -251,27 +258,40 @@ class Controller:
         fixed_k: when set (`--draft-max N`) every round uses min(fixed_k, max_k); costs
             and acceptance are still measured for the stats.
         probe_every: ordinary rounds between probes at the start of a fallback episode.
-        probe_every_max: the gap doubles after each failed probe, up to this.
+        probe_every_max: the gap doubles after each failed probe, up to this, and up to
+            the gap at which failed probes cost `probe_budget` of the time, if sooner.
+        probe_budget: fraction of fallback time that failed probes may waste (a probe that
+            fails still emits one token but costs more than an ordinary pass); sets the
+            gap cap from the measured costs, so a cheap probe (GPU) comes often.
         probe_k: block size of a probe (small: a failed probe costs little).
-        k_init: block size of the warm-up round that follows the first (ordinary) round.
+        k_init: block size of the first speculative round (after one ordinary round that
+            measures the baseline), before any draft cost is known.
+        warmup_rounds: speculative rounds run before falling back is allowed, so one
+            unlucky round cannot stop a good draft (they use the model's best K >= 1).
         forget: per-round decay of the acceptance counts (memory ~ 1 / (1 - forget) rounds).
         prior_alpha, prior_strength: optimistic Beta prior of the pooled acceptance rate
             (mean, pseudo-count); evidence outweighs it after a round or two.
         shrink: pseudo-count pulling each position's rate toward the pooled rate.
+        change_p, change_keep: change detection on the acceptance (see `_detect_change`);
+            change_p = 0 disables it.
     """
 
     def __init__(
         self,
         k_max: int,
         fixed_k: int | None = None,
-        probe_every: int = 8,
+        probe_every: int = 4,
         probe_every_max: int = 64,
+        probe_budget: float = 0.03,
         probe_k: int = 1,
         k_init: int = 4,
+        warmup_rounds: int = 3,
         forget: float = 0.8,
         prior_alpha: float = 0.8,
         prior_strength: float = 1.0,
         shrink: float = 2.0,
+        change_p: float = 0.01,
+        change_keep: float = 0.25,
     ) -> None:
         if k_max < 0 or (fixed_k is not None and fixed_k < 0):
             raise ValueError("block sizes must be >= 0")
@@ -283,6 +303,9 @@ class Controller:
         self.fixed_k = fixed_k
         self.probe_every = probe_every
         self.probe_every_max = probe_every_max
+        self.probe_budget = probe_budget
+        self.k_init = min(k_init, self.k_max)
+        self.warmup_rounds = warmup_rounds
         self.probe_k = probe_k
         n = max(self.k_max, 1)
         self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget)
@@ -292,10 +315,11 @@ class Controller:
         # CPU F32 figure, 8 tokens ~ 2 passes) until a second size is measured
         self._verify = _CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
         # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
-        self._draft = _CostModel(
-            lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s
-        )
-        self._warmup: tuple[int, ...] = (0, min(k_init, self.k_max)) if self.k_max else ()
+        self._draft = _CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
+        self._n_spec = 0  # rounds that drafted at least one token
+        self.change_p = change_p
+        self.change_keep = change_keep
+        self._streak, self._streak_dir = 1.0, 0  # see _detect_change
         self.decisions: list[Decision] = []
         self._pending: Decision | None = None
         self._since_spec = 0  # ordinary rounds since the last block was drafted
@@ -384,8 +408,12 @@ class Controller:
             k, reason = min(self.fixed_k, cap), "fixed"
         elif cap == 0:
             k, reason = 0, "limit"
-        elif i < len(self._warmup):
-            k, reason = min(self._warmup[i], cap), "warmup"
+        elif not self._verify:
+            k, reason = 0, "warmup"  # measure ordinary decoding first: the baseline
+        elif self._n_spec < self.warmup_rounds:
+            rates = self._rates(cap)[1:]
+            best = int(np.nanargmax(rates)) + 1 if np.isfinite(rates).any() else self.k_init
+            k, reason = min(best, cap), "warmup"
         else:
             rates = self._rates(cap)
             best = int(np.nanargmax(rates)) if np.isfinite(rates).any() else 0
@@ -433,6 +461,7 @@ class Controller:
             # the drafter tried positions 1..min(m+1, k) and continued past the first m
             self._drafted.update(min(m + 1, k), m)
         if m > 0:
+            self._detect_change(n, m)
             # positions 1..n accepted, n+1 (if drafted) rejected, later ones never tested
             self._alpha.update(min(n + 1, m), n)
         d, self._pending = self._pending, None
@@ -442,13 +471,54 @@ class Controller:
             self._since_spec += 1
             return
         self._since_spec = 0
+        self._n_spec += m > 0
         if d.reason == "probe":
             if m > 0 and n == m:  # fully accepted: look again next round
                 self._gap, self._fail_gap = 1, self.probe_every
             elif m > 0:
                 self._gap = self._fail_gap
-                self._fail_gap = min(2 * self._fail_gap, self.probe_every_max)
+                self._fail_gap = min(2 * self._fail_gap, self._gap_cap())
             # m == 0: the drafter had nothing to offer; keep the gap as it was
+
+    def _detect_change(self, n: int, m: int) -> None:
+        """Discount the acceptance evidence when recent rounds are too unlikely under it.
+
+        Forgetting alone is slow to notice that the text changed (say, from copying to
+        free writing): the counts of a long run of accepted blocks take many rejections
+        to outweigh, and all that time the controller drafts long blocks in vain. Each
+        round's accepted length N is scored by its tail probability under the current
+        estimates, P(N <= n) or P(N >= n) (whichever is smaller); the product over a run
+        of consecutive rounds surprising in the same direction below `change_p` is
+        taken as a change, and only `change_keep` of the evidence is kept.
+        """
+        reach = np.cumprod(self._alpha.estimate()[:m])  # P(N >= j), j = 1..m
+        upper = float(reach[n - 1]) if n > 0 else 1.0  # P(N >= n)
+        lower = 1.0 - float(reach[n]) if n < m else 1.0  # P(N <= n)
+        direction, tail = (-1, lower) if lower < upper else (1, upper)
+        if tail >= 0.5:
+            self._streak, self._streak_dir = 1.0, 0
+            return
+        if direction != self._streak_dir:
+            self._streak, self._streak_dir = 1.0, direction
+        self._streak *= tail
+        if self._streak < self.change_p:
+            self._alpha.discount(self.change_keep)
+            self._streak, self._streak_dir = 1.0, 0
+
+    def _gap_cap(self) -> int:
+        """Largest probe gap: probe_every_max, or sooner when failed probes are cheap.
+
+        A failed probe of block k emits one token in draft_s(k) + verify_s(k + 1) seconds,
+        where ordinary decoding would emit (that time) / ordinary_token_s tokens: the loss
+        is that ratio minus 1, in ordinary passes. A gap of loss / probe_budget passes
+        keeps the loss at probe_budget of the fallback time.
+        """
+        k = self.probe_k
+        ratio = (self.draft_s(k) + self.verify_s(k + 1)) / self.ordinary_token_s
+        if not math.isfinite(ratio):
+            return self.probe_every_max
+        by_cost = math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget)
+        return max(self.probe_every, min(by_cost, self.probe_every_max))
 
     # -- stats -----------------------------------------------------------------------
 

@@ -38,6 +38,37 @@ class Prefilled:
 
 
 @dataclass(frozen=True)
+class RoundTrace:
+    """What one round decided, for `--trace` (built only when asked: it costs time).
+
+    Attributes:
+        position: committed tokens before the round (the index `last` was committed at, + 1).
+        drafted: x_1..x_K proposed by the draft.
+        q_x, p_x: q_i(x_i) and p_i(x_i) for each proposal (greedy: one-hot values).
+        u: the uniforms drawn for the acceptance test (empty when greedy).
+        accepted: the decision for each proposal that was tested (stops at the first reject).
+        next_token: the token after the accepted prefix.
+        next_kind: "residual" (after a rejection), "bonus" (all K accepted), or
+            "ordinary" (K = 0).
+        top: the target's 3 most likely tokens with p at the position of `next_token`.
+        target_cache, draft_cache: cached tokens in each model after the round's rollback
+            (draft_cache is -1 without a model drafter).
+    """
+
+    position: int
+    drafted: tuple[int, ...]
+    q_x: tuple[float, ...]
+    p_x: tuple[float, ...]
+    u: tuple[float, ...]
+    accepted: tuple[bool, ...]
+    next_token: int
+    next_kind: str
+    top: tuple[tuple[int, float], ...]
+    target_cache: int
+    draft_cache: int
+
+
+@dataclass(frozen=True)
 class Step:
     """One round: draft K, verify once, accept n, emit n + 1 tokens (fewer at the end).
 
@@ -59,6 +90,7 @@ class Step:
     verify_s: float
     sample_s: float
     round_s: float
+    trace: RoundTrace | None = None
 
     @property
     def text(self) -> str:

@@ -26,7 +26,7 @@ from specgen import rejection
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits, Probs
 from specgen.errors import PromptError
-from specgen.events import Done, Prefilled, Span, Stats, Step
+from specgen.events import Done, Prefilled, RoundTrace, Span, Stats, Step
 from specgen.sampling import SamplingParams, dense, warp
 
 Event = Prefilled | Step | Done
@@ -67,6 +67,7 @@ class GenerateConfig:
         seed: seeds both random streams (draft sampling, acceptance); None = random.
         measure_ordinary: single-token target passes timed after the prompt to measure the
             ordinary-decoding baseline (0 = skip); each is rolled back.
+        trace: attach a `RoundTrace` to every Step (`--trace`).
     """
 
     max_tokens: int = 256
@@ -75,6 +76,7 @@ class GenerateConfig:
     ignore_eos: bool = False
     seed: int | None = None
     measure_ordinary: int = 0
+    trace: bool = False
 
 
 @dataclass
@@ -141,6 +143,39 @@ def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> N
     target.truncate(len(committed) - 1)
     if drafter is not None and hasattr(drafter, "rollback"):
         drafter.rollback(committed)
+
+
+def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> RoundTrace:
+    """Build the round's RoundTrace (after rollback; `logits` is still this round's)."""
+    x = block.tokens.tolist()
+    k = len(x)
+    if v.argmax is not None:
+        p_x = [1.0 if x[i] == int(v.argmax[i]) else 0.0 for i in range(k)]
+        q_x = [1.0] * k
+        z = logits[n].astype(np.float64)  # greedy p is one-hot: show the raw softmax
+        w = np.exp(z - z.max())
+        probs_row = w / w.sum()
+    else:
+        assert v.p is not None
+        p_x = [float(v.p[i, x[i]]) for i in range(k)]
+        q_x = [float(block.q[i, x[i]]) for i in range(k)]
+        probs_row = v.p[n]
+    tested = n + 1 if n < k else k
+    top_ids = np.argsort(-probs_row)[:3]
+    draft_engine = getattr(drafter, "engine", None)
+    return RoundTrace(
+        position=len(committed) - len(new),
+        drafted=tuple(x),
+        q_x=tuple(q_x),
+        p_x=tuple(p_x),
+        u=tuple(float(a) for a in u),
+        accepted=tuple(i < n for i in range(tested)),
+        next_token=x_next,
+        next_kind="ordinary" if k == 0 else ("bonus" if n == k else "residual"),
+        top=tuple((int(t), float(probs_row[t])) for t in top_ids),
+        target_cache=len(target.tokens),
+        draft_cache=len(draft_engine.tokens) if draft_engine is not None else -1,
+    )
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -249,8 +284,10 @@ def generate(
             # x_{n+1} counts once its correction token was reached.
             n_drafted = min(int(block.tokens.size), len(new))
             n_acc = min(n, len(new))
-            policy.observe(k, n, t1 - t_round, t2 - t1, int(block.tokens.size))
             now = time.perf_counter()
+            # the controller's verify cost is the whole rest of the round: all of it grows
+            # with the block
+            policy.observe(k, n, t1 - t_round, now - t1, int(block.tokens.size))
             stats.n_generated = len(emitter.tokens)
             stats.n_drafted += n_drafted
             stats.n_accepted += n_acc
@@ -274,6 +311,9 @@ def generate(
                 verify_s=t2 - t1,
                 sample_s=t3 - t2,
                 round_s=now - t_round,
+                trace=_trace(target, drafter, committed, new, block, logits, v, u, n, x_next)
+                if config.trace
+                else None,
             )
     except KeyboardInterrupt:
         emitter.close("interrupted")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,14 @@ def set_verbose(verbose: bool) -> None:
 def _last_error() -> str:
     lines = [ln.strip() for ln in _recent_log if ln.strip()]
     return lines[-1] if lines else "no detail from llama.cpp (run with --verbose)"
+
+
+def default_threads() -> int:
+    """CPU threads to use when -t is 0: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
 
 
 def check_gguf_file(path: Path) -> None:
@@ -102,12 +111,12 @@ class LlamaEngine:
     """
 
     def __init__(self, path: Path | str, config: EngineConfig = EngineConfig()) -> None:
-        self.path = Path(path)
-        self.name = self.path.name
-        check_gguf_file(self.path)
         self._model = None
         self._ctx = None
         self._batch = None
+        self.path = Path(path)
+        self.name = self.path.name
+        check_gguf_file(self.path)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -121,9 +130,11 @@ class LlamaEngine:
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = 1
-        if config.n_threads > 0:
-            cparams.n_threads = config.n_threads
-            cparams.n_threads_batch = config.n_threads
+        # llama.cpp's default (4 threads) oversubscribes small machines badly: use the
+        # CPUs this process may run on unless told otherwise.
+        n_threads = config.n_threads if config.n_threads > 0 else default_threads()
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
         # Sliding-window layers (Gemma 3) otherwise keep only the last window of
         # positions; rolling back past a rejected block would then silently drop cells
         # that later positions still need. The full-size SWA cache makes rollback exact.
