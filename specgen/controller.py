@@ -257,7 +257,8 @@ class Controller:
         k_max: largest block size considered (>= 0).
         fixed_k: when set (`--draft-max N`) every round uses min(fixed_k, max_k); costs
             and acceptance are still measured for the stats.
-        probe_every: ordinary rounds between probes at the start of a fallback episode.
+        probe_every: ordinary rounds between probes at the start of a fallback episode
+            (at least a quarter of the cost-based cap, see `probe_budget`).
         probe_every_max: the gap doubles after each failed probe, up to this, and up to
             the gap at which failed probes cost `probe_budget` of the time, if sooner.
         probe_budget: fraction of fallback time that failed probes may waste (a probe that
@@ -285,8 +286,8 @@ class Controller:
         probe_budget: float = 0.03,
         probe_k: int = 1,
         k_init: int = 4,
-        warmup_rounds: int = 3,
-        forget: float = 0.8,
+        warmup_rounds: int = 2,
+        forget: float = 0.9,
         prior_alpha: float = 0.8,
         prior_strength: float = 1.0,
         shrink: float = 2.0,
@@ -419,7 +420,7 @@ class Controller:
             best = int(np.nanargmax(rates)) if np.isfinite(rates).any() else 0
             if best > 0:
                 k, reason = best, "model"
-                self._gap = self._fail_gap = self.probe_every
+                self._gap = self._fail_gap = max(self.probe_every, self._gap_cap() // 4)
             elif self._since_spec + 1 >= self._gap:
                 k, reason = min(self.probe_k, cap), "probe"
             else:
@@ -474,7 +475,7 @@ class Controller:
         self._n_spec += m > 0
         if d.reason == "probe":
             if m > 0 and n == m:  # fully accepted: look again next round
-                self._gap, self._fail_gap = 1, self.probe_every
+                self._gap, self._fail_gap = 1, max(self.probe_every, self._gap_cap() // 4)
             elif m > 0:
                 self._gap = self._fail_gap
                 self._fail_gap = min(2 * self._fail_gap, self._gap_cap())
@@ -544,13 +545,16 @@ class Controller:
         return episodes
 
     def summary(self) -> dict[str, object]:
-        """JSON-ready state for the stats output (seconds, tokens/s)."""
+        """JSON-ready state for the stats output (seconds; None before a cost is measured)."""
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
         return {
             "k_history": self.k_history,
             "fallback_episodes": [list(e) for e in self.fallback_episodes],
             "alpha_by_pos": [round(float(x), 4) for x in self.alpha_by_pos],
             "drafted_by_pos": [round(float(x), 4) for x in self.drafted_by_pos],
-            "ordinary_token_s": self.ordinary_token_s,
-            "draft_token_s": self.draft_token_s,
-            "verify_s_by_n": {n: self.verify_s(n) for n in range(1, self.k_max + 2)},
+            "ordinary_token_s": num(self.ordinary_token_s),
+            "draft_token_s": num(self.draft_token_s),
+            "verify_s_by_n": {n: num(self.verify_s(n)) for n in range(1, self.k_max + 2)},
         }
