@@ -41,6 +41,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+_SURPRISING = 0.1  # tail probability that makes a round count toward a change
+
 Reason = Literal["warmup", "model", "fallback", "probe", "fixed", "limit"]
 FloatArray = npt.NDArray[np.float64]
 
@@ -291,7 +293,7 @@ class Controller:
         prior_alpha: float = 0.8,
         prior_strength: float = 1.0,
         shrink: float = 2.0,
-        change_p: float = 0.01,
+        change_p: float = 1e-3,
         change_keep: float = 0.25,
     ) -> None:
         if k_max < 0 or (fixed_k is not None and fixed_k < 0):
@@ -488,15 +490,18 @@ class Controller:
         free writing): the counts of a long run of accepted blocks take many rejections
         to outweigh, and all that time the controller drafts long blocks in vain. Each
         round's accepted length N is scored by its tail probability under the current
-        estimates, P(N <= n) or P(N >= n) (whichever is smaller); the product over a run
-        of consecutive rounds surprising in the same direction below `change_p` is
-        taken as a change, and only `change_keep` of the evidence is kept.
+        estimates, P(N <= n) or P(N >= n) (whichever is smaller). A round whose tail is
+        below 0.1 is surprising; when the product of the tails of a run of consecutive
+        surprising rounds (same direction) falls below `change_p`, that is taken as a
+        change and only `change_keep` of the evidence is kept. With alpha = 0.95 -> 0.02
+        that is three rounds; on stationary acceptance it fires rarely (each false alarm
+        only weakens the estimates for a few rounds).
         """
         reach = np.cumprod(self._alpha.estimate()[:m])  # P(N >= j), j = 1..m
         upper = float(reach[n - 1]) if n > 0 else 1.0  # P(N >= n)
         lower = 1.0 - float(reach[n]) if n < m else 1.0  # P(N <= n)
         direction, tail = (-1, lower) if lower < upper else (1, upper)
-        if tail >= 0.5:
+        if tail >= _SURPRISING:
             self._streak, self._streak_dir = 1.0, 0
             return
         if direction != self._streak_dir:
@@ -546,6 +551,7 @@ class Controller:
 
     def summary(self) -> dict[str, object]:
         """JSON-ready state for the stats output (seconds; None before a cost is measured)."""
+
         def num(x: float) -> float | None:
             return None if math.isnan(x) else x
 

@@ -1,0 +1,259 @@
+"""The online cost model (`specgen.controller`) against simulated costs and acceptance.
+
+Simulated round: the controller picks K, each of the K proposals is accepted with
+probability alpha until the first rejection, the round emits n + 1 tokens and costs
+draft_token_s * K + verify_s(K + 1) seconds, times multiplied by lognormal noise (10%).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+
+from specgen.controller import Controller, break_even_alpha, expected_tokens
+
+# the issue's synthetic CPU-like costs (seconds): ordinary pass = verify_s(1) = 0.034
+DRAFT_S = 0.01
+
+
+def cpu_verify(n: int) -> float:
+    return 0.03 + 0.004 * n
+
+
+def gpu_verify(n: int) -> float:
+    """Nearly flat in the batch size, as on a GPU."""
+    return 0.01 + 0.0001 * n
+
+
+ORDINARY_TPS = 1.0 / cpu_verify(1)
+
+
+def simulate(
+    policy: Controller | int,
+    alphas: Sequence[float],
+    draft_s: float = DRAFT_S,
+    verify: Callable[[int], float] = cpu_verify,
+    seed: int = 0,
+    noise: float = 0.1,
+    k_cap: int = 16,
+) -> float:
+    """Run len(alphas) rounds (round r accepts with alphas[r]); returns tokens/s."""
+    rng = np.random.default_rng(seed)
+    tokens, seconds = 0, 0.0
+    for a in alphas:
+        k = policy if isinstance(policy, int) else policy.choose_k(k_cap)
+        ok = rng.random(k) < a
+        n = k if ok.all() else int(np.argmin(ok))
+        d = draft_s * k * rng.lognormal(0.0, noise) if k else 0.0
+        v = verify(k + 1) * rng.lognormal(0.0, noise)
+        tokens, seconds = tokens + n + 1, seconds + d + v
+        if not isinstance(policy, int):
+            policy.observe(k, n, d, v, n_drafted=k)
+    return tokens / seconds
+
+
+def analytic_rate(alpha: float, k: int, draft_s: float, verify: Callable[[int], float]) -> float:
+    """Expected tokens/s of fixed K under a constant alpha (Leviathan et al. 2023)."""
+    return expected_tokens([alpha], k) / (draft_s * k + verify(k + 1))
+
+
+def mode(ks: Sequence[int]) -> int:
+    return int(np.bincount(np.asarray(ks)).argmax())
+
+
+# -- the formulas ----------------------------------------------------------------------
+
+
+def test_expected_tokens_hand_values() -> None:
+    assert expected_tokens([0.5], 0) == 1.0
+    assert expected_tokens([0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    # per position: 1 + .9 + .9*.5 + .9*.5*.1
+    assert expected_tokens([0.9, 0.5, 0.1], 3) == pytest.approx(2.395)
+    assert expected_tokens([1.0], 7) == 8.0
+    assert expected_tokens([0.0, 1.0], 2) == 1.0
+    assert expected_tokens([0.5, 0.5], 4) == pytest.approx(1.9375)  # last value repeats
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8, 0.95])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_expected_tokens_is_leviathan_eq_1(alpha: float, k: int) -> None:
+    closed = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert expected_tokens([alpha] * k, k) == pytest.approx(closed, rel=1e-12)
+
+
+def test_break_even_alpha_hand_solved() -> None:
+    # k = 1: 1 + a = (0.01 + 0.038) / 0.034  ->  a = 0.014 / 0.034
+    assert break_even_alpha(1, 0.01, 0.038, 0.034) == pytest.approx(0.014 / 0.034, abs=1e-12)
+    # k = 2: 1 + a + a^2 = c, c = (0.02 + 0.042) / 0.034
+    c = 0.062 / 0.034
+    a = (-1 + np.sqrt(1 - 4 * (1 - c))) / 2
+    assert break_even_alpha(2, 0.01, 0.042, 0.034) == pytest.approx(a, abs=1e-12)
+    # at the break-even alpha the rate equals ordinary decoding
+    a8 = break_even_alpha(8, 0.01, cpu_verify(9), 0.034)
+    assert expected_tokens([a8], 8) / (0.08 + cpu_verify(9)) == pytest.approx(1 / 0.034)
+
+
+def test_break_even_alpha_edges() -> None:
+    assert break_even_alpha(1, 0.0, 0.034, 0.034) == 0.0  # costs no more than ordinary
+    assert break_even_alpha(1, 0.0, 0.1, 0.034) == 1.0  # 2 tokens never pay 3 passes
+
+
+# -- the controller ---------------------------------------------------------------------
+
+
+def test_high_acceptance_picks_the_best_k_on_cpu_costs() -> None:
+    # analytic tokens/s for K = 3, 4, 5: 45.25, 45.50, 45.06 (K = 4 best), ordinary 29.4
+    rates = [analytic_rate(0.9, k, DRAFT_S, cpu_verify) for k in range(9)]
+    assert int(np.argmax(rates)) == 4
+    c = Controller(k_max=8)
+    tps = simulate(c, [0.9] * 400)
+    assert 3 <= mode(c.k_history[50:]) <= 6
+    assert c.fallback_episodes == [] or all(e - s <= 10 for s, e in c.fallback_episodes)
+    assert tps >= 0.93 * max(rates)
+
+
+def test_flat_verify_cost_picks_a_longer_block() -> None:
+    # GPU-like: verify barely grows with n, so longer blocks pay (analytic best K = 9)
+    rates = [analytic_rate(0.9, k, 0.001, gpu_verify) for k in range(13)]
+    c = Controller(k_max=12)
+    tps = simulate(c, [0.9] * 400, draft_s=0.001, verify=gpu_verify)
+    assert mode(c.k_history[50:]) >= 6
+    assert tps >= 0.93 * max(rates)
+
+
+def test_verify_cost_is_learned_as_a_function_of_n() -> None:
+    c = Controller(k_max=8)
+    for _ in range(3):
+        c.observe(0, 0, 0.0, cpu_verify(1))
+        c.observe(4, 4, 0.04, cpu_verify(5))
+    assert c.ordinary_token_s == pytest.approx(0.034)
+    assert c.verify_s(5) == pytest.approx(cpu_verify(5))
+    assert c.verify_s(9) == pytest.approx(cpu_verify(9))  # unseen: the linear fit
+    assert c.draft_token_s == pytest.approx(0.01)
+    flat = Controller(k_max=8)
+    for _ in range(3):
+        flat.observe(0, 0, 0.0, 0.02)
+        flat.observe(4, 4, 0.004, 0.02)
+    assert flat.verify_s(9) == pytest.approx(0.02)
+
+
+def test_low_acceptance_falls_back_and_stays_near_ordinary_speed() -> None:
+    c = Controller(k_max=8)
+    tps = simulate(c, [0.05] * 300)
+    first = next(d.round for d in c.decisions if d.reason == "fallback")
+    assert first <= 5
+    assert c.fallback_episodes[0][0] == first
+    assert tps >= 0.95 * ORDINARY_TPS
+    # probes: a small block, ever more rarely while they fail
+    probes = [d.round for d in c.decisions if d.reason == "probe"]
+    assert all(c.k_history[r] == c.probe_k for r in probes)
+    gaps = np.diff(probes)
+    assert gaps[-1] > gaps[0] and max(gaps) <= c.probe_every_max + 1
+
+
+def test_recovers_when_the_draft_becomes_useful_again() -> None:
+    c = Controller(k_max=8)
+    simulate(c, [0.05] * 300 + [0.9] * 200, seed=3)
+    back = next(d.round for d in c.decisions[300:] if d.reason == "model")
+    # bound: the longest probe gap, plus a few probes to outweigh the failures
+    assert back - 300 <= c.probe_every_max + 15
+    assert any(end == back for _, end in c.fallback_episodes)  # the episode closed there
+    assert 3 <= mode(c.k_history[back + 30 :]) <= 6
+
+
+def test_notices_when_acceptance_collapses() -> None:
+    c = Controller(k_max=12)
+    simulate(c, [0.95] * 150 + [0.02] * 100, draft_s=0.001, verify=gpu_verify, seed=1)
+    # blocks shrink within a few rounds; on flat verify costs K = 1 pays down to alpha ~ 0.1,
+    # so full fallback waits until the estimate is that low
+    assert max(c.k_history[165:]) <= 4
+    first = next(d.round for d in c.decisions[150:] if d.reason == "fallback")
+    assert first - 150 <= 40
+
+
+def test_early_stop_is_not_a_rejection() -> None:
+    stopped, rejected = Controller(k_max=4), Controller(k_max=4)
+    for c in (stopped, rejected):
+        c.observe(0, 0, 0.0, 0.034)
+    for _ in range(10):
+        # the drafter proposed 2 of 4 (confidence cut-off) and both were accepted ...
+        stopped.observe(4, 2, 0.02, cpu_verify(3), n_drafted=2)
+        # ... versus 4 proposed, the third rejected
+        rejected.observe(4, 2, 0.04, cpu_verify(5), n_drafted=4)
+    assert stopped.alpha_by_pos[2] > 0.7 > 0.2 > rejected.alpha_by_pos[2]
+    assert stopped.drafted_by_pos[2] < 0.2 < 0.9 < rejected.drafted_by_pos[2]
+    assert stopped.alpha_by_pos[1] > 0.9 and rejected.alpha_by_pos[1] > 0.9
+    # a block that stops early is cheaper: the model uses the expected drafted length
+    assert stopped.predicted_tokens_per_s(4) > rejected.predicted_tokens_per_s(4)
+
+
+def test_fixed_k_and_limits() -> None:
+    c = Controller(k_max=8, fixed_k=5)
+    assert [c.choose_k(m) for m in (10, 5, 3, 1, 0)] == [5, 5, 3, 1, 0]
+    assert {d.reason for d in c.decisions} == {"fixed"}
+    auto = Controller(k_max=8)
+    assert auto.choose_k(0) == 0  # one token left: an ordinary pass
+    assert auto.decisions[-1].reason == "limit"
+    assert Controller(k_max=0).choose_k(10) == 0
+    with pytest.raises(ValueError):
+        Controller(k_max=-1)
+
+
+def test_auto_never_exceeds_the_cap() -> None:
+    c = Controller(k_max=8)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        cap = int(rng.integers(0, 10))
+        k = c.choose_k(cap)
+        assert 0 <= k <= min(cap, 8)
+        c.observe(k, k, 0.01 * k, cpu_verify(k + 1))
+
+
+def test_warm_up_measures_ordinary_then_speculates() -> None:
+    c = Controller(k_max=8)
+    assert c.choose_k(100) == 0 and c.decisions[0].reason == "warmup"
+    c.observe(0, 0, 0.0, 0.034)
+    assert c.choose_k(100) == 4 and c.decisions[1].reason == "warmup"
+    # a separately timed ordinary pass may be fed in before the first round
+    pre = Controller(k_max=8)
+    pre.observe(0, 0, 0.0, 0.034)
+    assert pre.choose_k(100) > 0
+
+
+def test_summary_is_json() -> None:
+    c = Controller(k_max=4)
+    assert json.loads(json.dumps(c.summary()))["ordinary_token_s"] is None
+    simulate(c, [0.9] * 20)
+    s = json.loads(json.dumps(c.summary()))
+    assert len(s["k_history"]) == 20 and len(s["alpha_by_pos"]) == 4
+
+
+def test_end_to_end_against_fixed_k_and_ordinary() -> None:
+    """A seeded process whose acceptance changes (copying, free text, copying again):
+    the controller beats every fixed K and ordinary decoding on it, and on each
+    stationary piece stays within 8% of the best fixed K chosen in hindsight."""
+    process = [0.9] * 200 + [0.1] * 200 + [0.8] * 200
+    for seed in range(3):
+        ctrl = simulate(Controller(k_max=8), process, seed=seed)
+        fixed = [simulate(k, process, seed=seed) for k in range(9)]
+        assert ctrl >= max(fixed)
+        assert ctrl >= 1.1 * fixed[0]
+    for alpha in (0.95, 0.6, 0.2):
+        piece = [alpha] * 300
+        ctrl = simulate(Controller(k_max=8), piece, seed=7)
+        best = max(simulate(k, piece, seed=7) for k in range(9))
+        assert ctrl >= 0.92 * best, alpha
+
+
+def test_pure_modules_import_nothing_heavy() -> None:
+    code = (
+        "import sys, specgen.controller, specgen.ngram, specgen.cutoff\n"
+        "heavy = {'llama_cpp', 'rich', 'typer', 'huggingface_hub'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
