@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, set_verbose
@@ -87,6 +88,8 @@ def _resolve_one(name: str, models: Path | None) -> Path | str:
 def run(a: RunArgs) -> int:
     """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
     set_verbose(a.verbose)
+    if not a.prompt:
+        raise PromptError("the prompt is empty")
     seed = a.seed if a.seed is not None else secrets.randbits(31)
     params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     draft_max = parse_draft_max(a.draft_max)

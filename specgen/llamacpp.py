@@ -149,8 +149,9 @@ class LlamaEngine:
             )
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
+        # llama.cpp may round n_ctx up and clamps n_batch to it: use what it chose
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
-        self.n_batch = config.n_batch
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []

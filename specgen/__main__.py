@@ -1,0 +1,5 @@
+"""`python -m specgen` runs the command line."""
+
+from specgen.cli import main
+
+main()

@@ -1,0 +1,135 @@
+"""`specgen run` as a user runs it: a real process, real models, real pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPECGEN = [sys.executable, "-m", "specgen"]
+
+
+def specgen(*args: str, stdin: bytes | None = None, env: dict | None = None, **kw):
+    return subprocess.run(
+        [*SPECGEN, *args],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+        **kw,
+    )
+
+
+def run_json(*args: str, stdin: bytes | None = None) -> dict:
+    r = specgen("run", "--json", *args, stdin=stdin)
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target: Path, tiny_draft: Path) -> list[str]:
+    return ["-m", str(tiny_target), "-md", str(tiny_draft), "-c", "256"]
+
+
+def test_json_output_has_the_documented_fields(tiny):
+    out = run_json(*tiny, "-n", "12", "--temp", "0", "--ignore-eos", "the cat")
+    assert set(out) >= {"text", "tokens", "finish_reason", "stats"}
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 12
+    s = out["stats"]
+    for key in ("n_prompt", "n_generated", "n_drafted", "n_accepted", "acceptance_rate",
+                "target_passes", "tokens_per_s", "wall_s"):
+        assert key in s, key
+    assert s["n_generated"] == 12 and s["n_accepted"] <= s["n_drafted"]
+    assert s["target_passes"] <= 12
+
+
+def test_greedy_cli_output_equals_ordinary(tiny, tiny_target):
+    args = ["-n", "30", "--temp", "0", "--ignore-eos", "the cat on"]
+    spec = run_json(*tiny, "--draft-max", "4", *args)
+    base = run_json("-m", str(tiny_target), "-md", "none", "-c", "256", *args)
+    assert spec["tokens"] == base["tokens"]
+    assert base["stats"]["n_drafted"] == 0 and base["stats"]["target_passes"] == 30
+
+
+def test_stdin_is_read_byte_for_byte(tiny):
+    with_nl = run_json(*tiny, "-n", "1", "--temp", "0", stdin=b"the cat\n")
+    without = run_json(*tiny, "-n", "1", "--temp", "0", stdin=b"the cat")
+    dash = run_json(*tiny, "-n", "1", "--temp", "0", "-", stdin=b"the cat\n")
+    assert with_nl["stats"]["n_prompt"] == without["stats"]["n_prompt"] + 1
+    assert dash["stats"]["n_prompt"] == with_nl["stats"]["n_prompt"]
+
+
+def test_plain_output_through_a_pipe_is_only_the_text(tiny):
+    out = specgen("run", *tiny, "-n", "20", "--temp", "0", "--ignore-eos", "the cat")
+    ref = run_json(*tiny, "-n", "20", "--temp", "0", "--ignore-eos", "the cat")
+    assert out.returncode == 0
+    assert out.stdout.decode("utf-8") == ref["text"]
+    assert b"\x1b[" not in out.stdout and out.stderr == b""
+
+
+def test_head_closing_the_pipe_exits_quietly(tiny):
+    cmd = " ".join([*SPECGEN, "run", *tiny, "-n", "400", "--ignore-eos", "'the cat'"])
+    r = subprocess.run(
+        f"set -o pipefail; {cmd} | head -c 20", shell=True, capture_output=True,
+        timeout=300, executable="/bin/bash",
+    )
+    assert len(r.stdout) <= 20
+    assert b"Traceback" not in r.stderr and b"Error" not in r.stderr, r.stderr
+
+
+def test_multibyte_output_is_valid_utf8(demo_pair):
+    t, d = demo_pair
+    r = specgen("run", "-m", str(t), "-md", str(d), "-c", "256", "-n", "40", "--temp", "0.9",
+                "--seed", "1", "--ignore-eos", "日本の首都は東京です。日本語で説明します:")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.decode("utf-8")  # strict: raises on a split character
+    assert any(ord(c) > 0x2FFF for c in text)
+
+
+def test_vocab_mismatch_is_one_line_naming_the_token(tiny_target, vocab_mismatch_draft):
+    r = specgen("run", "-m", str(tiny_target), "-md", str(vocab_mismatch_draft), "x")
+    assert r.returncode == 1
+    err = r.stderr.decode()
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "token 262" in err and "zzz" in err
+
+
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("missing", "no such file"),
+        ("not_gguf", "not a GGUF file"),
+        ("truncated", "could not load"),
+        ("empty_prompt", "prompt is empty"),
+        ("long_prompt", "context holds"),
+        ("bad_draft_max", "--draft-max"),
+        ("bad_top_p", "--top-p"),
+    ],
+)
+def test_bad_input_is_one_clear_line(case, needle, tiny_target, not_gguf_file, truncated_gguf, tmp_path):
+    t = str(tiny_target)
+    args = {
+        "missing": ["-m", str(tmp_path / "nope.gguf"), "-md", "none", "x"],
+        "not_gguf": ["-m", str(not_gguf_file), "-md", "none", "x"],
+        "truncated": ["-m", str(truncated_gguf), "-md", "none", "x"],
+        "empty_prompt": ["-m", t, "-md", "none", ""],
+        "long_prompt": ["-m", t, "-md", "none", "-c", "16", "the cat " * 300],
+        "bad_draft_max": ["-m", t, "-md", "none", "--draft-max", "lots", "x"],
+        "bad_top_p": ["-m", t, "-md", "none", "--top-p", "0", "x"],
+    }[case]
+    r = specgen("run", *args, stdin=b"")
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert r.stdout == b""
+
+
+def test_debug_variable_shows_the_traceback(tmp_path):
+    r = specgen("run", "-m", str(tmp_path / "nope.gguf"), "-md", "none", "x",
+                env={"SPECGEN_DEBUG": "1"})
+    assert r.returncode == 1 and b"Traceback" in r.stderr
