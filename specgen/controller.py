@@ -25,8 +25,11 @@ cost model at n = 1 (the per-size average blended with the linear fit).
 
 When no K > 0 is predicted to beat ordinary decoding, the controller falls back to
 K = 0 and re-probes with a small block every `probe_every` ordinary rounds; the gap
-doubles while probes fail (up to `probe_every_max`) and a fully accepted probe is
-followed at once by another, so a draft that becomes useful again is picked up again.
+doubles while probes fail, up to `probe_every_max` or the gap at which failed probes
+waste `probe_budget` of the time (so cheap probes come often), and a fully accepted
+probe is followed at once by another, so a draft that becomes useful again is picked
+up again. A run of rounds too unlikely under the estimates (the text changed) discounts
+the acceptance evidence, so a draft that stops being useful is dropped quickly.
 
 Pure: numpy only. The loop calls `choose_k` before and `observe` after every round.
 """
