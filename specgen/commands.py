@@ -111,12 +111,13 @@ def run(a: RunArgs) -> int:
             stop=a.stop,
             ignore_eos=a.ignore_eos,
             seed=seed,
-            measure_ordinary=3 if a.live else 0,
+            # the baseline for the live view's speedup and the controller's choices
+            measure_ordinary=3 if loaded.drafter is not None else 0,
         )
         policy = make_policy(draft_max if draft_max is not None else pair_k)
         events = generate(loaded.target, loaded.drafter, prompt, config, policy)
         if a.json_out:
-            return _run_json(events, loaded.target.name, loaded.draft_name, seed)
+            return _run_json(events, loaded.target.name, loaded.draft_name, seed, policy)
         if a.live:
             return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected)
         return _run_plain(events)
@@ -180,7 +181,7 @@ def _run_plain(events) -> int:
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
 
-def _run_json(events, target_name: str, draft_name: str, seed: int | None) -> int:
+def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
     done: Done | None = None
     prefilled: Prefilled | None = None
     for ev in events:
@@ -201,6 +202,8 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None) -> in
         "stats": stats,
         "k_history": done.stats.k_history,
     }
+    if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
+        obj["controller"] = policy.summary()
     del prefilled
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()

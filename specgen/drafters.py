@@ -1,9 +1,11 @@
-"""Drafters: a second, smaller model (`ModelDrafter`)."""
+"""Drafters: a second, smaller model (`ModelDrafter`); the model-free prompt-lookup
+drafter lives in `specgen.ngram` (`NgramDrafter`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from specgen.cutoff import should_stop, top_probability
 from specgen.engine import Block, Engine, Logits
 from specgen.sampling import SamplingParams, draw, warp
 
@@ -79,12 +81,9 @@ class ModelDrafter:
     def _confident(self, row: Logits, probs: np.ndarray) -> bool:
         if self.p_min <= 0.0:
             return True
-        if self.params.greedy:  # the one-hot q says nothing: use the draft's softmax
-            z = row.astype(np.float64)
-            top = 1.0 / float(np.exp(z - z.max()).sum())
-        else:
-            top = float(probs.max())
-        return top >= self.p_min
+        # greedy q is one-hot and says nothing about confidence: use the raw softmax
+        top = top_probability(row) if self.params.greedy else float(probs.max())
+        return not should_stop(top, self.p_min)
 
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
         """Propose up to k tokens after `context` (see `specgen.engine.Drafter`).
