@@ -91,6 +91,9 @@ class ModelDrafter:
         Returns a Block with tokens (m,) int64 and q (m, n_vocab) float64, m <= k
         (m < k only when the confidence cut-off stopped the block).
         """
+        # the draft evaluates the context then k - 1 proposals: keep that inside its own
+        # context, which may be smaller than the target's
+        k = max(0, min(k, self.engine.n_ctx - len(context) + 1))
         tokens: list[int] = []
         q = np.zeros((k, self.n_vocab), dtype=np.float64)
         if k > 0:
