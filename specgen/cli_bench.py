@@ -160,7 +160,10 @@ def run_bench_command(**a: Any) -> None:
     if a["plot_path"] is not None:
         bench.write_plot(result, a["plot_path"])
     out = Console()
+    if not out.is_terminal:  # a file or pipe: room for the whole table
+        out = Console(width=130)
     out.print(render_table(result))
+    out.print(render_costs(result))
     out.print(render_kinds(result))
     for w in result.warnings:
         err.print(f"[yellow]note:[/] {w}", highlight=False)
@@ -223,45 +226,70 @@ def _fmt(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _slow(x: float | None) -> bool:
+    return x is not None and x < 1
+
+
 def render_table(result):
-    """The per-configuration table (Rich)."""
+    """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
     from rich.table import Table
 
     from specgen import bench
 
-    t = Table(title="specgen bench: speculative vs ordinary decoding", title_justify="left")
+    t = Table(title="speculative vs ordinary decoding", title_justify="left")
     for name in ("temp", "K", "ord tok/s", "spec tok/s", "speedup [95% CI]", "accept",
-                 "tok/pass", "TTFT ord/spec ms", "p50/p95/p99 ms", "split d/v/s/o",
-                 "bound", "achieved", "peak RSS"):  # fmt: skip
-        t.add_column(name, justify="left" if name == "speedup [95% CI]" else "right")
+                 "tok/pass", "bound", "achieved"):  # fmt: skip
+        t.add_column(name, justify="left" if name.startswith("speedup") else "right")
     for c in result.configs:
         o = c["overall"]
         sp = bench.speedup_text(o)
-        slow = o["speedup"] is not None and o["speedup"] < 1
-        lat = o["speculative"]["latency_ms"]
+        t.add_row(
+            f"{c['temp']:g}",
+            c["draft_max"],
+            _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
+            _fmt(o["speculative"]["tokens_per_s"], ".1f"),
+            f"[red]{sp} slower[/]" if _slow(o["speedup"]) else f"[green]{sp}[/]",
+            bench._pct(o["acceptance_rate"]),
+            _fmt(o["tokens_per_pass"], ".2f"),
+            _fmt(o["theoretical_speedup"], ".2f") + "×",
+            bench._pct(o["achieved_fraction"]),
+        )
+    return t
+
+
+def render_costs(result):
+    """Latency and cost per configuration: TTFT, per-token percentiles, time split, memory."""
+    from rich.table import Table
+
+    t = Table(title="latency and time split", title_justify="left")
+    for name in ("temp", "K", "TTFT ms ord/spec", "ord p50/p95/p99 ms", "spec p50/p95/p99 ms",
+                 "draft/verify/sample/other", "peak RSS"):  # fmt: skip
+        t.add_column(name, justify="right")
+    for c in result.configs:
+        o = c["overall"]
         ts = o["time_split_s"]
         dec = ts["decode"] or 0
         split = (
-            "/".join(f"{(ts[k] or 0) / dec:.0%}" for k in ("draft", "verify", "sampling", "other"))
+            " / ".join(
+                f"{(ts[k] or 0) / dec:.0%}" for k in ("draft", "verify", "sampling", "other")
+            )
             if dec
             else "–"
         )
         t.add_row(
             f"{c['temp']:g}",
             c["draft_max"],
-            _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
-            _fmt(o["speculative"]["tokens_per_s"], ".1f"),
-            f"[red]{sp} slower[/]" if slow else f"[green]{sp}[/]",
-            bench._pct(o["acceptance_rate"]),
-            _fmt(o["tokens_per_pass"], ".2f"),
-            f"{o['ordinary']['ttft_s'] * 1000:.0f}/{o['speculative']['ttft_s'] * 1000:.0f}",
-            f"{_fmt(lat['p50'], '.1f')}/{_fmt(lat['p95'], '.1f')}/{_fmt(lat['p99'], '.1f')}",
+            f"{o['ordinary']['ttft_s'] * 1000:.0f} / {o['speculative']['ttft_s'] * 1000:.0f}",
+            _lat(o["ordinary"]["latency_ms"]),
+            _lat(o["speculative"]["latency_ms"]),
             split,
-            _fmt(o["theoretical_speedup"], ".2f") + "×",
-            bench._pct(o["achieved_fraction"]),
             f"{o['peak_rss_bytes'] / 2**20:.0f} MiB",
         )
     return t
+
+
+def _lat(lat) -> str:
+    return " / ".join(_fmt(lat[q], ".1f") for q in ("p50", "p95", "p99"))
 
 
 def render_kinds(result):
@@ -273,7 +301,7 @@ def render_kinds(result):
     t = Table(title="speedup by prompt kind (acceptance)", title_justify="left")
     t.add_column("kind")
     for c in result.configs:
-        t.add_column(f"t {c['temp']:g} K {c['draft_max']}", justify="right")
+        t.add_column(f"t{c['temp']:g} K{c['draft_max']}", justify="right")
     kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
     for kind in kinds:
         cells = []
@@ -282,7 +310,7 @@ def render_kinds(result):
             if s is None or s["speedup"] is None:
                 cells.append("–")
                 continue
-            color = "red" if s["speedup"] < 1 else "green"
+            color = "red" if _slow(s["speedup"]) else "green"
             cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench._pct(s['acceptance_rate'])})")
         t.add_row(kind, *cells)
     return t
