@@ -417,7 +417,7 @@ def test_cli_end_to_end_demo_pair(tmp_path: Path, demo_pair: tuple[Path, Path]) 
     """Gemma 3 270M F32 target, Q4_K_M draft: greedy, two block sizes, a short run."""
     target, draft = demo_pair
     prompts = tmp_path / "p.jsonl"
-    keep = {"code", "extractive", "random"}
+    keep = {"code", "random"}  # one easy, one hard case
     chosen = {p.kind: p for p in bench.builtin_prompts() if p.kind in keep}
     prompts.write_text(
         "".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in chosen.values()),
@@ -444,7 +444,7 @@ def test_cli_end_to_end_demo_pair(tmp_path: Path, demo_pair: tuple[Path, Path]) 
     assert rec["target"]["architecture"] == "gemma3"
     for c in data["configs"]:
         o = c["overall"]
-        assert o["n_pairs"] == 3
+        assert o["n_pairs"] == 2
         assert o["acceptance_rate"] > 0.5  # the Q4 draft of the same weights agrees often
         assert o["speedup"] > 0 and o["theoretical_speedup"] > 0
         assert len(o["acceptance_by_position"]) == int(c["draft_max"])
