@@ -37,7 +37,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -523,7 +523,10 @@ def check_greedy(
         max_tokens=config.greedy_tokens, params=GREEDY, ignore_eos=True, seed=config.seed
     )
     spec_gen = GenerateConfig(
-        max_tokens=config.greedy_tokens, params=GREEDY, ignore_eos=True, seed=config.seed,
+        max_tokens=config.greedy_tokens,
+        params=GREEDY,
+        ignore_eos=True,
+        seed=config.seed,
         trace=True,
     )
     for pi, text in enumerate(config.greedy_prompts):
@@ -539,14 +542,20 @@ def check_greedy(
             label = text.decode("utf-8", "replace")
             if i == len(ordinary) == len(spec):
                 cases.append(
-                    GreedyCase(pi, label, k, len(spec), "match",
-                               seconds=time.perf_counter() - t0)
+                    GreedyCase(pi, label, k, len(spec), "match", seconds=time.perf_counter() - t0)
                 )
                 continue
             if i >= min(len(ordinary), len(spec)):  # one run stopped early: a real bug
                 cases.append(
-                    GreedyCase(pi, label, k, min(len(ordinary), len(spec)), "fail", position=i,
-                               seconds=time.perf_counter() - t0)
+                    GreedyCase(
+                        pi,
+                        label,
+                        k,
+                        min(len(ordinary), len(spec)),
+                        "fail",
+                        position=i,
+                        seconds=time.perf_counter() - t0,
+                    )
                 )
                 continue
             gap_top2, drift, single = _examine_divergence(target, prompt, ordinary, traces, i)
@@ -554,9 +563,18 @@ def check_greedy(
             threshold = max(config.noise_gap, 2.0 * drift)
             cases.append(
                 GreedyCase(
-                    pi, label, k, len(spec), "noise" if gap < threshold else "fail",
-                    position=i, ordinary_token=ordinary[i], speculative_token=spec[i],
-                    gap_top2=gap_top2, gap=gap, drift=drift, threshold=threshold,
+                    pi,
+                    label,
+                    k,
+                    len(spec),
+                    "noise" if gap < threshold else "fail",
+                    position=i,
+                    ordinary_token=ordinary[i],
+                    speculative_token=spec[i],
+                    gap_top2=gap_top2,
+                    gap=gap,
+                    drift=drift,
+                    threshold=threshold,
                     seconds=time.perf_counter() - t0,
                 )
             )
@@ -626,8 +644,9 @@ def _tests_for_prompt(
             n_out += o
         if dof > 0:
             tests.append(
-                ChiSquareTest(prompt_index, j, n, n_groups, dof, chi2, chi2_sf(chi2, dof),
-                              n_outside=n_out)
+                ChiSquareTest(
+                    prompt_index, j, n, n_groups, dof, chi2, chi2_sf(chi2, dof), n_outside=n_out
+                )
             )
     return tests
 
@@ -661,11 +680,7 @@ def check_sampling(
     finally:
         target.truncate(0)
     adjusted = holm([t.p_value for t in tests])
-    tests = [
-        ChiSquareTest(t.prompt_index, t.position, t.n_samples, t.n_groups, t.dof, t.chi2,
-                      t.p_value, a, t.n_outside)
-        for t, a in zip(tests, adjusted)
-    ]
+    tests = [replace(t, p_adjusted=a) for t, a in zip(tests, adjusted, strict=True)]
     return SamplingResult(
         tests=tuple(tests),
         samples=config.samples,

@@ -1,0 +1,532 @@
+"""`--trace FILE.jsonl`: one JSON object per round, and `summarize` over such a file.
+
+Schema ``specgen.trace`` version 1 (documented in the README). One object per line, each
+with a ``type``:
+
+- ``header`` (first line): ``schema``, ``version``, ``command``, ``target``, ``draft``,
+  ``sampling`` {temp, top_k, top_p, min_p}, ``seed``, ``max_tokens``, ``created`` (UTC ISO
+  8601) and any extra keys the command adds.
+- ``prefill``: ``n_prompt``, ``prefill_s``, ``ordinary_token_s`` (median single-token target
+  pass, or null).
+- ``round``: ``round`` (0-based), ``position`` (committed tokens before the round), ``k``,
+  ``drafted`` [ids], ``drafted_text``, ``q_x``, ``p_x`` (q_i(x_i), p_i(x_i)), ``u`` (the
+  uniforms; empty when greedy), ``accepted`` [bool per tested proposal, stopping at the first
+  rejection], ``n_accepted``, ``next_token``, ``next_text``, ``next_kind`` ("residual",
+  "bonus" or "ordinary"), ``top`` [{token, text, p}: the target's 3 most likely tokens where
+  ``next_token`` was drawn, i.e. at the rejection point], ``emitted_text``, ``draft_s``,
+  ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``.
+- ``end`` (last line of a finished run): ``finish_reason``, ``n_generated``, ``stats``.
+
+The output tokens are, round by round, ``drafted[:n_accepted] + [next_token]``, concatenated
+and cut to ``n_generated`` (nothing after an end-of-generation token, a stop string or -n is
+emitted): `reconstruct_tokens` does it.
+
+Files are streamed: each object is written as one complete line and flushed, so an
+interrupted run (Ctrl-C, a crash) leaves a valid prefix with no ``end`` line, which
+`summarize` reports as incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from specgen.errors import ConfigError
+from specgen.events import Done, Prefilled, Step
+from specgen.sampling import SamplingParams
+
+SCHEMA = "specgen.trace"
+VERSION = 1
+
+TokenText = Callable[[int], str]
+
+
+def _r(x: float) -> float:
+    return round(float(x), 9)
+
+
+class TraceWriter:
+    """Writes a trace file as the run goes (see the module docstring for the schema).
+
+    Args:
+        path: destination (``-`` is not supported; the file is created or replaced).
+        target, draft: model names for the header.
+        params: sampling settings.
+        seed: the seed used (None when random and unknown).
+        max_tokens: -n.
+        command: "run" or "bench".
+        token_text: token id -> text, for the ``*_text`` fields (omitted when None).
+        extra: more header keys (e.g. the bench prompt name).
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        target: str,
+        draft: str,
+        params: SamplingParams,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+        command: str = "run",
+        token_text: TokenText | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._text = token_text
+        self._round = 0
+        self._f: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        header: dict[str, Any] = {
+            "type": "header",
+            "schema": SCHEMA,
+            "version": VERSION,
+            "command": command,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "target": target,
+            "draft": draft,
+            "sampling": {
+                "temp": params.temp,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+            },
+            "seed": seed,
+            "max_tokens": max_tokens,
+        }
+        header.update(extra or {})
+        self._line(header)
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        if self._f is None:
+            raise ValueError("trace writer is closed")
+        # one write per complete line, then flush: the file is always a valid prefix
+        self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self._f.flush()
+
+    def _t(self, token: int) -> str | None:
+        return self._text(token) if self._text is not None else None
+
+    def write(self, event: object) -> None:
+        """Record one loop event (Prefilled, Step, Done); others are ignored.
+
+        Raises:
+            ValueError: a Step without a RoundTrace (generate with ``trace=True``).
+        """
+        if isinstance(event, Step):
+            self.step(event)
+        elif isinstance(event, Prefilled):
+            self._line(
+                {
+                    "type": "prefill",
+                    "n_prompt": event.n_prompt,
+                    "prefill_s": _r(event.prefill_s),
+                    "ordinary_token_s": None
+                    if event.ordinary_token_s is None
+                    else _r(event.ordinary_token_s),
+                }
+            )
+        elif isinstance(event, Done):
+            self._line(
+                {
+                    "type": "end",
+                    "finish_reason": event.finish_reason,
+                    "n_generated": len(event.tokens),
+                    "stats": event.stats.to_dict(),
+                }
+            )
+
+    def step(self, step: Step) -> None:
+        """Record one round (`step.trace` must be set)."""
+        tr = step.trace
+        if tr is None:
+            raise ValueError("Step has no RoundTrace: run generate with trace=True")
+        obj: dict[str, Any] = {
+            "type": "round",
+            "round": self._round,
+            "position": tr.position,
+            "k": step.k,
+            "drafted": list(tr.drafted),
+            "q_x": [_r(v) for v in tr.q_x],
+            "p_x": [_r(v) for v in tr.p_x],
+            "u": [_r(v) for v in tr.u],
+            "accepted": list(tr.accepted),
+            "n_accepted": sum(tr.accepted),
+            "next_token": tr.next_token,
+            "next_kind": tr.next_kind,
+            "top": [{"token": t, "p": _r(p)} for t, p in tr.top],
+            "emitted_text": step.text,
+            "draft_s": _r(step.draft_s),
+            "verify_s": _r(step.verify_s),
+            "sample_s": _r(step.sample_s),
+            "round_s": _r(step.round_s),
+            "target_cache": tr.target_cache,
+            "draft_cache": tr.draft_cache,
+        }
+        if self._text is not None:
+            obj["drafted_text"] = [self._text(t) for t in tr.drafted]
+            obj["next_text"] = self._text(tr.next_token)
+            for entry in obj["top"]:
+                entry["text"] = self._text(entry["token"])
+        self._round += 1
+        self._line(obj)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tee(events: Iterator[Any], writer: TraceWriter) -> Iterator[Any]:
+    """Pass `generate`'s events through, writing each to `writer` first. Closing this
+    generator closes `events` (so the loop restores its caches)."""
+    try:
+        for ev in events:
+            writer.write(ev)
+            yield ev
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A parsed trace.
+
+    Attributes:
+        header: the header object.
+        prefill: the prefill object, or None.
+        rounds: the round objects, in order.
+        end: the end object, or None when the run did not finish writing it.
+        truncated_line: True when the last line was cut mid-write (ignored).
+    """
+
+    header: dict[str, Any]
+    prefill: dict[str, Any] | None
+    rounds: list[dict[str, Any]]
+    end: dict[str, Any] | None
+    truncated_line: bool = False
+
+
+def read_trace(path: Path | str) -> TraceFile:
+    """Parse a trace file.
+
+    Raises:
+        ConfigError: not a specgen trace, a newer schema version, or a malformed line
+            (other than a cut-off last line).
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+        cut_allowed = False
+    else:
+        cut_allowed = True  # no final newline: the last line may be a partial write
+    objs: list[dict[str, Any]] = []
+    truncated = False
+    for i, line in enumerate(lines):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and cut_allowed and i > 0:
+                truncated = True
+                break
+            raise ConfigError(f"{path}: line {i + 1} is not JSON: not a specgen trace") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}: line {i + 1} is not a JSON object")
+        objs.append(obj)
+    if not objs or objs[0].get("schema") != SCHEMA:
+        raise ConfigError(f"{path}: not a specgen trace (no '{SCHEMA}' header on line 1)")
+    version = objs[0].get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise ConfigError(
+            f"{path}: trace schema version {version} is newer than this specgen reads"
+            f" ({VERSION}): upgrade specgen"
+        )
+    prefill = next((o for o in objs if o.get("type") == "prefill"), None)
+    end = next((o for o in objs if o.get("type") == "end"), None)
+    rounds = [o for o in objs if o.get("type") == "round"]
+    return TraceFile(objs[0], prefill, rounds, end, truncated)
+
+
+def reconstruct_tokens(trace: TraceFile) -> list[int]:
+    """The emitted token ids: per round drafted[:n_accepted] + [next_token], cut to the
+    end record's n_generated (uncut when the file has no end record)."""
+    out: list[int] = []
+    for r in trace.rounds:
+        out += r["drafted"][: r["n_accepted"]]
+        out.append(r["next_token"])
+    if trace.end is not None:
+        del out[trace.end["n_generated"] :]
+    return out
+
+
+# -- summary ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionAcceptance:
+    """Acceptance at block position i (1-based): of the proposals that were tested there,
+    how many were accepted (conditional on reaching i)."""
+
+    position: int
+    tested: int
+    accepted: int
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.tested if self.tested else 0.0
+
+
+@dataclass(frozen=True)
+class RejectedToken:
+    """A draft token the target rejected, how often, and what was emitted instead
+    (`preferred`: (token, text, count), most common first)."""
+
+    token: int
+    text: str
+    count: int
+    preferred: tuple[tuple[int, str, int], ...]
+
+
+@dataclass(frozen=True)
+class LostRound:
+    """A round slower than ordinary decoding of the tokens it emitted.
+
+    Attributes:
+        round, position, k, n_accepted: from the trace.
+        n_emitted: tokens the round emitted.
+        round_s: its wall time; ordinary_s: n_emitted x the ordinary pass time.
+        lost_s: round_s - ordinary_s (> 0).
+    """
+
+    round: int
+    position: int
+    k: int
+    n_accepted: int
+    n_emitted: int
+    round_s: float
+    ordinary_s: float
+    lost_s: float
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What `specgen trace summarize` shows (data; the CLI renders it).
+
+    Attributes:
+        header: the trace header.
+        complete: the file has an end record (the run finished).
+        finish_reason: from the end record, or None.
+        n_rounds, n_generated, n_drafted, n_accepted: totals (n_generated from the end
+            record, else the reconstructed count; n_drafted counts every proposal, so
+            n_accepted / n_drafted is the per-token acceptance rate alpha).
+        by_position: acceptance by position in the block.
+        rejected: most often rejected draft tokens (up to `top`).
+        time_s: seconds by stage: draft, verify, sample, other, total (sums over rounds).
+        ordinary_token_s: the ordinary-decoding pass time used for `lost` (measured at
+            prefill, else the median of the trace's K = 0 rounds), or None.
+        baseline_source: "measured", "k0-rounds" or None.
+        lost: the rounds that lost time, worst first (up to `top`); n_lost and lost_s
+            count all of them.
+    """
+
+    header: dict[str, Any]
+    complete: bool
+    finish_reason: str | None
+    n_rounds: int
+    n_generated: int
+    n_drafted: int
+    n_accepted: int
+    by_position: tuple[PositionAcceptance, ...]
+    rejected: tuple[RejectedToken, ...]
+    time_s: dict[str, float]
+    ordinary_token_s: float | None
+    baseline_source: str | None
+    lost: tuple[LostRound, ...]
+    n_lost: int
+    lost_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for `trace summarize --json`)."""
+        return {
+            "header": self.header,
+            "complete": self.complete,
+            "finish_reason": self.finish_reason,
+            "n_rounds": self.n_rounds,
+            "n_generated": self.n_generated,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "by_position": [
+                {
+                    "position": p.position,
+                    "tested": p.tested,
+                    "accepted": p.accepted,
+                    "rate": round(p.rate, 6),
+                }
+                for p in self.by_position
+            ],
+            "rejected": [
+                {
+                    "token": r.token,
+                    "text": r.text,
+                    "count": r.count,
+                    "preferred": [{"token": t, "text": s, "count": c} for t, s, c in r.preferred],
+                }
+                for r in self.rejected
+            ],
+            "time_s": {k: round(v, 6) for k, v in self.time_s.items()},
+            "ordinary_token_s": self.ordinary_token_s,
+            "baseline_source": self.baseline_source,
+            "n_lost": self.n_lost,
+            "lost_s": round(self.lost_s, 6),
+            "lost": [r.__dict__ for r in self.lost],
+            "notes": list(self.notes),
+        }
+
+
+def _emitted_counts(trace: TraceFile) -> list[int]:
+    """Tokens emitted by each round (the last rounds may be cut by n_generated)."""
+    left = trace.end["n_generated"] if trace.end is not None else None
+    counts = []
+    for r in trace.rounds:
+        n = r["n_accepted"] + 1
+        if left is not None:
+            n = max(0, min(n, left))
+            left -= n
+        counts.append(n)
+    return counts
+
+
+def summarize(path: Path | str, top: int = 10) -> TraceSummary:
+    """Read a trace and summarize it: acceptance by block position, the tokens most often
+    rejected and what replaced them, the time split, and the rounds where speculation
+    lost time against ordinary decoding.
+
+    Raises:
+        ConfigError, OSError: as `read_trace`.
+    """
+    tf = read_trace(path)
+    rounds = tf.rounds
+    emitted = _emitted_counts(tf)
+    notes: list[str] = []
+
+    tested: Counter[int] = Counter()
+    acc: Counter[int] = Counter()
+    rejected: Counter[int] = Counter()
+    preferred: dict[int, Counter[int]] = defaultdict(Counter)
+    text: dict[int, str] = {}
+    n_drafted = n_accepted = 0
+    for r in rounds:
+        for i, ok in enumerate(r["accepted"]):
+            tested[i + 1] += 1
+            acc[i + 1] += bool(ok)
+        n_drafted += len(r["drafted"])
+        n_accepted += r["n_accepted"]
+        if r["n_accepted"] < len(r["accepted"]):
+            x = r["drafted"][r["n_accepted"]]
+            rejected[x] += 1
+            preferred[x][r["next_token"]] += 1
+            if "drafted_text" in r:
+                text[x] = r["drafted_text"][r["n_accepted"]]
+            if "next_text" in r:
+                text[r["next_token"]] = r["next_text"]
+    by_position = tuple(PositionAcceptance(i, tested[i], acc[i]) for i in sorted(tested))
+    worst = tuple(
+        RejectedToken(
+            x,
+            text.get(x, ""),
+            c,
+            tuple((t, text.get(t, ""), n) for t, n in preferred[x].most_common(3)),
+        )
+        for x, c in rejected.most_common(top)
+    )
+
+    time_s = {
+        "draft": sum(r["draft_s"] for r in rounds),
+        "verify": sum(r["verify_s"] for r in rounds),
+        "sample": sum(r["sample_s"] for r in rounds),
+        "total": sum(r["round_s"] for r in rounds),
+    }
+    time_s["other"] = max(
+        0.0, time_s["total"] - time_s["draft"] - time_s["verify"] - time_s["sample"]
+    )
+
+    baseline: float | None = None
+    source: str | None = None
+    if tf.prefill is not None and tf.prefill.get("ordinary_token_s"):
+        baseline, source = float(tf.prefill["ordinary_token_s"]), "measured"
+    else:
+        k0 = [r["round_s"] for r in rounds if r["k"] == 0]
+        if k0:
+            baseline, source = statistics.median(k0), "k0-rounds"
+        else:
+            notes.append("no ordinary-pass timing in the trace: lost rounds not computed")
+    lost: list[LostRound] = []
+    if baseline is not None:
+        for r, n_em in zip(rounds, emitted, strict=True):
+            if r["k"] == 0 or n_em == 0:
+                continue
+            ordinary_s = n_em * baseline
+            if r["round_s"] > ordinary_s:
+                lost.append(
+                    LostRound(
+                        r["round"],
+                        r["position"],
+                        r["k"],
+                        r["n_accepted"],
+                        n_em,
+                        r["round_s"],
+                        ordinary_s,
+                        r["round_s"] - ordinary_s,
+                    )
+                )
+    lost.sort(key=lambda x: -x.lost_s)
+    if tf.end is None:
+        notes.append("the trace has no end record: the run was interrupted or is still going")
+    if tf.truncated_line:
+        notes.append("the last line was cut off mid-write and was ignored")
+    return TraceSummary(
+        header=tf.header,
+        complete=tf.end is not None,
+        finish_reason=tf.end["finish_reason"] if tf.end is not None else None,
+        n_rounds=len(rounds),
+        n_generated=tf.end["n_generated"] if tf.end is not None else sum(emitted),
+        n_drafted=n_drafted,
+        n_accepted=n_accepted,
+        by_position=by_position,
+        rejected=worst,
+        time_s=time_s,
+        ordinary_token_s=baseline,
+        baseline_source=source,
+        lost=tuple(lost[:top]),
+        n_lost=len(lost),
+        lost_s=sum(x.lost_s for x in lost),
+        notes=tuple(notes),
+    )
