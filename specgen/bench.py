@@ -527,6 +527,7 @@ def bench(
             "bench compares ordinary with speculative decoding: give a draft model or"
             " 'ngram', not 'none'"
         )
+    busy0 = cpu_snapshot()
     t0 = time.perf_counter()
     loaded = load(spec, settings.params(settings.temps[0]), draft_p_min, status=status)
     load_s = time.perf_counter() - t0
@@ -542,8 +543,41 @@ def bench(
         result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_step)
     finally:
         loaded.close()
+    others = other_cpu_load(busy0, cpu_snapshot())
+    record["other_cpu_load"] = None if others is None else round(others, 3)
     result.record = record
+    usable = record["machine"]["cpus_usable"]
+    if others is not None and others > 0.1 * usable:
+        result.warnings.insert(
+            0,
+            f"other processes kept {others:.1f} of {usable} CPUs busy during the measurement:"
+            " the figures are distorted; rerun on a quiet machine",
+        )
     return result
+
+
+def cpu_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole machine, this process's CPU seconds, wall time) from
+    /proc/stat; None where it does not exist."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / hz
+    t = os.times()
+    return busy, t.user + t.system, time.monotonic()
+
+
+def other_cpu_load(
+    a: tuple[float, float, float] | None, b: tuple[float, float, float] | None
+) -> float | None:
+    """Mean number of CPUs that other processes kept busy between two snapshots."""
+    if a is None or b is None or b[2] <= a[2]:
+        return None
+    return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
 def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Drafter:
@@ -1043,8 +1077,9 @@ def build_record(
     }
 
 
-# not part of comparability: when, where the files lie, how long loading took
-_VOLATILE = {"date", "path", "load_s"}
+# not part of comparability: when, where the files lie, how long loading took, how busy
+# the machine was (a warning says so)
+_VOLATILE = {"date", "path", "load_s", "other_cpu_load"}
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

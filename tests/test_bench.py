@@ -448,3 +448,11 @@ def test_cli_end_to_end_demo_pair(tmp_path: Path, demo_pair: tuple[Path, Path]) 
         assert o["acceptance_rate"] > 0.5  # the Q4 draft of the same weights agrees often
         assert o["speedup"] > 0 and o["theoretical_speedup"] > 0
         assert len(o["acceptance_by_position"]) == int(c["draft_max"])
+
+
+def test_other_cpu_load() -> None:
+    # 10 s of wall time, the machine was busy 15 CPU-seconds, 10 of them ours: 0.5 CPUs
+    assert bench.other_cpu_load((100.0, 1.0, 50.0), (115.0, 11.0, 60.0)) == pytest.approx(0.5)
+    assert bench.other_cpu_load(None, (1.0, 1.0, 1.0)) is None
+    snap = bench.cpu_snapshot()
+    assert snap is None or len(snap) == 3
