@@ -105,6 +105,10 @@ def run(
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
+    trace: Annotated[
+        Optional[Path],
+        typer.Option("--trace", help="Write one JSON object per round to FILE.jsonl."),
+    ] = None,
 ) -> None:
     """Generate text with a draft and a target model (or the target alone)."""
     from specgen import commands
@@ -136,6 +140,7 @@ def run(
             threads=threads,
             ctx_size=ctx_size,
             verbose=verbose,
+            trace=trace,
         )
     )
     raise typer.Exit(code)

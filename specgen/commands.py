@@ -44,6 +44,7 @@ class RunArgs:
     threads: int
     ctx_size: int
     verbose: bool
+    trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
 
 
 def resolve_models(
@@ -103,6 +104,7 @@ def run(a: RunArgs) -> int:
             loaded, pair_k = _load(a, params, lambda msg: spinner.update(msg))
     else:
         loaded, pair_k = _load(a, params, None)
+    writer = None
     try:
         prompt = loaded.target.tokenize(a.prompt)
         config = GenerateConfig(
@@ -113,15 +115,26 @@ def run(a: RunArgs) -> int:
             seed=seed,
             # the baseline for the live view's speedup and the controller's choices
             measure_ordinary=3 if loaded.drafter is not None else 0,
+            trace=a.trace is not None,
         )
         policy = make_policy(draft_max if draft_max is not None else pair_k)
         events = generate(loaded.target, loaded.drafter, prompt, config, policy)
+        if a.trace is not None:  # --trace: one JSON line per round, written as it goes
+            from specgen.trace import TraceWriter, tee, token_text_of
+
+            writer = TraceWriter(
+                a.trace, target=loaded.target.name, draft=loaded.draft_name, params=params,
+                seed=seed, max_tokens=a.max_tokens, token_text=token_text_of(loaded.target),
+            )
+            events = tee(events, writer)
         if a.json_out:
             return _run_json(events, loaded.target.name, loaded.draft_name, seed, policy)
         if a.live:
             return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected)
         return _run_plain(events)
     finally:
+        if writer is not None:
+            writer.close()
         loaded.close()
 
 

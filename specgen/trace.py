@@ -191,6 +191,11 @@ class TraceWriter:
         self.close()
 
 
+def token_text_of(engine: Any) -> TokenText:
+    """token id -> its text (UTF-8, invalid bytes replaced) for an Engine's vocabulary."""
+    return lambda t: engine.token_bytes(t).decode("utf-8", "replace")
+
+
 def tee(events: Iterator[Any], writer: TraceWriter) -> Iterator[Any]:
     """Pass `generate`'s events through, writing each to `writer` first. Closing this
     generator closes `events` (so the loop restores its caches)."""
