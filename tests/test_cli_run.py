@@ -83,7 +83,7 @@ def test_head_closing_the_pipe_exits_quietly(tiny):
 
 def test_multibyte_output_is_valid_utf8(demo_pair):
     t, d = demo_pair
-    r = specgen("run", "-m", str(t), "-md", str(d), "-c", "256", "-n", "40", "--temp", "0.9",
+    r = specgen("run", "-m", str(t), "-md", str(d), "-c", "256", "-n", "24", "--temp", "0.9",
                 "--seed", "1", "--ignore-eos", "日本の首都は東京です。日本語で説明します:")
     assert r.returncode == 0, r.stderr
     text = r.stdout.decode("utf-8")  # strict: raises on a split character
