@@ -1280,6 +1280,7 @@ def write_plot(result: BenchResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     temps = list(dict.fromkeys(c["temp"] for c in result.configs))
     fig, axes = plt.subplots(1, len(temps) + 1, figsize=(5 * (len(temps) + 1), 4), squeeze=False)
@@ -1311,6 +1312,7 @@ def write_plot(result: BenchResult, path: Path) -> None:
                 range(1, len(ys) + 1), ys, marker=".", label=f"t {c['temp']:g}, K {c['draft_max']}"
             )
     ax.set_ylim(0, 1.05)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("position in block")
     ax.set_ylabel("acceptance (given the previous accepted)")
     ax.set_title("acceptance by position")
