@@ -133,7 +133,9 @@ def register(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        Console().print(*render_summary(s))
+        console = Console()
+        for renderable in render_summary(s):
+            console.print(renderable)
 
     app.add_typer(trace_app, name="trace")
 
@@ -183,7 +185,9 @@ def _verify(
     if json_out:
         sys.stdout.write(json.dumps(report.to_dict(), ensure_ascii=False) + "\n")
     else:
-        Console().print(*render_report(report))
+        console = Console()
+        for renderable in render_report(report):
+            console.print(renderable)
     return 0 if report.passed else 1
 
 
@@ -208,11 +212,15 @@ def render_report(report) -> list:
     if report.greedy:
         t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
         for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
-            t.add_column(col, justify="left" if col in ("prompt", "result") else "right")
+            t.add_column(
+                col,
+                justify="left" if col in ("prompt", "result") else "right",
+                no_wrap=col == "prompt",
+            )
         style = {"match": "green", "noise": "yellow", "fail": "bold red"}
         for c in report.greedy:
             t.add_row(
-                _short(c.prompt),
+                _short(c.prompt, 24),
                 str(c.k),
                 str(c.n_tokens),
                 Text(c.status, style=style[c.status]),
@@ -319,7 +327,7 @@ def render_summary(s) -> list:
         out.append(
             Text(
                 f"{s.n_lost} of {s.n_rounds} rounds were slower than ordinary decoding"
-                f" ({s.ordinary_token_s * 1000:.1f} ms/token, {s.baseline_source}):"
+                f" ({s.ordinary_token_s * 1000:.3g} ms/token, {s.baseline_source}):"
                 f" {s.lost_s:.3f} s lost"
             )
         )
@@ -331,8 +339,8 @@ def render_summary(s) -> list:
             for r in s.lost:
                 t.add_row(
                     str(r.round), str(r.position), str(r.k), str(r.n_accepted),
-                    str(r.n_emitted), f"{r.round_s * 1000:.1f}", f"{r.ordinary_s * 1000:.1f}",
-                    f"{r.lost_s * 1000:.1f}",
+                    str(r.n_emitted), f"{r.round_s * 1000:.3g}", f"{r.ordinary_s * 1000:.3g}",
+                    f"{r.lost_s * 1000:.3g}",
                 )  # fmt: skip
             out.append(t)
     for note in s.notes:

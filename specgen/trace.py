@@ -9,8 +9,9 @@ with a ``type``:
 - ``prefill``: ``n_prompt``, ``prefill_s``, ``ordinary_token_s`` (median single-token target
   pass, or null).
 - ``round``: ``round`` (0-based), ``position`` (committed tokens before the round), ``k``,
-  ``drafted`` [ids], ``drafted_text``, ``q_x``, ``p_x`` (q_i(x_i), p_i(x_i)), ``u`` (the
-  uniforms; empty when greedy), ``accepted`` [bool per tested proposal, stopping at the first
+  ``drafted`` [ids], ``drafted_text``, ``q_x``, ``p_x`` (q_i(x_i), p_i(x_i); one-hot 1/0
+  values when greedy), ``u`` (the uniforms of the test u_i < p_i(x_i)/q_i(x_i); empty when
+  greedy), ``accepted`` [bool per tested proposal, stopping at the first
   rejection], ``n_accepted``, ``next_token``, ``next_text``, ``next_kind`` ("residual",
   "bonus" or "ordinary"), ``top`` [{token, text, p}: the target's 3 most likely tokens where
   ``next_token`` was drawn, i.e. at the rejection point], ``emitted_text``, ``draft_s``,
@@ -83,6 +84,7 @@ class TraceWriter:
     ) -> None:
         self.path = Path(path)
         self._text = token_text
+        self._greedy = params.greedy
         self._round = 0
         self._f: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         header: dict[str, Any] = {
@@ -157,7 +159,8 @@ class TraceWriter:
             "drafted": list(tr.drafted),
             "q_x": [_r(v) for v in tr.q_x],
             "p_x": [_r(v) for v in tr.p_x],
-            "u": [_r(v) for v in tr.u],
+            # greedy acceptance compares with the argmax: the loop's uniforms are unused
+            "u": [] if self._greedy else [_r(v) for v in tr.u],
             "accepted": list(tr.accepted),
             "n_accepted": sum(tr.accepted),
             "next_token": tr.next_token,
