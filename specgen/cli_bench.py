@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         plot_path: Annotated[
             Path | None,
-            typer.Option("--plot", help="Write a PNG (needs: pip install 'specgen[plot]')."),
+            typer.Option("--plot", help="Write a PNG (needs: pip install 'specgen\\[plot]')."),
         ] = None,
         compare: Annotated[
             Path | None,
