@@ -1,0 +1,336 @@
+"""`specgen verify`: the statistics helpers, the greedy near-tie rule on scripted engines, the
+verdict on deliberately broken rejection rules (must FAIL) and on the correct one (must
+PASS) with the tiny llama.cpp pair, the CLI, and end-to-end passes on the demo pair and on
+the weak 6-layer draft (a bad draft must still be lossless).
+
+Broken rules are injected without editing the core: drafter wrappers that report a q other
+than the one they sampled from, and monkeypatched `specgen.rejection` functions (the loop
+calls them through the module).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from fakes import FakeEngine
+from scipy import stats
+from typer.testing import CliRunner
+
+from specgen import rejection
+from specgen.drafters import ModelDrafter
+from specgen.engine import Block
+from specgen.errors import ConfigError
+from specgen.llamacpp import EngineConfig, LlamaEngine
+from specgen.sampling import SamplingParams, warp
+from specgen.verify import (
+    VerifyConfig,
+    check_greedy,
+    chi2_sf,
+    drafter_factory,
+    holm,
+    pooled_chisquare,
+    verify,
+)
+
+# Tiny pair: 2,000 samples per prompt take ~5 s and give every broken rule below a
+# Holm-adjusted p-value under 1e-6 (measured; the correct rule's smallest was 0.05).
+TINY_SAMPLING = VerifyConfig(samples=2000, greedy=False)
+
+
+# -- statistics -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 7, 40, 300])
+@pytest.mark.parametrize("x", [0.0, 0.01, 0.5, 1.0, 3.3, 10.0, 55.0, 400.0])
+def test_chi2_sf_matches_scipy(x, dof):
+    assert chi2_sf(x, dof) == pytest.approx(stats.chi2.sf(x, dof), rel=1e-9, abs=1e-300)
+
+
+def test_holm_matches_the_step_down_definition():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted: 0.005*4=0.02, 0.01*3=0.03, 0.03*2=0.06, 0.04*1=0.04 -> monotone 0.06
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == []
+
+
+def test_pooled_chisquare_matches_scipy_and_pools_small_cells():
+    ids = np.arange(6)
+    probs = np.array([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])
+    obs = Counter({0: 45, 1: 25, 2: 20, 3: 6, 4: 3, 5: 1})  # n = 100
+    chi2, dof, outside = pooled_chisquare(obs, ids, probs)
+    # expected 40, 30, 20, 5, (3 + 2 = 5 pooled)
+    ref = stats.chisquare([45, 25, 20, 6, 4], [40, 30, 20, 5, 5])
+    assert chi2 == pytest.approx(ref.statistic) and dof == 4 and outside == 0
+    # a token outside the support is counted and lands in the pooled cell
+    obs2 = Counter({0: 45, 1: 25, 2: 20, 3: 6, 4: 3, 99: 1})
+    chi2b, dof2, outside2 = pooled_chisquare(obs2, ids, probs)
+    assert outside2 == 1 and dof2 == 4 and chi2b == pytest.approx(chi2)
+    # nothing testable: no cell reaches 5 expected
+    assert pooled_chisquare(Counter({0: 3}), ids, probs)[1] == 0
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="--temp"):
+        VerifyConfig(params=SamplingParams(temp=0.0))
+    with pytest.raises(ConfigError, match="--samples"):
+        VerifyConfig(samples=5)
+    with pytest.raises(ConfigError, match="nothing to verify"):
+        VerifyConfig(greedy=False, sampling=False)
+    with pytest.raises(ConfigError, match="'none'"):
+        drafter_factory(None)
+
+
+# -- the greedy rule on scripted engines ----------------------------------------------------
+
+
+class BatchedDrift(FakeEngine):
+    """A FakeEngine whose batched passes (several tokens) add `bump` to token `tok`'s logit:
+    batched-versus-single arithmetic, exaggerated and under control."""
+
+    def __init__(self, bump: float, tok: int, **kw) -> None:
+        super().__init__(**kw)
+        self.bump, self.tok = bump, tok
+
+    def decode(self, tokens, all_logits=False):
+        out = super().decode(tokens, all_logits)
+        if len(tokens) > 1:
+            out = out.copy()
+            out[:, self.tok] += self.bump
+        return out
+
+
+def near_tie_target(bump: float) -> tuple[BatchedDrift, list[int]]:
+    """A target whose greedy path from [1, 2] meets a 0.01-logit tie at its 6th token, with
+    the runner-up being the token batched passes favour."""
+    t = BatchedDrift(bump, 0, n_vocab=9, seed=4)
+    prompt = [1, 2]
+    ctx = list(prompt)
+    for _ in range(5):
+        ctx.append(int(np.argmax(t.logits_after(ctx))))
+    row = t.table[ctx[-2], ctx[-1]]
+    top = int(np.argmax(row))
+    runner = int(np.argsort(row)[-2])
+    t.tok = runner
+    row[runner] = row[top] - 0.01
+    return t, prompt
+
+
+def _greedy_cfg(**kw) -> VerifyConfig:
+    return VerifyConfig(
+        sampling=False, greedy_prompts=(bytes([1, 2]),), greedy_ks=(3,), greedy_tokens=20, **kw
+    )
+
+
+def test_greedy_divergence_at_a_near_tie_is_noise():
+    target, _ = near_tie_target(bump=0.02)
+    draft = FakeEngine(n_vocab=9, seed=4, noise=0.5)
+    (case,) = check_greedy(target, lambda p: ModelDrafter(draft, p, 9), _greedy_cfg())
+    assert case.status == "noise" and case.position is not None
+    assert case.gap == pytest.approx(0.01, abs=1e-5)
+    assert case.drift == pytest.approx(0.02, abs=1e-5) and case.threshold == 0.05
+    assert case.speculative_token == target.tok
+
+
+def test_greedy_without_drift_matches():
+    target, _ = near_tie_target(bump=0.0)
+    draft = FakeEngine(n_vocab=9, seed=4, noise=0.5)
+    (case,) = check_greedy(target, lambda p: ModelDrafter(draft, p, 9), _greedy_cfg())
+    assert case.status == "match" and case.position is None
+
+
+def test_greedy_wrong_acceptance_fails(monkeypatch):
+    target = FakeEngine(n_vocab=9, seed=4)
+    draft = FakeEngine(n_vocab=9, seed=4, noise=1.5)
+    monkeypatch.setattr(rejection, "accept_greedy", lambda x, argmax_p: int(x.shape[0]))
+    (case,) = check_greedy(target, lambda p: ModelDrafter(draft, p, 9), _greedy_cfg())
+    assert case.status == "fail" and case.gap is not None and case.gap > case.threshold
+
+
+# -- broken rules on the tiny llama.cpp pair -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_target, tiny_draft):
+    cfg = EngineConfig(n_ctx=256, n_threads=1)
+    t, d = LlamaEngine(tiny_target, cfg), LlamaEngine(tiny_draft, cfg)
+    yield t, d
+    d.close()
+    t.close()
+
+
+class TempMismatchDrafter:
+    """Samples at the configured temperature T but reports q at temperature `t_report`:
+    over the same top-k support q_T' is proportional to q_T ** (T / T')."""
+
+    name = "temp-mismatch"
+
+    def __init__(self, inner: ModelDrafter, t_report: float) -> None:
+        self.inner, self.t_report = inner, t_report
+
+    def prefill(self, context):
+        self.inner.prefill(context)
+
+    def draft(self, context, k, rng):
+        b = self.inner.draft(context, k, rng)
+        q = b.q ** (self.inner.params.temp / self.t_report)
+        return Block(b.tokens, q / q.sum(axis=1, keepdims=True))
+
+    def close(self):
+        pass
+
+
+class GreedyDraftSoftmaxQ(ModelDrafter):
+    """Drafts the argmax (like llama.cpp's server) but reports the softmax as q."""
+
+    def draft(self, context, k, rng):
+        tokens, q = [], np.zeros((k, self.n_vocab))
+        row = self._align(self._sync(context))
+        for i in range(k):
+            ids, probs = warp(row, self.params)
+            x = int(ids[np.argmax(probs)])
+            q[i, ids] = probs
+            tokens.append(x)
+            if i + 1 < k:
+                row = self._align(self.engine.decode([x])[-1])
+        return Block(np.array(tokens, dtype=np.int64), q)
+
+
+def _model(d):
+    return lambda p: ModelDrafter(d, p, 272)
+
+
+BROKEN = {
+    "q from a lower temperature than sampled": (
+        lambda d: lambda p: TempMismatchDrafter(ModelDrafter(d, p, 272), 0.8),
+        None,
+    ),
+    "q from a higher temperature than sampled": (
+        lambda d: lambda p: TempMismatchDrafter(ModelDrafter(d, p, 272), 1.25),
+        None,
+    ),
+    "greedy draft with softmax q": (lambda d: lambda p: GreedyDraftSoftmaxQ(d, p, 272), None),
+    "resample from p instead of the residual": (_model, ("residual", lambda p, q: p)),
+    "residual max(0, q - p)": (_model, ("residual", lambda p, q: np.maximum(q - p, 0.0))),
+    "accept whenever p(x) > 0": (
+        _model,
+        ("accept", lambda x, q, p, u, _a=rejection.accept: _a(x, q, p, np.zeros_like(u))),
+    ),
+}
+
+
+def test_verify_passes_with_the_correct_rule_on_the_tiny_pair(tiny_engines):
+    t, d = tiny_engines
+    report = verify(t, _model(d), VerifyConfig(samples=2000))
+    assert report.passed, report.to_dict()
+    s = report.sampling
+    assert s is not None and len(s.tests) == 6 and s.min_p_adjusted > 0.01
+    assert {x.position for x in s.tests} == {1, 2, 3}
+    assert all(x.n_samples == 2000 for x in s.tests if x.position == 1)
+    assert 0.5 < s.acceptance_rate < 0.9
+    assert [c.status for c in report.greedy] == ["match"] * 6
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_verify_fails_on_a_broken_rule(tiny_engines, monkeypatch, name):
+    t, d = tiny_engines
+    make, patch = BROKEN[name]
+    if patch is not None:
+        monkeypatch.setattr(rejection, *patch)
+    report = verify(t, make(d), TINY_SAMPLING)
+    assert not report.passed
+    assert report.sampling is not None and report.sampling.min_p_adjusted < 1e-6
+
+
+# -- CLI -------------------------------------------------------------------------------
+
+
+def test_cli_verify_tiny_pair_passes_with_exit_0(tiny_target, tiny_draft):
+    from specgen.cli import app
+
+    args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
+            "--samples", "300", "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["passed"] and d["sampling"]["samples"] == 300 and len(d["greedy"]) == 6
+    res = CliRunner().invoke(app, args[:-1] + ["--check", "greedy"])
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.stdout and "greedy" in res.stdout and "chi2" not in res.stdout
+
+
+def test_cli_verify_fails_with_exit_1_on_a_broken_rule(tiny_target, tiny_draft, monkeypatch):
+    from specgen.cli import app
+
+    monkeypatch.setattr(rejection, "residual", lambda p, q: np.maximum(q - p, 0.0))
+    args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
+            "--samples", "400", "--check", "sampling"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert "FAIL" in res.stdout and "distribution" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--draft", "none"], "needs a draft"), (["--check", "both"], "--check")],
+)
+def test_cli_verify_usage_errors_are_one_line(tiny_target, tiny_draft, capsys, extra, message):
+    from specgen.cli import main
+
+    args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", *extra]
+    if extra[0] == "--draft":
+        args = ["verify", "-m", str(tiny_target), "-t", "1", *extra]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specgen: error:") and message in err and err.count("\n") == 1
+
+
+# -- end to end on Gemma 3 270M ------------------------------------------------------------
+
+
+def _engines(target_path, draft_path):
+    cfg = EngineConfig(n_ctx=512, n_threads=1)
+    return LlamaEngine(target_path, cfg), LlamaEngine(draft_path, cfg)
+
+
+def test_verify_passes_on_the_demo_pair(demo_pair):
+    t, d = _engines(*demo_pair)
+    try:
+        config = VerifyConfig(
+            samples=150,
+            greedy_prompts=VerifyConfig().greedy_prompts[:1],
+            greedy_tokens=32,
+            sampling_prompts=VerifyConfig().sampling_prompts[:1],
+        )
+        report = verify(t, drafter_factory(ModelDrafter(d, config.params, t.n_vocab)), config)
+    finally:
+        d.close()
+        t.close()
+    assert report.passed, report.to_dict()
+    assert [c.k for c in report.greedy] == [4, 8]
+    assert report.sampling is not None and report.sampling.acceptance_rate > 0.5
+
+
+def test_verify_passes_on_the_weak_draft(demo_pair, weak_draft):
+    t, d = _engines(demo_pair[0], weak_draft)
+    try:
+        config = VerifyConfig(
+            samples=80,
+            positions=2,
+            k=2,
+            greedy_ks=(4,),
+            greedy_prompts=VerifyConfig().greedy_prompts[:1],
+            greedy_tokens=16,
+            sampling_prompts=VerifyConfig().sampling_prompts[:1],
+        )
+        report = verify(t, drafter_factory(ModelDrafter(d, config.params, t.n_vocab)), config)
+    finally:
+        d.close()
+        t.close()
+    assert report.passed, report.to_dict()
+    # the draft is nearly always wrong: the emitted tokens come from the residual
+    assert report.sampling is not None and report.sampling.acceptance_rate < 0.2
