@@ -382,7 +382,9 @@ def peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-StepHook = Callable[[dict[str, Any], Step], None]
+# Called with (run info, event) for every event of every measured generation: the seam for
+# `--trace` (open a writer on Prefilled, write each Step, close it on Done).
+EventHook = Callable[[dict[str, Any], Prefilled | Step | Done], None]
 
 
 def measure(
@@ -391,7 +393,7 @@ def measure(
     prompt: list[int],
     config: GenerateConfig,
     policy: KPolicy,
-    on_step: Callable[[Step], None] | None = None,
+    on_event: Callable[[Prefilled | Step | Done], None] | None = None,
 ) -> tuple[list[Round], Done, Prefilled]:
     """Run one generation and reduce its events to rounds."""
     rec = _BlockRecorder(drafter) if drafter is not None else None
@@ -400,14 +402,14 @@ def measure(
     pre: Prefilled | None = None
     n_blocks = 0
     for ev in generate(target, rec, prompt, config, policy):  # type: ignore[arg-type]
+        if on_event is not None:
+            on_event(ev)
         if isinstance(ev, Step):
             m = 0
             if ev.k > 0 and rec is not None:
                 m = rec.sizes[n_blocks]
                 n_blocks += 1
             rounds.append(Round(ev.k, m, ev.n_accepted, len(ev.spans), ev.draft_s, ev.round_s))
-            if on_step is not None:
-                on_step(ev)
         elif isinstance(ev, Done):
             done = ev
         elif isinstance(ev, Prefilled):
@@ -431,7 +433,7 @@ class BenchSettings:
         seed: base seed; prompt i of run r uses seed + 1000 * r + i in both modes.
         top_k, top_p, min_p: the other sampling settings (shared by both modes).
         warmup: one discarded generation of each mode first.
-        trace: Steps carry a RoundTrace (for `on_step`; costs time).
+        trace: Steps carry a RoundTrace (for `on_event`; costs time).
         n_boot: bootstrap resamples for the speedup interval.
     """
 
@@ -510,7 +512,7 @@ def bench(
     settings: BenchSettings,
     draft_p_min: float = 0.0,
     progress: Callable[[Progress], None] | None = None,
-    on_step: StepHook | None = None,
+    on_event: EventHook | None = None,
     status: Callable[[str], None] | None = None,
 ) -> BenchResult:
     """Load the models of `spec` (a `specgen.runner.ModelSpec`) once, build the record,
@@ -540,7 +542,7 @@ def bench(
             n_ctx=loaded.target.n_ctx, draft_p_min=draft_p_min,
         )  # fmt: skip
         record["load_s"] = round(load_s, 3)
-        result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_step)
+        result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
     finally:
         loaded.close()
     others = other_cpu_load(busy0, cpu_snapshot())
@@ -601,15 +603,16 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     settings: BenchSettings,
     progress: Callable[[Progress], None] | None = None,
-    on_step: StepHook | None = None,
+    on_event: EventHook | None = None,
 ) -> BenchResult:
     """Measure every configuration on every prompt, alternating ordinary and speculative
     decoding with the same seed (see the module docstring).
 
     Args:
         target, drafter: open models (the drafter is re-wrapped per temperature).
-        on_step: called with (run info, Step) for every round (with `settings.trace`, the
-            Step carries its RoundTrace): the seam for `--trace`.
+        on_event: called with (run info, event) for every Prefilled, Step and Done of the
+            measured generations, not the warm-up (with `settings.trace`, each Step
+            carries its RoundTrace): the seam for `--trace`.
 
     Raises:
         ConfigError: a prompt plus `n_tokens` and the block does not fit in the context.
@@ -651,7 +654,7 @@ def run_bench(
             "seed": seed,
             "warmup": warm,
         }
-        hook = (lambda st: on_step(info, st)) if on_step is not None and not warm else None
+        hook = (lambda ev: on_event(info, ev)) if on_event is not None and not warm else None
         if mode == ORDINARY:
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:

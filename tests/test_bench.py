@@ -456,3 +456,30 @@ def test_other_cpu_load() -> None:
     assert bench.other_cpu_load(None, (1.0, 1.0, 1.0)) is None
     snap = bench.cpu_snapshot()
     assert snap is None or len(snap) == 3
+
+
+def test_run_bench_event_seam_for_traces(tiny_target: Path, tiny_draft: Path) -> None:
+    from specgen.events import Done, Prefilled, Step
+    from specgen.llamacpp import EngineConfig
+    from specgen.runner import ModelSpec, load
+
+    cfg = EngineConfig(n_ctx=256, n_threads=1)
+    settings = bench.BenchSettings(draft_max=(3,), runs=1, n_tokens=6, trace=True)
+    loaded = load(ModelSpec(tiny_target, tiny_draft, cfg, cfg), settings.params(0.0))
+    seen: list[tuple[dict, object]] = []
+    progress: list[bench.Progress] = []
+    prompts = [bench.BenchPrompt("a", "story", "the cat")]
+    try:
+        result = bench.run_bench(
+            loaded.target, loaded.drafter, prompts, settings, progress.append,
+            lambda info, ev: seen.append((info, ev)),
+        )  # fmt: skip
+    finally:
+        loaded.close()
+    assert len(result.runs) == 2
+    assert {info["mode"] for info, _ in seen} == {"ordinary", "speculative"}
+    assert not any(info["warmup"] for info, _ in seen)
+    spec = [ev for info, ev in seen if info["mode"] == "speculative"]
+    assert isinstance(spec[0], Prefilled) and isinstance(spec[-1], Done)
+    assert all(ev.trace is not None for ev in spec if isinstance(ev, Step))
+    assert progress[-1].done == progress[-1].total == settings.total_generations(1)
