@@ -207,8 +207,14 @@ def _measure(err, bench, spec, prompts, settings, draft_p_min):
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("loading models", total=None)
 
+        last = [""]
+
         def on_progress(p) -> None:
             bar.update(task, completed=p.done, total=p.total, description=p.description)
+            stage = p.description.split(" · ")[0]
+            if not err.is_terminal and stage != last[0]:  # a log line per configuration
+                last[0] = stage
+                err.print(f"[{p.done}/{p.total}] {stage}", highlight=False, markup=False)
 
         def on_status(msg: str) -> None:
             bar.update(task, description=msg)
