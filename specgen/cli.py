@@ -106,7 +106,7 @@ def run(
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
     trace: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--trace", help="Write one JSON object per round to FILE.jsonl."),
     ] = None,
 ) -> None:

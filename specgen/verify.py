@@ -26,6 +26,12 @@ noise; the reference is exactly what ordinary sampling draws from. The p-values 
 Holm-corrected across all tests; the check fails when any corrected p-value is below
 ``alpha``.
 
+Power: a broken rule moves probability only through the proposals it mishandles, so it
+shows most at intermediate acceptance. On the tiny test pair (alpha ~0.67) 2,000 samples per
+prompt give every broken rule in the test suite a Holm-adjusted p-value below 1e-6, while
+400 do not always suffice; on the demo pair (alpha ~0.96 at temperature 1) a rule that only
+errs on rejections acts on ~4% of proposals, and the report says so.
+
 Samples are cheap because the evaluated prompt is kept between samples (`_PromptCache`)
 and the draft's cache realigns itself: a sample costs K draft passes and about one batched
 target pass per round.
@@ -82,6 +88,8 @@ SAMPLING_PROMPTS: tuple[bytes, ...] = (
     b"My favourite colour is",
     b"The weather today is",
 )
+HIGH_ACCEPTANCE = 0.9
+"""Above this acceptance rate the report notes that residual bugs are hard to see."""
 NOISE_GAP_LOGITS = 0.05
 """Floor of the near-tie threshold, in logits (see the module docstring)."""
 
@@ -717,6 +725,12 @@ def verify(
     notes = []
     if sampling is not None and not sampling.tests:
         notes.append("no sampling test had enough samples: raise --samples")
+    if sampling is not None and sampling.acceptance_rate > HIGH_ACCEPTANCE:
+        notes.append(
+            f"acceptance is {sampling.acceptance_rate:.0%}: only the rejected"
+            f" {1 - sampling.acceptance_rate:.0%} of proposals go through the residual, so a"
+            " residual bug moves little mass; raise --samples (or --temp) for more power"
+        )
     return VerifyReport(
         target=target.name,
         draft=draft_name,
