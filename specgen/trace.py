@@ -6,21 +6,26 @@ with a ``type``:
 - ``header`` (first line): ``schema``, ``version``, ``command``, ``target``, ``draft``,
   ``sampling`` {temp, top_k, top_p, min_p}, ``seed``, ``max_tokens``, ``created`` (UTC ISO
   8601) and any extra keys the command adds.
-- ``prefill``: ``n_prompt``, ``prefill_s``, ``ordinary_token_s`` (median single-token target
-  pass, or null).
-- ``round``: ``round`` (0-based), ``position`` (committed tokens before the round), ``k``,
-  ``drafted`` [ids], ``drafted_text``, ``q_x``, ``p_x`` (q_i(x_i), p_i(x_i); one-hot 1/0
-  values when greedy), ``u`` (the uniforms of the test u_i < p_i(x_i)/q_i(x_i); empty when
-  greedy), ``accepted`` [bool per tested proposal, stopping at the first
-  rejection], ``n_accepted``, ``next_token``, ``next_text``, ``next_kind`` ("residual",
-  "bonus" or "ordinary"), ``top`` [{token, text, p}: the target's 3 most likely tokens where
-  ``next_token`` was drawn, i.e. at the rejection point], ``emitted_text``, ``draft_s``,
+- ``generation`` (optional; `TraceWriter.begin`): ``generation`` (0-based index) and the
+  settings of the generation that follows when a file holds several (``bench --trace``):
+  ``sampling``, ``seed``, ``k`` and any extra keys.
+- ``prefill``: ``generation``, ``n_prompt``, ``prefill_s``, ``ordinary_token_s`` (median
+  single-token target pass, or null). Starts a new generation unless ``begin`` just did.
+- ``round``: ``generation``, ``round`` (0-based within the generation), ``position``
+  (committed tokens before the round), ``k``, ``drafted`` [ids], ``drafted_text``, ``q_x``,
+  ``p_x`` (q_i(x_i), p_i(x_i); one-hot 1/0 values when greedy), ``u`` (the uniforms of the
+  test u_i < p_i(x_i)/q_i(x_i); empty when greedy), ``accepted`` [bool per tested proposal,
+  stopping at the first rejection], ``n_accepted``, ``next_token``, ``next_text``,
+  ``next_kind`` ("residual", "bonus" or "ordinary"), ``top`` [{token, text, p}: the
+  target's 3 most likely tokens where ``next_token`` was drawn, i.e. at the rejection
+  point; when greedy, p is the softmax at temperature 1], ``emitted_text``, ``draft_s``,
   ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``.
-- ``end`` (last line of a finished run): ``finish_reason``, ``n_generated``, ``stats``.
+- ``end`` (last line of a finished generation): ``generation``, ``finish_reason``,
+  ``n_generated``, ``stats``.
 
-The output tokens are, round by round, ``drafted[:n_accepted] + [next_token]``, concatenated
-and cut to ``n_generated`` (nothing after an end-of-generation token, a stop string or -n is
-emitted): `reconstruct_tokens` does it.
+The output tokens of a generation are, round by round, ``drafted[:n_accepted] +
+[next_token]``, concatenated and cut to ``n_generated`` (nothing after an end-of-generation
+token, a stop string or -n is emitted): `reconstruct_tokens` does it.
 
 Files are streamed: each object is written as one complete line and flushed, so an
 interrupted run (Ctrl-C, a crash) leaves a valid prefix with no ``end`` line, which
@@ -33,7 +38,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -50,6 +55,15 @@ TokenText = Callable[[int], str]
 
 def _r(x: float) -> float:
     return round(float(x), 9)
+
+
+def _sampling(params: SamplingParams) -> dict[str, Any]:
+    return {
+        "temp": params.temp,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+    }
 
 
 class TraceWriter:
@@ -86,6 +100,8 @@ class TraceWriter:
         self._text = token_text
         self._greedy = params.greedy
         self._round = 0
+        self._gen = -1
+        self._begun = False
         self._f: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         header: dict[str, Any] = {
             "type": "header",
@@ -95,12 +111,7 @@ class TraceWriter:
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "target": target,
             "draft": draft,
-            "sampling": {
-                "temp": params.temp,
-                "top_k": params.top_k,
-                "top_p": params.top_p,
-                "min_p": params.min_p,
-            },
+            "sampling": _sampling(params),
             "seed": seed,
             "max_tokens": max_tokens,
         }
@@ -114,8 +125,24 @@ class TraceWriter:
         self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self._f.flush()
 
-    def _t(self, token: int) -> str | None:
-        return self._text(token) if self._text is not None else None
+    def begin(
+        self,
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        k: int | str | None = None,
+        **extra: Any,
+    ) -> None:
+        """Start a new generation with its own settings (for files holding several, such as
+        ``bench --trace``); without it each Prefilled event starts one implicitly."""
+        self._gen += 1
+        self._round = 0
+        self._begun = True
+        obj: dict[str, Any] = {"type": "generation", "generation": self._gen}
+        if params is not None:
+            self._greedy = params.greedy
+            obj["sampling"] = _sampling(params)
+        obj.update({"seed": seed, "k": k, **extra})
+        self._line(obj)
 
     def write(self, event: object) -> None:
         """Record one loop event (Prefilled, Step, Done); others are ignored.
@@ -126,9 +153,14 @@ class TraceWriter:
         if isinstance(event, Step):
             self.step(event)
         elif isinstance(event, Prefilled):
+            if not self._begun:
+                self._gen += 1
+                self._round = 0
+            self._begun = False
             self._line(
                 {
                     "type": "prefill",
+                    "generation": self._gen,
                     "n_prompt": event.n_prompt,
                     "prefill_s": _r(event.prefill_s),
                     "ordinary_token_s": None
@@ -140,6 +172,7 @@ class TraceWriter:
             self._line(
                 {
                     "type": "end",
+                    "generation": max(self._gen, 0),
                     "finish_reason": event.finish_reason,
                     "n_generated": len(event.tokens),
                     "stats": event.stats.to_dict(),
@@ -153,6 +186,7 @@ class TraceWriter:
             raise ValueError("Step has no RoundTrace: run generate with trace=True")
         obj: dict[str, Any] = {
             "type": "round",
+            "generation": max(self._gen, 0),
             "round": self._round,
             "position": tr.position,
             "k": step.k,
@@ -216,22 +250,47 @@ def tee(events: Iterator[Any], writer: TraceWriter) -> Iterator[Any]:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One generation in a trace.
+
+    Attributes:
+        index: its ``generation`` number.
+        meta: the ``generation`` object that announced it, or None.
+        prefill: its prefill object, or None.
+        rounds: its round objects, in order.
+        end: its end object, or None when it did not finish.
+    """
+
+    index: int
+    meta: dict[str, Any] | None
+    prefill: dict[str, Any] | None
+    rounds: list[dict[str, Any]]
+    end: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
 class TraceFile:
     """A parsed trace.
 
     Attributes:
         header: the header object.
-        prefill: the prefill object, or None.
-        rounds: the round objects, in order.
-        end: the end object, or None when the run did not finish writing it.
+        generations: in file order (one for `run --trace`).
         truncated_line: True when the last line was cut mid-write (ignored).
     """
 
     header: dict[str, Any]
-    prefill: dict[str, Any] | None
-    rounds: list[dict[str, Any]]
-    end: dict[str, Any] | None
+    generations: list[Generation]
     truncated_line: bool = False
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """Every round object, in order."""
+        return [r for g in self.generations for r in g.rounds]
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        """The end object of the last generation (None if it did not finish)."""
+        return self.generations[-1].end if self.generations else None
 
 
 def read_trace(path: Path | str) -> TraceFile:
@@ -271,21 +330,35 @@ def read_trace(path: Path | str) -> TraceFile:
             f"{path}: trace schema version {version} is newer than this specgen reads"
             f" ({VERSION}): upgrade specgen"
         )
-    prefill = next((o for o in objs if o.get("type") == "prefill"), None)
-    end = next((o for o in objs if o.get("type") == "end"), None)
-    rounds = [o for o in objs if o.get("type") == "round"]
-    return TraceFile(objs[0], prefill, rounds, end, truncated)
+    gens: dict[int, Generation] = {}
+    for obj in objs[1:]:
+        kind = obj.get("type")
+        if kind not in ("generation", "prefill", "round", "end"):
+            continue  # unknown record types from a later minor addition are skipped
+        g = int(obj.get("generation", 0))
+        gen = gens.setdefault(g, Generation(g, None, None, [], None))
+        if kind == "generation":
+            gens[g] = replace(gen, meta=obj)
+        elif kind == "prefill":
+            gens[g] = replace(gen, prefill=obj)
+        elif kind == "end":
+            gens[g] = replace(gen, end=obj)
+        else:
+            gen.rounds.append(obj)
+    return TraceFile(objs[0], list(gens.values()), truncated)
 
 
-def reconstruct_tokens(trace: TraceFile) -> list[int]:
-    """The emitted token ids: per round drafted[:n_accepted] + [next_token], cut to the
-    end record's n_generated (uncut when the file has no end record)."""
+def reconstruct_tokens(trace: TraceFile, generation: int = 0) -> list[int]:
+    """The emitted token ids of one generation (the i-th in the file): per round
+    drafted[:n_accepted] + [next_token], cut to its end record's n_generated (uncut when it
+    has no end record)."""
+    gen = trace.generations[generation]
     out: list[int] = []
-    for r in trace.rounds:
+    for r in gen.rounds:
         out += r["drafted"][: r["n_accepted"]]
         out.append(r["next_token"])
-    if trace.end is not None:
-        del out[trace.end["n_generated"] :]
+    if gen.end is not None:
+        del out[gen.end["n_generated"] :]
     return out
 
 
@@ -322,7 +395,7 @@ class LostRound:
     """A round slower than ordinary decoding of the tokens it emitted.
 
     Attributes:
-        round, position, k, n_accepted: from the trace.
+        round, position, k, n_accepted: from the trace; generation: which one.
         n_emitted: tokens the round emitted.
         round_s: its wall time; ordinary_s: n_emitted x the ordinary pass time.
         lost_s: round_s - ordinary_s (> 0).
@@ -336,6 +409,7 @@ class LostRound:
     round_s: float
     ordinary_s: float
     lost_s: float
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -344,17 +418,19 @@ class TraceSummary:
 
     Attributes:
         header: the trace header.
-        complete: the file has an end record (the run finished).
-        finish_reason: from the end record, or None.
+        complete: every generation has an end record (the run finished).
+        finish_reason: from the last generation's end record, or None.
+        n_generations: generations in the file (1 for `run`; several for `bench`).
         n_rounds, n_generated, n_drafted, n_accepted: totals (n_generated from the end
             record, else the reconstructed count; n_drafted counts every proposal, so
             n_accepted / n_drafted is the per-token acceptance rate alpha).
         by_position: acceptance by position in the block.
         rejected: most often rejected draft tokens (up to `top`).
         time_s: seconds by stage: draft, verify, sample, other, total (sums over rounds).
-        ordinary_token_s: the ordinary-decoding pass time used for `lost` (measured at
-            prefill, else the median of the trace's K = 0 rounds), or None.
-        baseline_source: "measured", "k0-rounds" or None.
+        ordinary_token_s: the ordinary-decoding pass time used for `lost` (each
+            generation's measurement at prefill, else the median of the file's K = 0
+            rounds; the median over generations is shown), or None.
+        baseline_source: "measured", "k0-rounds", both joined by "+", or None.
         lost: the rounds that lost time, worst first (up to `top`); n_lost and lost_s
             count all of them.
     """
@@ -362,6 +438,7 @@ class TraceSummary:
     header: dict[str, Any]
     complete: bool
     finish_reason: str | None
+    n_generations: int
     n_rounds: int
     n_generated: int
     n_drafted: int
@@ -386,6 +463,7 @@ class TraceSummary:
             "header": self.header,
             "complete": self.complete,
             "finish_reason": self.finish_reason,
+            "n_generations": self.n_generations,
             "n_rounds": self.n_rounds,
             "n_generated": self.n_generated,
             "n_drafted": self.n_drafted,
@@ -419,11 +497,12 @@ class TraceSummary:
         }
 
 
-def _emitted_counts(trace: TraceFile) -> list[int]:
-    """Tokens emitted by each round (the last rounds may be cut by n_generated)."""
-    left = trace.end["n_generated"] if trace.end is not None else None
+def _emitted_counts(gen: Generation) -> list[int]:
+    """Tokens emitted by each round of a generation (its last rounds may be cut by
+    n_generated)."""
+    left = gen.end["n_generated"] if gen.end is not None else None
     counts = []
-    for r in trace.rounds:
+    for r in gen.rounds:
         n = r["n_accepted"] + 1
         if left is not None:
             n = max(0, min(n, left))
@@ -442,7 +521,7 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     """
     tf = read_trace(path)
     rounds = tf.rounds
-    emitted = _emitted_counts(tf)
+    emitted_by_gen = [_emitted_counts(g) for g in tf.generations]
     notes: list[str] = []
 
     tested: Counter[int] = Counter()
@@ -486,53 +565,52 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
         0.0, time_s["total"] - time_s["draft"] - time_s["verify"] - time_s["sample"]
     )
 
-    baseline: float | None = None
-    source: str | None = None
-    if tf.prefill is not None and tf.prefill.get("ordinary_token_s"):
-        baseline, source = float(tf.prefill["ordinary_token_s"]), "measured"
-    else:
-        k0 = [r["round_s"] for r in rounds if r["k"] == 0]
-        if k0:
-            baseline, source = statistics.median(k0), "k0-rounds"
-        else:
-            notes.append("no ordinary-pass timing in the trace: lost rounds not computed")
+    # the ordinary-decoding time per token each generation is judged against: its own
+    # measurement at prefill, else the median of the file's K = 0 rounds
+    k0 = [r["round_s"] for r in rounds if r["k"] == 0]
+    k0_median = statistics.median(k0) if k0 else None
+    used: list[float] = []
+    sources: set[str] = set()
     lost: list[LostRound] = []
-    if baseline is not None:
-        for r, n_em in zip(rounds, emitted, strict=True):
-            if r["k"] == 0 or n_em == 0:
-                continue
+    for gen, emitted in zip(tf.generations, emitted_by_gen, strict=True):
+        measured = (gen.prefill or {}).get("ordinary_token_s")
+        baseline = float(measured) if measured else k0_median
+        if baseline is None:
+            continue
+        used.append(baseline)
+        sources.add("measured" if measured else "k0-rounds")
+        for r, n_em in zip(gen.rounds, emitted, strict=True):
             ordinary_s = n_em * baseline
-            if r["round_s"] > ordinary_s:
-                lost.append(
-                    LostRound(
-                        r["round"],
-                        r["position"],
-                        r["k"],
-                        r["n_accepted"],
-                        n_em,
-                        r["round_s"],
-                        ordinary_s,
-                        r["round_s"] - ordinary_s,
-                    )
+            if r["k"] == 0 or n_em == 0 or r["round_s"] <= ordinary_s:
+                continue
+            lost.append(
+                LostRound(
+                    r["round"], r["position"], r["k"], r["n_accepted"], n_em, r["round_s"],
+                    ordinary_s, r["round_s"] - ordinary_s, gen.index,
                 )
+            )  # fmt: skip
+    if not used and rounds:
+        notes.append("no ordinary-pass timing in the trace: lost rounds not computed")
     lost.sort(key=lambda x: -x.lost_s)
-    if tf.end is None:
+    complete = bool(tf.generations) and all(g.end is not None for g in tf.generations)
+    if not complete:
         notes.append("the trace has no end record: the run was interrupted or is still going")
     if tf.truncated_line:
         notes.append("the last line was cut off mid-write and was ignored")
     return TraceSummary(
         header=tf.header,
-        complete=tf.end is not None,
+        complete=complete,
         finish_reason=tf.end["finish_reason"] if tf.end is not None else None,
+        n_generations=len(tf.generations),
         n_rounds=len(rounds),
-        n_generated=tf.end["n_generated"] if tf.end is not None else sum(emitted),
+        n_generated=sum(sum(e) for e in emitted_by_gen),
         n_drafted=n_drafted,
         n_accepted=n_accepted,
         by_position=by_position,
         rejected=worst,
         time_s=time_s,
-        ordinary_token_s=baseline,
-        baseline_source=source,
+        ordinary_token_s=statistics.median(used) if used else None,
+        baseline_source="+".join(sorted(sources)) or None,
         lost=tuple(lost[:top]),
         n_lost=len(lost),
         lost_s=sum(x.lost_s for x in lost),

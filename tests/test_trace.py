@@ -28,9 +28,9 @@ from specgen.trace import (
 GREEDY = SamplingParams(temp=0.0)
 SAMPLED = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
 ROUND_KEYS = {
-    "type", "round", "position", "k", "drafted", "q_x", "p_x", "u", "accepted", "n_accepted",
-    "next_token", "next_kind", "top", "emitted_text", "draft_s", "verify_s", "sample_s",
-    "round_s", "target_cache", "draft_cache", "drafted_text", "next_text",
+    "type", "generation", "round", "position", "k", "drafted", "q_x", "p_x", "u", "accepted",
+    "n_accepted", "next_token", "next_kind", "top", "emitted_text", "draft_s", "verify_s",
+    "sample_s", "round_s", "target_cache", "draft_cache", "drafted_text", "next_text",
 }  # fmt: skip
 
 
@@ -88,6 +88,31 @@ def test_sampled_trace_reconstructs_and_carries_the_decisions(tmp_path):
         assert len(r["top"]) == 3 and r["top"][0]["p"] >= r["top"][1]["p"] >= r["top"][2]["p"]
         assert r["target_cache"] == r["position"] + n  # committed minus last
         assert r["round_s"] >= r["draft_s"] + r["verify_s"]
+
+
+def test_several_generations_in_one_file_as_bench_writes_them(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
+    dones = []
+    with TraceWriter(path, target="t", draft="d", params=SAMPLED, command="bench") as w:
+        for i, (params, k) in enumerate([(GREEDY, 0), (GREEDY, 4), (SAMPLED, 3)]):
+            w.begin(params=params, seed=i, k=k, prompt="p0")
+            cfg = GenerateConfig(max_tokens=12 + i, params=params, seed=i, trace=True)
+            drafter = ModelDrafter(draft, params, 9) if k else None
+            events = list(tee(generate(target, drafter, [1, 2], cfg, FixedK(k)), w))
+            dones.append(events[-1])
+    tf = read_trace(path)
+    assert [g.index for g in tf.generations] == [0, 1, 2]
+    assert tf.generations[2].meta["sampling"]["temp"] == 1.0 and tf.generations[1].meta["k"] == 4
+    for i, done in enumerate(dones):
+        assert reconstruct_tokens(tf, i) == list(done.tokens)
+    assert tf.generations[0].rounds[0]["u"] == [] and tf.generations[2].rounds[0]["u"] != []
+    assert dones[1].tokens[:12] == dones[0].tokens  # greedy: speculation changes nothing
+    s = summarize(path)
+    assert s.n_generations == 3 and s.complete and s.n_generated == 12 + 13 + 14
+    assert s.baseline_source == "k0-rounds"  # the ordinary generation's rounds
+    assert all(r.generation in (1, 2) and r.k > 0 for r in s.lost)
 
 
 def test_header_first_and_every_line_complete_json(tmp_path):
