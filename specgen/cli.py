@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -12,6 +11,7 @@ from typing import Annotated, Optional
 import click
 import typer
 
+from specgen import cli_bench, cli_models, cli_verify
 from specgen.errors import ConfigError, SpecgenError
 
 app = typer.Typer(
@@ -146,19 +146,9 @@ def run(
     raise typer.Exit(code)
 
 
-def _register_optional() -> None:
-    # Command groups that live in their own modules.
-    for mod in ("cli_models", "cli_bench", "cli_verify"):
-        try:
-            module = __import__(f"specgen.{mod}", fromlist=["register"])
-        except ImportError as e:
-            if e.name != f"specgen.{mod}":
-                raise
-            continue
-        module.register(app)
-
-
-_register_optional()
+# Command groups that live in their own modules (each imports its heavy parts lazily).
+for _module in (cli_models, cli_bench, cli_verify):
+    _module.register(app)
 
 
 def _fail(message: str, code: int) -> int:
@@ -202,7 +192,3 @@ def main(argv: list[str] | None = None) -> None:
             f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)", 1
         )
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _json_dump(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False)

@@ -110,11 +110,9 @@ def parse_draft_max(value: str) -> int | None:
 
 
 def make_policy(draft_max: int | None, k_max: int = 16) -> KPolicy:
-    """FixedK for a number; the adaptive controller for `auto`."""
+    """FixedK for a number; the adaptive controller (`specgen.controller`) for `auto`."""
     if draft_max is not None:
         return FixedK(draft_max)
-    try:
-        from specgen.controller import Controller
-    except ImportError:  # controller not available: a measured good default
-        return FixedK(8)
+    from specgen.controller import Controller
+
     return Controller(k_max=k_max)
