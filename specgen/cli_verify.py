@@ -294,7 +294,8 @@ def render_summary(s) -> list:
             style="bold",
         ),
         Text(
-            f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
+            (f"{s.n_generations} generations, " if s.n_generations > 1 else "")
+            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
             f" {s.n_accepted} accepted (alpha {s.acceptance_rate:.1%}),"
             f" finish: {s.finish_reason or 'incomplete'}"
         ),
