@@ -117,7 +117,7 @@ def run(a: RunArgs) -> int:
             measure_ordinary=3 if loaded.drafter is not None else 0,
             trace=a.trace is not None,
         )
-        policy = make_policy(draft_max if draft_max is not None else pair_k)
+        policy = make_policy(draft_max, k_init=pair_k)
         events = generate(loaded.target, loaded.drafter, prompt, config, policy)
         if a.trace is not None:  # --trace: one JSON line per round, written as it goes
             from specgen.trace import TraceWriter, tee, token_text_of

@@ -109,10 +109,13 @@ def parse_draft_max(value: str) -> int | None:
     return k
 
 
-def make_policy(draft_max: int | None, k_max: int = 16) -> KPolicy:
-    """FixedK for a number; the adaptive controller (`specgen.controller`) for `auto`."""
+def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = None) -> KPolicy:
+    """FixedK for a number; the adaptive controller (`specgen.controller`) for `auto`,
+    starting from `k_init` (a registry pair's recommended block size) when given."""
     if draft_max is not None:
         return FixedK(draft_max)
     from specgen.controller import Controller
 
-    return Controller(k_max=k_max)
+    if k_init is None:
+        return Controller(k_max=k_max)
+    return Controller(k_max=max(k_max, k_init), k_init=k_init)
