@@ -61,8 +61,9 @@ ORD=$(m ordinary)
 SPEC=$(m speculative)
 ORD1=$(m ordinary_n1)
 SPEC1=$(m speculative_n1)
-BENCH=$(grep -m1 '"speedup":' "$OUT/check.json" | tr -dc '0-9.')
-BENCH_E2E=$(grep -m1 '"speedup_e2e":' "$OUT/check.json" | tr -dc '0-9.')
+num() { grep -m1 "\"$1\":" "$OUT/check.json" | sed -E 's/.*: *([0-9.]+).*/\1/'; }
+BENCH=$(num speedup)
+BENCH_E2E=$(num speedup_e2e)
 {
   echo "== whole-process check (-n $CHECK_N, medians of $CHECK_REPS)"
   echo "specgen run --draft none: ${ORD} s   with the draft: ${SPEC} s"
