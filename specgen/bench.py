@@ -833,7 +833,7 @@ def summarize(result: BenchResult) -> None:
                 if ov["speedup"] is not None and ov["speedup"] >= 1.0 and (ks["speedup"] or 0) < 1:
                     result.warnings.append(
                         f"temp {temp:g}, K {k_label(k)}: slower than ordinary decoding on"
-                        f" {kind} prompts ({ks['speedup']:.2f}x)"
+                        f" {kind} prompts ({ks['speedup']:.3f}x)"
                     )
 
 
