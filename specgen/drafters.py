@@ -3,6 +3,8 @@ drafter lives in `specgen.ngram` (`NgramDrafter`)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from specgen.cutoff import should_stop, top_probability
@@ -66,12 +68,17 @@ class ModelDrafter:
         return self.engine.decode(context[keep:])[-1]
 
     def prefill(self, context: list[int]) -> None:
-        """Evaluate the prompt except its last token (done with the target's prefill)."""
+        """Evaluate the prompt except its last token (done with the target's prefill),
+        then one single-token pass that is rolled back: the first single-token decode
+        after a long batch is slow (graph set-up) and would skew the first round's cost."""
         if len(context) > 1:
             self.rollback(context)
             missing = context[len(self.engine.tokens) : -1]
             if missing:
                 self.engine.decode(missing)
+        base = len(self.engine.tokens)
+        self.engine.decode(context[-1:])
+        self.engine.truncate(base)
 
     def rollback(self, context: list[int]) -> None:
         """Drop cached positions that are not a prefix of the committed context
@@ -96,8 +103,13 @@ class ModelDrafter:
         k = max(0, min(k, self.engine.n_ctx - len(context) + 1))
         tokens: list[int] = []
         q = np.zeros((k, self.n_vocab), dtype=np.float64)
+        catchup_s = 0.0
         if k > 0:
+            behind = len(context) - min(common_prefix(self.engine.tokens, context), len(context) - 1)
+            t0 = time.perf_counter()
             row = self._align(self._sync(context))
+            if behind > 2:  # more than `last` (and the previous block's x_K): catching up
+                catchup_s = time.perf_counter() - t0
             for i in range(k):
                 ids, probs = warp(row, self.params)
                 if not self._confident(row, probs):
@@ -107,7 +119,7 @@ class ModelDrafter:
                 tokens.append(x)
                 if i + 1 < k:
                     row = self._align(self.engine.decode([x])[-1])
-        return Block(tokens=np.array(tokens, dtype=np.int64), q=q[: len(tokens)])
+        return Block(np.array(tokens, dtype=np.int64), q[: len(tokens)], catchup_s)
 
     def close(self) -> None:
         self.engine.close()

@@ -97,6 +97,9 @@ class Block:
 
     tokens: TokenIds
     q: Probs
+    catchup_s: float = 0.0
+    """Seconds the drafter spent catching up on committed tokens it had not seen (after
+    ordinary-decoding rounds): a one-time cost, not a per-proposal one."""
 
 
 class Drafter(Protocol):

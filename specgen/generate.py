@@ -291,7 +291,10 @@ def generate(
             now = time.perf_counter()
             # the controller's verify cost is the whole rest of the round: all of it grows
             # with the block
-            policy.observe(k, n, t1 - t_round, now - t1, int(block.tokens.size))
+            # (catching up after ordinary rounds is a one-time cost, not a per-token one)
+            policy.observe(
+                k, n, t1 - t_round - block.catchup_s, now - t1, int(block.tokens.size)
+            )
             stats.n_generated = len(emitter.tokens)
             stats.n_drafted += n_drafted
             stats.n_accepted += n_acc
