@@ -81,6 +81,10 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--compare", help="An earlier --json result to compare with."),
         ] = None,
+        trace: Annotated[
+            Path | None,
+            typer.Option("--trace", help="Write one JSON object per round to FILE.jsonl."),
+        ] = None,
         verbose: VerboseOpt = False,
     ) -> None:
         """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
@@ -91,7 +95,7 @@ def register(app: typer.Typer) -> None:
             n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             threads=threads, ctx_size=ctx_size, json_path=json_path,
             markdown_path=markdown_path, plot_path=plot_path, compare=compare,
-            verbose=verbose,
+            trace=trace, verbose=verbose,
         )  # fmt: skip
 
 
@@ -131,6 +135,7 @@ def run_bench_command(**a: Any) -> None:
         top_k=a["top_k"],
         top_p=a["top_p"],
         min_p=a["min_p"],
+        trace=a["trace"] is not None,
     )
     settings.params(settings.temps[0])  # validates top-p / min-p now
     prompts = bench.load_prompts(a["prompts"])
@@ -150,7 +155,20 @@ def run_bench_command(**a: Any) -> None:
             n_ctx=a["ctx_size"], n_gpu_layers=a["n_gpu_layers_draft"], n_threads=a["threads"]
         ),
     )
-    result = _measure(err, bench, spec, prompts, settings, a["draft_p_min"])
+    writer = None
+    if a["trace"] is not None:
+        from specgen.trace import TraceWriter
+
+        writer = TraceWriter(
+            a["trace"], target=spec.target.name, draft=Path(str(spec.draft)).name,
+            params=settings.params(settings.temps[0]), seed=settings.seed,
+            max_tokens=settings.n_tokens, command="bench",
+        )  # fmt: skip
+    try:
+        result = _measure(err, bench, spec, prompts, settings, a["draft_p_min"], writer)
+    finally:
+        if writer is not None:
+            writer.close()
     if a["compare"] is not None:
         result.compared = bench.compare_with(result, a["compare"])
     if a["json_path"] is not None:
@@ -187,7 +205,24 @@ def run_bench_command(**a: Any) -> None:
     err.print(bench.describe_record(result.record), style="dim", highlight=False)
 
 
-def _measure(err, bench, spec, prompts, settings, draft_p_min):
+def _trace_hook(writer, settings):
+    """bench's on_event seam -> one trace generation per measured run."""
+    if writer is None:
+        return None
+    from specgen.events import Prefilled
+
+    def on_event(info, event) -> None:
+        if isinstance(event, Prefilled):
+            writer.begin(
+                params=settings.params(info["temp"]), seed=info["seed"], k=info["draft_max"],
+                mode=info["mode"], prompt=info["prompt_id"], run=info["run"],
+            )  # fmt: skip
+        writer.write(event)
+
+    return on_event
+
+
+def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -220,8 +255,9 @@ def _measure(err, bench, spec, prompts, settings, draft_p_min):
             bar.update(task, description=msg)
 
         result = bench.bench(
-            spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status
-        )
+            spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status,
+            on_event=_trace_hook(writer, settings),
+        )  # fmt: skip
     if not err.is_terminal:
         n = len(result.runs)
         err.print(f"measured {n} generations", highlight=False)

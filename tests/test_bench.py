@@ -483,3 +483,24 @@ def test_run_bench_event_seam_for_traces(tiny_target: Path, tiny_draft: Path) ->
     assert isinstance(spec[0], Prefilled) and isinstance(spec[-1], Done)
     assert all(ev.trace is not None for ev in spec if isinstance(ev, Step))
     assert progress[-1].done == progress[-1].total == settings.total_generations(1)
+
+
+def test_cli_trace_has_one_generation_per_measured_run(tmp_path: Path, tiny_target, tiny_draft):
+    path = tmp_path / "bench.jsonl"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat\non the mat\n")
+    code = _main([
+        "bench", "-m", str(tiny_target), "-md", str(tiny_draft), "--prompts", str(prompts),
+        "--draft-max", "2", "--runs", "1", "-n", "6", "--trace", str(path),
+    ])  # fmt: skip
+    assert code == 0
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["command"] == "bench"
+    gens = [x for x in lines if x["type"] == "generation"]
+    # 2 prompts x (ordinary, speculative), the warm-up excluded
+    assert sorted((g["prompt"], g["mode"]) for g in gens) == sorted(
+        (p, m) for p in {g["prompt"] for g in gens} for m in ("ordinary", "speculative")
+    )
+    assert len(gens) == 4
+    ends = [x for x in lines if x["type"] == "end"]
+    assert len(ends) == 4 and all(e["n_generated"] == 6 for e in ends)
