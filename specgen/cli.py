@@ -6,7 +6,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import click
 import typer
@@ -25,11 +25,11 @@ app = typer.Typer(
 
 # -- shared options (llama.cpp's flag names) --------------------------------------------
 TargetOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--target", "-m", help="Target model: a GGUF path or a registry name."),
 ]
 DraftOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--draft",
         "-md",
@@ -37,21 +37,19 @@ DraftOpt = Annotated[
         " or 'none' (ordinary decoding).",
     ),
 ]
-PairOpt = Annotated[Optional[str], typer.Option("--pair", help="A registry pair name.")]
+PairOpt = Annotated[str | None, typer.Option("--pair", help="A registry pair name.")]
 ModelsOpt = Annotated[
-    Optional[Path], typer.Option("--models", help="Extra models.yaml merged over the others.")
+    Path | None, typer.Option("--models", help="Extra models.yaml merged over the others.")
 ]
 NglOpt = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="Target layers on GPU.")]
-NgldOpt = Annotated[
-    int, typer.Option("--n-gpu-layers-draft", "-ngld", help="Draft layers on GPU.")
-]
+NgldOpt = Annotated[int, typer.Option("--n-gpu-layers-draft", "-ngld", help="Draft layers on GPU.")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = auto).")]
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")]
 MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed (default: random).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed (default: random).")]
 DraftMaxOpt = Annotated[
     str,
     typer.Option("--draft-max", help="Block size K, or 'auto' to adapt it each round."),
@@ -75,13 +73,15 @@ def _read_prompt(prompt: str | None) -> bytes:
 )
 def run(
     prompt: Annotated[
-        Optional[str], typer.Argument(help="Prompt text; omit or '-' to read stdin.")
+        str | None, typer.Argument(help="Prompt text; omit or '-' to read stdin.")
     ] = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
     pair: PairOpt = None,
     models: ModelsOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")] = 256,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")
+    ] = 256,
     temp: TempOpt = 0.8,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
@@ -92,7 +92,7 @@ def run(
         float, typer.Option("--draft-p-min", help="Stop a block when the draft's top p < P.")
     ] = 0.0,
     stop: Annotated[
-        Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
     ] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at EOS.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

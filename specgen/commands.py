@@ -123,8 +123,13 @@ def run(a: RunArgs) -> int:
             from specgen.trace import TraceWriter, tee, token_text_of
 
             writer = TraceWriter(
-                a.trace, target=loaded.target.name, draft=loaded.draft_name, params=params,
-                seed=seed, max_tokens=a.max_tokens, token_text=token_text_of(loaded.target),
+                a.trace,
+                target=loaded.target.name,
+                draft=loaded.draft_name,
+                params=params,
+                seed=seed,
+                max_tokens=a.max_tokens,
+                token_text=token_text_of(loaded.target),
             )
             events = tee(events, writer)
         if a.json_out:
@@ -139,15 +144,11 @@ def run(a: RunArgs) -> int:
 
 
 def _load(a: RunArgs, params: SamplingParams, status):
-    target_path, draft_path, pair_k = resolve_models(
-        a.target, a.draft, a.pair, a.models, status
-    )
+    target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec(
         target=Path(target_path),
         draft=draft_path,
-        target_cfg=EngineConfig(
-            n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers, n_threads=a.threads
-        ),
+        target_cfg=EngineConfig(n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers, n_threads=a.threads),
         draft_cfg=EngineConfig(
             n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers_draft, n_threads=a.threads
         ),

@@ -8,7 +8,7 @@ SPEC_VOCAB_CHECK_START_TOKEN_ID = 5 up to the smaller size.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from specgen.engine import VocabInfo
 from specgen.errors import VocabMismatchError

@@ -105,7 +105,9 @@ class ModelDrafter:
         q = np.zeros((k, self.n_vocab), dtype=np.float64)
         catchup_s = 0.0
         if k > 0:
-            behind = len(context) - min(common_prefix(self.engine.tokens, context), len(context) - 1)
+            behind = len(context) - min(
+                common_prefix(self.engine.tokens, context), len(context) - 1
+            )
             t0 = time.perf_counter()
             row = self._align(self._sync(context))
             if behind > 2:  # more than `last` (and the previous block's x_K): catching up

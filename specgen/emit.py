@@ -4,7 +4,7 @@ end-of-generation and the token limit. Pure apart from the engine's vocabulary."
 from __future__ import annotations
 
 import codecs
-from typing import Callable
+from collections.abc import Callable
 
 from specgen.events import FinishReason, Span
 

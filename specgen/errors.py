@@ -14,7 +14,8 @@ class SpecgenError(Exception):
 
 
 class ModelFileError(SpecgenError):
-    """A model file is missing, unreadable, not GGUF, or truncated: check the path or re-download it."""
+    """A model file is missing, unreadable, not GGUF, or truncated: check the path or
+    re-download it."""
 
 
 class ModelLoadError(SpecgenError):
@@ -35,7 +36,8 @@ class EngineError(SpecgenError):
 
 
 class ConfigError(SpecgenError):
-    """A command-line value or registry entry is invalid: the message names the flag, file or key."""
+    """A command-line value or registry entry is invalid: the message names the flag,
+    file or key."""
 
 
 class DownloadError(SpecgenError):

@@ -292,9 +292,7 @@ def generate(
             # the controller's verify cost is the whole rest of the round: all of it grows
             # with the block
             # (catching up after ordinary rounds is a one-time cost, not a per-token one)
-            policy.observe(
-                k, n, t1 - t_round - block.catchup_s, now - t1, int(block.tokens.size)
-            )
+            policy.observe(k, n, t1 - t_round - block.catchup_s, now - t1, int(block.tokens.size))
             stats.n_generated = len(emitter.tokens)
             stats.n_drafted += n_drafted
             stats.n_accepted += n_acc

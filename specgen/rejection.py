@@ -23,9 +23,7 @@ from specgen.sampling import draw_dense
 Probs = npt.NDArray[np.float64]
 
 
-def accept(
-    x: npt.NDArray[np.int64], q: Probs, p: Probs, u: npt.NDArray[np.float64]
-) -> int:
+def accept(x: npt.NDArray[np.int64], q: Probs, p: Probs, u: npt.NDArray[np.float64]) -> int:
     """Length n of the accepted prefix: x_i is accepted iff u_i < p_i(x_i) / q_i(x_i).
 
     Args:
@@ -56,9 +54,7 @@ def residual(p_i: Probs, q_i: Probs) -> Probs:
     return r / s if s > 0.0 else p_i
 
 
-def correct(
-    n: int, q: Probs, p: Probs, rng: np.random.Generator
-) -> int:
+def correct(n: int, q: Probs, p: Probs, rng: np.random.Generator) -> int:
     """The token after the accepted prefix (stage 4).
 
     n < K: a draw from the residual norm(max(0, p_{n+1} - q_{n+1})).

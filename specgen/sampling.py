@@ -98,7 +98,9 @@ def warp(
     return ids, w / w.sum()
 
 
-def dense(ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], n_vocab: int) -> npt.NDArray[np.float64]:
+def dense(
+    ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], n_vocab: int
+) -> npt.NDArray[np.float64]:
     """Scatter a sparse distribution into a (n_vocab,) float64 row."""
     row = np.zeros(n_vocab, dtype=np.float64)
     row[ids] = probs
@@ -111,7 +113,9 @@ def probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> npt.NDArr
     return dense(ids, p, logits.shape[0])
 
 
-def draw(ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], rng: np.random.Generator) -> int:
+def draw(
+    ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], rng: np.random.Generator
+) -> int:
     """Draw one token id from a sparse distribution by inverse CDF (one uniform)."""
     if ids.size == 1:
         return int(ids[0])

@@ -40,8 +40,16 @@ def test_json_output_has_the_documented_fields(tiny):
     assert set(out) >= {"text", "tokens", "finish_reason", "stats"}
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 12
     s = out["stats"]
-    for key in ("n_prompt", "n_generated", "n_drafted", "n_accepted", "acceptance_rate",
-                "target_passes", "tokens_per_s", "wall_s"):
+    for key in (
+        "n_prompt",
+        "n_generated",
+        "n_drafted",
+        "n_accepted",
+        "acceptance_rate",
+        "target_passes",
+        "tokens_per_s",
+        "wall_s",
+    ):
         assert key in s, key
     assert s["n_generated"] == 12 and s["n_accepted"] <= s["n_drafted"]
     assert s["target_passes"] <= 12
@@ -74,8 +82,11 @@ def test_plain_output_through_a_pipe_is_only_the_text(tiny):
 def test_head_closing_the_pipe_exits_quietly(tiny):
     cmd = " ".join([*SPECGEN, "run", *tiny, "-n", "400", "--ignore-eos", "'the cat'"])
     r = subprocess.run(
-        f"set -o pipefail; {cmd} | head -c 20", shell=True, capture_output=True,
-        timeout=300, executable="/bin/bash",
+        f"set -o pipefail; {cmd} | head -c 20",
+        shell=True,
+        capture_output=True,
+        timeout=300,
+        executable="/bin/bash",
     )
     assert len(r.stdout) <= 20
     assert b"Traceback" not in r.stderr and b"Error" not in r.stderr, r.stderr
@@ -83,8 +94,23 @@ def test_head_closing_the_pipe_exits_quietly(tiny):
 
 def test_multibyte_output_is_valid_utf8(demo_pair):
     t, d = demo_pair
-    r = specgen("run", "-m", str(t), "-md", str(d), "-c", "256", "-n", "24", "--temp", "0.9",
-                "--seed", "1", "--ignore-eos", "日本の首都は東京です。日本語で説明します:")
+    r = specgen(
+        "run",
+        "-m",
+        str(t),
+        "-md",
+        str(d),
+        "-c",
+        "256",
+        "-n",
+        "24",
+        "--temp",
+        "0.9",
+        "--seed",
+        "1",
+        "--ignore-eos",
+        "日本の首都は東京です。日本語で説明します:",
+    )
     assert r.returncode == 0, r.stderr
     text = r.stdout.decode("utf-8")  # strict: raises on a split character
     assert any(ord(c) > 0x2FFF for c in text)
@@ -110,7 +136,9 @@ def test_vocab_mismatch_is_one_line_naming_the_token(tiny_target, vocab_mismatch
         ("bad_top_p", "--top-p"),
     ],
 )
-def test_bad_input_is_one_clear_line(case, needle, tiny_target, not_gguf_file, truncated_gguf, tmp_path):
+def test_bad_input_is_one_clear_line(
+    case, needle, tiny_target, not_gguf_file, truncated_gguf, tmp_path
+):
     t = str(tiny_target)
     args = {
         "missing": ["-m", str(tmp_path / "nope.gguf"), "-md", "none", "x"],
@@ -130,6 +158,7 @@ def test_bad_input_is_one_clear_line(case, needle, tiny_target, not_gguf_file, t
 
 
 def test_debug_variable_shows_the_traceback(tmp_path):
-    r = specgen("run", "-m", str(tmp_path / "nope.gguf"), "-md", "none", "x",
-                env={"SPECGEN_DEBUG": "1"})
+    r = specgen(
+        "run", "-m", str(tmp_path / "nope.gguf"), "-md", "none", "x", env={"SPECGEN_DEBUG": "1"}
+    )
     assert r.returncode == 1 and b"Traceback" in r.stderr

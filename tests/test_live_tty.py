@@ -22,7 +22,13 @@ def spawn(args: list[str], env: dict | None = None):
         stdin=slave,
         stdout=slave,
         stderr=slave,
-        env={**os.environ, "COLUMNS": "100", "LINES": "30", "TERM": "xterm-256color", **(env or {})},
+        env={
+            **os.environ,
+            "COLUMNS": "100",
+            "LINES": "30",
+            "TERM": "xterm-256color",
+            **(env or {}),
+        },
         close_fds=True,
     )
     os.close(slave)
@@ -52,8 +58,21 @@ def read_until(master: int, proc, deadline_s: float, pattern: bytes | None = Non
 def test_live_view_then_summary(demo_pair):
     t, d = demo_pair
     proc, master = spawn(
-        ["run", "-m", str(t), "-md", str(d), "-n", "48", "--temp", "0", "--ignore-eos",
-         "--draft-max", "4", "The three most important ideas in computer science are"]
+        [
+            "run",
+            "-m",
+            str(t),
+            "-md",
+            str(d),
+            "-n",
+            "48",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "--draft-max",
+            "4",
+            "The three most important ideas in computer science are",
+        ]
     )
     raw = read_until(master, proc, 240)
     proc.wait(timeout=60)
@@ -69,8 +88,21 @@ def test_live_view_then_summary(demo_pair):
 def test_sigint_keeps_the_text_and_exits_130(demo_pair):
     t, d = demo_pair
     proc, master = spawn(
-        ["run", "-m", str(t), "-md", str(d), "-n", "2000", "--temp", "0", "--ignore-eos",
-         "-c", "4096", "Write a very long story about a dragon."]
+        [
+            "run",
+            "-m",
+            str(t),
+            "-md",
+            str(d),
+            "-n",
+            "2000",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-c",
+            "4096",
+            "Write a very long story about a dragon.",
+        ]
     )
     # wait until generation is visibly under way (the footer shows tok/s)
     before = read_until(master, proc, 240, pattern=b"tok/s")

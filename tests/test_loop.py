@@ -8,9 +8,9 @@ import itertools
 
 import numpy as np
 import pytest
+from fakes import FakeEngine, WrongDrafter
 from scipy import stats
 
-from fakes import FakeEngine, WrongDrafter
 from specgen.drafters import ModelDrafter
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
@@ -58,7 +58,9 @@ def test_identical_draft_accepts_everything_when_sampling():
     params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     target = FakeEngine(n_vocab=9, seed=3)
     draft = FakeEngine(n_vocab=9, seed=3)
-    done = run(target, ModelDrafter(draft, params, 9), [1], 4, max_tokens=50, params=params, seed=7)[-1]
+    done = run(
+        target, ModelDrafter(draft, params, 9), [1], 4, max_tokens=50, params=params, seed=7
+    )[-1]
     assert done.stats.acceptance_rate == 1.0
     assert done.stats.target_passes == 10  # 50 tokens in blocks of 4 + bonus
 
@@ -68,8 +70,13 @@ def test_caches_hold_committed_minus_last_after_every_round():
     draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
     prompt = [4, 5]
     emitted: list[int] = []
-    for ev in generate(target, ModelDrafter(draft, GREEDY, 9), prompt,
-                       GenerateConfig(max_tokens=25, params=GREEDY), FixedK(5)):
+    for ev in generate(
+        target,
+        ModelDrafter(draft, GREEDY, 9),
+        prompt,
+        GenerateConfig(max_tokens=25, params=GREEDY),
+        FixedK(5),
+    ):
         if isinstance(ev, Step):
             emitted += [s.token for s in ev.spans]
             committed = prompt + emitted
@@ -81,7 +88,13 @@ def test_caches_hold_committed_minus_last_after_every_round():
 def test_closing_the_generator_early_restores_the_caches():
     target = FakeEngine(n_vocab=9, seed=0)
     draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
-    gen = generate(target, ModelDrafter(draft, GREEDY, 9), [1], GenerateConfig(max_tokens=50, params=GREEDY), FixedK(6))
+    gen = generate(
+        target,
+        ModelDrafter(draft, GREEDY, 9),
+        [1],
+        GenerateConfig(max_tokens=50, params=GREEDY),
+        FixedK(6),
+    )
     emitted = []
     for ev in gen:
         if isinstance(ev, Step):
@@ -129,7 +142,9 @@ def test_stop_string_completed_inside_a_block():
     base = ordinary(target, [1], max_tokens=30, params=GREEDY)
     stop = base.text[7:10]
     draft = FakeEngine(n_vocab=9, seed=0)
-    done = run(target, ModelDrafter(draft, GREEDY, 9), [1], 8, max_tokens=30, params=GREEDY, stop=(stop,))[-1]
+    done = run(
+        target, ModelDrafter(draft, GREEDY, 9), [1], 8, max_tokens=30, params=GREEDY, stop=(stop,)
+    )[-1]
     cut = base.text.find(stop)
     assert done.finish_reason == "stop" and done.text == base.text[:cut]
 
@@ -137,10 +152,14 @@ def test_stop_string_completed_inside_a_block():
 def test_context_full_ends_with_length_and_no_overflow():
     target = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
     draft = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
-    done = run(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], 8, max_tokens=100, params=GREEDY)[-1]
+    done = run(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], 8, max_tokens=100, params=GREEDY)[
+        -1
+    ]
     assert done.finish_reason == "length"
     assert len(done.tokens) == 20 - 3 + 1  # the last token needs no cache slot
-    base = ordinary(FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=100, params=GREEDY)
+    base = ordinary(
+        FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=100, params=GREEDY
+    )
     assert base.tokens == done.tokens
 
 
@@ -158,7 +177,9 @@ def test_seed_reproducible_and_different_seeds_differ():
     def sample(seed):
         t = FakeEngine(n_vocab=9, seed=0, scale=1.0)
         d = FakeEngine(n_vocab=9, seed=0, scale=1.0, noise=0.5)
-        return run(t, ModelDrafter(d, params, 9), [1], 4, max_tokens=30, params=params, seed=seed)[-1].tokens
+        return run(t, ModelDrafter(d, params, 9), [1], 4, max_tokens=30, params=params, seed=seed)[
+            -1
+        ].tokens
 
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)

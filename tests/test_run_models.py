@@ -49,7 +49,7 @@ def top2_gap(target, context):
 
 
 def assert_same_or_near_tie(target, prompt, ordinary, spec):
-    for i, (a, b) in enumerate(zip(ordinary, spec)):
+    for i, (a, b) in enumerate(zip(ordinary, spec, strict=False)):
         if a != b:
             gap = top2_gap(target, prompt + list(ordinary[:i]))
             assert gap < NEAR_TIE_LOGITS, f"diverged at {i} with logit gap {gap:.4f}"
@@ -78,16 +78,27 @@ def test_draft_identical_to_target_accepts_everything(demo_pair):
         ids = target.tokenize(PROMPTS[0])
         base = gen(target, None, ids, 0, max_tokens=48, params=GREEDY, ignore_eos=True)
         spec = gen(
-            target, ModelDrafter(draft, GREEDY, target.n_vocab), ids, 6,
-            max_tokens=48, params=GREEDY, ignore_eos=True,
+            target,
+            ModelDrafter(draft, GREEDY, target.n_vocab),
+            ids,
+            6,
+            max_tokens=48,
+            params=GREEDY,
+            ignore_eos=True,
         )
         assert spec.stats.acceptance_rate >= 0.99
         assert_same_or_near_tie(target, ids, base.tokens, spec.tokens)
         # temperature > 0 with p = q up to batching noise: still (almost) all accepted
         params = SamplingParams(temp=0.8)
         spec = gen(
-            target, ModelDrafter(draft, params, target.n_vocab), ids, 6,
-            max_tokens=48, params=params, ignore_eos=True, seed=3,
+            target,
+            ModelDrafter(draft, params, target.n_vocab),
+            ids,
+            6,
+            max_tokens=48,
+            params=params,
+            ignore_eos=True,
+            seed=3,
         )
         assert spec.stats.acceptance_rate >= 0.99
 
@@ -112,8 +123,13 @@ def test_context_full_ends_with_length(demo):
     with LlamaEngine(target.path, small) as t, LlamaEngine(draft.path, small) as d:
         ids = t.tokenize(PROMPTS[0])
         done = gen(
-            t, ModelDrafter(d, GREEDY, t.n_vocab), ids, 8,
-            max_tokens=1000, params=GREEDY, ignore_eos=True,
+            t,
+            ModelDrafter(d, GREEDY, t.n_vocab),
+            ids,
+            8,
+            max_tokens=1000,
+            params=GREEDY,
+            ignore_eos=True,
         )
         assert done.finish_reason == "length"
         # llama.cpp rounds n_ctx up (to 256 here): the engine reports the real size
@@ -127,8 +143,14 @@ def test_stop_string_inside_a_block_is_cut_exactly(demo):
     stop = base.text[20:26]
     cut = base.text.find(stop)
     done = gen(
-        target, ModelDrafter(draft, GREEDY, target.n_vocab), ids, 8,
-        max_tokens=40, params=GREEDY, ignore_eos=True, stop=(stop,),
+        target,
+        ModelDrafter(draft, GREEDY, target.n_vocab),
+        ids,
+        8,
+        max_tokens=40,
+        params=GREEDY,
+        ignore_eos=True,
+        stop=(stop,),
     )
     assert done.finish_reason == "stop"
     assert done.text == base.text[:cut]
@@ -141,8 +163,14 @@ def test_rollback_after_every_round_matches_a_fresh_evaluation(demo):
     ids = target.tokenize(PROMPTS[1])
     params = SamplingParams(temp=1.0)
     done = gen(
-        target, ModelDrafter(draft, params, target.n_vocab), ids, 8,
-        max_tokens=60, params=params, seed=5, ignore_eos=True,
+        target,
+        ModelDrafter(draft, params, target.n_vocab),
+        ids,
+        8,
+        max_tokens=60,
+        params=params,
+        seed=5,
+        ignore_eos=True,
     )
     committed = ids + list(done.tokens)
     assert target.tokens == committed[:-1]
