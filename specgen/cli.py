@@ -8,8 +8,12 @@ import traceback
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
+
+try:  # recent Typer vendors click; older ones use the click package
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
 
 from specgen import cli_bench, cli_models, cli_verify
 from specgen.errors import ConfigError, SpecgenError
@@ -169,18 +173,13 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         code = _fail(str(e), e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         code = 130
     except KeyboardInterrupt:
         code = 130
-    except click.ClickException as e:
+    except ClickException as e:
         e.show()
         code = e.exit_code
-    except BrokenPipeError:
-        # the reader went away (`| head`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = 0
     except OSError as e:
         if debug:
             traceback.print_exc()

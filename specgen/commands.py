@@ -4,6 +4,7 @@ drive the loop, and write plain text, JSON or the live view. No Typer here."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ def run(a: RunArgs) -> int:
     else:
         loaded, pair_k = _load(a, params, None)
     writer = None
+    events = None
     try:
         prompt = loaded.target.tokenize(a.prompt)
         config = GenerateConfig(
@@ -138,6 +140,10 @@ def run(a: RunArgs) -> int:
             return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected)
         return _run_plain(events)
     finally:
+        # The generator restores the caches when closed: close it while the engines
+        # still exist (a pipe closed by the reader leaves it suspended here).
+        if events is not None:
+            events.close()
         if writer is not None:
             writer.close()
         loaded.close()
@@ -192,6 +198,12 @@ def _run_plain(events) -> int:
     except KeyboardInterrupt:
         events.close()
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop generating and exit quietly; stdout goes
+        # to /dev/null so the interpreter's final flush does not complain
+        events.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
 
@@ -213,8 +225,7 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
         "target": target_name,
         "draft": draft_name,
         "seed": seed,
-        "stats": stats,
-        "k_history": done.stats.k_history,
+        "stats": {**stats, "k_history": done.stats.k_history},
     }
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
         obj["controller"] = policy.summary()

@@ -221,6 +221,8 @@ class LlamaEngine:
         Raises:
             EngineError: the tokens do not fit in the context, or llama_decode failed.
         """
+        if self._ctx is None:
+            raise EngineError(f"{self.name}: the model is closed")
         if not tokens:
             raise EngineError("decode called with no tokens")
         if len(self.tokens) + len(tokens) > self.n_ctx:
@@ -274,6 +276,8 @@ class LlamaEngine:
             EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), or
             the cache still holds positions >= n afterwards.
         """
+        if self._ctx is None:  # closed: there is no cache left to keep consistent
+            return
         # Always ask llama.cpp, even when `tokens` says there is nothing to drop: after
         # an interrupt the cache may hold a chunk that `tokens` has not recorded yet.
         ok = llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)

@@ -88,8 +88,24 @@ def test_head_closing_the_pipe_exits_quietly(tiny):
         timeout=300,
         executable="/bin/bash",
     )
-    assert len(r.stdout) <= 20
-    assert b"Traceback" not in r.stderr and b"Error" not in r.stderr, r.stderr
+    assert len(r.stdout) == 20
+    # pipefail: the status is specgen's (a crash would show as 139, an error as 1)
+    assert r.returncode == 0 and r.stderr == b"", (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("draft", ["none", "ngram"])
+def test_head_with_other_drafters(tiny_target, draft):
+    cmd = " ".join([*SPECGEN, "run", "-m", str(tiny_target), "-md", draft, "-n", "400",
+                    "--ignore-eos", "'the cat'"])
+    r = subprocess.run(f"set -o pipefail; {cmd} | head -c 5", shell=True, capture_output=True,
+                       timeout=300, executable="/bin/bash")
+    assert r.returncode == 0 and r.stderr == b"", (r.returncode, r.stderr)
+
+
+def test_unknown_option_is_a_usage_error():
+    r = specgen("run", "--bogus")
+    assert r.returncode == 2
+    assert b"No such option: --bogus" in r.stderr and b"unexpected" not in r.stderr
 
 
 def test_multibyte_output_is_valid_utf8(demo_pair):
