@@ -514,6 +514,7 @@ def bench(
     progress: Callable[[Progress], None] | None = None,
     on_event: EventHook | None = None,
     status: Callable[[str], None] | None = None,
+    on_loaded: Callable[[Any], None] | None = None,
 ) -> BenchResult:
     """Load the models of `spec` (a `specgen.runner.ModelSpec`) once, build the record,
     run `run_bench`, close the models.
@@ -535,6 +536,8 @@ def bench(
     load_s = time.perf_counter() - t0
     try:
         assert loaded.drafter is not None
+        if on_loaded is not None:  # e.g. a trace writer that needs the vocabulary
+            on_loaded(loaded)
         if status is not None:
             status("hashing model files")
         record = build_record(

@@ -205,6 +205,12 @@ def run_bench_command(**a: Any) -> None:
     err.print(bench.describe_record(result.record), style="dim", highlight=False)
 
 
+def _give_vocab(writer):
+    from specgen.trace import token_text_of
+
+    return lambda loaded: writer.set_token_text(token_text_of(loaded.target))
+
+
 def _trace_hook(writer, settings):
     """bench's on_event seam -> one trace generation per measured run."""
     if writer is None:
@@ -257,6 +263,7 @@ def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
         result = bench.bench(
             spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status,
             on_event=_trace_hook(writer, settings),
+            on_loaded=None if writer is None else _give_vocab(writer),
         )  # fmt: skip
     if not err.is_terminal:
         n = len(result.runs)

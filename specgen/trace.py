@@ -125,6 +125,10 @@ class TraceWriter:
         self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self._f.flush()
 
+    def set_token_text(self, token_text: TokenText | None) -> None:
+        """Set how token ids become text for the ``*_text`` fields (models open later)."""
+        self._text = token_text
+
     def begin(
         self,
         params: SamplingParams | None = None,

@@ -504,3 +504,5 @@ def test_cli_trace_has_one_generation_per_measured_run(tmp_path: Path, tiny_targ
     assert len(gens) == 4
     ends = [x for x in lines if x["type"] == "end"]
     assert len(ends) == 4 and all(e["n_generated"] == 6 for e in ends)
+    rounds = [x for x in lines if x["type"] == "round"]
+    assert rounds and all("next_text" in r for r in rounds)  # the vocabulary reached the writer
