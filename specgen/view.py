@@ -312,6 +312,8 @@ def k_text(state: ViewState) -> str | None:
 
 def speedup_text(state: ViewState) -> str:
     """The speedup and how the ordinary-decoding baseline was obtained."""
+    if state.draft_name is None:
+        return "speedup n/a (this is ordinary decoding: the baseline itself)"
     if not state.ordinary_token_s:
         return "speedup n/a (ordinary decoding not timed)"
     base = f"ordinary {1.0 / state.ordinary_token_s:.1f} tok/s"
@@ -402,7 +404,7 @@ def render_summary(state: ViewState) -> RenderableType:
     if be:
         grid.add_row("break-even", be.removeprefix("break-even").lstrip(": "))
     ks = [k for k in s.k_history if k > 0]
-    if s.k_history:
+    if s.k_history and state.draft_name is not None:
         fallback = len(s.k_history) - len(ks)
         mean_k = f"mean {sum(ks) / len(ks):.1f}" if ks else "no speculative rounds"
         grid.add_row("K", f"{mean_k} · {fallback} fallback rounds of {len(s.k_history)}")
