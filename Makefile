@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(PY)
 dev: $(STAMP)
 
 demo: install
-	$(VENV)/bin/specgen run "The three most important ideas in computer science are"
+	$(VENV)/bin/specgen run -n 128 "Once upon a time, in a small village by the sea, there lived"
 
 test: $(STAMP)
 	$(PY) -m pytest -q
