@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from specgen.drafters import common_prefix
 from specgen.engine import Drafter, Engine, Logits
 from specgen.errors import ConfigError
 from specgen.events import Done, RoundTrace, Step
@@ -452,14 +453,6 @@ def _last_row(engine: Engine, context: list[int], keep: int) -> np.ndarray:
     return engine.decode(context[keep:])[-1].copy()
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def _run(
     target: Engine,
     drafter: Drafter | None,
@@ -546,7 +539,7 @@ def check_greedy(
             t0 = time.perf_counter()
             done, traces = _run(target, drafter, prompt, spec_gen, k)
             spec = done.tokens
-            i = _common(ordinary, spec)
+            i = common_prefix(ordinary, spec)
             label = text.decode("utf-8", "replace")
             if i == len(ordinary) == len(spec):
                 cases.append(
