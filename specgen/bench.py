@@ -645,6 +645,8 @@ def run_bench(
             ignore_eos=True,
             seed=seed,
             trace=settings.trace,
+            # as `specgen run` does: the baseline for the controller, timed after the prompt
+            measure_ordinary=0 if mode == ORDINARY else 3,
         )
         p = prompts[prompt_i]
         info = {
