@@ -104,7 +104,12 @@ class Block:
 
 class Drafter(Protocol):
     """Proposes up to K tokens after the committed context (llama.cpp's
-    `common_speculative_gen_draft`)."""
+    `common_speculative_gen_draft`).
+
+    A drafter with a KV cache also has `rollback(context)`, called after every round to
+    drop cached positions that are not a prefix of the committed context; model-free
+    drafters need none (the loop checks for it).
+    """
 
     name: str
 
