@@ -188,3 +188,46 @@ def test_rollback_after_every_round_matches_a_fresh_evaluation(demo):
     stale = np.array(target.decode([committed[-1]])[-1])
     assert np.abs(stale - fresh).max() > 10 * tol
     target.truncate(0)
+
+
+EXTRACTIVE = (
+    b"Repeat the passage exactly.\n\nPassage: The quick brown fox jumps over the lazy dog."
+    b" Pack my box with five dozen liquor jugs.\n\nRepeated passage: The quick"
+)
+
+
+def test_ngram_drafter_is_lossless_and_useful_on_extractive_text(demo):
+    from specgen.ngram import NgramDrafter
+
+    target, _ = demo
+    ids = target.tokenize(EXTRACTIVE)
+    base = gen(target, None, ids, 0, max_tokens=24, params=GREEDY, ignore_eos=True)
+    spec = gen(
+        target, NgramDrafter(target.n_vocab), ids, 8, max_tokens=24, params=GREEDY, ignore_eos=True
+    )
+    assert_same_or_near_tie(target, ids, base.tokens, spec.tokens)
+    assert spec.stats.n_accepted > 0 and spec.stats.target_passes < 24
+
+
+def test_weak_draft_with_auto_is_lossless_and_falls_back(demo, weak_draft):
+    from specgen.controller import Controller
+
+    target, _ = demo
+    ids = target.tokenize(PROMPTS[0])
+    base = gen(target, None, ids, 0, max_tokens=40, params=GREEDY, ignore_eos=True)
+    with LlamaEngine(weak_draft, EngineConfig(n_ctx=512)) as weak:
+        policy = Controller(k_max=16)
+        events = list(
+            generate(
+                target,
+                ModelDrafter(weak, GREEDY, target.n_vocab),
+                ids,
+                GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3),
+                policy,
+            )
+        )
+    done = events[-1]
+    assert_same_or_near_tie(target, ids, base.tokens, done.tokens)
+    assert done.stats.acceptance_rate < 0.2
+    assert policy.fallback_episodes, "the controller never fell back to ordinary decoding"
+    assert done.stats.k_history.count(0) > len(done.stats.k_history) / 2
