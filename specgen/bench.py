@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from specgen.download import sha256_file
 from specgen.engine import Block, Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
@@ -910,14 +911,6 @@ def gguf_metadata(
             if want <= out.keys():
                 break
     return out
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_record(path: Path, n_gpu_layers: int) -> dict[str, Any]:
