@@ -107,7 +107,7 @@ def run_bench_command(**a: Any) -> None:
     from specgen import bench
     from specgen.commands import resolve_models
     from specgen.errors import ConfigError
-    from specgen.llamacpp import EngineConfig, set_verbose
+    from specgen.llamacpp import set_verbose
     from specgen.runner import DRAFT_NONE, ModelSpec
 
     set_verbose(a["verbose"])
@@ -145,15 +145,8 @@ def run_bench_command(**a: Any) -> None:
         target, draft, _ = resolve_models(
             a["target"], a["draft"], a["pair"], a["models"], lambda m: spinner.update(m)
         )
-    spec = ModelSpec(
-        target=Path(target),
-        draft=draft,
-        target_cfg=EngineConfig(
-            n_ctx=a["ctx_size"], n_gpu_layers=a["n_gpu_layers"], n_threads=a["threads"]
-        ),
-        draft_cfg=EngineConfig(
-            n_ctx=a["ctx_size"], n_gpu_layers=a["n_gpu_layers_draft"], n_threads=a["threads"]
-        ),
+    spec = ModelSpec.from_flags(
+        target, draft, a["ctx_size"], a["n_gpu_layers"], a["n_gpu_layers_draft"], a["threads"]
     )
     writer = None
     if a["trace"] is not None:

@@ -148,7 +148,7 @@ def _verify(
 
     from specgen.commands import resolve_models
     from specgen.errors import ConfigError
-    from specgen.llamacpp import EngineConfig, set_verbose
+    from specgen.llamacpp import set_verbose
     from specgen.runner import ModelSpec, load
     from specgen.sampling import SamplingParams
     from specgen.verify import VerifyConfig, drafter_factory, verify
@@ -169,12 +169,7 @@ def _verify(
     err = Console(stderr=True)
     with err.status("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
-        spec = ModelSpec(
-            target=Path(t_path),
-            draft=d_path,
-            target_cfg=EngineConfig(n_ctx=ctx_size, n_gpu_layers=ngl, n_threads=threads),
-            draft_cfg=EngineConfig(n_ctx=ctx_size, n_gpu_layers=ngld, n_threads=threads),
-        )
+        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
         loaded = load(spec, params, status=spinner.update)
     try:
         make = drafter_factory(loaded.drafter)

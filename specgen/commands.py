@@ -13,7 +13,7 @@ from pathlib import Path
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
-from specgen.llamacpp import EngineConfig, set_verbose
+from specgen.llamacpp import set_verbose
 from specgen.runner import DRAFT_NGRAM, DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
 from specgen.sampling import SamplingParams
 
@@ -151,13 +151,8 @@ def run(a: RunArgs) -> int:
 
 def _load(a: RunArgs, params: SamplingParams, status):
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
-    spec = ModelSpec(
-        target=Path(target_path),
-        draft=draft_path,
-        target_cfg=EngineConfig(n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers, n_threads=a.threads),
-        draft_cfg=EngineConfig(
-            n_ctx=a.ctx_size, n_gpu_layers=a.n_gpu_layers_draft, n_threads=a.threads
-        ),
+    spec = ModelSpec.from_flags(
+        target_path, draft_path, a.ctx_size, a.n_gpu_layers, a.n_gpu_layers_draft, a.threads
     )
     return load(spec, params, draft_p_min=a.draft_p_min, status=status), pair_k
 

@@ -60,10 +60,15 @@ class ModelDrafter:
         out[: row.shape[0]] = row
         return out
 
+    def _reusable(self, context: list[int]) -> int:
+        """Cached positions that can stay: the common prefix with `context`, leaving at
+        least its last token to evaluate (its logits are needed)."""
+        return min(common_prefix(self.engine.tokens, context), len(context) - 1)
+
     def _sync(self, context: list[int]) -> Logits:
         """Make the cache hold `context`, evaluating at least its last token; returns
         the (n_vocab,) logits row after it."""
-        keep = min(common_prefix(self.engine.tokens, context), len(context) - 1)
+        keep = self._reusable(context)
         self.engine.truncate(keep)
         return self.engine.decode(context[keep:])[-1]
 
@@ -83,7 +88,7 @@ class ModelDrafter:
     def rollback(self, context: list[int]) -> None:
         """Drop cached positions that are not a prefix of the committed context
         (stage 5 for the draft's cache)."""
-        self.engine.truncate(min(common_prefix(self.engine.tokens, context), len(context) - 1))
+        self.engine.truncate(self._reusable(context))
 
     def _confident(self, row: Logits, probs: np.ndarray) -> bool:
         if self.p_min <= 0.0:
@@ -105,9 +110,7 @@ class ModelDrafter:
         q = np.zeros((k, self.n_vocab), dtype=np.float64)
         catchup_s = 0.0
         if k > 0:
-            behind = len(context) - min(
-                common_prefix(self.engine.tokens, context), len(context) - 1
-            )
+            behind = len(context) - self._reusable(context)
             t0 = time.perf_counter()
             row = self._align(self._sync(context))
             if behind > 2:  # more than `last` (and the previous block's x_K): catching up

@@ -34,6 +34,27 @@ class ModelSpec:
     target_cfg: EngineConfig
     draft_cfg: EngineConfig
 
+    @classmethod
+    def from_flags(
+        cls,
+        target: Path | str,
+        draft: Path | str,
+        n_ctx: int,
+        n_gpu_layers: int,
+        n_gpu_layers_draft: int,
+        n_threads: int,
+    ) -> ModelSpec:
+        """The spec the shared flags describe: -c and -t for both models, -ngl for the
+        target, -ngld for the draft."""
+        return cls(
+            target=Path(target),
+            draft=draft,
+            target_cfg=EngineConfig(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads),
+            draft_cfg=EngineConfig(
+                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads
+            ),
+        )
+
 
 @dataclass
 class Loaded:
