@@ -2,10 +2,11 @@
 never prints (`specgen.cli_bench` renders it).
 
 Method (`run_bench`): both models are loaded once. A discarded warm-up generation of each
-mode comes first. Then for every sampling temperature, every block size and every run,
-each prompt is generated twice with the same seed, ordinary decoding (the target alone)
-then speculative decoding, each for exactly `n_tokens` tokens (end-of-generation tokens
-ignored), so the two modes do the same work side by side in time.
+mode comes first. Then for every sampling temperature, every run, every prompt and every
+block size, the prompt is generated twice with the same seed, ordinary decoding (the
+target alone) then speculative decoding, each for exactly `n_tokens` tokens
+(end-of-generation tokens ignored), so the two modes do the same work side by side in
+time, and all block sizes see the prompt under the same conditions of a shared machine.
 
 Figures, per configuration (temperature x block size) and per prompt kind:
 
@@ -436,6 +437,8 @@ class BenchSettings:
         warmup: one discarded generation of each mode first.
         trace: Steps carry a RoundTrace (for `on_event`; costs time).
         n_boot: bootstrap resamples for the speedup interval.
+        k_init: first block size of `auto` (a registry pair's recommended K, as `run`
+            uses); None = the controller's default.
     """
 
     draft_max: tuple[int | None, ...] = (4, 8, None)
@@ -449,6 +452,7 @@ class BenchSettings:
     warmup: bool = True
     trace: bool = False
     n_boot: int = 4000
+    k_init: int | None = None
 
     def params(self, temp: float) -> SamplingParams:
         return SamplingParams(temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
@@ -469,6 +473,7 @@ class BenchSettings:
             "min_p": self.min_p,
             "ignore_eos": True,
             "warmup": self.warmup,
+            "k_init": self.k_init,
         }
 
 
@@ -491,6 +496,7 @@ class BenchResult:
     record: dict[str, Any] = field(default_factory=dict)
     configs: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    auto_vs_best: list[dict[str, Any]] = field(default_factory=list)
     compared: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -502,6 +508,7 @@ class BenchResult:
             "prompts": [{"id": p.id, "kind": p.kind, "prompt": p.text} for p in self.prompts],
             "configs": self.configs,
             "warnings": self.warnings,
+            "auto_vs_best": self.auto_vs_best,
             "compared_to": self.compared,
             "runs": [r.to_dict() for r in self.runs],
         }
@@ -595,10 +602,10 @@ def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Draf
     return drafter
 
 
-def _policy(draft_max: int | None) -> KPolicy:
+def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
     from specgen.runner import make_policy
 
-    return make_policy(draft_max)
+    return make_policy(draft_max, k_init=k_init)
 
 
 def run_bench(
@@ -623,7 +630,8 @@ def run_bench(
         PromptError, EngineError: from the loop.
     """
     ids = [target.tokenize(p.text.encode("utf-8")) for p in prompts]
-    k_need = max((k if k is not None else 16) for k in settings.draft_max)
+    k_auto = max(16, settings.k_init or 0)  # make_policy's k_max for auto
+    k_need = max((k if k is not None else k_auto) for k in settings.draft_max)
     for p, toks in zip(prompts, ids, strict=True):
         need = len(toks) + settings.n_tokens + k_need + 1
         if need > target.n_ctx:
@@ -665,7 +673,8 @@ def run_bench(
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:
             dr = _drafter_for(drafter, params, target.n_vocab)
-            rounds, d, pre = measure(target, dr, ids[prompt_i], config, _policy(k), hook)
+            policy = _policy(k, settings.k_init)
+            rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
         s = d.stats
         return RunResult(
             mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,
@@ -680,11 +689,13 @@ def run_bench(
             one(mode, settings.temps[0], settings.draft_max[0], 0, -1, settings.seed, warm=True)
             done += 1
     results: list[RunResult] = []
+    # every configuration is measured on each prompt before the next prompt, so slow drift
+    # of a shared machine affects all of them alike (comparisons across K stay fair)
     for temp in settings.temps:
-        for k in settings.draft_max:
-            for run in range(settings.runs):
-                for i, p in enumerate(prompts):
-                    seed = settings.seed + 1000 * run + i
+        for run in range(settings.runs):
+            for i, p in enumerate(prompts):
+                seed = settings.seed + 1000 * run + i
+                for k in settings.draft_max:
                     for mode in (ORDINARY, SPECULATIVE):
                         tick(f"temp {temp:g} K {k_label(k)} · {p.id} · {mode}")
                         results.append(one(mode, temp, k, i, run, seed))
@@ -802,6 +813,62 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(float(x), nd)
 
 
+def auto_vs_best(
+    runs: Sequence[RunResult], temp: float, n_boot: int = 4000, seed: int = 0
+) -> dict[str, Any] | None:
+    """`auto` against the best fixed block size at one temperature, paired per prompt and run.
+
+    The best fixed K is the one with the highest median speedup. For every (prompt, run)
+    measured under both, the ratio is auto's speedup over the best K's speedup, each
+    against the ordinary run measured next to it (so slow drift of the machine cancels);
+    the result is the median ratio with a 95% percentile-bootstrap interval. 1.0 means
+    auto matched the best fixed K chosen in hindsight.
+
+    Returns:
+        {"temp", "best_k", "best_speedup", "auto_speedup", "ratio", "ratio_ci95",
+        "n_pairs"}, or None when `runs` lacks auto or every fixed K at `temp`.
+    """
+
+    def speedups(k: int | None) -> dict[tuple[str, int], float]:
+        out = {}
+        for o, sp in _pairs([r for r in runs if r.temp == temp and r.draft_max == k]):
+            if o.tokens_per_s > 0:
+                out[(o.prompt_id, o.run)] = sp.tokens_per_s / o.tokens_per_s
+        return out
+
+    fixed = sorted({r.draft_max for r in runs if r.temp == temp and r.draft_max is not None})
+    auto = speedups(None)
+    per_k = {k: speedups(k) for k in fixed}
+    per_k = {k: v for k, v in per_k.items() if v}
+    if not auto or not per_k:
+        return None
+    best = max(per_k, key=lambda k: _med(list(per_k[k].values())))
+    keys = sorted(auto.keys() & per_k[best].keys())
+    if not keys:
+        return None
+    ratios = [auto[key] / per_k[best][key] for key in keys]
+    lo, hi = bootstrap_median_ci(ratios, n_boot=n_boot, seed=seed)
+    return {
+        "temp": temp,
+        "best_k": best,
+        "best_speedup": _r(_med(list(per_k[best].values()))),
+        "auto_speedup": _r(_med(list(auto.values()))),
+        "ratio": _r(_med(ratios)),
+        "ratio_ci95": [_r(lo), _r(hi)],
+        "n_pairs": len(keys),
+    }
+
+
+def auto_vs_best_text(a: dict[str, Any]) -> str:
+    """One line for the table footers: 'temp 0: auto reaches 0.97× [0.93, 1.01] of K 8'."""
+    lo, hi = a["ratio_ci95"]
+    return (
+        f"temp {a['temp']:g}: auto reaches {a['ratio']:.2f}× [{lo:.2f}, {hi:.2f}] of the best"
+        f" fixed K ({a['best_k']}: {a['best_speedup']:.2f}× vs auto {a['auto_speedup']:.2f}×"
+        f" over ordinary decoding; {a['n_pairs']} paired generations)"
+    )
+
+
 def summarize(result: BenchResult) -> None:
     """Fill `result.configs` (one entry per temperature x block size, with an `all` row
     and one per prompt kind) and `result.warnings`."""
@@ -809,6 +876,9 @@ def summarize(result: BenchResult) -> None:
     kinds = list(dict.fromkeys(p.kind for p in result.prompts))
     result.configs = []
     result.warnings = []
+    result.auto_vs_best = [
+        a for t in s.temps if (a := auto_vs_best(result.runs, t, s.n_boot, s.seed)) is not None
+    ]
     for temp in s.temps:
         for k in s.draft_max:
             runs = [r for r in result.runs if r.temp == temp and r.draft_max == k]
@@ -1219,6 +1289,9 @@ def render_markdown(result: BenchResult) -> str:
                     else f"{s['speedup']:.2f}× ({_pct(s['acceptance_rate'])})"
                 )  # fmt: skip
             lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    if result.auto_vs_best:
+        lines.append("")
+        lines += [f"- {auto_vs_best_text(a)}" for a in result.auto_vs_best]
     if rec:
         lines += ["", describe_record(rec)]
     return "\n".join(lines) + "\n"

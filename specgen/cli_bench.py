@@ -102,6 +102,8 @@ def register(app: typer.Typer) -> None:
 def run_bench_command(**a: Any) -> None:
     """Validate everything cheap first, load and measure with a progress bar, then
     write the outputs and print the table."""
+    import dataclasses
+
     from rich.console import Console
 
     from specgen import bench
@@ -142,9 +144,10 @@ def run_bench_command(**a: Any) -> None:
 
     err = Console(stderr=True)
     with err.status("preparing models") as spinner:
-        target, draft, _ = resolve_models(
+        target, draft, pair_k = resolve_models(
             a["target"], a["draft"], a["pair"], a["models"], lambda m: spinner.update(m)
         )
+    settings = dataclasses.replace(settings, k_init=pair_k)  # auto starts as `run` would
     spec = ModelSpec.from_flags(
         target, draft, a["ctx_size"], a["n_gpu_layers"], a["n_gpu_layers_draft"], a["threads"]
     )
@@ -176,6 +179,8 @@ def run_bench_command(**a: Any) -> None:
     out.print(render_table(result))
     out.print(render_costs(result))
     out.print(render_kinds(result))
+    for a in result.auto_vs_best:
+        out.print(bench.auto_vs_best_text(a), highlight=False)
     for w in result.warnings:
         err.print(f"[yellow]note:[/] {w}", highlight=False)
     if result.compared is not None:

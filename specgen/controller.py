@@ -119,10 +119,24 @@ class _Rates:
     (hits_i + shrink * pooled) / (trials_i + shrink), where pooled =
     (prior_mean * prior_strength + sum hits) / (prior_strength + sum trials): an
     optimistic prior that evidence outweighs within a round or two.
+
+    Positions a round did not test decay by `forget * forget_untested` instead of
+    `forget`. Without it a single early rejection at position i (common: the first
+    tokens after a prompt are the hardest) makes blocks longer than i - 1 look bad, the
+    controller stops drafting that far, position i is never tested again, and its
+    estimate recovers only as fast as plain forgetting (about ten rounds on the demo
+    pair, observed). With it, the old evidence there fades within a few rounds back to
+    the pooled rate, so K grows again as soon as the short blocks keep being accepted.
     """
 
     def __init__(
-        self, n: int, prior_mean: float, prior_strength: float, shrink: float, forget: float
+        self,
+        n: int,
+        prior_mean: float,
+        prior_strength: float,
+        shrink: float,
+        forget: float,
+        forget_untested: float = 1.0,
     ) -> None:
         self.hits = np.zeros(n)
         self.trials = np.zeros(n)
@@ -130,12 +144,15 @@ class _Rates:
         self.prior_strength = prior_strength
         self.shrink = shrink
         self.forget = forget
+        self.forget_untested = forget_untested
 
     def update(self, tested: int, hits: int) -> None:
         """One round: positions 0..tested-1 were tried, the first `hits` of them succeeded."""
         # forgetting per round (not per trial) so stale deep positions drift back to the pool
         self.hits *= self.forget
         self.trials *= self.forget
+        self.hits[tested:] *= self.forget_untested
+        self.trials[tested:] *= self.forget_untested
         self.trials[:tested] += 1.0
         self.hits[:hits] += 1.0
 
@@ -275,6 +292,8 @@ class Controller:
         warmup_rounds: speculative rounds run before falling back is allowed, so one
             unlucky round cannot stop a good draft (they use the model's best K >= 1).
         forget: per-round decay of the acceptance counts (memory ~ 1 / (1 - forget) rounds).
+        forget_untested: extra decay of the positions a round did not test, so their
+            estimates return to the pooled rate within a few rounds (see `_Rates`).
         prior_alpha, prior_strength: optimistic Beta prior of the pooled acceptance rate
             (mean, pseudo-count); evidence outweighs it after a round or two.
         shrink: pseudo-count pulling each position's rate toward the pooled rate.
@@ -293,6 +312,7 @@ class Controller:
         k_init: int = 4,
         warmup_rounds: int = 2,
         forget: float = 0.9,
+        forget_untested: float = 0.5,
         prior_alpha: float = 0.8,
         prior_strength: float = 1.0,
         shrink: float = 2.0,
@@ -303,8 +323,8 @@ class Controller:
             raise ValueError("block sizes must be >= 0")
         if not 1 <= probe_every <= probe_every_max or probe_k < 1:
             raise ValueError("need 1 <= probe_every <= probe_every_max and probe_k >= 1")
-        if not 0.0 < forget <= 1.0:
-            raise ValueError("forget must be in (0, 1]")
+        if not (0.0 < forget <= 1.0 and 0.0 < forget_untested <= 1.0):
+            raise ValueError("forget and forget_untested must be in (0, 1]")
         self.k_max = k_max if fixed_k is None else max(k_max, fixed_k)
         self.fixed_k = fixed_k
         self.probe_every = probe_every
@@ -314,7 +334,7 @@ class Controller:
         self.warmup_rounds = warmup_rounds
         self.probe_k = probe_k
         n = max(self.k_max, 1)
-        self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget)
+        self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget, forget_untested)
         # drafted-at-all rates: prior "the drafter proposes every position it is asked for"
         self._drafted = _Rates(n, 0.95, 1.0, shrink, forget)
         # a single verify size: assume scoring n tokens costs 1 + 0.15 (n - 1) passes (the

@@ -506,3 +506,36 @@ def test_cli_trace_has_one_generation_per_measured_run(tmp_path: Path, tiny_targ
     assert len(ends) == 4 and all(e["n_generated"] == 6 for e in ends)
     rounds = [x for x in lines if x["type"] == "round"]
     assert rounds and all("next_text" in r for r in rounds)  # the vocabulary reached the writer
+
+
+def _pair_runs(k: int | None, spec_decode_s: float, drift: float) -> list[bench.RunResult]:
+    """One (ordinary, speculative) pair per prompt x run: 20 tokens each; the machine is
+    `drift` times slower in run 1, for both modes alike."""
+    out = []
+    for run in range(2):
+        slow = 1.0 + drift * run
+        for pid in ("a", "b", "c"):
+            for mode, decode in ((bench.ORDINARY, 0.6), (bench.SPECULATIVE, spec_decode_s)):
+                out.append(
+                    bench.RunResult(
+                        mode=mode, temp=0.0, draft_max=k, prompt_id=pid, kind="x", run=run,
+                        seed=run, n_generated=20, prefill_s=0.1, decode_s=decode * slow,
+                        ttft_s=0.1, rounds=[], peak_rss_bytes=0, stats={},
+                    )  # fmt: skip
+                )
+    return out
+
+
+def test_auto_is_compared_with_the_best_fixed_k_pairwise() -> None:
+    # speedups: K 4 1.5x, K 8 2x, auto 0.6/0.33 = 1.818x: auto reaches 0.3/0.33 of K 8
+    runs = _pair_runs(4, 0.4, 0.3) + _pair_runs(8, 0.3, 0.3) + _pair_runs(None, 0.33, 0.3)
+    a = bench.auto_vs_best(runs, 0.0)
+    assert a is not None
+    assert a["best_k"] == 8 and a["n_pairs"] == 6
+    assert a["ratio"] == pytest.approx(0.3 / 0.33, abs=1e-6)
+    assert a["ratio_ci95"] == pytest.approx([0.3 / 0.33] * 2, abs=1e-6)  # drift cancels
+    assert a["auto_speedup"] == pytest.approx(0.6 / 0.33, abs=1e-6)
+    assert "0.91×" in bench.auto_vs_best_text(a) and "K (8" in bench.auto_vs_best_text(a)
+    assert bench.auto_vs_best(runs, 0.8) is None  # no runs at that temperature
+    assert bench.auto_vs_best(_pair_runs(4, 0.4, 0.0), 0.0) is None  # no auto
+    assert bench.auto_vs_best(_pair_runs(None, 0.4, 0.0), 0.0) is None  # no fixed K

@@ -183,6 +183,22 @@ def test_notices_when_acceptance_collapses() -> None:
     assert tps >= 0.85 / gpu_verify(1)  # including the rounds it took to notice
 
 
+def test_an_early_rejection_does_not_hold_k_down() -> None:
+    """The demo pair's pattern: the first block after the prompt is rejected at position 2,
+    then the draft agrees with everything. Positions the short blocks no longer test must
+    fade back to the pooled rate, so K grows again within a few rounds (before
+    `forget_untested`, K stayed at 1 for seven rounds and needed 13 to reach 8)."""
+    c = Controller(k_max=16)
+    c.observe(0, 0, 0.0, 0.037, 0)  # the ordinary baseline, measured after the prompt
+    for r in range(10):
+        k = c.choose_k(100)
+        n = 1 if r == 0 else k
+        c.observe(k, n, 0.015 * k, 0.037 + 0.005 * k, n_drafted=k)
+    assert c.k_history[1] >= 1  # no fallback on one rejection
+    assert max(c.k_history[:8]) >= 8, c.k_history
+    assert c.k_history[-1] >= 12, c.k_history
+
+
 def test_early_stop_is_not_a_rejection() -> None:
     stopped, rejected = Controller(k_max=4), Controller(k_max=4)
     for c in (stopped, rejected):
