@@ -7,7 +7,8 @@
 #
 # Environment: N (tokens per generation, default 128), RUNS (default 1), TEMPS (default
 # 0,0.8), KS (default 4,8,auto), CHECK_N (tokens for the whole-process check, default 256),
-# CHECK_REPS (default 3), SPECGEN (the command, default specgen).
+# CHECK_REPS (default 5), TABLE (0: only the whole-process check), SPECGEN (the command,
+# default specgen).
 # Run it on a quiet machine: other load changes the figures. Takes several minutes on two
 # CPU cores.
 set -euo pipefail
@@ -18,8 +19,9 @@ RUNS=${RUNS:-1}
 TEMPS=${TEMPS:-0,0.8}
 KS=${KS:-4,8,auto}
 CHECK_N=${CHECK_N:-256}
-CHECK_REPS=${CHECK_REPS:-3}
+CHECK_REPS=${CHECK_REPS:-5}
 SPECGEN=${SPECGEN:-specgen}
+TABLE=${TABLE:-1}
 mkdir -p "$OUT"
 
 echo "== machine" | tee "$OUT/machine.txt"
@@ -30,52 +32,59 @@ echo "== machine" | tee "$OUT/machine.txt"
   uptime
 } | tee -a "$OUT/machine.txt"
 
-echo "== table: temps $TEMPS, block sizes $KS, -n $N, runs $RUNS"
-"$SPECGEN" bench --temp "$TEMPS" --draft-max "$KS" --runs "$RUNS" -n "$N" \
-  --json "$OUT/bench.json" --markdown "$OUT/bench.md"
+if [ "$TABLE" != 0 ]; then
+  echo "== table: temps $TEMPS, block sizes $KS, -n $N, runs $RUNS"
+  "$SPECGEN" bench --temp "$TEMPS" --draft-max "$KS" --runs "$RUNS" -n "$N" \
+    --json "$OUT/bench.json" --markdown "$OUT/bench.md"
+fi
 
 # -- whole-process check --------------------------------------------------------------------
 # One prompt, greedy, the adaptive block size (run's default), fixed work (--ignore-eos).
+# Each repetition runs bench on the prompt and, right after it, the four whole processes,
+# so both methods see the machine in the same state (its speed drifts by 20-30% over an
+# afternoon on a shared host); the figures compared are medians over the repetitions.
 PROMPT="Once upon a time, in a small village by the sea, there lived an old fisherman who"
 printf '%s\n' "$PROMPT" >"$OUT/check-prompt.txt"
-echo "== check: bench on the same prompt, --temp 0 --draft-max auto -n $CHECK_N, $CHECK_REPS runs"
-"$SPECGEN" bench --prompts "$OUT/check-prompt.txt" --temp 0 --draft-max auto \
-  --runs "$CHECK_REPS" -n "$CHECK_N" --json "$OUT/check.json" >/dev/null
 
 TIMEFORMAT=%R
 wall() { # wall seconds of one whole `specgen run` process
   { time "$SPECGEN" run --no-live --temp 0 --seed 1 --ignore-eos "$@" "$PROMPT" >/dev/null; } 2>&1
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+num() { grep -m1 "\"$1\":" "$2" | sed -E 's/.*: *([0-9.]+).*/\1/'; }
 
+echo "== check: bench vs whole processes, --temp 0 -n $CHECK_N, $CHECK_REPS repetitions"
 "$SPECGEN" run --no-live --temp 0 -n 4 "$PROMPT" >/dev/null # warm the page cache
-: >"$OUT/wall.txt"
-for _ in $(seq "$CHECK_REPS"); do # alternate the two modes
-  echo "ordinary $(wall --draft none -n "$CHECK_N")" >>"$OUT/wall.txt"
-  echo "speculative $(wall -n "$CHECK_N")" >>"$OUT/wall.txt"
-  echo "ordinary_n1 $(wall --draft none -n 1)" >>"$OUT/wall.txt"
-  echo "speculative_n1 $(wall -n 1)" >>"$OUT/wall.txt"
+: >"$OUT/check-reps.txt"
+for r in $(seq "$CHECK_REPS"); do
+  "$SPECGEN" bench --prompts "$OUT/check-prompt.txt" --temp 0 --draft-max auto --runs 1 \
+    -n "$CHECK_N" --json "$OUT/check-$r.json" >/dev/null 2>&1
+  o=$(wall --draft none -n "$CHECK_N")
+  s=$(wall -n "$CHECK_N")
+  o1=$(wall --draft none -n 1)
+  s1=$(wall -n 1)
+  b=$(num speedup "$OUT/check-$r.json")
+  e=$(num speedup_e2e "$OUT/check-$r.json")
+  echo "$r $b $e $o $s $o1 $s1" | tee -a "$OUT/check-reps.txt"
 done
-m() { awk -v k="$1" '$1 == k {print $2}' "$OUT/wall.txt" | median; }
-ORD=$(m ordinary)
-SPEC=$(m speculative)
-ORD1=$(m ordinary_n1)
-SPEC1=$(m speculative_n1)
-num() { grep -m1 "\"$1\":" "$OUT/check.json" | sed -E 's/.*: *([0-9.]+).*/\1/'; }
-BENCH=$(num speedup)
-BENCH_E2E=$(num speedup_e2e)
+col() { awk -v c="$1" '{print $c}' "$OUT/check-reps.txt" | median; }
 {
-  echo "== whole-process check (-n $CHECK_N, medians of $CHECK_REPS)"
-  echo "specgen run --draft none: ${ORD} s   with the draft: ${SPEC} s"
-  echo "the same with -n 1 (load, prefill, start-up): ${ORD1} s / ${SPEC1} s"
-  awk -v o="$ORD" -v s="$SPEC" -v o1="$ORD1" -v s1="$SPEC1" -v b="$BENCH" -v e="$BENCH_E2E" 'BEGIN {
+  echo "== whole-process check (-n $CHECK_N, medians of $CHECK_REPS repetitions)"
+  echo "per repetition: bench speedup, bench e2e, run --draft none s, run s, the same with -n 1"
+  cat "$OUT/check-reps.txt"
+  awk -v b="$(col 2)" -v e="$(col 3)" -v o="$(col 4)" -v s="$(col 5)" -v o1="$(col 6)" \
+    -v s1="$(col 7)" 'BEGIN {
     raw = o / s; net = (o - o1) / (s - s1)
-    printf "whole-process ratio:              %.2fx\n", raw
-    printf "whole-process ratio minus -n 1:   %.2fx\n", net
-    printf "bench speedup (decode tokens/s):  %.2fx (prefill included: %.2fx)\n", b, e
+    printf "specgen run --draft none: %.2f s   with the draft: %.2f s\n", o, s
+    printf "the same with -n 1 (load, prefill, start-up): %.2f s / %.2f s\n", o1, s1
+    printf "whole-process ratio:               %.2fx\n", raw
+    printf "whole-process ratio minus -n 1:    %.2fx\n", net
+    printf "bench speedup (decode tokens/s):   %.2fx (prefill included: %.2fx)\n", b, e
     printf "bench vs whole-process minus -n 1: %+.1f%%\n", (b / net - 1) * 100
   }'
 } | tee "$OUT/check.txt"
 
-echo "== README table ($OUT/bench.md)"
-cat "$OUT/bench.md"
+if [ "$TABLE" != 0 ]; then
+  echo "== README table ($OUT/bench.md)"
+  cat "$OUT/bench.md"
+fi
