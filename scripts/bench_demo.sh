@@ -65,12 +65,14 @@ for r in $(seq "$CHECK_REPS"); do
   s1=$(wall -n 1)
   b=$(num speedup "$OUT/check-$r.json")
   e=$(num speedup_e2e "$OUT/check-$r.json")
-  echo "$r $b $e $o $s $o1 $s1" | tee -a "$OUT/check-reps.txt"
+  net=$(awk -v o="$o" -v s="$s" -v o1="$o1" -v s1="$s1" 'BEGIN {printf "%.3f", (o - o1) / (s - s1)}')
+  echo "$r $b $e $o $s $o1 $s1 $net" | tee -a "$OUT/check-reps.txt"
 done
 col() { awk -v c="$1" '{print $c}' "$OUT/check-reps.txt" | median; }
 {
   echo "== whole-process check (-n $CHECK_N, medians of $CHECK_REPS repetitions)"
-  echo "per repetition: bench speedup, bench e2e, run --draft none s, run s, the same with -n 1"
+  echo "per repetition: bench speedup, bench e2e, run --draft none s, run s, the same with"
+  echo "-n 1, whole-process ratio minus -n 1"
   cat "$OUT/check-reps.txt"
   awk -v b="$(col 2)" -v e="$(col 3)" -v o="$(col 4)" -v s="$(col 5)" -v o1="$(col 6)" \
     -v s1="$(col 7)" 'BEGIN {
