@@ -343,6 +343,7 @@ class Controller:
         # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
         self._draft = _CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
         self._n_spec = 0  # rounds that drafted at least one token
+        self._catchup_s: float | None = None  # moving average, rounds that caught up
         self.change_p = change_p
         self.change_keep = change_keep
         self._streak, self._streak_dir = 1.0, 0  # see _detect_change
@@ -462,6 +463,7 @@ class Controller:
         draft_s: float,
         verify_s: float,
         n_drafted: int | None = None,
+        catchup_s: float = 0.0,
     ) -> None:
         """Record the outcome of a round.
 
@@ -475,6 +477,9 @@ class Controller:
                 (all of it grows with the block, so all of it belongs in the cost).
             n_drafted: tokens actually proposed (< k when the drafter stopped early or
                 found nothing); None means k. Positions not drafted are not rejections.
+            catchup_s: seconds the drafter spent first evaluating the tokens committed
+                while it was idle (after ordinary rounds), not included in draft_s: a
+                cost of probing, not of drafting per token (see `_gap_cap`).
 
         A call with k = 0 and no preceding `choose_k` is allowed: it feeds a separately
         timed ordinary pass into the cost model.
@@ -484,6 +489,9 @@ class Controller:
         self._verify.add(m + 1, verify_s)
         if k > 0:
             self._draft.add(m, draft_s)
+            if catchup_s > 0.0 and math.isfinite(catchup_s):
+                c = self._catchup_s
+                self._catchup_s = catchup_s if c is None else c + 0.25 * (catchup_s - c)
             # the drafter tried positions 1..min(m+1, k) and continued past the first m
             self._drafted.update(min(m + 1, k), m)
         if m > 0:
@@ -537,13 +545,15 @@ class Controller:
     def _gap_cap(self) -> int:
         """Largest probe gap: probe_every_max, or sooner when failed probes are cheap.
 
-        A failed probe of block k emits one token in draft_s(k) + verify_s(k + 1) seconds,
+        A failed probe of block k emits one token in catch-up + draft_s(k) + verify_s(k + 1)
+        seconds (the drafter first evaluates the tokens of the ordinary rounds before it),
         where ordinary decoding would emit (that time) / ordinary_token_s tokens: the loss
         is that ratio minus 1, in ordinary passes. A gap of loss / probe_budget passes
         keeps the loss at probe_budget of the fallback time.
         """
         k = self.probe_k
-        ratio = (self.draft_s(k) + self.verify_s(k + 1)) / self.ordinary_token_s
+        probe_s = (self._catchup_s or 0.0) + self.draft_s(k) + self.verify_s(k + 1)
+        ratio = probe_s / self.ordinary_token_s
         if not math.isfinite(ratio):
             return self.probe_every_max
         by_cost = math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget)

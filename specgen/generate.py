@@ -38,7 +38,13 @@ class KPolicy(Protocol):
     def choose_k(self, remaining: int) -> int: ...
 
     def observe(
-        self, k: int, n_accepted: int, draft_s: float, verify_s: float, n_drafted: int
+        self,
+        k: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        n_drafted: int,
+        catchup_s: float = 0.0,
     ) -> None: ...
 
 
@@ -290,9 +296,16 @@ def generate(
             n_acc = min(n, len(new))
             now = time.perf_counter()
             # the controller's verify cost is the whole rest of the round: all of it grows
-            # with the block
-            # (catching up after ordinary rounds is a one-time cost, not a per-token one)
-            policy.observe(k, n, t1 - t_round - block.catchup_s, now - t1, int(block.tokens.size))
+            # with the block; catching up after ordinary rounds is a cost of the probe,
+            # not of drafting each token, so it is passed apart
+            policy.observe(
+                k,
+                n,
+                t1 - t_round - block.catchup_s,
+                now - t1,
+                int(block.tokens.size),
+                catchup_s=block.catchup_s,
+            )
             stats.n_generated = len(emitter.tokens)
             stats.n_drafted += n_drafted
             stats.n_accepted += n_acc

@@ -518,9 +518,20 @@ def _pair_runs(k: int | None, spec_decode_s: float, drift: float) -> list[bench.
             for mode, decode in ((bench.ORDINARY, 0.6), (bench.SPECULATIVE, spec_decode_s)):
                 out.append(
                     bench.RunResult(
-                        mode=mode, temp=0.0, draft_max=k, prompt_id=pid, kind="x", run=run,
-                        seed=run, n_generated=20, prefill_s=0.1, decode_s=decode * slow,
-                        ttft_s=0.1, rounds=[], peak_rss_bytes=0, stats={},
+                        mode=mode,
+                        temp=0.0,
+                        draft_max=k,
+                        prompt_id=pid,
+                        kind="x",
+                        run=run,
+                        seed=run,
+                        n_generated=20,
+                        prefill_s=0.1,
+                        decode_s=decode * slow,
+                        ttft_s=0.1,
+                        rounds=[],
+                        peak_rss_bytes=0,
+                        stats={},
                     )  # fmt: skip
                 )
     return out

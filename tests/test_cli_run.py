@@ -95,10 +95,27 @@ def test_head_closing_the_pipe_exits_quietly(tiny):
 
 @pytest.mark.parametrize("draft", ["none", "ngram"])
 def test_head_with_other_drafters(tiny_target, draft):
-    cmd = " ".join([*SPECGEN, "run", "-m", str(tiny_target), "-md", draft, "-n", "400",
-                    "--ignore-eos", "'the cat'"])
-    r = subprocess.run(f"set -o pipefail; {cmd} | head -c 5", shell=True, capture_output=True,
-                       timeout=300, executable="/bin/bash")
+    cmd = " ".join(
+        [
+            *SPECGEN,
+            "run",
+            "-m",
+            str(tiny_target),
+            "-md",
+            draft,
+            "-n",
+            "400",
+            "--ignore-eos",
+            "'the cat'",
+        ]
+    )
+    r = subprocess.run(
+        f"set -o pipefail; {cmd} | head -c 5",
+        shell=True,
+        capture_output=True,
+        timeout=300,
+        executable="/bin/bash",
+    )
     assert r.returncode == 0 and r.stderr == b"", (r.returncode, r.stderr)
 
 

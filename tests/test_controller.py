@@ -199,6 +199,26 @@ def test_an_early_rejection_does_not_hold_k_down() -> None:
     assert c.k_history[-1] >= 12, c.k_history
 
 
+def test_probes_are_rarer_when_catching_up_is_costly() -> None:
+    """A probe after ordinary rounds first makes the drafter evaluate the tokens it
+    missed; that cost counts in the probe's loss, so the gap between probes grows."""
+
+    def probes(catchup_s: float) -> int:
+        c = Controller(k_max=8)
+        c.observe(0, 0, 0.0, cpu_verify(1), 0)
+        for _ in range(400):
+            k = c.choose_k(100)
+            late = catchup_s if c.decisions[-1].reason == "probe" else 0.0
+            c.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_drafted=k, catchup_s=late)
+        return sum(d.reason == "probe" for d in c.decisions)
+
+    # loss per failed probe: 0.048 / 0.034 - 1 = 0.41 passes (gap cap 14) without
+    # catch-up, (0.05 + 0.048) / 0.034 - 1 = 1.9 passes (gap cap 63) with 50 ms of it
+    cheap, costly = probes(0.0), probes(0.05)
+    assert costly < cheap / 2, (cheap, costly)
+    assert costly >= 400 // 64  # still probing now and then
+
+
 def test_early_stop_is_not_a_rejection() -> None:
     stopped, rejected = Controller(k_max=4), Controller(k_max=4)
     for c in (stopped, rejected):

@@ -220,3 +220,34 @@ def test_loop_samples_the_targets_joint_distribution(params):
     obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
     exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
     assert stats.chisquare(obs_p, exp_p).pvalue > 1e-4
+
+
+def test_catch_up_is_charged_apart_from_drafting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After ordinary rounds the drafter evaluates the missed tokens in the same batch
+    that yields x_1's row: only the part beyond one single-token pass is catch-up.
+    A fake clock advances 20 ms + 10 ms per token on every decode, so the split is exact."""
+    import time
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    draft = FakeEngine(n_vocab=9, seed=3)
+    real_decode = draft.decode
+
+    def timed_decode(tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        clock[0] += 0.02 + 0.01 * len(tokens)
+        return real_decode(tokens, all_logits)
+
+    monkeypatch.setattr(draft, "decode", timed_decode)
+    d = ModelDrafter(draft, GREEDY, 9)
+    context = [1, 2, 3]
+    d.prefill(context)
+    rng = np.random.default_rng(0)
+    first = d.draft(context, 3, rng)  # up to date: two single-token passes after x_1
+    assert first.catchup_s == 0.0
+    # ten ordinary tokens it never saw, differing from its own proposals
+    context = context + [(x + 1) % 9 for x in first.tokens.tolist()] + [1, 2, 3, 4, 5, 6, 7]
+    n_sync = len(context) - 3  # all but the shared prompt
+    block = d.draft(context, 1, rng)
+    # the sync evaluates 10 tokens (0.12 s); one pass (0.03 s) would have been paid anyway
+    assert n_sync == 10
+    assert block.catchup_s == pytest.approx(0.02 + 0.01 * n_sync - 0.03, abs=1e-9)
