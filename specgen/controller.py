@@ -595,5 +595,6 @@ class Controller:
             "drafted_by_pos": [round(float(x), 4) for x in self.drafted_by_pos],
             "ordinary_token_s": num(self.ordinary_token_s),
             "draft_token_s": num(self.draft_token_s),
+            "catchup_s": self._catchup_s,
             "verify_s_by_n": {n: num(self.verify_s(n)) for n in range(1, self.k_max + 2)},
         }

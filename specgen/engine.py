@@ -99,7 +99,8 @@ class Block:
     q: Probs
     catchup_s: float = 0.0
     """Seconds the drafter spent catching up on committed tokens it had not seen (after
-    ordinary-decoding rounds): a one-time cost, not a per-proposal one."""
+    ordinary-decoding rounds), beyond the single-token pass that yields x_1's row anyway:
+    a cost of the round that follows a fallback, not a per-proposal one."""
 
 
 class Drafter(Protocol):
