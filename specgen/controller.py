@@ -441,6 +441,8 @@ class Controller:
             rates = self._rates(cap)[1:]
             best = int(np.nanargmax(rates)) + 1 if np.isfinite(rates).any() else self.k_init
             k, reason = min(best, cap), "warmup"
+            if self._draft:  # a probe's cost is known: a fallback after warm-up starts there
+                self._gap = self._fail_gap = max(self.probe_every, self._gap_cap() // 4)
         else:
             rates = self._rates(cap)
             best = int(np.nanargmax(rates)) if np.isfinite(rates).any() else 0
