@@ -24,7 +24,9 @@ it, updates it on every K = 0 round (fallback), and otherwise reads it from the 
 cost model at n = 1 (the per-size average blended with the linear fit).
 
 When no K > 0 is predicted to beat ordinary decoding, the controller falls back to
-K = 0 and re-probes with a small block every `probe_every` ordinary rounds; the gap
+K = 0 and re-probes with a small block every `probe_every` ordinary rounds (a probe
+scores no bonus position, so with K = 1 the target's pass costs what an ordinary one
+does and the probe costs only the drafting; see `Controller.bonus`); the gap
 doubles while probes fail, up to `probe_every_max` or the gap at which failed probes
 waste `probe_budget` of the time (so cheap probes come often), and a fully accepted
 probe is followed at once by another, so a draft that becomes useful again is picked
@@ -287,6 +289,9 @@ class Controller:
             fails still emits one token but costs more than an ordinary pass); sets the
             gap cap from the measured costs, so a cheap probe (GPU) comes often.
         probe_k: block size of a probe (small: a failed probe costs little).
+        probe_bonus: whether a probe also scores the bonus position. False (default): a
+            probe of K = 1 only tests x_1, so the target's pass is as cheap as an ordinary
+            one and the probe costs just the drafting (see `bonus`).
         k_init: block size of the first speculative round (after one ordinary round that
             measures the baseline), before any draft cost is known.
         warmup_rounds: speculative rounds run before falling back is allowed, so one
@@ -309,6 +314,7 @@ class Controller:
         probe_every_max: int = 64,
         probe_budget: float = 0.03,
         probe_k: int = 1,
+        probe_bonus: bool = False,
         k_init: int = 4,
         warmup_rounds: int = 2,
         forget: float = 0.9,
@@ -333,6 +339,7 @@ class Controller:
         self.k_init = min(k_init, self.k_max)
         self.warmup_rounds = warmup_rounds
         self.probe_k = probe_k
+        self.probe_bonus = probe_bonus
         n = max(self.k_max, 1)
         self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget, forget_untested)
         # drafted-at-all rates: prior "the drafter proposes every position it is asked for"
@@ -458,6 +465,14 @@ class Controller:
         self.decisions.append(self._pending)
         return k
 
+    def bonus(self) -> bool:
+        """Whether the round just chosen scores the bonus position (see
+        `specgen.generate.KPolicy.bonus`): every round but a probe, unless `probe_bonus`.
+        A probe exists to test the draft, and the bonus row would cost an extra verify
+        row for one token that an ordinary pass gives anyway."""
+        d = self._pending
+        return self.probe_bonus or d is None or d.reason != "probe"
+
     def observe(
         self,
         k: int,
@@ -488,7 +503,7 @@ class Controller:
         """
         m = k if n_drafted is None else max(0, min(n_drafted, k))
         n = max(0, min(n_accepted, m))
-        self._verify.add(m + 1, verify_s)
+        self._verify.add(max(m, 1) if not self.bonus() else m + 1, verify_s)
         if k > 0:
             self._draft.add(m, draft_s)
             if catchup_s > 0.0 and math.isfinite(catchup_s):
@@ -547,14 +562,16 @@ class Controller:
     def _gap_cap(self) -> int:
         """Largest probe gap: probe_every_max, or sooner when failed probes are cheap.
 
-        A failed probe of block k emits one token in catch-up + draft_s(k) + verify_s(k + 1)
-        seconds (the drafter first evaluates the tokens of the ordinary rounds before it),
+        A failed probe of block k emits one token in catch-up + draft_s(k) + verify_s(rows)
+        seconds (the drafter first evaluates the tokens of the ordinary rounds before it;
+        rows = k, or k + 1 with `probe_bonus`),
         where ordinary decoding would emit (that time) / ordinary_token_s tokens: the loss
         is that ratio minus 1, in ordinary passes. A gap of loss / probe_budget passes
         keeps the loss at probe_budget of the fallback time.
         """
         k = self.probe_k
-        probe_s = (self._catchup_s or 0.0) + self.draft_s(k) + self.verify_s(k + 1)
+        rows = k + 1 if self.probe_bonus else k
+        probe_s = (self._catchup_s or 0.0) + self.draft_s(k) + self.verify_s(rows)
         ratio = probe_s / self.ordinary_token_s
         if not math.isfinite(ratio):
             return self.probe_every_max

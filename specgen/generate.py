@@ -37,6 +37,13 @@ class KPolicy(Protocol):
 
     def choose_k(self, remaining: int) -> int: ...
 
+    def bonus(self) -> bool:
+        """Whether the round just chosen scores the bonus position too (K + 1 rows).
+        False for a round that only tests proposals (a probe): the target then scores K
+        rows, as many as an ordinary pass when K = 1, and the round emits no bonus token.
+        """
+        ...
+
     def observe(
         self,
         k: int,
@@ -56,6 +63,9 @@ class FixedK:
 
     def choose_k(self, remaining: int) -> int:
         return max(0, min(self.k, remaining))
+
+    def bonus(self) -> bool:
+        return True
 
     def observe(self, *args: object, **kwargs: object) -> None:
         pass
@@ -105,13 +115,18 @@ def draft_block(
     return drafter.draft(context, k, rng)
 
 
-def score_block(target: Engine, last: int, block: Block) -> Logits:
-    """Stage 2: one batched target decode of [last, x_1..x_K].
+def score_block(target: Engine, last: int, block: Block, bonus: bool = True) -> Logits:
+    """Stage 2: one batched target decode of [last, x_1..x_K], or of [last, x_1..x_{K-1}]
+    without the bonus position.
 
-    Returns (K+1, n_vocab) float32 logits: row i scores the token after x_i (row 0 the
-    token after `last`). A view into llama.cpp's buffer, valid until the next decode.
+    Returns (K+1, n_vocab) float32 logits (K rows without the bonus): row i scores the
+    token after x_i (row 0 the token after `last`). A view into llama.cpp's buffer, valid
+    until the next decode.
     """
-    return target.decode([last, *block.tokens.tolist()], all_logits=True)
+    x = block.tokens.tolist()
+    if not bonus and x:
+        x = x[:-1]  # no row after x_K: the round ends at x_K if all are accepted
+    return target.decode([last, *x], all_logits=True)
 
 
 def target_distributions(logits: Logits, params: SamplingParams) -> Verified:
@@ -133,8 +148,17 @@ def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
     return rejection.accept(block.tokens, block.q, v.p, u)
 
 
-def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int:
-    """Stage 4: residual draw at the first rejection, or the bonus token after a full accept."""
+def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int | None:
+    """Stage 4: residual draw at the first rejection, or the bonus token after a full accept.
+
+    None after a full accept of a block scored without its bonus row (`score_block` with
+    bonus=False): the round then emits x_1..x_K only. Every emitted token is still
+    distributed as the target's: each accepted x_i is (Leviathan et al. 2023, Theorem
+    3.5), and the bonus draw is only a free extra token, not part of that argument.
+    """
+    rows = (v.argmax if v.argmax is not None else v.p).shape[0]  # type: ignore[union-attr]
+    if n >= rows:
+        return None
     if v.argmax is not None:
         # one-hot p minus one-hot q at a rejected position leaves p: the argmax
         return int(v.argmax[n])
@@ -155,19 +179,20 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
     """Build the round's RoundTrace (after rollback; `logits` is still this round's)."""
     x = block.tokens.tolist()
     k = len(x)
+    row = min(n, logits.shape[0] - 1)  # no bonus row: show the last scored position
     if v.argmax is not None:
         p_x = [1.0 if x[i] == int(v.argmax[i]) else 0.0 for i in range(k)]
         q_x = [1.0] * k
-        z = logits[n].astype(np.float64)  # greedy p is one-hot: show the raw softmax
+        z = logits[row].astype(np.float64)  # greedy p is one-hot: show the raw softmax
         w = np.exp(z - z.max())
         probs_row = w / w.sum()
     else:
         assert v.p is not None
         p_x = [float(v.p[i, x[i]]) for i in range(k)]
         q_x = [float(block.q[i, x[i]]) for i in range(k)]
-        probs_row = v.p[n]
+        probs_row = v.p[row]
     tested = n + 1 if n < k else k
-    top_ids = np.argsort(-probs_row)[:3]
+    top_ids = np.argsort(-probs_row)[:3] if x_next is not None else []
     draft_engine = getattr(drafter, "engine", None)
     return RoundTrace(
         position=len(committed) - len(new),
@@ -177,7 +202,13 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         u=tuple(float(a) for a in u),
         accepted=tuple(i < n for i in range(tested)),
         next_token=x_next,
-        next_kind="ordinary" if k == 0 else ("bonus" if n == k else "residual"),
+        next_kind=(
+            "none"
+            if x_next is None
+            else "ordinary"
+            if k == 0
+            else ("bonus" if n == k else "residual")
+        ),
         top=tuple((int(t), float(probs_row[t])) for t in top_ids),
         target_cache=len(target.tokens),
         draft_cache=len(draft_engine.tokens) if draft_engine is not None else -1,
@@ -269,9 +300,10 @@ def generate(
             t_round = time.perf_counter()
             # a round emits up to K+1 tokens: never draft past -n or the context
             k = policy.choose_k(min(emitter.remaining - 1, room)) if drafter else 0
+            bonus = k == 0 or policy.bonus()
             block = draft_block(drafter, committed, k, draft_rng)
             t1 = time.perf_counter()
-            logits = score_block(target, committed[-1], block)
+            logits = score_block(target, committed[-1], block, bonus)
             t2 = time.perf_counter()
             v = target_distributions(logits, params)
             u = target_rng.random(block.tokens.size)
@@ -279,7 +311,7 @@ def generate(
             x_next = next_token(n, block, v, target_rng)
             t3 = time.perf_counter()
 
-            new = [*block.tokens[:n].tolist(), x_next]
+            new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
             spans: list[Span] = []
             for i, tok in enumerate(new):
                 span = emitter.push(tok, from_draft=i < n)

@@ -16,16 +16,19 @@ with a ``type``:
   ``p_x`` (q_i(x_i), p_i(x_i); one-hot 1/0 values when greedy), ``u`` (the uniforms of the
   test u_i < p_i(x_i)/q_i(x_i); empty when greedy), ``accepted`` [bool per tested proposal,
   stopping at the first rejection], ``n_accepted``, ``next_token``, ``next_text``,
-  ``next_kind`` ("residual", "bonus" or "ordinary"), ``top`` [{token, text, p}: the
-  target's 3 most likely tokens where ``next_token`` was drawn, i.e. at the rejection
-  point; when greedy, p is the softmax at temperature 1], ``emitted_text``, ``draft_s``,
+  ``next_kind`` ("residual", "bonus", "ordinary", or "none": a probe scored no bonus
+  position and all its proposals were accepted, ``next_token`` is null), ``top``
+  [{token, text, p}: the target's 3 most likely tokens where ``next_token`` was drawn,
+  i.e. at the rejection point, empty for "none"; when greedy, p is the softmax at
+  temperature 1], ``emitted_text``, ``draft_s``,
   ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``.
 - ``end`` (last line of a finished generation): ``generation``, ``finish_reason``,
   ``n_generated``, ``stats``.
 
 The output tokens of a generation are, round by round, ``drafted[:n_accepted] +
-[next_token]``, concatenated and cut to ``n_generated`` (nothing after an end-of-generation
-token, a stop string or -n is emitted): `reconstruct_tokens` does it.
+[next_token]`` (without a null ``next_token``), concatenated and cut to ``n_generated``
+(nothing after an end-of-generation token, a stop string or -n is emitted):
+`reconstruct_tokens` does it.
 
 Files are streamed: each object is written as one complete line and flushed, so an
 interrupted run (Ctrl-C, a crash) leaves a valid prefix with no ``end`` line, which
@@ -214,7 +217,8 @@ class TraceWriter:
         }
         if self._text is not None:
             obj["drafted_text"] = [self._text(t) for t in tr.drafted]
-            obj["next_text"] = self._text(tr.next_token)
+            if tr.next_token is not None:
+                obj["next_text"] = self._text(tr.next_token)
             for entry in obj["top"]:
                 entry["text"] = self._text(entry["token"])
         self._round += 1
@@ -360,7 +364,8 @@ def reconstruct_tokens(trace: TraceFile, generation: int = 0) -> list[int]:
     out: list[int] = []
     for r in gen.rounds:
         out += r["drafted"][: r["n_accepted"]]
-        out.append(r["next_token"])
+        if r["next_token"] is not None:
+            out.append(r["next_token"])
     if gen.end is not None:
         del out[gen.end["n_generated"] :]
     return out

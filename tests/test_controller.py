@@ -219,6 +219,27 @@ def test_probes_are_rarer_when_catching_up_is_costly() -> None:
     assert costly >= 400 // 64  # still probing now and then
 
 
+def test_probes_skip_the_bonus_row_and_cost_one_row() -> None:
+    c = Controller(k_max=8)
+    c.observe(0, 0, 0.0, cpu_verify(1), 0)
+    seen = set()
+    for _ in range(60):
+        k = c.choose_k(100)
+        reason = c.decisions[-1].reason
+        seen.add((reason, c.bonus()))
+        rows = k if reason == "probe" else k + 1  # what the loop scores
+        c.observe(k, 0, DRAFT_S * k, cpu_verify(rows), n_drafted=k)
+    assert ("probe", False) in seen and ("fallback", True) in seen
+    assert all(bonus for reason, bonus in seen if reason != "probe")
+    assert c.verify_s(1) == pytest.approx(cpu_verify(1))  # probe rows counted as 1, not 2
+    with_bonus = Controller(k_max=8, probe_bonus=True)
+    with_bonus.observe(0, 0, 0.0, cpu_verify(1), 0)
+    for _ in range(60):
+        k = with_bonus.choose_k(100)
+        assert with_bonus.bonus()
+        with_bonus.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_drafted=k)
+
+
 def test_early_stop_is_not_a_rejection() -> None:
     stopped, rejected = Controller(k_max=4), Controller(k_max=4)
     for c in (stopped, rejected):

@@ -5,6 +5,7 @@ whole loop samples the target's joint distribution (chi-square, fixed seed, p > 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,8 +21,16 @@ from specgen.sampling import SamplingParams, probs
 GREEDY = SamplingParams(temp=0.0)
 
 
-def run(target, drafter, prompt, k, **cfg):
-    events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))
+@dataclass(frozen=True)
+class NoBonusK(FixedK):
+    """Fixed K, scoring only x_1..x_K (what a probe does): no bonus token."""
+
+    def bonus(self) -> bool:
+        return False
+
+
+def run(target, drafter, prompt, k, policy=FixedK, **cfg):
+    events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), policy(k)))
     assert isinstance(events[0], Prefilled) and isinstance(events[-1], Done)
     return events
 
@@ -30,18 +39,21 @@ def ordinary(target, prompt, **cfg):
     return run(target, None, prompt, 0, **cfg)[-1]
 
 
+@pytest.mark.parametrize("policy", [FixedK, NoBonusK])
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("prompt", [[1], [3, 4, 1], [2, 2, 2, 2, 2, 7]])
-def test_greedy_speculative_equals_ordinary(k, prompt):
+def test_greedy_speculative_equals_ordinary(k, prompt, policy):
     target = FakeEngine(n_vocab=9, seed=0)
     draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
     base = ordinary(target, prompt, max_tokens=40, params=GREEDY)
-    spec = run(target, ModelDrafter(draft, GREEDY, 9), prompt, k, max_tokens=40, params=GREEDY)
+    spec = run(
+        target, ModelDrafter(draft, GREEDY, 9), prompt, k, policy, max_tokens=40, params=GREEDY
+    )
     done = spec[-1]
     assert done.tokens == base.tokens and done.text == base.text
     s = done.stats
     assert 0 < s.n_accepted < s.n_drafted  # the noisy draft is sometimes right, sometimes not
-    assert s.n_generated == 40 and s.target_passes < 40
+    assert s.n_generated == 40 and (s.target_passes < 40 or (policy is NoBonusK and k == 1))
 
 
 def test_wrong_drafter_changes_nothing_at_temperature_zero():
@@ -186,15 +198,18 @@ def test_seed_reproducible_and_different_seeds_differ():
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "policy", "k"),
     [
-        SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
-        SamplingParams(temp=0.7, top_k=3, top_p=0.9, min_p=0.05),
+        (SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0), FixedK, 2),
+        (SamplingParams(temp=0.7, top_k=3, top_p=0.9, min_p=0.05), FixedK, 2),
+        (SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0), NoBonusK, 1),
+        (SamplingParams(temp=0.7, top_k=3, top_p=0.9, min_p=0.05), NoBonusK, 2),
     ],
 )
-def test_loop_samples_the_targets_joint_distribution(params):
-    """First three tokens of (prompt [1]) with K = 2: the exact law is the product of
-    the target's warped conditionals; the draft is a different, noisy model."""
+def test_loop_samples_the_targets_joint_distribution(params, policy, k):
+    """First three tokens of (prompt [1]): the exact law is the product of the target's
+    warped conditionals; the draft is a different, noisy model. Also without the bonus
+    row (a probe): then every token is an accepted proposal or a residual draw."""
     v = 5
     target = FakeEngine(n_vocab=v, seed=0, scale=1.0)
     draft = FakeEngine(n_vocab=v, seed=0, scale=1.0, noise=1.0)
@@ -209,7 +224,7 @@ def test_loop_samples_the_targets_joint_distribution(params):
     drafter = ModelDrafter(draft, params, v)
     n = 5000
     for s in range(n):
-        done = run(target, drafter, [1], 2, max_tokens=3, params=params, seed=s)[-1]
+        done = run(target, drafter, [1], k, policy, max_tokens=3, params=params, seed=s)[-1]
         counts[tuple(done.tokens)] += 1
     keys = sorted(law)
     exp = np.array([law[k] for k in keys]) * n
