@@ -296,10 +296,10 @@ def render_table(result):
             _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
             _fmt(o["speculative"]["tokens_per_s"], ".1f"),
             f"[red]{sp} slower[/]" if _slow(o["speedup"]) else f"[green]{sp}[/]",
-            bench._pct(o["acceptance_rate"]),
+            bench.pct(o["acceptance_rate"]),
             _fmt(o["tokens_per_pass"], ".2f"),
             _fmt(o["theoretical_speedup"], ".2f") + "×",
-            bench._pct(o["achieved_fraction"]),
+            bench.pct(o["achieved_fraction"]),
         )
     return t
 
@@ -358,6 +358,6 @@ def render_kinds(result):
                 cells.append("–")
                 continue
             color = "red" if _slow(s["speedup"]) else "green"
-            cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench._pct(s['acceptance_rate'])})")
+            cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench.pct(s['acceptance_rate'])})")
         t.add_row(kind, *cells)
     return t

@@ -1,0 +1,290 @@
+"""The measurement of `specgen bench` (the method is described in `specgen.bench`): one
+generation reduced to rounds (`measure`), loading the models and building the record
+(`bench`), the alternating ordinary/speculative runs (`run_bench`), and the CPU-load check
+that flags a busy machine."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from specgen.bench.prompts import BenchPrompt, k_label
+from specgen.bench.record import build_record
+from specgen.bench.results import (
+    ORDINARY,
+    SPECULATIVE,
+    BenchResult,
+    BenchSettings,
+    Progress,
+    Round,
+    RunResult,
+)
+from specgen.bench.summary import summarize
+from specgen.engine import Block, Drafter, Engine
+from specgen.errors import ConfigError
+from specgen.events import Done, Prefilled, Step
+from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.sampling import SamplingParams
+
+# -- one generation -----------------------------------------------------------------------
+
+
+class _BlockRecorder:
+    """Wraps a drafter and records the size of every block it proposes (an n-gram or
+    confidence cut-off drafter may propose fewer than K)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self._inner = inner
+        self.sizes: list[int] = []
+
+    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+        block = self._inner.draft(context, k, rng)
+        self.sizes.append(int(block.tokens.size))
+        return block
+
+    def __getattr__(self, name: str) -> Any:  # prefill, rollback, engine, close
+        return getattr(self._inner, name)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, bytes (ru_maxrss: KiB on Linux,
+    bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+# Called with (run info, event) for every event of every measured generation: the seam for
+# `--trace` (open a writer on Prefilled, write each Step, close it on Done).
+EventHook = Callable[[dict[str, Any], Prefilled | Step | Done], None]
+
+
+def measure(
+    target: Engine,
+    drafter: Drafter | None,
+    prompt: list[int],
+    config: GenerateConfig,
+    policy: KPolicy,
+    on_event: Callable[[Prefilled | Step | Done], None] | None = None,
+) -> tuple[list[Round], Done, Prefilled]:
+    """Run one generation and reduce its events to rounds."""
+    rec = _BlockRecorder(drafter) if drafter is not None else None
+    rounds: list[Round] = []
+    done: Done | None = None
+    pre: Prefilled | None = None
+    n_blocks = 0
+    for ev in generate(target, rec, prompt, config, policy):  # type: ignore[arg-type]
+        if on_event is not None:
+            on_event(ev)
+        if isinstance(ev, Step):
+            m = 0
+            if ev.k > 0 and rec is not None:
+                m = rec.sizes[n_blocks]
+                n_blocks += 1
+            rounds.append(Round(ev.k, m, ev.n_accepted, len(ev.spans), ev.draft_s, ev.round_s))
+        elif isinstance(ev, Done):
+            done = ev
+        elif isinstance(ev, Prefilled):
+            pre = ev
+    assert done is not None and pre is not None
+    return rounds, done, pre
+
+
+# -- the benchmark --------------------------------------------------------------------------
+
+
+def bench(
+    spec: Any,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    draft_p_min: float = 0.0,
+    progress: Callable[[Progress], None] | None = None,
+    on_event: EventHook | None = None,
+    status: Callable[[str], None] | None = None,
+    on_loaded: Callable[[Any], None] | None = None,
+) -> BenchResult:
+    """Load the models of `spec` (a `specgen.runner.ModelSpec`) once, build the record,
+    run `run_bench`, close the models.
+
+    Raises:
+        ConfigError: `--draft none` (nothing to compare with).
+        ModelFileError, ModelLoadError, VocabMismatchError: from loading.
+    """
+    from specgen.runner import DRAFT_NONE, load
+
+    if spec.draft == DRAFT_NONE:
+        raise ConfigError(
+            "bench compares ordinary with speculative decoding: give a draft model or"
+            " 'ngram', not 'none'"
+        )
+    busy0 = cpu_snapshot()
+    t0 = time.perf_counter()
+    loaded = load(spec, settings.params(settings.temps[0]), draft_p_min, status=status)
+    load_s = time.perf_counter() - t0
+    try:
+        assert loaded.drafter is not None
+        if on_loaded is not None:  # e.g. a trace writer that needs the vocabulary
+            on_loaded(loaded)
+        if status is not None:
+            status("hashing model files")
+        record = build_record(
+            spec.target, spec.draft, spec.target_cfg, spec.draft_cfg, settings, prompts,
+            n_ctx=loaded.target.n_ctx, draft_p_min=draft_p_min,
+        )  # fmt: skip
+        record["load_s"] = round(load_s, 3)
+        result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
+    finally:
+        loaded.close()
+    others = other_cpu_load(busy0, cpu_snapshot())
+    record["other_cpu_load"] = None if others is None else round(others, 3)
+    result.record = record
+    usable = record["machine"]["cpus_usable"]
+    if others is not None and others > 0.1 * usable:
+        result.warnings.insert(
+            0,
+            f"other processes kept {others:.1f} of {usable} CPUs busy during the measurement:"
+            " the figures are distorted; rerun on a quiet machine",
+        )
+    return result
+
+
+def cpu_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole machine, this process's CPU seconds, wall time) from
+    /proc/stat; None where it does not exist."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / hz
+    t = os.times()
+    return busy, t.user + t.system, time.monotonic()
+
+
+def other_cpu_load(
+    a: tuple[float, float, float] | None, b: tuple[float, float, float] | None
+) -> float | None:
+    """Mean number of CPUs that other processes kept busy between two snapshots."""
+    if a is None or b is None or b[2] <= a[2]:
+        return None
+    return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
+
+
+def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Drafter:
+    """The same draft engine under another temperature (q must use the target's warpers)."""
+    from specgen.drafters import ModelDrafter
+
+    if isinstance(drafter, ModelDrafter):
+        return ModelDrafter(drafter.engine, params, n_vocab, drafter.p_min)
+    return drafter
+
+
+def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
+    from specgen.runner import make_policy
+
+    return make_policy(draft_max, k_init=k_init)
+
+
+def run_bench(
+    target: Engine,
+    drafter: Drafter,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    progress: Callable[[Progress], None] | None = None,
+    on_event: EventHook | None = None,
+) -> BenchResult:
+    """Measure every configuration on every prompt, alternating ordinary and speculative
+    decoding with the same seed (see the module docstring).
+
+    Args:
+        target, drafter: open models (the drafter is re-wrapped per temperature).
+        on_event: called with (run info, event) for every Prefilled, Step and Done of the
+            measured generations, not the warm-up (with `settings.trace`, each Step
+            carries its RoundTrace): the seam for `--trace`.
+
+    Raises:
+        ConfigError: a prompt plus `n_tokens` and the block does not fit in the context.
+        PromptError, EngineError: from the loop.
+    """
+    ids = [target.tokenize(p.text.encode("utf-8")) for p in prompts]
+    k_auto = max(16, settings.k_init or 0)  # make_policy's k_max for auto
+    k_need = max((k if k is not None else k_auto) for k in settings.draft_max)
+    for p, toks in zip(prompts, ids, strict=True):
+        need = len(toks) + settings.n_tokens + k_need + 1
+        if need > target.n_ctx:
+            raise ConfigError(
+                f"prompt {p.id!r} ({len(toks)} tokens) + -n {settings.n_tokens} + block"
+                f" {k_need} needs a context of {need}; raise -c or lower -n"
+            )
+    total = settings.total_generations(len(prompts))
+    done = 0
+
+    def tick(desc: str) -> None:
+        if progress is not None:
+            progress(Progress(done, total, desc))
+
+    def one(mode, temp, k, prompt_i, run, seed, warm=False) -> RunResult:
+        params = settings.params(temp)
+        config = GenerateConfig(
+            max_tokens=min(settings.n_tokens, 16) if warm else settings.n_tokens,
+            params=params,
+            ignore_eos=True,
+            seed=seed,
+            trace=settings.trace,
+            # as `specgen run` does: the baseline for the controller, timed after the prompt
+            measure_ordinary=0 if mode == ORDINARY else 3,
+        )
+        p = prompts[prompt_i]
+        info = {
+            "mode": mode,
+            "temp": temp,
+            "draft_max": k_label(k),
+            "prompt_id": p.id,
+            "kind": p.kind,
+            "run": run,
+            "seed": seed,
+            "warmup": warm,
+        }
+        hook = (lambda ev: on_event(info, ev)) if on_event is not None and not warm else None
+        if mode == ORDINARY:
+            rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
+        else:
+            dr = _drafter_for(drafter, params, target.n_vocab)
+            policy = _policy(k, settings.k_init)
+            rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
+        s = d.stats
+        return RunResult(
+            mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,
+            seed=seed, stats=s.to_dict(), rounds=rounds, n_generated=s.n_generated,
+            prefill_s=s.prefill_s, decode_s=s.decode_s, ttft_s=s.ttft_s,
+            peak_rss_bytes=peak_rss_bytes(),
+        )  # fmt: skip
+
+    if settings.warmup:
+        for mode in (ORDINARY, SPECULATIVE):
+            tick(f"warm-up ({mode})")
+            one(mode, settings.temps[0], settings.draft_max[0], 0, -1, settings.seed, warm=True)
+            done += 1
+    results: list[RunResult] = []
+    # every configuration is measured on each prompt before the next prompt, so slow drift
+    # of a shared machine affects all of them alike (comparisons across K stay fair)
+    for temp in settings.temps:
+        for run in range(settings.runs):
+            for i, p in enumerate(prompts):
+                seed = settings.seed + 1000 * run + i
+                for k in settings.draft_max:
+                    for mode in (ORDINARY, SPECULATIVE):
+                        tick(f"temp {temp:g} K {k_label(k)} · {p.id} · {mode}")
+                        results.append(one(mode, temp, k, i, run, seed))
+                        done += 1
+    tick("done")
+    result = BenchResult(settings=settings, prompts=list(prompts), runs=results)
+    summarize(result)
+    return result

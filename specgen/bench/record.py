@@ -1,0 +1,322 @@
+"""The reproducibility record of `specgen bench`: models (read from the GGUF header, hashed),
+software, machine and settings (`build_record`), its fingerprint, the differences that make
+two records not comparable, and the comparison with an earlier `--json` result."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
+from specgen.bench.results import FORMAT, BenchResult, BenchSettings
+from specgen.download import sha256_file
+from specgen.errors import ConfigError
+
+# -- reproducibility record -----------------------------------------------------------------
+
+# llama.cpp's `llama_ftype` (general.file_type) names
+_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
+}  # fmt: skip
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+           11: "<q", 12: "<d"}  # fmt: skip
+
+
+def gguf_metadata(
+    path: Path, keys: Sequence[str] = ("general.architecture", "general.file_type")
+) -> dict[str, Any]:
+    """Read scalar/string metadata `keys` from a GGUF header without loading the model
+    (stops as soon as all are found). Missing keys are absent from the result.
+
+    Raises:
+        ValueError: not a GGUF file.
+    """
+    want = set(keys)
+    out: dict[str, Any] = {}
+    with open(path, "rb") as f:
+
+        def read(fmt: str) -> Any:
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def read_str() -> bytes:
+            return f.read(read("<Q"))
+
+        def skip(vtype: int) -> None:
+            if vtype == 8:
+                f.seek(read("<Q"), 1)
+            elif vtype == 9:
+                itype, n = read("<I"), read("<Q")
+                if itype in _SCALAR:
+                    f.seek(n * struct.calcsize(_SCALAR[itype]), 1)
+                else:
+                    for _ in range(n):
+                        skip(itype)
+            else:
+                f.seek(struct.calcsize(_SCALAR[vtype]), 1)
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"not a GGUF file: {path}")
+        version = read("<I")
+        count = "<Q" if version >= 2 else "<I"
+        read(count)  # tensors
+        n_kv = read(count)
+        for _ in range(n_kv):
+            key = read_str().decode("utf-8", "replace")
+            vtype = read("<I")
+            if key in want and vtype in _SCALAR:
+                out[key] = read(_SCALAR[vtype])
+            elif key in want and vtype == 8:
+                out[key] = read_str().decode("utf-8", "replace")
+            else:
+                skip(vtype)
+            if want <= out.keys():
+                break
+    return out
+
+
+def model_record(path: Path, n_gpu_layers: int) -> dict[str, Any]:
+    """File name, size, SHA-256, architecture and quantization type of one model file."""
+    path = Path(path)
+    try:
+        meta = gguf_metadata(path)
+    except (ValueError, OSError, struct.error):
+        meta = {}
+    ft = meta.get("general.file_type")
+    return {
+        "file": path.name,
+        "path": str(path.resolve()),
+        "size_bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+        "architecture": meta.get("general.architecture"),
+        "quantization": _FILE_TYPES.get(ft, f"type {ft}") if ft is not None else None,
+        "n_gpu_layers": n_gpu_layers,
+    }
+
+
+def backend_of(system_info: str) -> str:
+    """The GPU backend compiled into llama.cpp, from its system-info line."""
+    s = system_info.upper()
+    for name, marks in (
+        ("CUDA", ("CUDA",)),
+        ("Metal", ("METAL", "MTL")),
+        ("Vulkan", ("VULKAN",)),
+        ("ROCm", ("HIP", "ROCM")),
+        ("SYCL", ("SYCL",)),
+    ):
+        if any(m in s for m in marks):
+            return name
+    return "CPU"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                timeout=5,
+            )  # fmt: skip
+            if out.stdout.strip():
+                return out.stdout.strip()
+    return platform.processor() or platform.machine()
+
+
+def gpus() -> list[dict[str, Any]]:
+    """NVIDIA GPUs (name, memory) via nvidia-smi when present; [] otherwise."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.stdout.strip().splitlines():
+        name, _, mem = line.rpartition(",")
+        with contextlib.suppress(ValueError):
+            found.append({"name": name.strip(), "memory_bytes": int(float(mem)) * 1024 * 1024})
+    return found
+
+
+def machine_record() -> dict[str, Any]:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 1
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = None
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "memory_bytes": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "gpus": gpus(),
+    }
+
+
+def software_record() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from specgen import llamacpp
+
+    info = llamacpp.system_info()
+    llama_version = info.get("llama_cpp")
+    if llama_version is None:  # not in system_info(): ask the bindings directly
+        with contextlib.suppress(Exception):
+            llama_version = llamacpp.llama_cpp.llama_version().decode()
+    try:
+        specgen_version = version("specgen")
+    except PackageNotFoundError:
+        from specgen import __version__ as specgen_version
+    return {
+        "specgen": specgen_version,
+        "llama_cpp_python": info.get("llama_cpp_python"),
+        "llama_cpp": llama_version,
+        "backend": backend_of(info.get("system_info", "")),
+        "gpu_offload": info.get("gpu_offload") == "True",
+        "system_info": info.get("system_info"),
+        "numpy": np.__version__,
+    }
+
+
+def build_record(
+    target_path: Path,
+    draft: Path | str,
+    target_cfg: Any,
+    draft_cfg: Any,
+    settings: BenchSettings,
+    prompts: Sequence[BenchPrompt],
+    n_ctx: int | None = None,
+    draft_p_min: float = 0.0,
+) -> dict[str, Any]:
+    """The reproducibility record: everything that changes the figures.
+
+    `target_cfg`/`draft_cfg` are `EngineConfig`s; `draft` is a path or `ngram`.
+    """
+    from specgen.llamacpp import default_threads
+
+    draft_rec: dict[str, Any]
+    if isinstance(draft, Path) or (isinstance(draft, str) and draft not in ("ngram", "none")):
+        draft_rec = model_record(Path(draft), draft_cfg.n_gpu_layers)
+    else:
+        draft_rec = {"file": str(draft), "sha256": None, "n_gpu_layers": 0}
+    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else default_threads()
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "target": model_record(Path(target_path), target_cfg.n_gpu_layers),
+        "draft": draft_rec,
+        "draft_p_min": draft_p_min,
+        "software": software_record(),
+        "machine": machine_record(),
+        "threads": threads,
+        "n_ctx": n_ctx if n_ctx is not None else target_cfg.n_ctx,
+        "n_batch": target_cfg.n_batch,
+        "sampling": {
+            "temps": list(settings.temps),
+            "top_k": settings.top_k,
+            "top_p": settings.top_p,
+            "min_p": settings.min_p,
+        },
+        "seed": settings.seed,
+        "n_tokens": settings.n_tokens,
+        "runs": settings.runs,
+        "draft_max": [k_label(k) for k in settings.draft_max],
+        "prompt_set_sha256": prompt_set_sha256(prompts),
+        "n_prompts": len(prompts),
+    }
+
+
+# not part of comparability: when, where the files lie, how long loading took, how busy
+# the machine was (a warning says so)
+_VOLATILE = {"date", "path", "load_s", "other_cpu_load"}
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if k in _VOLATILE:
+                continue
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def record_fingerprint(record: dict[str, Any]) -> str:
+    """Short hash of the comparable part of a record: equal fingerprints, comparable runs."""
+    canon = json.dumps(_flatten(record), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+
+
+def record_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What differs between two records (ignoring date, paths and load times), as
+    'key: a -> b' lines; empty when the runs are comparable."""
+    fa, fb = _flatten(a), _flatten(b)
+    out = []
+    for key in sorted(fa.keys() | fb.keys()):
+        if fa.get(key) != fb.get(key):
+            out.append(f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}")
+    return out
+
+
+def compare_with(result: BenchResult, path: Path) -> dict[str, Any]:
+    """Compare `result` with an earlier `--json` file: record differences and speedups.
+
+    Raises:
+        ConfigError: the file cannot be read or is not a bench result.
+    """
+    try:
+        old = json.loads(Path(path).read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--compare: cannot read {path}: {e}") from None
+    if not isinstance(old, dict) or old.get("format") != FORMAT:
+        raise ConfigError(f"--compare: {path} is not a specgen bench JSON file")
+    diffs = record_differences(old.get("record", {}), result.record)
+    old_speedups = {
+        (c["temp"], c["draft_max"]): c["overall"]["speedup"] for c in old.get("configs", [])
+    }
+    rows = []
+    for c in result.configs:
+        key = (c["temp"], c["draft_max"])
+        if key in old_speedups:
+            rows.append(
+                {"temp": key[0], "draft_max": key[1], "before": old_speedups[key],
+                 "now": c["overall"]["speedup"]}
+            )  # fmt: skip
+    return {
+        "file": str(path),
+        "fingerprint": old.get("fingerprint"),
+        "comparable": not diffs,
+        "differences": diffs,
+        "speedups": rows,
+    }
