@@ -152,9 +152,10 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
     """Stage 4: residual draw at the first rejection, or the bonus token after a full accept.
 
     None after a full accept of a block scored without its bonus row (`score_block` with
-    bonus=False): the round then emits x_1..x_K only. Every emitted token is still
-    distributed as the target's: each accepted x_i is (Leviathan et al. 2023, Theorem
-    3.5), and the bonus draw is only a free extra token, not part of that argument.
+    bonus=False): the round then emits x_1..x_K only. The output law is unchanged: each
+    position is an accepted x_i or a residual draw, distributed as p (Leviathan et al.
+    2023, Theorem 3.5), and whether the bonus row is scored is decided before the round,
+    from nothing the round produces; the bonus token is a free extra draw from p.
     """
     rows = (v.argmax if v.argmax is not None else v.p).shape[0]  # type: ignore[union-attr]
     if n >= rows:
