@@ -182,7 +182,9 @@ def test_record_comparability(tiny_target: Path, tiny_draft: Path) -> None:
 def test_file_type_names_match_gguf() -> None:
     import gguf
 
-    for value, name in bench._FILE_TYPES.items():
+    from specgen.bench.record import _FILE_TYPES
+
+    for value, name in _FILE_TYPES.items():
         member = gguf.LlamaFileType(value).name
         assert member.endswith(name), (value, member, name)
 

@@ -45,7 +45,6 @@ from specgen.bench.prompts import (
     parse_temp_list,
     prompt_set_sha256,
 )
-from specgen.bench.record import _FILE_TYPES as _FILE_TYPES  # for the tests
 from specgen.bench.record import (
     backend_of,
     build_record,
