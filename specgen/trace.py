@@ -512,7 +512,7 @@ def _emitted_counts(gen: Generation) -> list[int]:
     left = gen.end["n_generated"] if gen.end is not None else None
     counts = []
     for r in gen.rounds:
-        n = r["n_accepted"] + 1
+        n = r["n_accepted"] + (r["next_token"] is not None)  # none after a probe's accept
         if left is not None:
             n = max(0, min(n, left))
             left -= n

@@ -4,6 +4,7 @@ prefix after an interruption), `summarize` on a hand-made trace, and the CLI."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,21 @@ ROUND_KEYS = {
 }  # fmt: skip
 
 
-def traced_run(path: Path, params: SamplingParams, k: int, eos: int | None = None, **cfg):
+@dataclass(frozen=True)
+class NoBonusK(FixedK):
+    """Fixed K without the bonus row, as the controller's probes."""
+
+    def bonus(self) -> bool:
+        return False
+
+
+def traced_run(
+    path: Path, params: SamplingParams, k: int, eos: int | None = None, policy=FixedK, **cfg
+):
     target = FakeEngine(n_vocab=9, seed=0, eos=eos)
     draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
     config = GenerateConfig(params=params, trace=True, measure_ordinary=2, **cfg)
-    events = generate(target, ModelDrafter(draft, params, 9), [1, 2, 3], config, FixedK(k))
+    events = generate(target, ModelDrafter(draft, params, 9), [1, 2, 3], config, policy(k))
     with TraceWriter(
         path, target="fake-t", draft="fake-d", params=params, seed=cfg.get("seed"),
         max_tokens=config.max_tokens, token_text=target.token_text,
@@ -55,6 +66,19 @@ def test_greedy_trace_reconstructs_the_output_exactly(tmp_path, k, max_tokens):
     done = traced_run(path, GREEDY, k, max_tokens=max_tokens)[-1]
     assert reconstruct_tokens(read_trace(path)) == list(done.tokens)
     assert len(done.tokens) == max_tokens
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED])
+def test_rounds_without_a_bonus_token_reconstruct(tmp_path, params):
+    path = tmp_path / "nb.jsonl"
+    done = traced_run(path, params, 2, policy=NoBonusK, max_tokens=40, seed=5)[-1]
+    tf = read_trace(path)
+    assert reconstruct_tokens(tf) == list(done.tokens)
+    none = [r for r in tf.rounds if r["next_kind"] == "none"]
+    assert none, "no fully accepted block in this run"
+    assert all(r["next_token"] is None and r["top"] == [] for r in none)
+    assert all(r["n_accepted"] == len(r["drafted"]) for r in none)
+    assert summarize(path).n_rounds == len(tf.rounds)
 
 
 def test_reconstruction_stops_at_eos_inside_an_accepted_block(tmp_path):
