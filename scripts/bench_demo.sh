@@ -71,8 +71,8 @@ done
 col() { awk -v c="$1" '{print $c}' "$OUT/check-reps.txt" | median; }
 {
   echo "== whole-process check (-n $CHECK_N, medians of $CHECK_REPS repetitions)"
-  echo "per repetition: bench speedup, bench e2e, run --draft none s, run s, the same with"
-  echo "-n 1, whole-process ratio minus -n 1"
+  echo "columns: repetition, bench speedup, bench speedup with prefill, seconds of"
+  echo "run --draft none and of run (-n $CHECK_N), the same at -n 1, whole-process ratio minus -n 1"
   cat "$OUT/check-reps.txt"
   awk -v b="$(col 2)" -v e="$(col 3)" -v o="$(col 4)" -v s="$(col 5)" -v o1="$(col 6)" \
     -v s1="$(col 7)" 'BEGIN {

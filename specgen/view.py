@@ -111,6 +111,8 @@ class ViewState:
         spec_rounds, spec_drafted, spec_draft_s, spec_round_s: rounds with K > 0, the draft
             tokens they proposed, and their drafting and wall seconds (for break-even).
         last_spec_k: block size of the latest round with K > 0 (0 if none yet).
+        spec_by_k: K -> [rounds, drafting seconds, wall seconds] of the rounds with that
+            block size (the break-even is computed for the K used most).
     """
 
     target_name: str
@@ -128,6 +130,7 @@ class ViewState:
     spec_draft_s: float = 0.0
     spec_round_s: float = 0.0
     last_spec_k: int = 0
+    spec_by_k: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -148,14 +151,18 @@ class ViewState:
         baseline or no speculative round yet. Alpha is ``math.inf`` when even alpha = 1
         would be slower than ordinary decoding.
 
-        A round's cost is K times the mean seconds per drafted token plus the mean of
-        everything else in a speculative round (verify, sampling, bookkeeping), seconds.
+        K is the block size used by the most rounds (the larger on a tie): with `auto`
+        K changes, and the last round is often cut short by -n, so neither says what the
+        run did. A round's cost is K times the mean seconds per drafted token plus the
+        mean of everything else in a speculative round (verify, sampling, bookkeeping),
+        both over the rounds of that K, seconds.
         """
-        k = self.k if self.k else self.last_spec_k
-        if not self.ordinary_token_s or not k or not self.spec_rounds or not self.spec_drafted:
+        if not self.ordinary_token_s or not self.spec_by_k:
             return None
-        draft_token_s = self.spec_draft_s / self.spec_drafted
-        fixed_s = max(0.0, self.spec_round_s - self.spec_draft_s) / self.spec_rounds
+        k = max(self.spec_by_k, key=lambda kk: (self.spec_by_k[kk][0], kk))
+        rounds, draft_s, round_s = self.spec_by_k[k]
+        draft_token_s = draft_s / (rounds * k)
+        fixed_s = max(0.0, round_s - draft_s) / rounds
         needed = (k * draft_token_s + fixed_s) / self.ordinary_token_s  # tokens per round
         if needed > k + 1 + 1e-9:
             return k, math.inf
@@ -214,6 +221,10 @@ def _apply_step(state: ViewState, step: Step) -> None:
         state.spec_draft_s += step.draft_s
         state.spec_round_s += step.round_s
         state.last_spec_k = step.k
+        acc = state.spec_by_k.setdefault(step.k, [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += step.draft_s
+        acc[2] += step.round_s
 
 
 # --------------------------------------------------------------------------------------

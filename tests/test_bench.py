@@ -548,7 +548,7 @@ def test_auto_is_compared_with_the_best_fixed_k_pairwise() -> None:
     assert a["ratio"] == pytest.approx(0.3 / 0.33, abs=1e-6)
     assert a["ratio_ci95"] == pytest.approx([0.3 / 0.33] * 2, abs=1e-6)  # drift cancels
     assert a["auto_speedup"] == pytest.approx(0.6 / 0.33, abs=1e-6)
-    assert "0.91×" in bench.auto_vs_best_text(a) and "K (8" in bench.auto_vs_best_text(a)
+    assert "best fixed K (8) = 0.91×" in bench.auto_vs_best_text(a)
     assert bench.auto_vs_best(runs, 0.8) is None  # no runs at that temperature
     assert bench.auto_vs_best(_pair_runs(4, 0.4, 0.0), 0.0) is None  # no auto
     assert bench.auto_vs_best(_pair_runs(None, 0.4, 0.0), 0.0) is None  # no fixed K

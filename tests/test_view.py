@@ -459,3 +459,17 @@ def test_view_imports_no_model_or_cli_library() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_break_even_uses_the_block_size_of_most_rounds() -> None:
+    """auto changes K, and the last round is often cut short by -n: the summary's
+    break-even must describe the K the run mostly used, with that K's own costs."""
+    st = state(ordinary_token_s=0.03)
+    for _ in range(3):  # K = 8: 8 x 10 ms drafting + 70 ms for the rest
+        apply(st, step([("a", True)] * 8 + [("b", False)], k=8, draft_s=0.08, round_s=0.15))
+    apply(st, step([("c", False)], k=0, round_s=0.03))
+    apply(st, step([("d", True), ("e", False)], k=1, draft_s=0.01, round_s=0.2))  # cut, slow
+    k, alpha = st.break_even
+    assert k == 8
+    assert alpha == pytest.approx(break_even_alpha(8, 0.01, 0.07, 0.03), abs=1e-12)
+    assert 0.0 < alpha < 1.0
