@@ -108,9 +108,6 @@ class ViewState:
         ordinary_how: how ``ordinary_token_s`` was obtained, e.g. "3 single-token target
             passes after the prompt".
         finish_reason: None while generating.
-        spec_rounds, spec_drafted, spec_draft_s, spec_round_s: rounds with K > 0, the draft
-            tokens they proposed, and their drafting and wall seconds (for break-even).
-        last_spec_k: block size of the latest round with K > 0 (0 if none yet).
         spec_by_k: K -> [rounds, drafting seconds, wall seconds] of the rounds with that
             block size (the break-even is computed for the K used most).
     """
@@ -125,11 +122,6 @@ class ViewState:
     ordinary_token_s: float | None = None
     ordinary_how: str = ""
     finish_reason: FinishReason | None = None
-    spec_rounds: int = 0
-    spec_drafted: int = 0
-    spec_draft_s: float = 0.0
-    spec_round_s: float = 0.0
-    last_spec_k: int = 0
     spec_by_k: dict[int, list[float]] = field(default_factory=dict)
 
     @property
@@ -216,11 +208,6 @@ def _apply_step(state: ViewState, step: Step) -> None:
     s.k_history.append(step.k)
     state.k = step.k
     if step.k > 0:
-        state.spec_rounds += 1
-        state.spec_drafted += step.k
-        state.spec_draft_s += step.draft_s
-        state.spec_round_s += step.round_s
-        state.last_spec_k = step.k
         acc = state.spec_by_k.setdefault(step.k, [0, 0.0, 0.0])
         acc[0] += 1
         acc[1] += step.draft_s
