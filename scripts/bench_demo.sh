@@ -7,7 +7,7 @@
 #
 # Environment: N (tokens per generation, default 128), RUNS (default 1), TEMPS (default
 # 0,0.8), KS (default 4,8,auto), CHECK_N (tokens for the whole-process check, default 256),
-# CHECK_REPS (default 5), TABLE (0: only the whole-process check), SPECGEN (the command,
+# CHECK_REPS (default 5), CHECK_RUNS (bench runs per repetition, default 3), TABLE (0: only the whole-process check), SPECGEN (the command,
 # default specgen).
 # Run it on a quiet machine: other load changes the figures. Takes several minutes on two
 # CPU cores.
@@ -20,6 +20,7 @@ TEMPS=${TEMPS:-0,0.8}
 KS=${KS:-4,8,auto}
 CHECK_N=${CHECK_N:-256}
 CHECK_REPS=${CHECK_REPS:-5}
+CHECK_RUNS=${CHECK_RUNS:-3}
 SPECGEN=${SPECGEN:-specgen}
 TABLE=${TABLE:-1}
 mkdir -p "$OUT"
@@ -57,7 +58,7 @@ echo "== check: bench vs whole processes, --temp 0 -n $CHECK_N, $CHECK_REPS repe
 "$SPECGEN" run --no-live --temp 0 -n 4 "$PROMPT" >/dev/null # warm the page cache
 : >"$OUT/check-reps.txt"
 for r in $(seq "$CHECK_REPS"); do
-  "$SPECGEN" bench --prompts "$OUT/check-prompt.txt" --temp 0 --draft-max auto --runs 1 \
+  "$SPECGEN" bench --prompts "$OUT/check-prompt.txt" --temp 0 --draft-max auto --runs "$CHECK_RUNS" \
     -n "$CHECK_N" --json "$OUT/check-$r.json" >/dev/null 2>&1
   o=$(wall --draft none -n "$CHECK_N")
   s=$(wall -n "$CHECK_N")
