@@ -7,8 +7,9 @@
 #
 # Environment: N (tokens per generation, default 128), RUNS (default 1), TEMPS (default
 # 0,0.8), KS (default 4,8,auto), CHECK_N (tokens for the whole-process check, default 256),
-# CHECK_REPS (default 5), CHECK_RUNS (bench runs per repetition, default 3), TABLE (0: only the whole-process check), SPECGEN (the command,
-# default specgen).
+# CHECK_REPS (repetitions of the check, default 7), CHECK_RUNS (bench runs per repetition,
+# default 3), TABLE (0: only the whole-process check), SPECGEN (the command, default
+# specgen).
 # Run it on a quiet machine: other load changes the figures. Takes several minutes on two
 # CPU cores.
 set -euo pipefail
@@ -19,7 +20,7 @@ RUNS=${RUNS:-1}
 TEMPS=${TEMPS:-0,0.8}
 KS=${KS:-4,8,auto}
 CHECK_N=${CHECK_N:-256}
-CHECK_REPS=${CHECK_REPS:-5}
+CHECK_REPS=${CHECK_REPS:-7}
 CHECK_RUNS=${CHECK_RUNS:-3}
 SPECGEN=${SPECGEN:-specgen}
 TABLE=${TABLE:-1}
