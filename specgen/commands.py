@@ -98,7 +98,7 @@ def run(a: RunArgs) -> int:
     if a.live:
         from rich.console import Console
 
-        from specgen import view
+        from specgen.ui import live as view
 
         err = Console(stderr=True)
         with view.loading_status(err, "preparing models", "models ready") as spinner:
@@ -160,7 +160,7 @@ def _load(a: RunArgs, params: SamplingParams, status):
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
     from rich.console import Console
 
-    from specgen import view
+    from specgen.ui import live as view
 
     state = view.ViewState(
         target_name, None if draft_name == DRAFT_NONE else draft_name, show_rejected=show_rejected

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from specgen.controller import expected_tokens
 from specgen.events import Done, Prefilled, Span, Stats, Step
-from specgen.view import (
+from specgen.ui.live import (
     LiveView,
     ViewState,
     apply,
@@ -454,7 +454,7 @@ def test_prefilled_baseline_and_held_back_text() -> None:
 
 def test_view_imports_no_model_or_cli_library() -> None:
     code = (
-        "import sys, specgen.view\n"
+        "import sys, specgen.ui.live\n"
         "bad = {'llama_cpp', 'typer', 'huggingface_hub'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
