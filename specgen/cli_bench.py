@@ -110,7 +110,7 @@ def run_bench_command(**a: Any) -> None:
     from specgen.commands import resolve_models
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
-    from specgen.runner import DRAFT_NONE, ModelSpec
+    from specgen.session import DRAFT_NONE, ModelSpec
 
     set_verbose(a["verbose"])
     if a["draft"] == DRAFT_NONE:

@@ -149,7 +149,7 @@ def _verify(
     from specgen.commands import resolve_models
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
-    from specgen.runner import ModelSpec, load
+    from specgen.session import ModelSpec, load
     from specgen.sampling import SamplingParams
     from specgen.verify import VerifyConfig, drafter_factory, verify
 

@@ -14,7 +14,7 @@ from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
 from specgen.llamacpp import set_verbose
-from specgen.runner import DRAFT_NGRAM, DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
+from specgen.session import DRAFT_NGRAM, DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
 from specgen.sampling import SamplingParams
 
 EXIT_INTERRUPTED = 130

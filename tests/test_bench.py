@@ -463,7 +463,7 @@ def test_other_cpu_load() -> None:
 def test_run_bench_event_seam_for_traces(tiny_target: Path, tiny_draft: Path) -> None:
     from specgen.events import Done, Prefilled, Step
     from specgen.llamacpp import EngineConfig
-    from specgen.runner import ModelSpec, load
+    from specgen.session import ModelSpec, load
 
     cfg = EngineConfig(n_ctx=256, n_threads=1)
     settings = bench.BenchSettings(draft_max=(3,), runs=1, n_tokens=6, trace=True)

@@ -108,14 +108,14 @@ def bench(
     status: Callable[[str], None] | None = None,
     on_loaded: Callable[[Any], None] | None = None,
 ) -> BenchResult:
-    """Load the models of `spec` (a `specgen.runner.ModelSpec`) once, build the record,
+    """Load the models of `spec` (a `specgen.session.ModelSpec`) once, build the record,
     run `run_bench`, close the models.
 
     Raises:
         ConfigError: `--draft none` (nothing to compare with).
         ModelFileError, ModelLoadError, VocabMismatchError: from loading.
     """
-    from specgen.runner import DRAFT_NONE, load
+    from specgen.session import DRAFT_NONE, load
 
     if spec.draft == DRAFT_NONE:
         raise ConfigError(
@@ -187,7 +187,7 @@ def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Draf
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
-    from specgen.runner import make_policy
+    from specgen.session import make_policy
 
     return make_policy(draft_max, k_init=k_init)
 
