@@ -107,9 +107,9 @@ def run_bench_command(**a: Any) -> None:
     from rich.console import Console
 
     from specgen import bench
-    from specgen.commands import resolve_models
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
+    from specgen.models.resolve import resolve_models
     from specgen.session import DRAFT_NONE, ModelSpec
 
     set_verbose(a["verbose"])

@@ -1,4 +1,4 @@
-"""`specgen download` and `specgen models`: thin commands over registry.py and download.py."""
+"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from specgen.errors import ConfigError
-from specgen.registry import ModelEntry, Registry, load_registry
+from specgen.models.registry import ModelEntry, Registry, load_registry
+from specgen.models.resolve import local_paths
 
 ModelsOpt = Annotated[
     Path | None,
@@ -50,7 +51,7 @@ def download(
     """Download a pair or a model into the Hugging Face cache (resumable)."""
     from rich.console import Console
 
-    from specgen import download as dl
+    from specgen.models import hub as dl
 
     reg = load_registry(models)
     entries = reg.models_for(name)
@@ -62,7 +63,7 @@ def download(
             if dry_run:
                 typer.echo(f"{entry.name}: embedded demo model, built locally (no download)")
                 continue
-            from specgen.demo import ensure_demo_model
+            from specgen.models.demo import ensure_demo_model
 
             path = ensure_demo_model(entry.name, status=err.print)
             typer.echo(f"{entry.name}\t{path}")
@@ -105,7 +106,7 @@ def model_rows(reg: Registry) -> list[dict[str, Any]]:
 
 
 def _model_row(m: ModelEntry) -> dict[str, Any]:
-    paths = _local_paths(m)
+    paths = local_paths(m)
     status = (
         ("built" if paths else "not built")
         if m.embedded
@@ -186,19 +187,6 @@ def render_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> li
             where,
         )
     return [pt, mt]
-
-
-def _local_paths(m: ModelEntry) -> list[Path] | None:
-    if m.embedded:
-        try:
-            from specgen.demo import DEMO_MODELS, cache_dir
-        except ImportError:
-            return None
-        path = cache_dir() / DEMO_MODELS.get(m.name, "")
-        return [path] if path.is_file() else None
-    from specgen.download import find_cached
-
-    return find_cached(m)
 
 
 def _human(n: int | None) -> str:

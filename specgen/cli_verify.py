@@ -146,11 +146,11 @@ def _verify(
 ) -> int:  # fmt: skip
     from rich.console import Console
 
-    from specgen.commands import resolve_models
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
-    from specgen.session import ModelSpec, load
+    from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
+    from specgen.session import ModelSpec, load
     from specgen.verify import VerifyConfig, drafter_factory, verify
 
     if check not in ("all", "greedy", "sampling"):

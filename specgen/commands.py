@@ -14,8 +14,9 @@ from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
 from specgen.llamacpp import set_verbose
-from specgen.session import DRAFT_NGRAM, DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
+from specgen.models.resolve import resolve_models
 from specgen.sampling import SamplingParams
+from specgen.session import DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
 
 EXIT_INTERRUPTED = 130
 
@@ -46,45 +47,6 @@ class RunArgs:
     ctx_size: int
     verbose: bool
     trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
-
-
-def resolve_models(
-    target: str | None, draft: str | None, pair: str | None, models: Path | None, status=None
-) -> tuple[Path, Path | str, int | None]:
-    """Turn --target/--draft/--pair into paths (or `none`/`ngram`) and a suggested K.
-
-    With nothing given, the embedded demo pair (prepared once, offline).
-
-    Raises:
-        ConfigError: unknown or not-downloaded names, or --pair mixed with --target.
-    """
-    from specgen.errors import ConfigError
-
-    if pair is not None:
-        if target is not None:
-            raise ConfigError("--pair cannot be combined with --target")
-        from specgen.registry import load_registry
-
-        t, d, k = load_registry(models).resolve_pair(pair)
-        return t, (draft if draft in (DRAFT_NONE, DRAFT_NGRAM) else d), k
-    if target is None:
-        from specgen.demo import ensure_demo_pair
-
-        t, d = ensure_demo_pair(status=status)  # prepared once, then cached
-        if draft is None:
-            return t, d, None
-        return t, _resolve_one(draft, models), None
-    if draft is None:
-        raise ConfigError("--target needs --draft too (a model, 'ngram' or 'none')")
-    return _resolve_one(target, models), _resolve_one(draft, models), None
-
-
-def _resolve_one(name: str, models: Path | None) -> Path | str:
-    if name in (DRAFT_NONE, DRAFT_NGRAM):
-        return name
-    from specgen.registry import load_registry
-
-    return load_registry(models).resolve_model(name)
 
 
 def run(a: RunArgs) -> int:

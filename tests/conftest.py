@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen import gguf_tools
+from specgen.models import gguf as gguf_tools
 
 # Weight noise of the tiny draft relative to the tiny target (same seed). Measured with
 # llama-cpp-python 0.3.36 over 256 positions of random token sequences: mean sum(min(p, q))
@@ -89,7 +89,7 @@ def vocab_mismatch_draft(model_dir: Path, tiny_draft: Path) -> Path:
 @pytest.fixture(scope="session")
 def demo_pair(specgen_cache: Path) -> tuple[Path, Path]:
     """``(target, draft)``: Gemma 3 270M F32 and Q4_K_M, cached under ``SPECGEN_CACHE``."""
-    from specgen.demo import ensure_demo_pair
+    from specgen.models.demo import ensure_demo_pair
 
     return ensure_demo_pair()
 
@@ -97,7 +97,7 @@ def demo_pair(specgen_cache: Path) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def weak_draft(specgen_cache: Path) -> Path:
     """The Q4_K_M demo model cut to its first 6 of 18 blocks, cached under ``SPECGEN_CACHE``."""
-    from specgen.demo import ensure_weak_draft
+    from specgen.models.demo import ensure_weak_draft
 
     return ensure_weak_draft(6)
 

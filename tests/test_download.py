@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from hubserver import HubServer, isolate_env, tiny_gguf
 
-from specgen import download
-from specgen.download import download_model, find_cached, plan_download
 from specgen.errors import ConfigError, DownloadError, ModelFileError
-from specgen.registry import load_registry
+from specgen.models import hub as download
+from specgen.models.hub import download_model, find_cached, plan_download
+from specgen.models.registry import load_registry
+from specgen.models.resolve import resolve_model, resolve_pair
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +63,7 @@ def test_pair_download_then_resolve(hub, ggufs, tmp_path):
     hub.add_repo("org/draft-GGUF", {"draft-q4_0.gguf": ggufs["draft"]})
     reg = registry(tmp_path, PAIR_YAML)
     with pytest.raises(ConfigError, match="specgen download tiny"):
-        reg.resolve_pair("tiny")
+        resolve_pair(reg, "tiny")
     seen: dict[str, int] = {}
     results = [
         download_model(m, progress=lambda f, n, t: seen.__setitem__(f, n))
@@ -74,7 +75,7 @@ def test_pair_download_then_resolve(hub, ggufs, tmp_path):
         "draft-q4_0.gguf": len(ggufs["draft"]),
     }
     assert all(str(r.path).startswith(str(tmp_path / "hf" / "hub")) for r in results)
-    target, draft, k = reg.resolve_pair("tiny")
+    target, draft, k = resolve_pair(reg, "tiny")
     assert (target, draft, k) == (results[0].path, results[1].path, 4)
     assert len(hub.file_gets()) == 2
     # the Hub's CDN is another host: the token never goes there
@@ -216,7 +217,7 @@ models:
     result = download_model(reg.model("big"))
     assert [p.name for p in result.paths] == sorted(shards)
     assert [p.read_bytes() for p in result.paths] == [shards[n] for n in sorted(shards)]
-    assert reg.resolve_model("big") == result.paths[0]
+    assert resolve_model(reg, "big") == result.paths[0]
     # an exact shard name stands for its set, without a listing
     assert download_model(reg.model("one")).paths == result.paths
     with pytest.raises(ModelFileError, match="matches 4 files"):
@@ -328,7 +329,7 @@ def test_registry_modules_import_nothing_heavy():
     import sys
 
     code = (
-        "import sys, specgen.registry, specgen.download;"
+        "import sys, specgen.models.registry, specgen.models.hub;"
         "print(sorted(m for m in ('huggingface_hub', 'yaml', 'rich', 'typer', 'llama_cpp')"
         " if m in sys.modules))"
     )

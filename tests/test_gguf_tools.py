@@ -1,4 +1,4 @@
-"""Tests for specgen.gguf_tools and specgen.demo: real files, read back with gguf and llama.cpp."""
+"""specgen.models.gguf and specgen.models.demo: real files, read back with gguf and llama.cpp."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import gguf
 import numpy as np
 import pytest
 
-from specgen import demo, gguf_tools
 from specgen.errors import ConfigError, ModelFileError
+from specgen.models import demo
+from specgen.models import gguf as gguf_tools
 
 # --- helpers -----------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ import pytest
 from hubserver import isolate_env
 
 from specgen.errors import ConfigError, ModelFileError
-from specgen.registry import PACKAGED_FILE, load_registry, user_registry_file
+from specgen.models.registry import PACKAGED_FILE, load_registry, user_registry_file
+from specgen.models.resolve import resolve_model, resolve_pair
 
 
 @pytest.fixture(autouse=True)
@@ -179,22 +180,22 @@ def test_a_user_pair_may_name_packaged_models_and_errors_name_the_user_file(tmp_
 def test_resolve_model_paths_names_and_errors(tmp_path):
     reg = load_registry()
     gguf = write(tmp_path / "my.gguf", "GGUF")
-    assert reg.resolve_model(str(gguf)) == gguf
+    assert resolve_model(reg, str(gguf)) == gguf
     with pytest.raises(ModelFileError, match="no such file or registry name"):
-        reg.resolve_model(str(tmp_path / "missing.gguf"))
+        resolve_model(reg, str(tmp_path / "missing.gguf"))
     with pytest.raises(ConfigError, match="`specgen download qwen2.5-coder-7b-q8`"):
-        reg.resolve_model("qwen2.5-coder-7b-q8")
+        resolve_model(reg, "qwen2.5-coder-7b-q8")
     with pytest.raises(ConfigError, match="`specgen download qwen2.5-coder-7b`"):
-        reg.resolve_pair("qwen2.5-coder-7b")
+        resolve_pair(reg, "qwen2.5-coder-7b")
     with pytest.raises(ConfigError, match="no pair named 'nope'"):
-        reg.resolve_pair("nope")
+        resolve_pair(reg, "nope")
 
 
 def test_resolve_finds_a_model_already_in_the_hf_cache(tmp_path):
     snap = tmp_path / "hf" / "hub" / "models--ggml-org--Qwen2.5-Coder-0.5B-Q8_0-GGUF"
     write(snap / "refs" / "main", "a" * 40)
     f = write(snap / "snapshots" / ("a" * 40) / "qwen2.5-coder-0.5b-q8_0.gguf", "GGUF")
-    assert load_registry().resolve_model("qwen2.5-coder-0.5b-q8") == f
+    assert resolve_model(load_registry(), "qwen2.5-coder-0.5b-q8") == f
 
 
 def test_embedded_models_are_built_by_the_demo_module(tmp_path, monkeypatch):
@@ -204,10 +205,10 @@ def test_embedded_models_are_built_by_the_demo_module(tmp_path, monkeypatch):
         calls.append(name)
         return tmp_path / f"{name}.gguf"
 
-    fake = types.ModuleType("specgen.demo")
+    fake = types.ModuleType("specgen.models.demo")
     fake.ensure_demo_model = ensure_demo_model  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "specgen.demo", fake)
-    target, draft, k = load_registry().resolve_pair("demo")
+    monkeypatch.setitem(sys.modules, "specgen.models.demo", fake)
+    target, draft, k = resolve_pair(load_registry(), "demo")
     assert (target.name, draft.name, k) == ("gemma3-270m-f32.gguf", "gemma3-270m-q4.gguf", 8)
     assert calls == ["gemma3-270m-f32", "gemma3-270m-q4"]
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import FORMAT, BenchResult, BenchSettings
-from specgen.download import sha256_file
 from specgen.errors import ConfigError
+from specgen.models.hub import sha256_file
 
 # -- reproducibility record -----------------------------------------------------------------
 

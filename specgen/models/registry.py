@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from specgen.errors import ConfigError, ModelFileError
+from specgen.errors import ConfigError
 
 PACKAGED_FILE = Path(__file__).with_name("models.yaml")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -103,60 +103,6 @@ class Registry:
             f"{name!r} is neither a pair nor a model in the registry; "
             f"pairs: {_names(self.pairs)}; see `specgen models`"
         )
-
-    def resolve_model(self, name_or_path: str) -> Path:
-        """A loadable GGUF path for a file path or a registry name; never uses the network.
-
-        An existing path is returned as is; a downloaded registry model gives its cached
-        path (the first shard of a split set); an embedded model is built by
-        ``specgen.demo.ensure_demo_model``.
-
-        Raises:
-            ConfigError: a known model that is not downloaded yet (the message has the
-                exact ``specgen download`` command).
-            ModelFileError: neither an existing file nor a registry name.
-        """
-        path = Path(name_or_path).expanduser()
-        if path.is_file():
-            return path
-        entry = self.models.get(name_or_path)
-        if entry is None:
-            raise ModelFileError(
-                f"{name_or_path}: no such file or registry name (see `specgen models`)"
-            )
-        if entry.embedded:
-            from specgen.demo import ensure_demo_model
-
-            return ensure_demo_model(entry.name)
-        from specgen.download import find_cached
-
-        files = find_cached(entry)
-        if files is None:
-            raise ConfigError(
-                f"model {entry.name!r} is not downloaded yet: run `specgen download {entry.name}`"
-            )
-        return files[0]
-
-    def resolve_pair(self, name: str) -> tuple[Path, Path, int]:
-        """(target path, draft path, draft_max) for a pair; errors as in resolve_model."""
-        p = self.pair(name)
-        missing = [
-            m
-            for m in (p.target, p.draft)
-            if not self.models[m].embedded and _find_cached(self.models[m]) is None
-        ]
-        if missing:
-            raise ConfigError(
-                f"pair {name!r} is not downloaded yet ({', '.join(missing)}): "
-                f"run `specgen download {name}`"
-            )
-        return self.resolve_model(p.target), self.resolve_model(p.draft), p.draft_max
-
-
-def _find_cached(entry: ModelEntry) -> list[Path] | None:
-    from specgen.download import find_cached
-
-    return find_cached(entry)
 
 
 def _names(m: Mapping[str, object]) -> str:

@@ -3,7 +3,7 @@
 - ``gemma3-270m-q4``: the Q4_K_M file (253,113,024 bytes, SHA-256 checked by the package);
   the demo **draft**.
 - ``gemma3-270m-f32``: the same weights dequantized to F32 (about 1.08 GB, derived once with
-  :func:`specgen.gguf_tools.dequantize_to_f32`, roughly 15-20 s on two cores); the demo
+  :func:`specgen.models.gguf.dequantize_to_f32`, roughly 15-20 s on two cores); the demo
   **target**.
 - :func:`ensure_weak_draft`: the Q4 file with only its first ``n_layers`` blocks (a draft that
   rarely agrees: for showing speculation that does not pay).
@@ -111,7 +111,7 @@ def ensure_demo_model(name: str, status: StatusFn | None = None) -> Path:
     if name == Q4_NAME:
         _assemble_q4(path, status)
     else:
-        from specgen.gguf_tools import dequantize_to_f32
+        from specgen.models.gguf import dequantize_to_f32
 
         q4 = ensure_demo_model(Q4_NAME, status)
         _say(status, "deriving F32 target (one time, ~15 s)")
@@ -141,7 +141,7 @@ def ensure_weak_draft(n_layers: int = 6, status: StatusFn | None = None) -> Path
         ValueError: ``n_layers`` outside 1..18.
         ModelFileError, OSError: as :func:`ensure_demo_model`.
     """
-    from specgen.gguf_tools import keep_first_layers
+    from specgen.models.gguf import keep_first_layers
 
     path = cache_dir() / f"gemma-3-270m-q4_k_m-first{n_layers}.gguf"
     if path.is_file():

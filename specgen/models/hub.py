@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from specgen.errors import ConfigError, DownloadError, ModelFileError
 
 if TYPE_CHECKING:
-    from specgen.registry import ModelEntry
+    from specgen.models.registry import ModelEntry
 
 #: progress hook: (file name in the repository, bytes done, total bytes or None)
 ProgressHook = Callable[[str, int, "int | None"], None]

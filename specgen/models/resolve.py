@@ -1,0 +1,119 @@
+"""The one resolver: a file path, a registry name, a pair or the embedded demo -> files on disk.
+
+Never uses the network: a registry model must have been downloaded (``specgen download``);
+an embedded demo model is built locally, once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specgen.errors import ConfigError, ModelFileError
+from specgen.models.registry import ModelEntry, Registry, load_registry
+
+
+def resolve_model(reg: Registry, name_or_path: str) -> Path:
+    """A loadable GGUF path for a file path or a registry name; never uses the network.
+
+    An existing path is returned as is; a downloaded registry model gives its cached
+    path (the first shard of a split set); an embedded model is built by
+    ``specgen.models.demo.ensure_demo_model``.
+
+    Raises:
+        ConfigError: a known model that is not downloaded yet (the message has the
+            exact ``specgen download`` command).
+        ModelFileError: neither an existing file nor a registry name.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    entry = reg.models.get(name_or_path)
+    if entry is None:
+        raise ModelFileError(
+            f"{name_or_path}: no such file or registry name (see `specgen models`)"
+        )
+    if entry.embedded:
+        from specgen.models.demo import ensure_demo_model
+
+        return ensure_demo_model(entry.name)
+    from specgen.models.hub import find_cached
+
+    files = find_cached(entry)
+    if files is None:
+        raise ConfigError(
+            f"model {entry.name!r} is not downloaded yet: run `specgen download {entry.name}`"
+        )
+    return files[0]
+
+
+def resolve_pair(reg: Registry, name: str) -> tuple[Path, Path, int]:
+    """(target path, draft path, draft_max) for a pair; errors as in resolve_model."""
+    p = reg.pair(name)
+    missing = [
+        m
+        for m in (p.target, p.draft)
+        if not reg.models[m].embedded and _find_cached(reg.models[m]) is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"pair {name!r} is not downloaded yet ({', '.join(missing)}): "
+            f"run `specgen download {name}`"
+        )
+    return resolve_model(reg, p.target), resolve_model(reg, p.draft), p.draft_max
+
+
+def _find_cached(entry: ModelEntry) -> list[Path] | None:
+    from specgen.models.hub import find_cached
+
+    return find_cached(entry)
+
+
+def resolve_models(
+    target: str | None, draft: str | None, pair: str | None, models: Path | None, status=None
+) -> tuple[Path, Path | str, int | None]:
+    """Turn --target/--draft/--pair into paths (or `none`/`ngram`) and a suggested K.
+
+    With nothing given, the embedded demo pair (prepared once, offline).
+
+    Raises:
+        ConfigError: unknown or not-downloaded names, or --pair mixed with --target.
+    """
+    from specgen.session import DRAFT_NGRAM, DRAFT_NONE
+
+    if pair is not None:
+        if target is not None:
+            raise ConfigError("--pair cannot be combined with --target")
+        t, d, k = resolve_pair(load_registry(models), pair)
+        return t, (draft if draft in (DRAFT_NONE, DRAFT_NGRAM) else d), k
+    if target is None:
+        from specgen.models.demo import ensure_demo_pair
+
+        t, d = ensure_demo_pair(status=status)  # prepared once, then cached
+        if draft is None:
+            return t, d, None
+        return t, _resolve_one(draft, models), None
+    if draft is None:
+        raise ConfigError("--target needs --draft too (a model, 'ngram' or 'none')")
+    return _resolve_one(target, models), _resolve_one(draft, models), None
+
+
+def _resolve_one(name: str, models: Path | None) -> Path | str:
+    from specgen.session import DRAFT_NGRAM, DRAFT_NONE
+
+    if name in (DRAFT_NONE, DRAFT_NGRAM):
+        return name
+    return resolve_model(load_registry(models), name)
+
+
+def local_paths(m: ModelEntry) -> list[Path] | None:
+    """The files of ``m`` already on disk (built demo file or cached download), else None."""
+    if m.embedded:
+        try:
+            from specgen.models.demo import DEMO_MODELS, cache_dir
+        except ImportError:
+            return None
+        path = cache_dir() / DEMO_MODELS.get(m.name, "")
+        return [path] if path.is_file() else None
+    from specgen.models.hub import find_cached
+
+    return find_cached(m)
