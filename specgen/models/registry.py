@@ -1,7 +1,8 @@
 """The model registry: models.yaml files validated once into frozen dataclasses.
 
 Files are merged in this order, later names replacing earlier ones whole:
-the packaged ``specgen/models.yaml`` < the user file (``$SPECGEN_HOME/models.yaml``, else
+the packaged ``models.yaml`` (at the repository's top level; the package reads it through
+the link ``specgen/models/models.yaml``) < the user file (``$SPECGEN_HOME/models.yaml``, else
 ``~/.config/specgen/models.yaml``) < ``--models FILE``.
 """
 
