@@ -1,5 +1,5 @@
 """`python -m specgen` runs the command line."""
 
-from specgen.cli import main
+from specgen.cli.app import main
 
 main()

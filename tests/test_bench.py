@@ -307,7 +307,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch) -> 
 
 
 def _main(argv: list[str]) -> int:
-    from specgen.cli import main
+    from specgen.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main(argv)

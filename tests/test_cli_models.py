@@ -10,7 +10,7 @@ import typer
 from hubserver import HubServer, isolate_env, tiny_gguf
 from typer.testing import CliRunner
 
-from specgen.cli_models import register
+from specgen.cli.models import register
 from specgen.errors import SpecgenError
 
 
@@ -48,7 +48,7 @@ pairs:
 
 
 def invoke(*args: str):
-    """Run a command on a local app; SpecgenError becomes exit 1 and one line, as in cli.main."""
+    """Run a command on a local app; SpecgenError becomes exit 1 and one line, as in cli.app.main."""
     app = typer.Typer()
     register(app)
     result = CliRunner().invoke(app, list(args))
@@ -124,7 +124,7 @@ def test_bad_models_file_names_file_and_key(tmp_path):
 
 
 def test_the_real_cli_registers_these_commands(reg_file, capsys):
-    cli = pytest.importorskip("specgen.cli")
+    cli = pytest.importorskip("specgen.cli.app")
     with pytest.raises(SystemExit) as code:
         cli.main(["download", "typo", "--models", str(reg_file)])
     assert code.value.code == 1

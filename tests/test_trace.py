@@ -267,7 +267,7 @@ def test_summarize_without_baseline_uses_k0_rounds_or_says_so(tmp_path):
 
 @pytest.fixture()
 def cli():
-    from specgen.cli import app
+    from specgen.cli.app import app
 
     return app
 
@@ -298,7 +298,7 @@ def test_run_trace_greedy_reconstructs_cli_output(cli, tiny_target, tiny_draft, 
 
 
 def test_summarize_cli_bad_file_is_one_line_error(tmp_path, capsys):
-    from specgen.cli import main
+    from specgen.cli.app import main
 
     bad = tmp_path / "x.jsonl"
     bad.write_text("nope\n", encoding="utf-8")

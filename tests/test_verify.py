@@ -248,7 +248,7 @@ def test_verify_fails_on_a_broken_rule(tiny_engines, monkeypatch, name):
 
 
 def test_cli_verify_tiny_pair_passes_with_exit_0(tiny_target, tiny_draft):
-    from specgen.cli import app
+    from specgen.cli.app import app
 
     args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
             "--samples", "300", "--json"]  # fmt: skip
@@ -262,7 +262,7 @@ def test_cli_verify_tiny_pair_passes_with_exit_0(tiny_target, tiny_draft):
 
 
 def test_cli_verify_fails_with_exit_1_on_a_broken_rule(tiny_target, tiny_draft, monkeypatch):
-    from specgen.cli import app
+    from specgen.cli.app import app
 
     monkeypatch.setattr(rejection, "residual", lambda p, q: np.maximum(q - p, 0.0))
     args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
@@ -277,7 +277,7 @@ def test_cli_verify_fails_with_exit_1_on_a_broken_rule(tiny_target, tiny_draft, 
     [(["--draft", "none"], "needs a draft"), (["--check", "both"], "--check")],
 )
 def test_cli_verify_usage_errors_are_one_line(tiny_target, tiny_draft, capsys, extra, message):
-    from specgen.cli import main
+    from specgen.cli.app import main
 
     args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", *extra]
     if extra[0] == "--draft":

@@ -1,5 +1,5 @@
 """`specgen bench`: measure ordinary against speculative decoding, honestly. Returns data,
-never prints (`specgen.cli_bench` renders it).
+never prints (`specgen.cli.bench` renders it).
 
 Method (`run_bench`): both models are loaded once. A discarded warm-up generation of each
 mode comes first. Then for every sampling temperature, every run, every prompt and every

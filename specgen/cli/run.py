@@ -1,5 +1,9 @@
-"""What the `run` command does, below the Typer layer: resolve models, load them,
-drive the loop, and write plain text, JSON or the live view. No Typer here."""
+"""`specgen run`: the Typer command, and below it what the command does: resolve the models,
+load them, drive the loop, and write plain text, JSON or the live view.
+
+The model-side modules are imported inside the functions so that `specgen --help` and the
+other commands start without loading llama.cpp.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,34 @@ import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
-from specgen.errors import PromptError
-from specgen.events import Done, Prefilled, Step
-from specgen.generate import GenerateConfig, generate
-from specgen.llamacpp import set_verbose
-from specgen.models.resolve import resolve_models
-from specgen.sampling import SamplingParams
-from specgen.session import DRAFT_NONE, ModelSpec, load, make_policy, parse_draft_max
+import typer
+
+from specgen.cli.options import (
+    CtxOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    JsonOpt,
+    MinPOpt,
+    ModelsOpt,
+    NgldOpt,
+    NglOpt,
+    PairOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    TraceOpt,
+    VerboseOpt,
+)
+from specgen.errors import ConfigError, PromptError
+
+if TYPE_CHECKING:
+    from specgen.sampling import SamplingParams
 
 EXIT_INTERRUPTED = 130
 
@@ -49,8 +73,102 @@ class RunArgs:
     trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
 
 
-def run(a: RunArgs) -> int:
+EPILOG = (
+    "Examples:\n\n"
+    "  specgen run 'Once upon a time'                 # embedded demo pair\n\n"
+    "  specgen run -m big.gguf -md small.gguf -n 128 --temp 0 'def fib(n):'\n\n"
+    "  echo 'Summarize: ...' | specgen run --pair qwen2.5-coder-7b --json\n\n"
+    "  specgen run -m big.gguf --draft none 'Hello'    # ordinary decoding (baseline)"
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `run` command to `app`."""
+    app.command("run", epilog=EPILOG)(run)
+
+
+def _read_prompt(prompt: str | None) -> bytes:
+    if prompt is None or prompt == "-":
+        # byte for byte: a trailing newline is part of the prompt
+        return sys.stdin.buffer.read()
+    return prompt.encode("utf-8", "surrogateescape")
+
+
+def run(
+    prompt: Annotated[
+        str | None, typer.Argument(help="Prompt text; omit or '-' to read stdin.")
+    ] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    models: ModelsOpt = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")
+    ] = 256,
+    temp: TempOpt = 0.8,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    draft_max: DraftMaxOpt = "auto",
+    draft_p_min: DraftPMinOpt = 0.0,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
+    ] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at EOS.")] = False,
+    json_out: JsonOpt = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="Plain text even on a TTY.")] = False,
+    show_rejected: Annotated[
+        bool, typer.Option("--show-rejected", help="Show rejected proposals struck through.")
+    ] = False,
+    n_gpu_layers: NglOpt = 0,
+    n_gpu_layers_draft: NgldOpt = 0,
+    threads: ThreadsOpt = 0,
+    ctx_size: CtxOpt = 4096,
+    verbose: VerboseOpt = False,
+    trace: TraceOpt = None,
+) -> None:
+    """Generate text with a draft and a target model (or the target alone)."""
+    if max_tokens < 1:
+        raise ConfigError(f"-n must be at least 1, got {max_tokens}")
+    code = execute(
+        RunArgs(
+            prompt=_read_prompt(prompt),
+            target=target,
+            draft=draft,
+            pair=pair,
+            models=models,
+            max_tokens=max_tokens,
+            temp=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            draft_max=draft_max,
+            draft_p_min=draft_p_min,
+            stop=tuple(stop or ()),
+            ignore_eos=ignore_eos,
+            json_out=json_out,
+            live=not (no_live or json_out) and sys.stdout.isatty(),
+            show_rejected=show_rejected,
+            n_gpu_layers=n_gpu_layers,
+            n_gpu_layers_draft=n_gpu_layers_draft,
+            threads=threads,
+            ctx_size=ctx_size,
+            verbose=verbose,
+            trace=trace,
+        )
+    )
+    raise typer.Exit(code)
+
+
+def execute(a: RunArgs) -> int:
     """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
+    from specgen.generate import GenerateConfig, generate
+    from specgen.llamacpp import set_verbose
+    from specgen.sampling import SamplingParams
+    from specgen.session import make_policy, parse_draft_max
+
     set_verbose(a.verbose)
     if not a.prompt:
         raise PromptError("the prompt is empty")
@@ -112,6 +230,9 @@ def run(a: RunArgs) -> int:
 
 
 def _load(a: RunArgs, params: SamplingParams, status):
+    from specgen.models.resolve import resolve_models
+    from specgen.session import ModelSpec, load
+
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec.from_flags(
         target_path, draft_path, a.ctx_size, a.n_gpu_layers, a.n_gpu_layers_draft, a.threads
@@ -122,6 +243,7 @@ def _load(a: RunArgs, params: SamplingParams, status):
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
     from rich.console import Console
 
+    from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
 
     state = view.ViewState(
@@ -138,6 +260,8 @@ def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) ->
 
 
 def _run_plain(events) -> int:
+    from specgen.events import Done, Step
+
     # UTF-8 bytes whatever the console encoding; flushed per round so pipes stream.
     out = sys.stdout.buffer
     done: Done | None = None
@@ -165,6 +289,8 @@ def _run_plain(events) -> int:
 
 
 def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
+    from specgen.events import Done, Prefilled
+
     done: Done | None = None
     prefilled: Prefilled | None = None
     for ev in events:

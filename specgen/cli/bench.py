@@ -1,13 +1,29 @@
 """`specgen bench`: the Typer command, a Rich progress bar over generations, and the
 result table. Measurement lives in `specgen.bench`."""
 
-# No `from __future__ import annotations`: Typer reads the annotations of the command,
-# which is defined inside `register` and uses the shared option aliases of `specgen.cli`.
+from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from specgen.cli.options import (
+    CtxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    MinPOpt,
+    ModelsOpt,
+    NgldOpt,
+    NglOpt,
+    PairOpt,
+    TargetOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    TraceOpt,
+    VerboseOpt,
+)
 
 EPILOG = (
     "Examples:\n\n"
@@ -21,82 +37,64 @@ EPILOG = (
 
 def register(app: typer.Typer) -> None:
     """Add the `bench` command to `app`."""
-    from specgen.cli import (
-        CtxOpt,
-        DraftOpt,
-        MinPOpt,
-        ModelsOpt,
-        NgldOpt,
-        NglOpt,
-        PairOpt,
-        TargetOpt,
-        ThreadsOpt,
-        TopKOpt,
-        TopPOpt,
-        VerboseOpt,
-    )
+    app.command("bench", epilog=EPILOG)(bench)
 
-    @app.command("bench", epilog=EPILOG)
-    def bench(
-        target: TargetOpt = None,
-        draft: DraftOpt = None,
-        pair: PairOpt = None,
-        models: ModelsOpt = None,
-        prompts: Annotated[
-            Path | None,
-            typer.Option(
-                "--prompts", help="Your prompts: JSONL with a 'prompt' field, or one per line."
-            ),
-        ] = None,
-        draft_max: Annotated[
-            str, typer.Option("--draft-max", help="Block sizes to compare, e.g. 4,8,auto.")
-        ] = "4,8,auto",
-        temp: Annotated[str, typer.Option("--temp", help="Temperatures, e.g. 0,0.8.")] = "0",
-        runs: Annotated[int, typer.Option("--runs", help="Repetitions of each prompt.")] = 3,
-        max_tokens: Annotated[
-            int, typer.Option("--max-tokens", "-n", help="Tokens per generation (EOS ignored).")
-        ] = 128,
-        seed: Annotated[int, typer.Option("--seed", help="Base random seed.")] = 1234,
-        top_k: TopKOpt = 40,
-        top_p: TopPOpt = 0.95,
-        min_p: MinPOpt = 0.05,
-        draft_p_min: Annotated[
-            float, typer.Option("--draft-p-min", help="Stop a block when the draft's top p < P.")
-        ] = 0.0,
-        n_gpu_layers: NglOpt = 0,
-        n_gpu_layers_draft: NgldOpt = 0,
-        threads: ThreadsOpt = 0,
-        ctx_size: CtxOpt = 4096,
-        json_path: Annotated[
-            Path | None, typer.Option("--json", help="Write every figure and the record.")
-        ] = None,
-        markdown_path: Annotated[
-            Path | None, typer.Option("--markdown", help="Write README-ready tables.")
-        ] = None,
-        plot_path: Annotated[
-            Path | None,
-            typer.Option("--plot", help="Write a PNG (needs: pip install 'specgen\\[plot]')."),
-        ] = None,
-        compare: Annotated[
-            Path | None,
-            typer.Option("--compare", help="An earlier --json result to compare with."),
-        ] = None,
-        trace: Annotated[
-            Path | None,
-            typer.Option("--trace", help="Write one JSON object per round to FILE.jsonl."),
-        ] = None,
-        verbose: VerboseOpt = False,
-    ) -> None:
-        """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
-        run_bench_command(
-            target=target, draft=draft, pair=pair, models=models, prompts=prompts,
-            draft_max=draft_max, temp=temp, runs=runs, max_tokens=max_tokens, seed=seed,
-            top_k=top_k, top_p=top_p, min_p=min_p, draft_p_min=draft_p_min,
-            n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
-            threads=threads, ctx_size=ctx_size, json_path=json_path,
-            markdown_path=markdown_path, plot_path=plot_path, compare=compare,
-            trace=trace, verbose=verbose,
-        )  # fmt: skip
+
+def bench(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    models: ModelsOpt = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts", help="Your prompts: JSONL with a 'prompt' field, or one per line."
+        ),
+    ] = None,
+    draft_max: Annotated[
+        str, typer.Option("--draft-max", help="Block sizes to compare, e.g. 4,8,auto.")
+    ] = "4,8,auto",
+    temp: Annotated[str, typer.Option("--temp", help="Temperatures, e.g. 0,0.8.")] = "0",
+    runs: Annotated[int, typer.Option("--runs", help="Repetitions of each prompt.")] = 3,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Tokens per generation (EOS ignored).")
+    ] = 128,
+    seed: Annotated[int, typer.Option("--seed", help="Base random seed.")] = 1234,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    draft_p_min: DraftPMinOpt = 0.0,
+    n_gpu_layers: NglOpt = 0,
+    n_gpu_layers_draft: NgldOpt = 0,
+    threads: ThreadsOpt = 0,
+    ctx_size: CtxOpt = 4096,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write every figure and the record.")
+    ] = None,
+    markdown_path: Annotated[
+        Path | None, typer.Option("--markdown", help="Write README-ready tables.")
+    ] = None,
+    plot_path: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Write a PNG (needs: pip install 'specgen\\[plot]')."),
+    ] = None,
+    compare: Annotated[
+        Path | None,
+        typer.Option("--compare", help="An earlier --json result to compare with."),
+    ] = None,
+    trace: TraceOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
+    run_bench_command(
+        target=target, draft=draft, pair=pair, models=models, prompts=prompts,
+        draft_max=draft_max, temp=temp, runs=runs, max_tokens=max_tokens, seed=seed,
+        top_k=top_k, top_p=top_p, min_p=min_p, draft_p_min=draft_p_min,
+        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+        threads=threads, ctx_size=ctx_size, json_path=json_path,
+        markdown_path=markdown_path, plot_path=plot_path, compare=compare,
+        trace=trace, verbose=verbose,
+    )  # fmt: skip
 
 
 def run_bench_command(**a: Any) -> None:

@@ -5,19 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from specgen.cli.options import JsonOpt, ModelsOpt
 from specgen.errors import ConfigError
 from specgen.models.registry import ModelEntry, Registry, load_registry
 from specgen.models.resolve import local_paths
-
-ModelsOpt = Annotated[
-    Path | None,
-    typer.Option("--models", help="Extra models.yaml merged over the packaged and user ones."),
-]
 
 DOWNLOAD_EPILOG = (
     "Examples:\n\n"
@@ -81,7 +76,7 @@ def download(
 
 def models(
     models: ModelsOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """List the registry's pairs and models: downloaded or not, size on disk, path."""
     reg = load_registry(models)

@@ -6,22 +6,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-if TYPE_CHECKING:  # at run time `register` puts them in globals() (see there)
-    from specgen.cli import (
-        CtxOpt,
-        DraftOpt,
-        ModelsOpt,
-        NgldOpt,
-        NglOpt,
-        PairOpt,
-        TargetOpt,
-        ThreadsOpt,
-        VerboseOpt,
-    )
+from specgen.cli.options import (
+    CtxOpt,
+    DraftOpt,
+    JsonOpt,
+    ModelsOpt,
+    NgldOpt,
+    NglOpt,
+    PairOpt,
+    TargetOpt,
+    ThreadsOpt,
+    VerboseOpt,
+)
 
 VERIFY_EPILOG = (
     "Examples:\n\n"
@@ -37,107 +37,87 @@ SUMMARIZE_EPILOG = (
 )
 
 
-_SHARED_OPTIONS = (
-    "CtxOpt",
-    "DraftOpt",
-    "ModelsOpt",
-    "NgldOpt",
-    "NglOpt",
-    "PairOpt",
-    "TargetOpt",
-    "ThreadsOpt",
-    "VerboseOpt",
-)
-
-
 def register(app: typer.Typer) -> None:
     """Add `verify` and the `trace` group (`trace summarize`) to `app`."""
-    from specgen import cli
-
-    # The commands below use the shared option aliases of `specgen.cli`; with postponed
-    # annotations Typer resolves them in this module's globals, so put them there.
-    globals().update({name: getattr(cli, name) for name in _SHARED_OPTIONS})
-
-    @app.command("verify", epilog=VERIFY_EPILOG)
-    def verify(
-        target: TargetOpt = None,
-        draft: DraftOpt = None,
-        pair: PairOpt = None,
-        models: ModelsOpt = None,
-        samples: Annotated[
-            int, typer.Option("--samples", help="Speculative samples per sampling prompt.")
-        ] = 400,
-        positions: Annotated[
-            int, typer.Option("--positions", help="Generated positions tested per sample.")
-        ] = 3,
-        draft_max: Annotated[
-            int, typer.Option("--draft-max", help="Block size K of the sampling check.")
-        ] = 3,
-        temp: Annotated[float, typer.Option("--temp", help="Sampling check temperature.")] = 1.0,
-        top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")] = 40,
-        top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")] = 1.0,
-        min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")] = 0.0,
-        seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-        alpha: Annotated[
-            float, typer.Option("--alpha", help="Significance level after Holm correction.")
-        ] = 1e-3,
-        check: Annotated[
-            str, typer.Option("--check", help="Which checks: all, greedy or sampling.")
-        ] = "all",
-        prompt: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--prompt", help="Prompt to use instead of the built-in ones (repeatable)."
-            ),
-        ] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-        n_gpu_layers: NglOpt = 0,
-        n_gpu_layers_draft: NgldOpt = 0,
-        threads: ThreadsOpt = 0,
-        ctx_size: CtxOpt = 1024,
-        verbose: VerboseOpt = False,
-    ) -> None:
-        """Check that speculation leaves the target's output unchanged on your pair.
-
-        Greedy: speculative output must equal ordinary output; near-ties flipped by
-        batched arithmetic are reported as numeric noise.
-
-        Sampling: the tokens at the first positions must follow the target's own
-        distribution (chi-square per position, Holm-corrected).
-
-        Exit code 0 = pass, 1 = fail.
-        """
-        code = _verify(
-            target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
-            min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
-            threads, ctx_size, verbose,
-        )  # fmt: skip
-        raise typer.Exit(code)
-
+    app.command("verify", epilog=VERIFY_EPILOG)(verify)
     trace_app = typer.Typer(
         help="Read --trace files.", no_args_is_help=True, rich_markup_mode="rich"
     )
-
-    @trace_app.command("summarize", epilog=SUMMARIZE_EPILOG)
-    def summarize(
-        file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
-        top: Annotated[int, typer.Option("--top", help="Rows in the top-N tables.")] = 10,
-        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    ) -> None:
-        """Acceptance by block position, most rejected tokens, time split, lost rounds."""
-        from specgen.trace import summarize as summarize_trace
-
-        s = summarize_trace(file, top=top)
-        if json_out:
-            sys.stdout.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
-            return
-        from rich.console import Console
-
-        console = Console()
-        for renderable in render_summary(s):
-            console.print(renderable)
-
+    trace_app.command("summarize", epilog=SUMMARIZE_EPILOG)(summarize)
     app.add_typer(trace_app, name="trace")
+
+
+def verify(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    models: ModelsOpt = None,
+    samples: Annotated[
+        int, typer.Option("--samples", help="Speculative samples per sampling prompt.")
+    ] = 400,
+    positions: Annotated[
+        int, typer.Option("--positions", help="Generated positions tested per sample.")
+    ] = 3,
+    draft_max: Annotated[
+        int, typer.Option("--draft-max", help="Block size K of the sampling check.")
+    ] = 3,
+    temp: Annotated[float, typer.Option("--temp", help="Sampling check temperature.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")] = 1.0,
+    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    alpha: Annotated[
+        float, typer.Option("--alpha", help="Significance level after Holm correction.")
+    ] = 1e-3,
+    check: Annotated[
+        str, typer.Option("--check", help="Which checks: all, greedy or sampling.")
+    ] = "all",
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option("--prompt", help="Prompt to use instead of the built-in ones (repeatable)."),
+    ] = None,
+    json_out: JsonOpt = False,
+    n_gpu_layers: NglOpt = 0,
+    n_gpu_layers_draft: NgldOpt = 0,
+    threads: ThreadsOpt = 0,
+    ctx_size: CtxOpt = 1024,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check that speculation leaves the target's output unchanged on your pair.
+
+    Greedy: speculative output must equal ordinary output; near-ties flipped by
+    batched arithmetic are reported as numeric noise.
+
+    Sampling: the tokens at the first positions must follow the target's own
+    distribution (chi-square per position, Holm-corrected).
+
+    Exit code 0 = pass, 1 = fail.
+    """
+    code = _verify(
+        target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
+        min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
+        threads, ctx_size, verbose,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+def summarize(
+    file: Annotated[Path, typer.Argument(help="A trace written by --trace.")],
+    top: Annotated[int, typer.Option("--top", help="Rows in the top-N tables.")] = 10,
+    json_out: JsonOpt = False,
+) -> None:
+    """Acceptance by block position, most rejected tokens, time split, lost rounds."""
+    from specgen.trace import summarize as summarize_trace
+
+    s = summarize_trace(file, top=top)
+    if json_out:
+        sys.stdout.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
+        return
+    from rich.console import Console
+
+    console = Console()
+    for renderable in render_summary(s):
+        console.print(renderable)
 
 
 def _verify(

@@ -1,0 +1,81 @@
+"""The `specgen` command line: composes the commands; errors become one line here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from specgen.cli import bench, models, run, verify
+from specgen.errors import SpecgenError
+
+# Usage errors (bad flag, missing value): Typer vendors Click since 0.2x and its usage errors
+# derive from the public `typer.TyperException`; older Typer raises the click package's own.
+if hasattr(typer, "TyperException"):
+    _USAGE_ERRORS: tuple[type[Exception], ...] = (typer.TyperException,)
+else:  # pragma: no cover - older Typer
+    import click
+
+    _USAGE_ERRORS = (click.ClickException,)
+
+app = typer.Typer(
+    name="specgen",
+    help="Fast local text generation with exact speculative decoding on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+# Each command lives in its own module (each imports its heavy parts lazily); the order here
+# is the order of `specgen --help`.
+for _module in (run, models, bench, verify):
+    _module.register(app)
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"specgen: error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def _show_usage_error(e: Exception) -> int:
+    show = getattr(e, "show", None)
+    if callable(show):
+        show()  # Click's exceptions print the usage line, then the message
+    else:  # pragma: no cover - a Typer error that is not Click's
+        _fail(str(e), 2)
+    return int(getattr(e, "exit_code", 2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app, map known errors to one stderr line.
+
+    Exit codes: 0 ok, 1 error, 2 usage, 130 interrupted. SPECGEN_DEBUG=1 shows tracebacks.
+    """
+    debug = os.environ.get("SPECGEN_DEBUG", "") not in ("", "0")
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except SpecgenError as e:
+        if debug:
+            traceback.print_exc()
+        code = _fail(str(e), e.exit_code)
+    except typer.Abort:
+        code = 130
+    except KeyboardInterrupt:
+        code = 130
+    except _USAGE_ERRORS as e:
+        code = _show_usage_error(e)
+    except OSError as e:
+        if debug:
+            traceback.print_exc()
+        code = _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1)
+    except Exception as e:  # noqa: BLE001 - the one place that turns bugs into a line
+        if debug:
+            traceback.print_exc()
+        code = _fail(
+            f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)", 1
+        )
+    sys.exit(code if isinstance(code, int) else 0)
