@@ -1,6 +1,6 @@
 """The exception hierarchy. Each class says what the user should do.
 
-Library code raises these; only ``cli.py`` turns them into a one-line message and an
+Library code raises these; only ``specgen.cli.app`` turns them into a one-line message and an
 exit code (set ``SPECGEN_DEBUG=1`` to see the traceback instead).
 """
 

@@ -1,5 +1,5 @@
-"""`specgen bench`: the Typer command, a Rich progress bar over generations, and the
-result table. Measurement lives in `specgen.bench`."""
+"""`specgen bench`: the Typer command. Measurement lives in `specgen.bench`, the progress bar
+in `specgen.ui.progress`, the tables in `specgen.ui.reports`."""
 
 from __future__ import annotations
 
@@ -102,13 +102,12 @@ def run_bench_command(**a: Any) -> None:
     write the outputs and print the table."""
     import dataclasses
 
-    from rich.console import Console
-
     from specgen import bench
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
     from specgen.models.resolve import resolve_models
     from specgen.session import DRAFT_NONE, ModelSpec
+    from specgen.ui import output, reports
 
     set_verbose(a["verbose"])
     if a["draft"] == DRAFT_NONE:
@@ -140,7 +139,7 @@ def run_bench_command(**a: Any) -> None:
     settings.params(settings.temps[0])  # validates top-p / min-p now
     prompts = bench.load_prompts(a["prompts"])
 
-    err = Console(stderr=True)
+    err = output.console(stderr=True)
     with err.status("preparing models") as spinner:
         target, draft, pair_k = resolve_models(
             a["target"], a["draft"], a["pair"], a["models"], lambda m: spinner.update(m)
@@ -171,34 +170,7 @@ def run_bench_command(**a: Any) -> None:
         bench.write_markdown(result, a["markdown_path"])
     if a["plot_path"] is not None:
         bench.write_plot(result, a["plot_path"])
-    out = Console()
-    if not out.is_terminal:  # a file or pipe: room for the whole table
-        out = Console(width=130)
-    out.print(render_table(result))
-    out.print(render_costs(result))
-    out.print(render_kinds(result))
-    for a in result.auto_vs_best:
-        out.print(bench.auto_vs_best_text(a), highlight=False)
-    for w in result.warnings:
-        err.print(f"[yellow]note:[/] {w}", highlight=False)
-    if result.compared is not None:
-        c = result.compared
-        if c["comparable"]:
-            err.print(f"same record as {c['file']}: the runs are comparable", highlight=False)
-        else:
-            err.print(
-                f"[yellow]not comparable with {c['file']}:[/] the record differs in "
-                + "; ".join(c["differences"][:8])
-                + (" …" if len(c["differences"]) > 8 else ""),
-                highlight=False,
-            )
-        for row in c["speedups"]:
-            err.print(
-                f"  temp {row['temp']:g} K {row['draft_max']}: speedup {row['before']:.2f}×"
-                f" -> {row['now']:.2f}×",
-                highlight=False,
-            )
-    err.print(bench.describe_record(result.record), style="dim", highlight=False)
+    reports.print_bench(result, err)
 
 
 def _give_vocab(writer):
@@ -225,37 +197,9 @@ def _trace_hook(writer, settings):
 
 
 def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from specgen.ui.progress import bench_progress
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("loading models", total=None)
-
-        last = [""]
-
-        def on_progress(p) -> None:
-            bar.update(task, completed=p.done, total=p.total, description=p.description)
-            stage = p.description.split(" · ")[0]
-            if not err.is_terminal and stage != last[0]:  # a log line per configuration
-                last[0] = stage
-                err.print(f"[{p.done}/{p.total}] {stage}", highlight=False, markup=False)
-
-        def on_status(msg: str) -> None:
-            bar.update(task, description=msg)
-
+    with bench_progress(err) as (on_progress, on_status):
         result = bench.bench(
             spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status,
             on_event=_trace_hook(writer, settings),
@@ -265,97 +209,3 @@ def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
         n = len(result.runs)
         err.print(f"measured {n} generations", highlight=False)
     return result
-
-
-def _fmt(x: float | None, fmt: str) -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def _slow(x: float | None) -> bool:
-    return x is not None and x < 1
-
-
-def render_table(result):
-    """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
-    from rich.table import Table
-
-    from specgen import bench
-
-    t = Table(title="speculative vs ordinary decoding", title_justify="left")
-    for name in ("temp", "K", "ord tok/s", "spec tok/s", "speedup [95% CI]", "accept",
-                 "tok/pass", "bound", "achieved"):  # fmt: skip
-        t.add_column(name, justify="left" if name.startswith("speedup") else "right")
-    for c in result.configs:
-        o = c["overall"]
-        sp = bench.speedup_text(o)
-        t.add_row(
-            f"{c['temp']:g}",
-            c["draft_max"],
-            _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
-            _fmt(o["speculative"]["tokens_per_s"], ".1f"),
-            f"[red]{sp} slower[/]" if _slow(o["speedup"]) else f"[green]{sp}[/]",
-            bench.pct(o["acceptance_rate"]),
-            _fmt(o["tokens_per_pass"], ".2f"),
-            _fmt(o["theoretical_speedup"], ".2f") + "×",
-            bench.pct(o["achieved_fraction"]),
-        )
-    return t
-
-
-def render_costs(result):
-    """Latency and cost per configuration: TTFT, per-token percentiles, time split, memory."""
-    from rich.table import Table
-
-    t = Table(title="latency and time split", title_justify="left")
-    for name in ("temp", "K", "TTFT ms ord/spec", "ord p50/p95/p99 ms", "spec p50/p95/p99 ms",
-                 "draft/verify/sample/other", "peak RSS"):  # fmt: skip
-        t.add_column(name, justify="right")
-    for c in result.configs:
-        o = c["overall"]
-        ts = o["time_split_s"]
-        dec = ts["decode"] or 0
-        split = (
-            " / ".join(
-                f"{(ts[k] or 0) / dec:.0%}" for k in ("draft", "verify", "sampling", "other")
-            )
-            if dec
-            else "–"
-        )
-        t.add_row(
-            f"{c['temp']:g}",
-            c["draft_max"],
-            f"{o['ordinary']['ttft_s'] * 1000:.0f} / {o['speculative']['ttft_s'] * 1000:.0f}",
-            _lat(o["ordinary"]["latency_ms"]),
-            _lat(o["speculative"]["latency_ms"]),
-            split,
-            f"{o['peak_rss_bytes'] / 2**20:.0f} MiB",
-        )
-    return t
-
-
-def _lat(lat) -> str:
-    return " / ".join(_fmt(lat[q], ".1f") for q in ("p50", "p95", "p99"))
-
-
-def render_kinds(result):
-    """Speedup (acceptance) by prompt kind, one column per configuration."""
-    from rich.table import Table
-
-    from specgen import bench
-
-    t = Table(title="speedup by prompt kind (acceptance)", title_justify="left")
-    t.add_column("kind")
-    for c in result.configs:
-        t.add_column(f"t{c['temp']:g} K{c['draft_max']}", justify="right")
-    kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
-    for kind in kinds:
-        cells = []
-        for c in result.configs:
-            s = c["by_kind"].get(kind)
-            if s is None or s["speedup"] is None:
-                cells.append("–")
-                continue
-            color = "red" if _slow(s["speedup"]) else "green"
-            cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench.pct(s['acceptance_rate'])})")
-        t.add_row(kind, *cells)
-    return t

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -44,15 +42,16 @@ def download(
     models: ModelsOpt = None,
 ) -> None:
     """Download a pair or a model into the Hugging Face cache (resumable)."""
-    from rich.console import Console
-
     from specgen.models import hub as dl
+    from specgen.ui import output
+    from specgen.ui.progress import download_bars
+    from specgen.ui.reports import human_bytes
 
     reg = load_registry(models)
     entries = reg.models_for(name)
     if revision and len(entries) > 1:
         raise ConfigError(f"--revision applies to one model; {name!r} is a pair: name a model")
-    err = Console(stderr=True)
+    err = output.console(stderr=True)
     for entry in entries:
         if entry.embedded:
             if dry_run:
@@ -66,10 +65,10 @@ def download(
             for plan in dl.plan_download(entry, revision):
                 what = "cached" if plan.cached else "to download"
                 typer.echo(
-                    f"{entry.name}\t{entry.repo}/{plan.filename}\t{_human(plan.size_bytes)}\t{what}"
+                    f"{entry.name}\t{entry.repo}/{plan.filename}\t{human_bytes(plan.size_bytes)}\t{what}"
                 )
         else:
-            with _progress_bars(err) as hook:
+            with download_bars(err) as hook:
                 result = dl.download_model(entry, revision=revision, force=force, progress=hook)
             typer.echo(f"{entry.name}\t{result.path}")
 
@@ -90,9 +89,9 @@ def models(
             )
         )
         return
-    from rich.console import Console
+    from specgen.ui import output, reports
 
-    Console(soft_wrap=False).print(*render_tables(pairs, rows))
+    output.console(soft_wrap=False).print(*reports.render_model_tables(pairs, rows))
 
 
 def model_rows(reg: Registry) -> list[dict[str, Any]]:
@@ -135,95 +134,3 @@ def pair_rows(reg: Registry, rows: list[dict[str, Any]]) -> list[dict[str, Any]]
         }
         for p in reg.pairs.values()
     ]
-
-
-def render_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Any]:
-    """Rich tables for `specgen models` (pure)."""
-    from rich import box
-    from rich.table import Table
-
-    pt = Table(title="pairs", title_justify="left", box=box.SIMPLE_HEAD)
-    pt.add_column("name", no_wrap=True)
-    pt.add_column("target + draft", no_wrap=True)
-    pt.add_column("K", justify="right")
-    pt.add_column("ready")
-    pt.add_column("good for", overflow="fold", min_width=12)
-    for p in pairs:
-        pt.add_row(
-            p["name"],
-            f"{p['target']}\n+ {p['draft']}",
-            str(p["draft_max"]),
-            "[green]yes[/]" if p["ready"] else "no",
-            p["note"],
-        )
-    mt = Table(
-        title="models",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        caption="* not verified from a specgen developer's machine",
-        caption_justify="left",
-    )
-    mt.add_column("name", no_wrap=True)
-    mt.add_column("quant", no_wrap=True)
-    mt.add_column("size", justify="right", no_wrap=True)
-    mt.add_column("on disk", no_wrap=True)
-    mt.add_column("path, or Hub repo/file", overflow="fold", min_width=16)
-    for r in rows:
-        if r["downloaded"]:
-            disk, where = f"[green]{_human(r['bytes_on_disk'])}[/]", r["path"]
-        else:
-            disk = "not built" if r["embedded"] else "[dim]-[/]"
-            where = f"[dim]{r['where']}[/]"
-        mt.add_row(
-            r["name"] + ("" if r["verified"] else " *"),
-            r["quant"],
-            f"~{r['size_gb']:g} GB" if r["size_gb"] else "",
-            disk,
-            where,
-        )
-    return [pt, mt]
-
-
-def _human(n: int | None) -> str:
-    if n is None:
-        return "size unknown"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
-@contextmanager
-def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int | None], None]]:
-    """Rich progress bars on ``console`` (stderr), one per file; yields the progress hook."""
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    tasks: dict[str, Any] = {}
-    bars = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
-
-    def hook(filename: str, done: int, total: int | None) -> None:
-        if not tasks:
-            bars.start()  # lazily: an error before the first byte prints no empty bar
-        if filename not in tasks:
-            tasks[filename] = bars.add_task(filename, total=total)
-        bars.update(tasks[filename], completed=done, total=total)
-
-    try:
-        yield hook
-    finally:
-        if tasks:
-            bars.stop()

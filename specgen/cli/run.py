@@ -176,11 +176,10 @@ def execute(a: RunArgs) -> int:
     params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     draft_max = parse_draft_max(a.draft_max)
     if a.live:
-        from rich.console import Console
-
         from specgen.ui import live as view
+        from specgen.ui import output
 
-        err = Console(stderr=True)
+        err = output.console(stderr=True)
         with view.loading_status(err, "preparing models", "models ready") as spinner:
             loaded, pair_k = _load(a, params, lambda msg: spinner.update(msg))
     else:
@@ -241,16 +240,15 @@ def _load(a: RunArgs, params: SamplingParams, status):
 
 
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
-    from rich.console import Console
-
     from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
+    from specgen.ui import output
 
     state = view.ViewState(
         target_name, None if draft_name == DRAFT_NONE else draft_name, show_rejected=show_rejected
     )
     try:
-        with view.LiveView(Console(), state) as live:
+        with view.LiveView(output.console(), state) as live:
             for ev in events:
                 live.update(ev)
     except KeyboardInterrupt:

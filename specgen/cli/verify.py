@@ -1,5 +1,5 @@
 """`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace.py,
-rendered with Rich. The report goes to stdout, progress to stderr."""
+rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr."""
 
 from __future__ import annotations
 
@@ -113,10 +113,10 @@ def summarize(
     if json_out:
         sys.stdout.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
         return
-    from rich.console import Console
+    from specgen.ui import output, reports
 
-    console = Console()
-    for renderable in render_summary(s):
+    console = output.console()
+    for renderable in reports.render_trace_summary(s):
         console.print(renderable)
 
 
@@ -124,13 +124,12 @@ def _verify(
     target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
     seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose,
 ) -> int:  # fmt: skip
-    from rich.console import Console
-
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
     from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
     from specgen.session import ModelSpec, load
+    from specgen.ui import output, reports
     from specgen.verify import VerifyConfig, drafter_factory, verify
 
     if check not in ("all", "greedy", "sampling"):
@@ -146,7 +145,7 @@ def _verify(
         alpha=alpha, greedy=check in ("all", "greedy"), sampling=check in ("all", "sampling"),
         **extra,
     )  # fmt: skip
-    err = Console(stderr=True)
+    err = output.console(stderr=True)
     with err.status("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
         spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
@@ -160,165 +159,7 @@ def _verify(
     if json_out:
         sys.stdout.write(json.dumps(report.to_dict(), ensure_ascii=False) + "\n")
     else:
-        console = Console()
-        for renderable in render_report(report):
+        console = output.console()
+        for renderable in reports.render_verify_report(report):
             console.print(renderable)
     return 0 if report.passed else 1
-
-
-# -- rendering (pure: data in, renderables out) -------------------------------------------
-
-
-def _short(text: str, n: int = 28) -> str:
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _p(x: float) -> str:
-    return f"{x:.3g}" if x >= 1e-300 else "<1e-300"
-
-
-def render_report(report) -> list:
-    """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
-    from rich.table import Table
-    from rich.text import Text
-
-    out: list = [Text(f"target {report.target}   draft {report.draft}", style="bold")]
-    if report.greedy:
-        t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
-        for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
-            t.add_column(
-                col,
-                justify="left" if col in ("prompt", "result") else "right",
-                no_wrap=col == "prompt",
-            )
-        style = {"match": "green", "noise": "yellow", "fail": "bold red"}
-        for c in report.greedy:
-            t.add_row(
-                _short(c.prompt, 24),
-                str(c.k),
-                str(c.n_tokens),
-                Text(c.status, style=style[c.status]),
-                "" if c.position is None else str(c.position),
-                "" if c.gap is None else f"{c.gap:.4f}",
-                "" if c.threshold is None else f"{c.threshold:.4f}",
-            )
-        out.append(t)
-    s = report.sampling
-    if s is not None:
-        p = s.params
-        t = Table(
-            title=(
-                f"sampling: {s.samples} samples per prompt, temp {p.temp}, top-k {p.top_k},"
-                f" K {s.k}, seed {s.seed}; chi-square vs the target's exact distribution"
-            ),
-            title_justify="left",
-        )
-        for col in ("prompt", "position", "samples", "groups", "dof", "chi2", "p", "Holm p"):
-            t.add_column(col, justify="right")
-        for x in s.tests:
-            bad = x.p_adjusted < s.alpha
-            t.add_row(
-                str(x.prompt_index + 1),
-                str(x.position),
-                str(x.n_samples),
-                str(x.n_groups),
-                str(x.dof),
-                f"{x.chi2:.1f}",
-                _p(x.p_value),
-                Text(_p(x.p_adjusted), style="bold red" if bad else "green"),
-            )
-        out.append(t)
-        out.append(
-            Text(
-                f"acceptance rate {s.acceptance_rate:.1%}; smallest Holm-adjusted p"
-                f" {_p(s.min_p_adjusted)} (fail below {s.alpha:g}); {s.seconds:.1f} s",
-                style="dim",
-            )
-        )
-    for note in report.notes:
-        out.append(Text(note, style="yellow"))
-    if report.passed:
-        noise = sum(c.status == "noise" for c in report.greedy)
-        extra = f" ({noise} near-tie divergence(s) from batched arithmetic)" if noise else ""
-        out.append(
-            Text(f"PASS: the target's output is preserved{extra} [{report.seconds:.0f} s]",
-                 style="bold green")
-        )  # fmt: skip
-    else:
-        why = []
-        if not report.greedy_passed:
-            why.append("greedy output differs from ordinary decoding")
-        if s is not None and not s.passed:
-            why.append("sampled tokens do not follow the target's distribution")
-        out.append(Text("FAIL: " + "; ".join(why), style="bold red"))
-    return out
-
-
-def render_summary(s) -> list:
-    """Rich renderables for a TraceSummary."""
-    from rich.table import Table
-    from rich.text import Text
-
-    h = s.header
-    smp = h.get("sampling", {})
-    out: list = [
-        Text(
-            f"{h.get('command', '?')}: target {h.get('target')}  draft {h.get('draft')}  "
-            f"temp {smp.get('temp')}  seed {h.get('seed')}",
-            style="bold",
-        ),
-        Text(
-            (f"{s.n_generations} generations, " if s.n_generations > 1 else "")
-            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
-            f" {s.n_accepted} accepted (alpha {s.acceptance_rate:.1%}),"
-            f" finish: {s.finish_reason or 'incomplete'}"
-        ),
-    ]
-    t = Table(title="acceptance by position in the block", title_justify="left")
-    for col in ("position", "tested", "accepted", "rate", ""):
-        t.add_column(col, justify="right" if col else "left")
-    for p in s.by_position:
-        t.add_row(str(p.position), str(p.tested), str(p.accepted), f"{p.rate:.1%}",
-                  "█" * round(p.rate * 20))  # fmt: skip
-    out.append(t)
-    if s.rejected:
-        t = Table(title="most rejected draft tokens", title_justify="left")
-        for col in ("token", "text", "rejected", "emitted instead"):
-            t.add_column(col, justify="right" if col in ("token", "rejected") else "left")
-        for r in s.rejected:
-            instead = ", ".join(f"{_short(repr(txt), 16)}×{n}" for _t, txt, n in r.preferred)
-            t.add_row(str(r.token), _short(repr(r.text), 20), str(r.count), instead)
-        out.append(t)
-    ts = s.time_s
-    total = ts["total"] or 1.0
-    t = Table(title="time split", title_justify="left")
-    for col in ("stage", "seconds", "share"):
-        t.add_column(col, justify="left" if col == "stage" else "right")
-    for k in ("draft", "verify", "sample", "other"):
-        t.add_row(k, f"{ts[k]:.3f}", f"{ts[k] / total:.1%}")
-    t.add_row("total", f"{ts['total']:.3f}", "")
-    out.append(t)
-    if s.ordinary_token_s is not None:
-        out.append(
-            Text(
-                f"{s.n_lost} of {s.n_rounds} rounds were slower than ordinary decoding"
-                f" ({s.ordinary_token_s * 1000:.3g} ms/token, {s.baseline_source}):"
-                f" {s.lost_s:.3f} s lost"
-            )
-        )
-        if s.lost:
-            t = Table(title="rounds that lost time (worst first)", title_justify="left")
-            for col in ("round", "position", "K", "accepted", "emitted", "round ms",
-                        "ordinary ms", "lost ms"):  # fmt: skip
-                t.add_column(col, justify="right")
-            for r in s.lost:
-                t.add_row(
-                    str(r.round), str(r.position), str(r.k), str(r.n_accepted),
-                    str(r.n_emitted), f"{r.round_s * 1000:.3g}", f"{r.ordinary_s * 1000:.3g}",
-                    f"{r.lost_s * 1000:.3g}",
-                )  # fmt: skip
-            out.append(t)
-    for note in s.notes:
-        out.append(Text(note, style="yellow"))
-    return out

@@ -1,0 +1,344 @@
+"""Every report table, built from results (pure: data in, Rich renderables out), and the
+printing of `specgen bench`'s result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# -- specgen bench ---------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _slow(x: float | None) -> bool:
+    return x is not None and x < 1
+
+
+def render_bench_table(result):
+    """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
+    from specgen import bench
+
+    t = Table(title="speculative vs ordinary decoding", title_justify="left")
+    for name in ("temp", "K", "ord tok/s", "spec tok/s", "speedup [95% CI]", "accept",
+                 "tok/pass", "bound", "achieved"):  # fmt: skip
+        t.add_column(name, justify="left" if name.startswith("speedup") else "right")
+    for c in result.configs:
+        o = c["overall"]
+        sp = bench.speedup_text(o)
+        t.add_row(
+            f"{c['temp']:g}",
+            c["draft_max"],
+            _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
+            _fmt(o["speculative"]["tokens_per_s"], ".1f"),
+            f"[red]{sp} slower[/]" if _slow(o["speedup"]) else f"[green]{sp}[/]",
+            bench.pct(o["acceptance_rate"]),
+            _fmt(o["tokens_per_pass"], ".2f"),
+            _fmt(o["theoretical_speedup"], ".2f") + "×",
+            bench.pct(o["achieved_fraction"]),
+        )
+    return t
+
+
+def render_bench_costs(result):
+    """Latency and cost per configuration: TTFT, per-token percentiles, time split, memory."""
+    t = Table(title="latency and time split", title_justify="left")
+    for name in ("temp", "K", "TTFT ms ord/spec", "ord p50/p95/p99 ms", "spec p50/p95/p99 ms",
+                 "draft/verify/sample/other", "peak RSS"):  # fmt: skip
+        t.add_column(name, justify="right")
+    for c in result.configs:
+        o = c["overall"]
+        ts = o["time_split_s"]
+        dec = ts["decode"] or 0
+        split = (
+            " / ".join(
+                f"{(ts[k] or 0) / dec:.0%}" for k in ("draft", "verify", "sampling", "other")
+            )
+            if dec
+            else "–"
+        )
+        t.add_row(
+            f"{c['temp']:g}",
+            c["draft_max"],
+            f"{o['ordinary']['ttft_s'] * 1000:.0f} / {o['speculative']['ttft_s'] * 1000:.0f}",
+            _lat(o["ordinary"]["latency_ms"]),
+            _lat(o["speculative"]["latency_ms"]),
+            split,
+            f"{o['peak_rss_bytes'] / 2**20:.0f} MiB",
+        )
+    return t
+
+
+def _lat(lat) -> str:
+    return " / ".join(_fmt(lat[q], ".1f") for q in ("p50", "p95", "p99"))
+
+
+def render_bench_kinds(result):
+    """Speedup (acceptance) by prompt kind, one column per configuration."""
+    from specgen import bench
+
+    t = Table(title="speedup by prompt kind (acceptance)", title_justify="left")
+    t.add_column("kind")
+    for c in result.configs:
+        t.add_column(f"t{c['temp']:g} K{c['draft_max']}", justify="right")
+    kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
+    for kind in kinds:
+        cells = []
+        for c in result.configs:
+            s = c["by_kind"].get(kind)
+            if s is None or s["speedup"] is None:
+                cells.append("–")
+                continue
+            color = "red" if _slow(s["speedup"]) else "green"
+            cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench.pct(s['acceptance_rate'])})")
+        t.add_row(kind, *cells)
+    return t
+
+
+def print_bench(result, err) -> None:
+    """Print `specgen bench`'s tables on stdout and its notes and record on `err` (stderr)."""
+    from specgen import bench
+
+    out = Console()
+    if not out.is_terminal:  # a file or pipe: room for the whole table
+        out = Console(width=130)
+    out.print(render_bench_table(result))
+    out.print(render_bench_costs(result))
+    out.print(render_bench_kinds(result))
+    for a in result.auto_vs_best:
+        out.print(bench.auto_vs_best_text(a), highlight=False)
+    for w in result.warnings:
+        err.print(f"[yellow]note:[/] {w}", highlight=False)
+    if result.compared is not None:
+        c = result.compared
+        if c["comparable"]:
+            err.print(f"same record as {c['file']}: the runs are comparable", highlight=False)
+        else:
+            err.print(
+                f"[yellow]not comparable with {c['file']}:[/] the record differs in "
+                + "; ".join(c["differences"][:8])
+                + (" …" if len(c["differences"]) > 8 else ""),
+                highlight=False,
+            )
+        for row in c["speedups"]:
+            err.print(
+                f"  temp {row['temp']:g} K {row['draft_max']}: speedup {row['before']:.2f}×"
+                f" -> {row['now']:.2f}×",
+                highlight=False,
+            )
+    err.print(bench.describe_record(result.record), style="dim", highlight=False)
+
+
+# -- specgen verify and specgen trace summarize ----------------------------------------------
+
+
+def _short(text: str, n: int = 28) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _p(x: float) -> str:
+    return f"{x:.3g}" if x >= 1e-300 else "<1e-300"
+
+
+def render_verify_report(report) -> list:
+    """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
+    out: list = [Text(f"target {report.target}   draft {report.draft}", style="bold")]
+    if report.greedy:
+        t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
+        for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
+            t.add_column(
+                col,
+                justify="left" if col in ("prompt", "result") else "right",
+                no_wrap=col == "prompt",
+            )
+        style = {"match": "green", "noise": "yellow", "fail": "bold red"}
+        for c in report.greedy:
+            t.add_row(
+                _short(c.prompt, 24),
+                str(c.k),
+                str(c.n_tokens),
+                Text(c.status, style=style[c.status]),
+                "" if c.position is None else str(c.position),
+                "" if c.gap is None else f"{c.gap:.4f}",
+                "" if c.threshold is None else f"{c.threshold:.4f}",
+            )
+        out.append(t)
+    s = report.sampling
+    if s is not None:
+        p = s.params
+        t = Table(
+            title=(
+                f"sampling: {s.samples} samples per prompt, temp {p.temp}, top-k {p.top_k},"
+                f" K {s.k}, seed {s.seed}; chi-square vs the target's exact distribution"
+            ),
+            title_justify="left",
+        )
+        for col in ("prompt", "position", "samples", "groups", "dof", "chi2", "p", "Holm p"):
+            t.add_column(col, justify="right")
+        for x in s.tests:
+            bad = x.p_adjusted < s.alpha
+            t.add_row(
+                str(x.prompt_index + 1),
+                str(x.position),
+                str(x.n_samples),
+                str(x.n_groups),
+                str(x.dof),
+                f"{x.chi2:.1f}",
+                _p(x.p_value),
+                Text(_p(x.p_adjusted), style="bold red" if bad else "green"),
+            )
+        out.append(t)
+        out.append(
+            Text(
+                f"acceptance rate {s.acceptance_rate:.1%}; smallest Holm-adjusted p"
+                f" {_p(s.min_p_adjusted)} (fail below {s.alpha:g}); {s.seconds:.1f} s",
+                style="dim",
+            )
+        )
+    for note in report.notes:
+        out.append(Text(note, style="yellow"))
+    if report.passed:
+        noise = sum(c.status == "noise" for c in report.greedy)
+        extra = f" ({noise} near-tie divergence(s) from batched arithmetic)" if noise else ""
+        out.append(
+            Text(f"PASS: the target's output is preserved{extra} [{report.seconds:.0f} s]",
+                 style="bold green")
+        )  # fmt: skip
+    else:
+        why = []
+        if not report.greedy_passed:
+            why.append("greedy output differs from ordinary decoding")
+        if s is not None and not s.passed:
+            why.append("sampled tokens do not follow the target's distribution")
+        out.append(Text("FAIL: " + "; ".join(why), style="bold red"))
+    return out
+
+
+def render_trace_summary(s) -> list:
+    """Rich renderables for a TraceSummary."""
+    h = s.header
+    smp = h.get("sampling", {})
+    out: list = [
+        Text(
+            f"{h.get('command', '?')}: target {h.get('target')}  draft {h.get('draft')}  "
+            f"temp {smp.get('temp')}  seed {h.get('seed')}",
+            style="bold",
+        ),
+        Text(
+            (f"{s.n_generations} generations, " if s.n_generations > 1 else "")
+            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
+            f" {s.n_accepted} accepted (alpha {s.acceptance_rate:.1%}),"
+            f" finish: {s.finish_reason or 'incomplete'}"
+        ),
+    ]
+    t = Table(title="acceptance by position in the block", title_justify="left")
+    for col in ("position", "tested", "accepted", "rate", ""):
+        t.add_column(col, justify="right" if col else "left")
+    for p in s.by_position:
+        t.add_row(str(p.position), str(p.tested), str(p.accepted), f"{p.rate:.1%}",
+                  "█" * round(p.rate * 20))  # fmt: skip
+    out.append(t)
+    if s.rejected:
+        t = Table(title="most rejected draft tokens", title_justify="left")
+        for col in ("token", "text", "rejected", "emitted instead"):
+            t.add_column(col, justify="right" if col in ("token", "rejected") else "left")
+        for r in s.rejected:
+            instead = ", ".join(f"{_short(repr(txt), 16)}×{n}" for _t, txt, n in r.preferred)
+            t.add_row(str(r.token), _short(repr(r.text), 20), str(r.count), instead)
+        out.append(t)
+    ts = s.time_s
+    total = ts["total"] or 1.0
+    t = Table(title="time split", title_justify="left")
+    for col in ("stage", "seconds", "share"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for k in ("draft", "verify", "sample", "other"):
+        t.add_row(k, f"{ts[k]:.3f}", f"{ts[k] / total:.1%}")
+    t.add_row("total", f"{ts['total']:.3f}", "")
+    out.append(t)
+    if s.ordinary_token_s is not None:
+        out.append(
+            Text(
+                f"{s.n_lost} of {s.n_rounds} rounds were slower than ordinary decoding"
+                f" ({s.ordinary_token_s * 1000:.3g} ms/token, {s.baseline_source}):"
+                f" {s.lost_s:.3f} s lost"
+            )
+        )
+        if s.lost:
+            t = Table(title="rounds that lost time (worst first)", title_justify="left")
+            for col in ("round", "position", "K", "accepted", "emitted", "round ms",
+                        "ordinary ms", "lost ms"):  # fmt: skip
+                t.add_column(col, justify="right")
+            for r in s.lost:
+                t.add_row(
+                    str(r.round), str(r.position), str(r.k), str(r.n_accepted),
+                    str(r.n_emitted), f"{r.round_s * 1000:.3g}", f"{r.ordinary_s * 1000:.3g}",
+                    f"{r.lost_s * 1000:.3g}",
+                )  # fmt: skip
+            out.append(t)
+    for note in s.notes:
+        out.append(Text(note, style="yellow"))
+    return out
+
+
+# -- specgen models --------------------------------------------------------------------------
+
+
+def render_model_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Any]:
+    """Rich tables for `specgen models` (pure)."""
+    pt = Table(title="pairs", title_justify="left", box=box.SIMPLE_HEAD)
+    pt.add_column("name", no_wrap=True)
+    pt.add_column("target + draft", no_wrap=True)
+    pt.add_column("K", justify="right")
+    pt.add_column("ready")
+    pt.add_column("good for", overflow="fold", min_width=12)
+    for p in pairs:
+        pt.add_row(
+            p["name"],
+            f"{p['target']}\n+ {p['draft']}",
+            str(p["draft_max"]),
+            "[green]yes[/]" if p["ready"] else "no",
+            p["note"],
+        )
+    mt = Table(
+        title="models",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="* not verified from a specgen developer's machine",
+        caption_justify="left",
+    )
+    mt.add_column("name", no_wrap=True)
+    mt.add_column("quant", no_wrap=True)
+    mt.add_column("size", justify="right", no_wrap=True)
+    mt.add_column("on disk", no_wrap=True)
+    mt.add_column("path, or Hub repo/file", overflow="fold", min_width=16)
+    for r in rows:
+        if r["downloaded"]:
+            disk, where = f"[green]{human_bytes(r['bytes_on_disk'])}[/]", r["path"]
+        else:
+            disk = "not built" if r["embedded"] else "[dim]-[/]"
+            where = f"[dim]{r['where']}[/]"
+        mt.add_row(
+            r["name"] + ("" if r["verified"] else " *"),
+            r["quant"],
+            f"~{r['size_gb']:g} GB" if r["size_gb"] else "",
+            disk,
+            where,
+        )
+    return [pt, mt]
+
+
+def human_bytes(n: int | None) -> str:
+    """A byte count for people: "1.23 GB", "4.00 kB", "12 B", or "size unknown"."""
+    if n is None:
+        return "size unknown"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"

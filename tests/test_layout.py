@@ -1,0 +1,208 @@
+"""The directions of the imports (DESIGN.md, "Rules of direction"), read from the source with
+`ast`: each third-party library enters through one place, the math imports nothing heavy, and
+no specgen module imports one that imports it back."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "specgen"
+
+#: the math and the protocols: numpy, the standard library and each other only
+PURE = frozenset(
+    f"specgen.{m}"
+    for m in ("sampling", "rejection", "cutoff", "controller", "errors", "engine", "events")
+)
+
+#: third-party library -> where it may be imported (a module, or a package and all under it)
+ONE_DOOR = {
+    "rich": "specgen.ui",
+    "typer": "specgen.cli",
+    "click": "specgen.cli",
+    "llama_cpp": "specgen.llamacpp",
+    "huggingface_hub": "specgen.models.hub",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing specgen module
+    target: str  # the imported module, as written (absolute)
+    line: int
+    top_level: bool  # executed when the module is imported (not in a function)
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path) -> list[Import]:
+    """Every import statement of `module`, with the module each one loads."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, top_level: bool, type_only: bool) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(Import(module, alias.name, node.lineno, top_level, type_only))
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, path, node)
+            for alias in node.names:
+                # `from specgen import bench` loads the module specgen.bench
+                sub = f"{base}.{alias.name}"
+                target = sub if sub in MODULES else base
+                found.append(Import(module, target, node.lineno, top_level, type_only))
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, top_level, True)
+            for child in node.orelse:
+                visit(child, top_level, type_only)
+        else:
+            in_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            for child in ast.iter_child_nodes(node):
+                visit(child, top_level and not in_function, type_only)
+
+    visit(ast.parse(path.read_text("utf-8"), str(path)), True, False)
+    return found
+
+
+ALL = [imp for name, path in MODULES.items() for imp in imports_of(name, path)]
+
+
+def _within(module: str, place: str) -> bool:
+    return module == place or module.startswith(place + ".")
+
+
+def _where(imp: Import) -> str:
+    return f"{MODULES[imp.module].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+
+
+@pytest.mark.parametrize("library", sorted(ONE_DOOR))
+def test_each_library_enters_through_one_place(library: str) -> None:
+    place = ONE_DOOR[library]
+    bad = sorted(
+        {
+            _where(i)
+            for i in ALL
+            if _within(i.target, library) and not i.type_only and not _within(i.module, place)
+        }
+    )
+    assert not bad, f"{library} only in {place}:\n" + "\n".join(bad)
+
+
+def test_the_math_imports_only_numpy_the_standard_library_and_itself() -> None:
+    allowed = set(sys.stdlib_module_names) | {"numpy"}
+    bad = [
+        _where(i)
+        for i in ALL
+        if i.module in PURE
+        and not (i.target.split(".")[0] in allowed or i.target in PURE)
+        and not i.type_only
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def _graph(top_level_only: bool) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for i in ALL:
+        if i.target in MODULES and not i.type_only and (i.top_level or not top_level_only):
+            if i.target != i.module:
+                edges.setdefault(i.module, set()).add(i.target)
+    return edges
+
+
+def test_no_module_level_import_cycle() -> None:
+    assert _cycles(_graph(top_level_only=True)) == []
+
+
+#: cycles closed only by a function-local import, tolerated until their owner removes them
+#: (`BenchResult.to_dict` imports `record_fingerprint` back from bench/record.py)
+KNOWN_LOCAL_CYCLES = [["specgen.bench.record", "specgen.bench.results"]]
+
+
+def test_no_import_cycle_through_function_local_imports() -> None:
+    cycles = _cycles(_graph(top_level_only=False))
+    assert [c for c in cycles if c not in KNOWN_LOCAL_CYCLES] == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_scanner_sees_local_type_only_and_from_imports() -> None:
+    found = {
+        (i.target, i.top_level, i.type_only)
+        for i in imports_of("specgen.cli.run", MODULES["specgen.cli.run"])
+    }
+    assert ("specgen.cli.options", True, False) in found
+    assert ("specgen.sampling", True, True) in found  # under TYPE_CHECKING
+    assert ("specgen.generate", False, False) in found  # inside a function
+
+
+def test_models_yaml_is_at_the_top_level_and_is_what_the_package_reads() -> None:
+    from specgen.models.registry import PACKAGED_FILE
+
+    top = ROOT / "models.yaml"
+    assert top.is_file() and not top.is_symlink()
+    assert PACKAGED_FILE.resolve() == top
+    assert not (PACKAGE / "models.yaml").exists()
