@@ -1,4 +1,4 @@
-# Two entry points (see README): `make demo` and `make test`.
+# Two entry points (see README): `make demo` and `make test`; `make lint` (ruff, mypy) in CI.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -29,6 +29,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specgen tests
 	$(VENV)/bin/ruff format --check specgen tests
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -233,6 +233,7 @@ class LlamaEngine:
         if all_logits and len(tokens) > self.n_batch:
             raise EngineError(f"{self.name}: {len(tokens)} output rows exceed n_batch")
         batch = self._batch
+        assert batch is not None  # allocated with the context, freed only by close()
         n_out = 0
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]

@@ -539,7 +539,7 @@ def check_greedy(
             t0 = time.perf_counter()
             done, traces = _run(target, drafter, prompt, spec_gen, k)
             spec = done.tokens
-            i = common_prefix(ordinary, spec)
+            i = common_prefix(list(ordinary), list(spec))
             label = text.decode("utf-8", "replace")
             if i == len(ordinary) == len(spec):
                 cases.append(

@@ -13,7 +13,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -185,7 +185,7 @@ def execute(a: RunArgs) -> int:
     else:
         loaded, pair_k = _load(a, params, None)
     writer = None
-    events = None
+    events: Any = None  # a generator: closed below while the engines exist
     try:
         prompt = loaded.target.tokenize(a.prompt)
         config = GenerateConfig(

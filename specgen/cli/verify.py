@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -136,7 +136,7 @@ def _verify(
         raise ConfigError(f"--check must be all, greedy or sampling, got {check!r}")
     set_verbose(verbose)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    extra = {}
+    extra: dict[str, Any] = {}
     if prompts:
         encoded = tuple(p.encode("utf-8", "surrogateescape") for p in prompts)
         extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}

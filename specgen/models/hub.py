@@ -234,7 +234,7 @@ def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePl
     Raises:
         DownloadError: network, authentication or missing-file problems.
     """
-    _check_downloadable(entry)
+    repo = _check_downloadable(entry)
     rev = revision or entry.revision or "main"
     if is_offline():
         cached = find_cached(entry, rev)
@@ -244,8 +244,8 @@ def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePl
     plans = []
     with _hub_errors(entry, rev):
         for name in _remote_names(entry, rev):
-            meta = _metadata(entry.repo, name, rev)
-            blob = _storage(entry.repo) / "blobs" / meta.etag
+            meta = _metadata(repo, name, rev)
+            blob = _storage(repo) / "blobs" / meta.etag
             plans.append(FilePlan(name, meta.size, blob.is_file()))
     return plans
 
@@ -270,7 +270,7 @@ def download_model(
             interrupted transfer (the next run resumes it).
         ModelFileError: the downloaded file fails the GGUF, size or SHA-256 check.
     """
-    _check_downloadable(entry)
+    repo = _check_downloadable(entry)
     rev = revision or entry.revision or "main"
     if is_offline():
         cached = find_cached(entry, rev)
@@ -289,7 +289,7 @@ def download_model(
                 f"{len(names)} files; remove sha256"
             )
         for name in names:
-            path, size, n = _fetch(entry.repo, name, rev, force, progress)
+            path, size, n = _fetch(repo, name, rev, force, progress)
             paths.append(path)
             sizes.append(size)
             moved += n
@@ -302,9 +302,11 @@ def list_gguf_files(repo: str, revision: str = "main") -> list[str]:
     return [f for f in _list_files(repo, revision) if f.endswith(".gguf")]
 
 
-def _check_downloadable(entry: ModelEntry) -> None:
+def _check_downloadable(entry: ModelEntry) -> str:
+    """The entry's Hub repository; ConfigError for an embedded model."""
     if entry.embedded or entry.repo is None or entry.file is None:
         raise ConfigError(f"{entry.name} is an embedded model: nothing to download")
+    return entry.repo
 
 
 def _list_files(repo: str, revision: str) -> list[str]:

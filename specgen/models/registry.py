@@ -142,12 +142,12 @@ def load_registry(extra: Path | None = None) -> Registry:
         m, p = parse_file(f)
         models.update(m)
         pairs.update(p)
-    for p in pairs.values():
+    for pair in pairs.values():
         for role in ("target", "draft"):
-            ref = getattr(p, role)
+            ref = getattr(pair, role)
             if ref not in models:
                 raise ConfigError(
-                    f"{p.source}: pairs.{p.name}.{role}: unknown model {ref!r}; "
+                    f"{pair.source}: pairs.{pair.name}.{role}: unknown model {ref!r}; "
                     f"known: {_names(models)}"
                 )
     for name in sorted(set(models) & set(pairs)):

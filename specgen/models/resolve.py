@@ -70,7 +70,7 @@ def _find_cached(entry: ModelEntry) -> list[Path] | None:
 
 def resolve_models(
     target: str | None, draft: str | None, pair: str | None, models: Path | None, status=None
-) -> tuple[Path, Path | str, int | None]:
+) -> tuple[Path | str, Path | str, int | None]:
     """Turn --target/--draft/--pair into paths (or `none`/`ngram`) and a suggested K.
 
     With nothing given, the embedded demo pair (prepared once, offline).

@@ -531,6 +531,7 @@ class LiveView:
         )
 
     def __enter__(self) -> LiveView:
+        assert self._live is not None, "a LiveView is entered once"
         self._live.start()
         self.refresh()
         return self
