@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -45,6 +46,7 @@ class HubServer:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     cut: dict[str, int] = field(default_factory=dict)  # sha -> transfers to cut half-way
+    slow: dict[str, float] = field(default_factory=dict)  # sha -> seconds per 4 KiB sent
     cdn_host: str = "localhost"
     _blobs: dict[str, bytes] = field(default_factory=dict)
     _httpd: ThreadingHTTPServer | None = None
@@ -62,6 +64,10 @@ class HubServer:
     def cut_next(self, data: bytes, times: int = 1) -> None:
         """Make the next ``times`` transfers of ``data`` stop half-way (connection closed)."""
         self.cut[hashlib.sha256(data).hexdigest()] = times
+
+    def slow_down(self, data: bytes, seconds_per_4k: float) -> None:
+        """Send ``data`` 4 KiB at a time with a pause after each (a slow network)."""
+        self.slow[hashlib.sha256(data).hexdigest()] = seconds_per_4k
 
     def file_gets(self) -> list[Request]:
         """GET requests that transferred file bytes."""
@@ -181,7 +187,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(body)
+        pause = self.hub.slow.get(sha)
+        try:
+            if pause is None:
+                self.wfile.write(body)
+                return
+            for i in range(0, len(body), 4096):
+                self.wfile.write(body[i : i + 4096])
+                self.wfile.flush()
+                time.sleep(pause)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away
+            self.close_connection = True
 
     def _tree(self, repo_id: str, revision: str) -> None:
         repo = self._repo(repo_id, revision)
@@ -256,8 +272,39 @@ def isolate_env(monkeypatch, tmp_path: Path) -> None:
         "SPECGEN_MODELS",
     ):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "specgen"))
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "specgen-cache"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # closed port unless a test sets it
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    hub_env(
+        monkeypatch,
+        HF_HOME=str(tmp_path / "hf"),
+        HF_ENDPOINT="http://127.0.0.1:9",  # a closed port unless a test sets it
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
+
+
+def hub_env(monkeypatch, **env: str | None) -> None:
+    """Set (None: unset) Hub variables, then make huggingface_hub read its settings again.
+
+    huggingface_hub reads its environment once, when ``huggingface_hub.constants`` is
+    imported; a new process would see these values, so this re-runs that module and
+    monkeypatches every setting it changed (undone at the end of the test).
+    """
+    import importlib
+
+    from huggingface_hub import constants
+
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    before = dict(vars(constants))
+    importlib.reload(constants)
+    after = dict(vars(constants))
+    for name, value in after.items():
+        if name.startswith("__") or (name in before and before[name] is value):
+            continue
+        if name in before:
+            setattr(constants, name, before[name])  # so that monkeypatch restores it
+        monkeypatch.setattr(constants, name, value, raising=False)

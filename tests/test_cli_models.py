@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from hubserver import HubServer, isolate_env, tiny_gguf
+from hubserver import HubServer, hub_env, isolate_env, tiny_gguf
 from typer.testing import CliRunner
 
 from specgen.cli.models import register
@@ -24,7 +24,7 @@ def _isolated(monkeypatch, tmp_path):
 @pytest.fixture
 def hub(monkeypatch):
     server = HubServer().start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    hub_env(monkeypatch, HF_ENDPOINT=server.url)
     yield server
     server.stop()
 

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from hubserver import HubServer, isolate_env, tiny_gguf
+from hubserver import HubServer, hub_env, isolate_env, tiny_gguf
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError
 from specgen.models import hub as download
@@ -23,7 +23,7 @@ def _isolated(monkeypatch, tmp_path):
 @pytest.fixture
 def hub(monkeypatch):
     server = HubServer().start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    hub_env(monkeypatch, HF_ENDPOINT=server.url)
     yield server
     server.stop()
 
@@ -105,11 +105,7 @@ def test_dry_run_plan_transfers_nothing(hub, ggufs, tmp_path):
     assert hub.file_gets() == [] and find_cached(entry) is None
 
 
-def test_server_cut_half_way_is_resumed_with_a_range(hub, ggufs, tmp_path, monkeypatch):
-    import huggingface_hub.constants
-
-    # bytes reach the partial file in chunks of this size (10 MB by default)
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+def test_server_cut_half_way_is_resumed_with_a_range(hub, ggufs, tmp_path):
     data = ggufs["target"]
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": data})
     hub.cut_next(data)
@@ -118,15 +114,11 @@ def test_server_cut_half_way_is_resumed_with_a_range(hub, ggufs, tmp_path, monke
     assert result.path.read_bytes() == data
     first, second = hub.file_gets()
     assert first.range is None
-    assert second.range == f"bytes={len(data) // 2 // 4096 * 4096}-"
+    # every byte that arrived before the cut is kept, as it arrives
+    assert second.range == f"bytes={len(data) // 2}-"
 
 
-def test_interrupted_download_leaves_no_final_file_and_next_run_resumes(
-    hub, ggufs, tmp_path, monkeypatch
-):
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+def test_interrupted_download_leaves_no_final_file_and_next_run_resumes(hub, ggufs, tmp_path):
     data = ggufs["target"]
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": data})
     entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
@@ -244,7 +236,7 @@ def test_offline_mode_uses_the_cache_and_never_the_network(hub, ggufs, tmp_path,
     reg = registry(tmp_path, PAIR_YAML)
     online = download_model(reg.model("tgt"))
     before = len(hub.requests)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_env(monkeypatch, HF_HUB_OFFLINE="1")
     assert download_model(reg.model("tgt")).paths == online.paths
     assert plan_download(reg.model("tgt"))[0].cached
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set.*specgen download drf"):
@@ -335,3 +327,48 @@ def test_registry_modules_import_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- what hub.py relies on in huggingface_hub (these fail when upstream changes it) -----------
+
+
+def test_upstream_hf_hub_download_does_not_resume_so_hub_transfer_does(hub, ggufs, tmp_path):
+    """hub._transfer exists because an interrupted hf_hub_download keeps no partial file.
+    If this fails, upstream resumes again: replace hub._transfer with hf_hub_download."""
+    from huggingface_hub import hf_hub_download
+    from tqdm.auto import tqdm
+
+    data = ggufs["target"]
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": data})
+    hub.slow_down(data, 0.001)  # several reads, so the bar sees progress before the end
+
+    class CtrlC(tqdm):
+        def update(self, n=1):
+            super().update(n)
+            if self.n > len(data) // 4:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hf_hub_download("org/target-GGUF", "target-q8_0.gguf", tqdm_class=CtrlC)
+    blobs = tmp_path / "hf" / "hub" / "models--org--target-GGUF" / "blobs"
+    assert list(blobs.iterdir()) == []
+
+
+def test_upstream_blob_layout_is_what_resuming_writes_to(hub, ggufs):
+    """hub._blob_and_lock names the blob hf_hub_download links; _fetch puts bytes there."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
+    path = hf_hub_download("org/target-GGUF", "target-q8_0.gguf")
+    meta = get_hf_file_metadata(hf_hub_url("org/target-GGUF", "target-q8_0.gguf"))
+    blob, lock = download._blob_and_lock("org/target-GGUF", meta.etag)
+    assert Path(path).resolve() == blob.resolve() and blob.read_bytes() == ggufs["target"]
+    assert lock.is_file()  # the lock hf_hub_download took for this blob
+
+
+def test_upstream_http_client_is_httpx2():
+    """hub.py streams with get_session() and catches httpx2.TransportError."""
+    import httpx2
+    from huggingface_hub.utils import get_session
+
+    assert isinstance(get_session(), httpx2.Client)

@@ -27,6 +27,7 @@ ONE_DOOR = {
     "click": "specgen.cli",
     "llama_cpp": "specgen.llamacpp",
     "huggingface_hub": "specgen.models.hub",
+    "httpx2": "specgen.models.hub",  # huggingface_hub's HTTP client (its get_session())
 }
 
 

@@ -1,12 +1,16 @@
-"""Model downloads into the standard Hugging Face cache, through huggingface_hub only.
+"""Model downloads into the standard Hugging Face cache, through huggingface_hub's public API.
 
-Environment read at call time (huggingface_hub reads some of it at import time only):
-``HF_ENDPOINT``, ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_TOKEN`` (else the token file under
-HF_HOME), ``HF_HUB_OFFLINE``. Nothing here prints: pass a progress hook.
+Settings are huggingface_hub's own (:mod:`huggingface_hub.constants`, read when it is first
+imported): ``HF_ENDPOINT``, ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``; the token is
+:func:`huggingface_hub.get_token`'s (``HF_TOKEN``, else the saved login). Nothing here prints:
+pass a progress hook.
 
-A transfer writes ``blobs/<etag>.incomplete`` in the cache (the name huggingface_hub uses)
-and renames it to ``blobs/<etag>`` only when complete, so the final path never holds a
-partial file; an interrupted transfer resumes from the partial file on the next run.
+What the public API does not do in huggingface_hub 2.4 is resume a transfer across runs
+(``hf_hub_download`` deletes its partial file when interrupted). :func:`_transfer` does that
+one thing: it appends to ``blobs/<etag>.incomplete`` with HTTP Range requests and renames it
+to ``blobs/<etag>`` only when complete, so the path a model is loaded from never holds a
+partial file; ``hf_hub_download`` then links the finished blob into its snapshot.
+``tests/test_download.py::test_upstream_*`` fail when upstream changes what this relies on.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import hashlib
-import inspect
 import os
 import re
 import shutil
@@ -22,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError
 
@@ -32,11 +35,13 @@ if TYPE_CHECKING:
 #: progress hook: (file name in the repository, bytes done, total bytes or None)
 ProgressHook = Callable[[str, int, "int | None"], None]
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 GGUF_MAGIC = b"GGUF"
+LIBRARY = "specgen"
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _GLOB_CHARS = frozenset("*?[")
+#: a transfer that stops without receiving a byte is retried this many times in one run
+_STALLED_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -61,42 +66,34 @@ class DownloadResult:
         return self.paths[0]
 
 
-# --- environment, read at call time --------------------------------------------------------
+# --- huggingface_hub's settings --------------------------------------------------------------
 
 
 def hub_endpoint() -> str:
-    """``$HF_ENDPOINT`` without a trailing slash, else the public Hub."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    """The Hub's address (``HF_ENDPOINT``, else the public Hub)."""
+    from huggingface_hub import constants
 
-
-def hf_home() -> Path:
-    """``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``."""
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface"
+    return constants.ENDPOINT
 
 
 def hub_cache_dir() -> Path:
-    """The Hub cache: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub`` (the standard layout)."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    return Path(explicit).expanduser() if explicit else hf_home() / "hub"
+    """The Hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def is_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE`` is set to 1/true/yes/on."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    """True when ``HF_HUB_OFFLINE`` is set."""
+    from huggingface_hub import is_offline_mode
+
+    return is_offline_mode()
 
 
-def _token() -> str | bool:
-    token = os.environ.get("HF_TOKEN")
-    if token:
-        return token
-    path = Path(os.environ.get("HF_TOKEN_PATH") or hf_home() / "token")
-    try:
-        return path.read_text().strip() or False
-    except OSError:
-        return False
+def _token() -> str | None:
+    from huggingface_hub import get_token
+
+    return get_token()
 
 
 # --- file selection and the cache (no network) ----------------------------------------------
@@ -139,45 +136,41 @@ def split_names(stem: str, count: int) -> list[str]:
     return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
-def _storage(repo: str) -> Path:
-    return hub_cache_dir() / ("models--" + repo.replace("/", "--"))
-
-
-def _snapshots(storage: Path, revision: str) -> list[Path]:
-    """Snapshot folders to look in: the pinned commit, else the ref, then any others."""
-    if _COMMIT.match(revision):
-        return [storage / "snapshots" / revision]
-    found = []
-    try:
-        found.append(storage / "snapshots" / (storage / "refs" / revision).read_text().strip())
-    except OSError:
-        pass
-    others = (
-        sorted((storage / "snapshots").glob("*"), key=lambda p: -p.stat().st_mtime)
-        if (storage / "snapshots").is_dir()
-        else []
-    )
-    return found + [p for p in others if p not in found]
-
-
 def find_cached(entry: ModelEntry, revision: str | None = None) -> list[Path] | None:
     """Cached paths of a registry model (first shard first), or None if not all are cached.
 
-    Never uses the network. Complete files only: partial downloads live under other names.
+    Looks in the snapshot of the pinned commit only; for a branch or tag, in the snapshot
+    its ref names first, then in any other snapshot, newest first (a model downloaded with
+    ``--revision`` is found without it). Never uses the network. Complete files only: partial
+    downloads are not in any snapshot. Read with :func:`huggingface_hub.scan_cache_dir`.
     """
     if entry.repo is None or entry.file is None:
         return None
-    storage = _storage(entry.repo)
-    for snap in _snapshots(storage, revision or entry.revision or "main"):
-        if not snap.is_dir():
-            continue
-        available = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    rev = revision or entry.revision or "main"
+    try:
+        cache = scan_cache_dir(hub_cache_dir())
+    except CacheNotFound:
+        return None
+    repo = next(
+        (r for r in cache.repos if r.repo_id == entry.repo and r.repo_type == "model"), None
+    )
+    if repo is None:
+        return None
+    if _COMMIT.match(rev):
+        revisions = [r for r in repo.revisions if r.commit_hash == rev]
+    else:
+        revisions = sorted(repo.revisions, key=lambda r: (rev not in r.refs, -r.last_modified))
+    for r in revisions:
+        files = {f.file_path.relative_to(r.snapshot_path).as_posix(): f.file_path for f in r.files}
         try:
-            names = select_files(entry.file, available)
+            names = select_files(entry.file, list(files))
         except ModelFileError:
             continue
         if names:
-            return [snap / n for n in names]
+            return [files[n] for n in names]
     return None
 
 
@@ -229,11 +222,13 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
 def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePlan]:
     """The files a download would fetch, with sizes (bytes) and whether each is cached.
 
-    Uses the network (file metadata only) unless offline.
+    Uses the network (file metadata only, ``hf_hub_download(dry_run=True)``) unless offline.
 
     Raises:
         DownloadError: network, authentication or missing-file problems.
     """
+    from huggingface_hub import hf_hub_download
+
     repo = _check_downloadable(entry)
     rev = revision or entry.revision or "main"
     if is_offline():
@@ -244,9 +239,8 @@ def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePl
     plans = []
     with _hub_errors(entry, rev):
         for name in _remote_names(entry, rev):
-            meta = _metadata(repo, name, rev)
-            blob = _storage(repo) / "blobs" / meta.etag
-            plans.append(FilePlan(name, meta.size, blob.is_file()))
+            info = hf_hub_download(repo, name, revision=rev, dry_run=True, **_client())
+            plans.append(FilePlan(name, info.file_size, info.is_cached))
     return plans
 
 
@@ -269,6 +263,8 @@ def download_model(
         DownloadError: no network, gated/private repository, missing file, full disk,
             interrupted transfer (the next run resumes it).
         ModelFileError: the downloaded file fails the GGUF, size or SHA-256 check.
+        KeyboardInterrupt: passed through; the partial file is kept where the next run
+            resumes from (``blobs/<etag>.incomplete``), never in a snapshot.
     """
     repo = _check_downloadable(entry)
     rev = revision or entry.revision or "main"
@@ -302,6 +298,11 @@ def list_gguf_files(repo: str, revision: str = "main") -> list[str]:
     return [f for f in _list_files(repo, revision) if f.endswith(".gguf")]
 
 
+def _client() -> dict[str, Any]:
+    """The keyword arguments every huggingface_hub call gets."""
+    return {"token": _token(), "library_name": LIBRARY}
+
+
 def _check_downloadable(entry: ModelEntry) -> str:
     """The entry's Hub repository; ConfigError for an embedded model."""
     if entry.embedded or entry.repo is None or entry.file is None:
@@ -312,7 +313,7 @@ def _check_downloadable(entry: ModelEntry) -> str:
 def _list_files(repo: str, revision: str) -> list[str]:
     from huggingface_hub import HfApi
 
-    api = HfApi(endpoint=hub_endpoint(), token=_token(), library_name="specgen")
+    api = HfApi(token=_token(), library_name=LIBRARY)
     return list(api.list_repo_files(repo, revision=revision))
 
 
@@ -329,91 +330,135 @@ def _remote_names(entry: ModelEntry, revision: str) -> list[str]:
     return names
 
 
-def _metadata(repo: str, filename: str, revision: str):  # -> HfFileMetadata
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+def _fetch(
+    repo: str, filename: str, revision: str, force: bool, progress: ProgressHook | None
+) -> tuple[Path, int | None, int]:
+    """Fetch one file into the cache: (snapshot path, size in bytes, bytes transferred)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.utils import WeakFileLock
 
-    url = hf_hub_url(repo, filename, revision=revision, endpoint=hub_endpoint())
-    meta = get_hf_file_metadata(
-        url, token=_token(), library_name="specgen", endpoint=hub_endpoint()
-    )
+    url = hf_hub_url(repo, filename, revision=revision)
+    meta = get_hf_file_metadata(url, **_client())
     if not meta.etag or not meta.commit_hash:
         raise DownloadError(
             f"{hub_endpoint()} did not answer like a Hugging Face Hub for {repo}/{filename} "
             "(no ETag or X-Repo-Commit): check HF_ENDPOINT and any proxy"
         )
-    return meta
-
-
-def _fetch(
-    repo: str, filename: str, revision: str, force: bool, progress: ProgressHook | None
-) -> tuple[Path, int | None, int]:
-    """Fetch one file into the cache: (snapshot path, size in bytes, bytes transferred)."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import WeakFileLock
-
-    meta = _metadata(repo, filename, revision)
-    storage = _storage(repo)
-    blob = storage / "blobs" / meta.etag
+    blob, lock = _blob_and_lock(repo, meta.etag)
     partial = blob.with_name(blob.name + ".incomplete")
-    pointer = storage / "snapshots" / meta.commit_hash / filename
     if force:
-        for p in (pointer, blob, partial):
+        info = hf_hub_download(repo, filename, revision=revision, dry_run=True, **_client())
+        for p in (Path(info.local_path), blob, partial):
             p.unlink(missing_ok=True)
     moved = 0
     if not blob.is_file():
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        lock = hub_cache_dir() / ".locks" / storage.name / f"{meta.etag}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
         with WeakFileLock(lock):
             if not blob.is_file():
-                moved = _transfer(meta, filename, partial, progress)
+                moved = _transfer(meta.location, url, meta.size, filename, partial, progress)
                 os.replace(partial, blob)
     elif progress is not None:
         progress(filename, blob.stat().st_size, meta.size)
-    path = hf_hub_download(
-        repo,
-        filename,
-        revision=revision,
-        cache_dir=hub_cache_dir(),
-        endpoint=hub_endpoint(),
-        token=_token(),
-        library_name="specgen",
-    )
+    # the blob is complete: this links it into the snapshot and records the ref, no transfer
+    path = hf_hub_download(repo, filename, revision=revision, **_client())
     return Path(path), meta.size, moved
 
 
-def _transfer(meta, filename: str, partial: Path, progress: ProgressHook | None) -> int:
-    """Append the missing bytes of ``meta.location`` to ``partial``; returns bytes moved."""
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
+def _blob_and_lock(repo: str, etag: str) -> tuple[Path, Path]:
+    """Where ``hf_hub_download`` keeps a file's bytes and the lock it takes to write them.
 
+    The one place that knows huggingface_hub's cache layout (no public function names a
+    blob): ``<cache>/models--<org>--<name>/blobs/<etag>`` and
+    ``<cache>/.locks/models--<org>--<name>/<etag>.lock``. Checked against hf_hub_download by
+    ``test_upstream_blob_layout_is_what_resuming_writes_to``.
+    """
+    folder = "models--" + repo.replace("/", "--")
+    return (
+        hub_cache_dir() / folder / "blobs" / etag,
+        hub_cache_dir() / ".locks" / folder / f"{etag}.lock",
+    )
+
+
+def _transfer(
+    location: str,
+    url: str,
+    size: int | None,
+    filename: str,
+    partial: Path,
+    progress: ProgressHook | None,
+) -> int:
+    """Append the missing bytes of ``location`` to ``partial``; returns the bytes moved.
+
+    Resumes from ``partial``'s size with ``Range: bytes=N-`` (RFC 9110, 14.2), also within
+    this call when the connection drops after some bytes arrived; restarts from 0 when the
+    server ignores the range (answers 200). The token is not sent to another host (the
+    Hub's CDN URLs are signed), as ``hf_hub_download`` does.
+
+    Raises:
+        DownloadError: the disk is too small, or the transfer stopped (the bytes received so
+            far stay in ``partial``; the next run resumes).
+    """
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    partial.parent.mkdir(parents=True, exist_ok=True)
     start = partial.stat().st_size if partial.exists() else 0
-    if meta.size is not None and start > meta.size:
+    if size is not None and start > size:
         partial.unlink()
         start = 0
-    need = (meta.size or 0) - start
+    need = (size or 0) - start
     free = _free_bytes(partial.parent)
     if need > free:
         raise _disk_full(partial.parent, need, free)
-    headers = build_hf_headers(token=_token(), library_name="specgen")
+    headers = build_hf_headers(**_client())
     headers["Accept-Encoding"] = "identity"
-    if meta.location.split("/")[2] != hub_endpoint().split("/")[2]:
-        headers.pop("authorization", None)  # a signed CDN URL: do not leak the token
-    kwargs = {"displayed_filename": filename, "expected_size": meta.size}
-    if progress is not None and "tqdm_class" in inspect.signature(http_get).parameters:
-        kwargs["tqdm_class"] = _bar_class(progress, filename)
-    try:
-        with open(partial, "ab") as f:
-            http_get(meta.location, f, resume_size=start, headers=headers, **kwargs)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(partial.parent, need, _free_bytes(partial.parent)) from e
-        if "Consistency check failed" in str(e):
-            raise DownloadError(
-                f"the transfer of {filename} stopped early; run the same command again to resume"
-            ) from e
-        raise
-    return partial.stat().st_size - start
+    if _host(location) != _host(url):
+        headers.pop("authorization", None)
+    stalls = 0
+    with open(partial, "ab") as f:
+        while size is None or f.tell() < size:
+            done = f.tell()
+            ask = {**headers, "Range": f"bytes={done}-"} if done else headers
+            try:
+                with get_session().stream(
+                    "GET", location, headers=ask, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+                ) as response:
+                    hf_raise_for_status(response)
+                    if done and response.status_code == 200:  # the range was ignored
+                        f.seek(0)
+                        f.truncate()
+                        start = 0
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+                        if progress is not None:
+                            progress(filename, f.tell(), size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise _disk_full(partial.parent, need, _free_bytes(partial.parent)) from e
+                raise
+            except httpx2.TransportError as e:  # the connection dropped or timed out
+                stalls = 0 if f.tell() > done else stalls + 1
+                if stalls > _STALLED_RETRIES:
+                    raise DownloadError(
+                        f"the transfer of {filename} stopped at {f.tell()} of {size} bytes "
+                        f"({type(e).__name__}); run the same command again to resume"
+                    ) from e
+                continue
+            if size is None:
+                break
+            if f.tell() == done:
+                stalls += 1
+                if stalls > _STALLED_RETRIES:
+                    raise DownloadError(
+                        f"{_host(location)} sent no bytes of {filename} after {done}; "
+                        "run the same command again to resume"
+                    )
+        return f.tell() - start
+
+
+def _host(url: str) -> str:
+    return url.split("/")[2] if "://" in url else ""
 
 
 def _free_bytes(folder: Path) -> int:
@@ -421,45 +466,18 @@ def _free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def _bar_class(progress: ProgressHook, filename: str) -> type:
-    """A tqdm-shaped class that forwards byte counts to ``progress``."""
-
-    class _Bar:
-        def __init__(
-            self, *args: object, total: int | None = None, initial: int = 0, **kwargs: object
-        ) -> None:
-            self.n, self.total = initial, total
-            progress(filename, self.n, total)
-
-        def update(self, n: int = 1) -> None:
-            self.n += n
-            progress(filename, self.n, self.total)
-
-        def update_transfer(self, n: int) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> _Bar:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.close()
-
-    return _Bar
-
-
 # --- errors --------------------------------------------------------------------------------
 
 
 @contextmanager
 def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
-    """Turn huggingface_hub and network exceptions into one-line DownloadErrors."""
+    """Turn huggingface_hub's exceptions into one-line DownloadErrors."""
+    import httpx2
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RemoteEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -485,36 +503,17 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
         if _status(e) in (401, 403):
             raise _auth_error(repo, e) from e
         raise DownloadError(f"{ep} answered HTTP {_status(e)} for {repo}: try again later") from e
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, httpx2.TransportError) as e:
+        # hf_hub_download says LocalEntryNotFoundError when the Hub cannot be reached and
+        # the file is not cached; the other calls raise the HTTP client's TransportError
+        raise DownloadError(
+            f"cannot reach {ep} ({type(e).__name__}): check the network connection, "
+            "or set HF_HUB_OFFLINE=1 to use cached files only (a partial download resumes)"
+        ) from e
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(hub_cache_dir(), 0, _free_bytes_safe(hub_cache_dir())) from e
-        if isinstance(e, LocalEntryNotFoundError):  # the Hub went away mid-download
-            raise DownloadError(
-                f"cannot reach {ep}: check the network connection and run the command again"
-            ) from e
         raise
-    except Exception as e:
-        if _is_network_error(e):
-            raise DownloadError(
-                f"cannot reach {ep} ({type(e).__name__}): check the network connection, "
-                "or set HF_HUB_OFFLINE=1 to use cached files only (a partial download resumes)"
-            ) from e
-        raise
-
-
-def _is_network_error(e: BaseException) -> bool:
-    names = {c.__name__ for c in type(e).__mro__}
-    return bool(
-        names
-        & {
-            "TransportError",
-            "NetworkError",
-            "TimeoutException",
-            "ConnectionError",
-            "ConnectError",
-            "RemoteProtocolError",
-        }
-    )
 
 
 def _status(e: Exception) -> int | None:
