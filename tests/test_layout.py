@@ -14,10 +14,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "specgen"
 
-#: the math and the protocols: numpy, the standard library and each other only
+#: the math, the protocols and file plumbing: numpy, the standard library and each other only
 PURE = frozenset(
     f"specgen.{m}"
-    for m in ("sampling", "rejection", "cutoff", "controller", "errors", "engine", "events")
+    for m in (
+        "sampling",
+        "rejection",
+        "cutoff",
+        "controller",
+        "errors",
+        "engine",
+        "events",
+        "fileio",
+    )
 )
 
 #: third-party library -> where it may be imported (a module, or a package and all under it)

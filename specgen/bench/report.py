@@ -3,10 +3,7 @@ tables with a paragraph describing the record, and the optional matplotlib plot.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +13,9 @@ from specgen.bench.record import record_fingerprint
 from specgen.bench.results import ALL_KINDS, BenchResult
 from specgen.bench.summary import auto_vs_best_text, pct
 from specgen.errors import ConfigError
+from specgen.fileio import atomic_write
 
 # -- outputs ------------------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, then rename: never a partial file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(result: BenchResult, path: Path) -> None:

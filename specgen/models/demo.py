@@ -15,13 +15,12 @@ here prints: pass ``status`` to receive one-line progress messages.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from specgen.errors import ConfigError, ModelFileError
+from specgen.fileio import atomic_path
 
 __all__ = [
     "DEMO_MODELS",
@@ -70,19 +69,12 @@ def _assemble_q4(dst: Path, status: StatusFn | None) -> None:
         ) from exc
     _say(status, "assembling the Gemma 3 270M Q4_K_M demo model (one time, ~2 s)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
-        # overwrite=True: the temporary file exists (empty), which assemble() would reject.
-        assemble(tmp, overwrite=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            # overwrite=True: the temporary file exists (empty), which assemble() would reject.
+            assemble(tmp, overwrite=True)
     except (FileNotFoundError, ValueError) as exc:  # missing chunk files, SHA mismatch
         raise ModelFileError(f"could not assemble the demo model: {exc}") from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 def ensure_demo_model(name: str, status: StatusFn | None = None) -> Path:

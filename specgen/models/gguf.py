@@ -19,9 +19,6 @@ Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, th
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from specgen.errors import ModelFileError
+from specgen.fileio import atomic_path
 
 __all__ = [
     "dequantize_to_f32",
@@ -70,27 +68,6 @@ def _open_reader(src: Path | str) -> Any:
         raise ModelFileError(f"not a readable GGUF file: {path} ({exc})") from exc
 
 
-@contextlib.contextmanager
-def _atomic_path(dst: Path | str) -> Iterator[Path]:
-    """Yield a temporary path next to ``dst``; rename it to ``dst`` only if the block succeeds.
-
-    The parent directory is created if needed. On any exception the temporary file is removed
-    and ``dst`` is left as it was.
-    """
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; model files are normally world-readable
-    try:
-        yield tmp
-        os.replace(tmp, dst)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
 def _field_kvs(reader: Any) -> Iterator[_KV]:
     """Every real metadata entry of ``reader`` (virtual ``GGUF.*`` fields and the architecture,
     which ``GGUFWriter`` writes itself, are skipped), with its stored value type."""
@@ -126,7 +103,8 @@ def _write_gguf(
     """
     import gguf
 
-    with _atomic_path(dst) as tmp:
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=arch)
         try:
             if alignment is not None:
