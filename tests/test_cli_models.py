@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -131,3 +132,39 @@ def test_the_real_cli_registers_these_commands(reg_file, capsys):
     err = capsys.readouterr().err
     assert err.startswith("specgen: error: org/draft-GGUF has no file matching")
     assert err.count("\n") == 1
+
+
+def test_a_download_that_failed_its_checksum_shows_as_failed_and_is_not_run(
+    tmp_path, hub, monkeypatch, capsys
+):
+    src = tmp_path / "src"
+    src.mkdir()
+    good = tiny_gguf(src / "t.gguf", 8192, 1)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": bad})
+    reg = tmp_path / "reg.yaml"
+    sha = hashlib.sha256(good).hexdigest()
+    reg.write_text(
+        f"models:\n  tgt: {{repo: org/target-GGUF, file: target-q8_0.gguf, sha256: {sha}}}\n"
+    )
+    result = invoke("download", "tgt", "--models", str(reg))
+    assert result.exit_code == 1 and "SHA-256 mismatch" in result.message
+
+    [row] = [
+        r
+        for r in json.loads(invoke("models", "--json", "--models", str(reg)).output)["models"]
+        if r["name"] == "tgt"
+    ]
+    assert (row["status"], row["downloaded"]) == ("failed SHA-256", False)
+    assert row["path"] and "specgen download tgt --force" in row["problem"]
+    monkeypatch.setenv("COLUMNS", "400")
+    table = invoke("models", "--models", str(reg)).output
+    assert "failed SHA-256" in table and "specgen download tgt --force" in table
+
+    cli = pytest.importorskip("specgen.cli.app")
+    with pytest.raises(SystemExit) as code:
+        cli.main(["run", "-m", "tgt", "-md", "none", "--models", str(reg), "-n", "1", "hi"])
+    assert code.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specgen: error: tgt failed its SHA-256 check")
+    assert "specgen download tgt --force" in err and err.count("\n") == 1

@@ -316,6 +316,35 @@ models:
     assert len(hub.file_gets()) == 2
 
 
+def test_a_file_that_failed_its_checksum_is_never_loaded(hub, ggufs, tmp_path):
+    good = ggufs["target"]
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": bytes(bad)})
+    sha = hashlib.sha256(good).hexdigest()
+    text = "models:\n  tgt: {repo: org/target-GGUF, file: target-q8_0.gguf, sha256: %s}\n"
+    reg = registry(tmp_path, text % sha)
+    with pytest.raises(ModelFileError, match="SHA-256 mismatch"):
+        download_model(reg.model("tgt"))
+    [kept] = find_cached(reg.model("tgt"))
+    assert kept.read_bytes() == bytes(bad)  # still on disk, not deleted silently
+    for attempt in range(2):  # refused when resolved, and again after a plain download
+        with pytest.raises(ModelFileError, match="failed its SHA-256 check") as err:
+            resolve_model(reg, "tgt")
+        assert "specgen download tgt --force" in str(err.value) and str(kept) in str(err.value)
+        if attempt == 0:
+            with pytest.raises(ModelFileError, match="SHA-256 mismatch"):
+                download_model(reg.model("tgt"))
+    # the user says so: the registry now expects the digest the file has
+    got = hashlib.sha256(bytes(bad)).hexdigest()
+    assert resolve_model(registry(tmp_path, text % got), "tgt") == kept
+    # or the file is replaced: `--force` downloads good bytes, which load again
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": good})
+    fixed = download_model(reg.model("tgt"), force=True)
+    assert fixed.path.read_bytes() == good
+    assert resolve_model(reg, "tgt") == fixed.path
+
+
 def test_registry_modules_import_nothing_heavy():
     import subprocess
     import sys

@@ -10,7 +10,7 @@ import typer
 from specgen.cli.options import JsonOpt, ModelsOpt
 from specgen.errors import ConfigError
 from specgen.models.registry import ModelEntry, Registry, load_registry
-from specgen.models.resolve import local_paths
+from specgen.models.resolve import checksum_failure, local_paths
 
 DOWNLOAD_EPILOG = (
     "Examples:\n\n"
@@ -95,15 +95,22 @@ def models(
 
 
 def model_rows(reg: Registry) -> list[dict[str, Any]]:
-    """One dict per model: name, where, quant, size_gb, status, bytes_on_disk, path."""
+    """One dict per model: name, where, quant, size_gb, status, bytes_on_disk, path.
+
+    ``downloaded`` means loadable: a file that failed its SHA-256 check is on disk (``path``,
+    ``bytes_on_disk``) with status "failed SHA-256" and ``problem`` saying how to recover.
+    """
     return [_model_row(m) for m in reg.models.values()]
 
 
 def _model_row(m: ModelEntry) -> dict[str, Any]:
     paths = local_paths(m)
+    failure = checksum_failure(m, paths) if paths else None
     status = (
         ("built" if paths else "not built")
         if m.embedded
+        else "failed SHA-256"
+        if failure
         else ("downloaded" if paths else "not downloaded")
     )
     return {
@@ -113,8 +120,9 @@ def _model_row(m: ModelEntry) -> dict[str, Any]:
         "size_gb": m.size_gb,
         "verified": m.verified,
         "embedded": m.embedded,
-        "downloaded": bool(paths),
+        "downloaded": bool(paths) and failure is None,
         "status": status,
+        "problem": failure,
         "bytes_on_disk": sum(p.stat().st_size for p in paths) if paths else 0,
         "path": str(paths[0]) if paths else None,
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -198,13 +199,85 @@ def verify_files(entry: ModelEntry, paths: list[Path], sizes: list[int | None]) 
             )
     if entry.sha256:
         digest = sha256_file(paths[0])
+        _remember_checksum(paths[0], None if digest == entry.sha256 else digest)
         if digest != entry.sha256:
             raise ModelFileError(
                 f"SHA-256 mismatch for {entry.name}: expected {entry.sha256}, got {digest}; "
-                f"the file is kept at {paths[0]}. If the repository changed, pin `revision:` "
-                f"or update `sha256:` in {entry.source}; otherwise re-download it with "
-                f"`specgen download {entry.name} --force`"
+                f"the file is kept at {paths[0]} but not loaded. If the repository changed, "
+                f"pin `revision:` or update `sha256:` in {entry.source}; otherwise download "
+                f"it again with `specgen download {entry.name} --force`"
             )
+
+
+def checksum_failure(entry: ModelEntry, paths: list[Path]) -> str | None:
+    """Why the cached ``paths`` of ``entry`` must not be loaded, or None if they may be.
+
+    A file that failed the registry's SHA-256 check stays in the cache (nothing is deleted
+    without the user asking) but is refused until it is downloaded again (``--force``), or
+    the registry's ``sha256`` is changed to its digest or removed. The check reads a record
+    kept by :func:`verify_files`, not the file: a multi-GB file is hashed only on download.
+    """
+    if not entry.sha256 or not paths:
+        return None
+    got = _recorded_failure(paths[0])
+    if got is None or got == entry.sha256:
+        return None
+    return (
+        f"{entry.name} failed its SHA-256 check (expected {entry.sha256}, got {got}), so "
+        f"{paths[0]} is not loaded: download it again with `specgen download {entry.name} "
+        f"--force`, or if the repository changed on purpose, pin `revision:` or update "
+        f"`sha256:` in {entry.source}"
+    )
+
+
+def _failures_file() -> Path:
+    from specgen.models.demo import cache_dir
+
+    return cache_dir() / "checksum-failures.json"
+
+
+def _file_key(path: Path) -> tuple[str, list[int]]:
+    """A file's identity: its real path, and (size, mtime in ns) to notice it was replaced."""
+    st = path.stat()
+    return str(path.resolve()), [st.st_size, st.st_mtime_ns]
+
+
+def _read_failures() -> dict[str, Any]:
+    try:
+        data = json.loads(_failures_file().read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _recorded_failure(path: Path) -> str | None:
+    """The digest a failed check found for ``path``, if that same file is still there."""
+    try:
+        key, stamp = _file_key(path)
+    except OSError:
+        return None
+    record = _read_failures().get(key)
+    if not isinstance(record, dict) or record.get("stamp") != stamp:
+        return None
+    got = record.get("got")
+    return got if isinstance(got, str) else None
+
+
+def _remember_checksum(path: Path, failed_digest: str | None) -> None:
+    """Record (``failed_digest``) or forget (None) a failed SHA-256 check of ``path``."""
+    from specgen.fileio import atomic_write
+
+    key, stamp = _file_key(path)
+    failures = {k: v for k, v in _read_failures().items() if Path(k).exists()}
+    if failed_digest is None and key not in failures:
+        return
+    if failed_digest is None:
+        del failures[key]
+    else:
+        failures[key] = {"got": failed_digest, "stamp": stamp}
+    target = _failures_file()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, (json.dumps(failures, indent=1) + "\n").encode("utf-8"))
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:

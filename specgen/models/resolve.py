@@ -22,7 +22,8 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     Raises:
         ConfigError: a known model that is not downloaded yet (the message has the
             exact ``specgen download`` command).
-        ModelFileError: neither an existing file nor a registry name.
+        ModelFileError: neither an existing file nor a registry name, or a downloaded
+            model that failed its SHA-256 check (the message says how to recover).
     """
     path = Path(name_or_path).expanduser()
     if path.is_file():
@@ -36,13 +37,16 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
         from specgen.models.demo import ensure_demo_model
 
         return ensure_demo_model(entry.name)
-    from specgen.models.hub import find_cached
+    from specgen.models.hub import checksum_failure, find_cached
 
     files = find_cached(entry)
     if files is None:
         raise ConfigError(
             f"model {entry.name!r} is not downloaded yet: run `specgen download {entry.name}`"
         )
+    failure = checksum_failure(entry, files)
+    if failure is not None:
+        raise ModelFileError(failure)
     return files[0]
 
 
@@ -103,6 +107,13 @@ def _resolve_one(name: str, models: Path | None) -> Path | str:
     if name in (DRAFT_NONE, DRAFT_NGRAM):
         return name
     return resolve_model(load_registry(models), name)
+
+
+def checksum_failure(m: ModelEntry, paths: list[Path]) -> str | None:
+    """Why the downloaded ``paths`` of ``m`` are refused (failed SHA-256 check), or None."""
+    from specgen.models.hub import checksum_failure as failure
+
+    return None if m.embedded else failure(m, paths)
 
 
 def local_paths(m: ModelEntry) -> list[Path] | None:

@@ -321,6 +321,9 @@ def render_model_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]])
     for r in rows:
         if r["downloaded"]:
             disk, where = f"[green]{human_bytes(r['bytes_on_disk'])}[/]", r["path"]
+        elif r.get("problem"):
+            disk = f"[red]{r['status']}[/]"
+            where = f"{r['path']}\n[red]not loaded: `specgen download {r['name']} --force`[/]"
         else:
             disk = "not built" if r["embedded"] else "[dim]-[/]"
             where = f"[dim]{r['where']}[/]"
