@@ -168,3 +168,54 @@ def test_a_download_that_failed_its_checksum_shows_as_failed_and_is_not_run(
     err = capsys.readouterr().err
     assert err.startswith("specgen: error: tgt failed its SHA-256 check")
     assert "specgen download tgt --force" in err and err.count("\n") == 1
+
+
+def test_ctrl_c_during_a_download_exits_130_and_keeps_the_partial_file_to_resume(tmp_path, hub):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specgen.models.hub import download_model, find_cached
+    from specgen.models.registry import load_registry
+
+    src = tmp_path / "src"
+    src.mkdir()
+    data = tiny_gguf(src / "t.gguf", 64 * 1024, 1)  # 256 KiB: 64 slow pieces, 6 s in all
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": data})
+    hub.slow_down(data, 0.1)
+    reg = tmp_path / "reg.yaml"
+    reg.write_text("models:\n  tgt: {repo: org/target-GGUF, file: target-q8_0.gguf}\n")
+    blobs = tmp_path / "hf" / "hub" / "models--org--target-GGUF" / "blobs"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "download", "tgt", "--models", str(reg)],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # a shell without job control starts background jobs ignoring SIGINT; undo that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size for p in blobs.glob("*.incomplete")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err and out == b""
+    [partial] = blobs.glob("*.incomplete")
+    kept = partial.stat().st_size
+    assert 0 < kept < len(data) and data.startswith(partial.read_bytes())
+    entry = load_registry(reg).model("tgt")
+    assert find_cached(entry) is None  # nothing where a model is loaded from
+    assert sorted(p.name for p in blobs.iterdir()) == [partial.name]
+
+    hub.slow.clear()
+    result = download_model(entry)
+    assert result.path.read_bytes() == data and result.transferred_bytes == len(data) - kept
+    assert hub.file_gets()[-1].range == f"bytes={kept}-"
