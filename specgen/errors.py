@@ -43,3 +43,8 @@ class ConfigError(SpecgenError):
 class DownloadError(SpecgenError):
     """A model download failed (no network, gated repository, missing file, full disk): the
     message says what to fix; run the same `specgen download` again to resume."""
+
+
+class NetworkError(DownloadError):
+    """The Hub cannot be reached (no network, or ``HF_HUB_OFFLINE`` is set) and the files are
+    not cached: connect, or unset HF_HUB_OFFLINE, and run the same command again."""

@@ -100,6 +100,27 @@ def test_dry_run_fetches_nothing(reg_file, hub):
     assert hub.file_gets() == []
 
 
+def test_dry_run_offline_shows_what_the_registry_knows_then_needs_the_network(
+    reg_file, hub, monkeypatch
+):
+    hub_env(monkeypatch, HF_HUB_OFFLINE="1")
+    result = invoke("download", "tiny", "--dry-run", "--models", str(reg_file))
+    assert result.exit_code == 1 and "HF_HUB_OFFLINE is set" in result.message
+    assert result.stdout.splitlines() == [
+        "tgt\torg/target-GGUF/target-q8_0.gguf\t~0.01 GB\tnot checked",
+        "drf\torg/draft-GGUF/draft-*.gguf\tsize unknown\tnot checked",
+    ]
+    assert hub.requests == []
+
+
+def test_dry_run_without_a_network_shows_the_registry_then_says_so(tmp_path):
+    reg = tmp_path / "reg.yaml"  # HF_ENDPOINT is a closed port (isolate_env)
+    reg.write_text("models:\n  m: {repo: org/m-GGUF, file: m-q8_0.gguf, size_gb: 4.7}\n")
+    result = invoke("download", "m", "--dry-run", "--models", str(reg))
+    assert result.exit_code == 1 and result.message.startswith("cannot reach http://127.0.0.1:9")
+    assert result.stdout == "m\torg/m-GGUF/m-q8_0.gguf\t~4.7 GB\tnot checked\n"
+
+
 def test_embedded_pair_dry_run_downloads_nothing():
     result = invoke("download", "demo", "--dry-run")
     assert result.exit_code == 0, result.output

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from specgen.cli.options import JsonOpt, ModelsOpt
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, NetworkError
 from specgen.models.registry import ModelEntry, Registry, load_registry
 from specgen.models.resolve import checksum_failure, local_paths
 
@@ -34,7 +34,12 @@ def download(
         typer.Option("--revision", help="Branch, tag or commit (one model only)."),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show what would be downloaded; fetch nothing.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Show what would be downloaded; fetch nothing. Offline, show what the "
+            "registry knows (repository, file, approximate size), then say the network is needed.",
+        ),
     ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Delete the cached copy and download it again.")
@@ -52,6 +57,7 @@ def download(
     if revision and len(entries) > 1:
         raise ConfigError(f"--revision applies to one model; {name!r} is a pair: name a model")
     err = output.console(stderr=True)
+    unreachable: NetworkError | None = None  # a dry run offline says what it knows first
     for entry in entries:
         if entry.embedded:
             if dry_run:
@@ -62,7 +68,15 @@ def download(
             path = ensure_demo_model(entry.name, status=err.print)
             typer.echo(f"{entry.name}\t{path}")
         elif dry_run:
-            for plan in dl.plan_download(entry, revision):
+            try:
+                plans = dl.plan_download(entry, revision)
+            except NetworkError as e:
+                # what the registry knows needs no network; the Hub's answer does
+                size = f"~{entry.size_gb:g} GB" if entry.size_gb else "size unknown"
+                typer.echo(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
+                unreachable = unreachable or e
+                continue
+            for plan in plans:
                 what = "cached" if plan.cached else "to download"
                 typer.echo(
                     f"{entry.name}\t{entry.repo}/{plan.filename}\t{human_bytes(plan.size_bytes)}\t{what}"
@@ -71,6 +85,8 @@ def download(
             with download_bars(err) as hook:
                 result = dl.download_model(entry, revision=revision, force=force, progress=hook)
             typer.echo(f"{entry.name}\t{result.path}")
+    if unreachable is not None:
+        raise unreachable
 
 
 def models(

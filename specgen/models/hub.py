@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specgen.errors import ConfigError, DownloadError, ModelFileError
+from specgen.errors import ConfigError, DownloadError, ModelFileError, NetworkError
 
 if TYPE_CHECKING:
     from specgen.models.registry import ModelEntry
@@ -295,13 +295,12 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
 def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePlan]:
     """The files a download would fetch, with sizes (bytes) and whether each is cached.
 
-    Uses the network (file metadata only, ``hf_hub_download(dry_run=True)``) unless offline.
+    Uses the network (file metadata only) unless offline.
 
     Raises:
-        DownloadError: network, authentication or missing-file problems.
+        NetworkError: offline, or the Hub cannot be reached, and the files are not cached.
+        DownloadError: authentication or missing-file problems.
     """
-    from huggingface_hub import hf_hub_download
-
     repo = _check_downloadable(entry)
     rev = revision or entry.revision or "main"
     if is_offline():
@@ -312,8 +311,9 @@ def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePl
     plans = []
     with _hub_errors(entry, rev):
         for name in _remote_names(entry, rev):
-            info = hf_hub_download(repo, name, revision=rev, dry_run=True, **_client())
-            plans.append(FilePlan(name, info.file_size, info.is_cached))
+            _, meta = _metadata(repo, name, rev)
+            blob, _ = _blob_and_lock(repo, meta.etag)
+            plans.append(FilePlan(name, meta.size, blob.is_file()))
     return plans
 
 
@@ -407,16 +407,10 @@ def _fetch(
     repo: str, filename: str, revision: str, force: bool, progress: ProgressHook | None
 ) -> tuple[Path, int | None, int]:
     """Fetch one file into the cache: (snapshot path, size in bytes, bytes transferred)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import WeakFileLock
 
-    url = hf_hub_url(repo, filename, revision=revision)
-    meta = get_hf_file_metadata(url, **_client())
-    if not meta.etag or not meta.commit_hash:
-        raise DownloadError(
-            f"{hub_endpoint()} did not answer like a Hugging Face Hub for {repo}/{filename} "
-            "(no ETag or X-Repo-Commit): check HF_ENDPOINT and any proxy"
-        )
+    url, meta = _metadata(repo, filename, revision)
     blob, lock = _blob_and_lock(repo, meta.etag)
     partial = blob.with_name(blob.name + ".incomplete")
     if force:
@@ -435,6 +429,21 @@ def _fetch(
     # the blob is complete: this links it into the snapshot and records the ref, no transfer
     path = hf_hub_download(repo, filename, revision=revision, **_client())
     return Path(path), meta.size, moved
+
+
+def _metadata(repo: str, filename: str, revision: str) -> tuple[str, Any]:
+    """(URL, ``HfFileMetadata``) of one file: one HEAD request, no retries, so that a
+    missing network is said at once (``hf_hub_download`` retries for about 20 s first)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(repo, filename, revision=revision)
+    meta = get_hf_file_metadata(url, **_client())
+    if not meta.etag or not meta.commit_hash:
+        raise DownloadError(
+            f"{hub_endpoint()} did not answer like a Hugging Face Hub for {repo}/{filename} "
+            "(no ETag or X-Repo-Commit): check HF_ENDPOINT and any proxy"
+        )
+    return url, meta
 
 
 def _blob_and_lock(repo: str, etag: str) -> tuple[Path, Path]:
@@ -579,7 +588,7 @@ def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, httpx2.TransportError) as e:
         # hf_hub_download says LocalEntryNotFoundError when the Hub cannot be reached and
         # the file is not cached; the other calls raise the HTTP client's TransportError
-        raise DownloadError(
+        raise NetworkError(
             f"cannot reach {ep} ({type(e).__name__}): check the network connection, "
             "or set HF_HUB_OFFLINE=1 to use cached files only (a partial download resumes)"
         ) from e
@@ -626,8 +635,8 @@ def _missing_file_error(
     )
 
 
-def _offline_error(entry: ModelEntry) -> DownloadError:
-    return DownloadError(
+def _offline_error(entry: ModelEntry) -> NetworkError:
+    return NetworkError(
         f"{entry.name} is not in the cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set: "
         f"unset HF_HUB_OFFLINE and run `specgen download {entry.name}`"
     )
