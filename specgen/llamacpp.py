@@ -21,8 +21,7 @@ import numpy as np
 
 from specgen.engine import Logits, VocabInfo
 from specgen.errors import EngineError, ModelFileError, ModelLoadError
-
-GGUF_MAGIC = b"GGUF"
+from specgen.models.gguf import GGUF_MAGIC, read_magic
 
 _verbose = False
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
@@ -75,8 +74,7 @@ def check_gguf_file(path: Path) -> None:
     if not path.is_file():
         raise ModelFileError(f"not a file: {path}")
     try:
-        with path.open("rb") as f:
-            magic = f.read(4)
+        magic = read_magic(path)
     except OSError as e:
         raise ModelFileError(f"cannot read {path}: {e.strerror}") from e
     if magic != GGUF_MAGIC:

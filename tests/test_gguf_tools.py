@@ -361,3 +361,34 @@ def test_demo_q4_assembled_once_with_status(monkeypatch: pytest.MonkeyPatch, tmp
     assert demo.ensure_demo_model("gemma3-270m-q4", status=messages.append) == path
     assert len(messages) == 1
     assert _no_temp_files(tmp_path)
+
+
+# --- header reading ----------------------------------------------------------------------------
+
+
+def test_header_fields_agree_with_gguf_reader_and_stop_early(tiny_target: Path) -> None:
+    fields = _fields(tiny_target)
+    keys = [
+        "general.architecture",  # a string
+        "general.file_type",  # uint32
+        "llama.attention.layer_norm_rms_epsilon",  # float32
+        "tokenizer.ggml.add_bos_token",  # bool, after the token arrays
+        "tokenizer.ggml.tokens",  # an array: not returned
+        "no.such.key",
+    ]
+    got = gguf_tools.header_fields(tiny_target, keys)
+    assert set(got) == set(keys[:4])
+    for key in keys[:4]:
+        assert got[key] == pytest.approx(fields[key][0])
+    assert gguf_tools.read_magic(tiny_target) == gguf_tools.GGUF_MAGIC
+
+
+def test_header_fields_refuse_non_gguf_and_truncated_files(tiny_target: Path, tmp_path) -> None:
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"<html>")
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        gguf_tools.header_fields(not_gguf, ["general.architecture"])
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_target.read_bytes()[:2000])  # inside the token list
+    with pytest.raises(ModelFileError, match="truncated or corrupt"):
+        gguf_tools.header_fields(cut, ["tokenizer.ggml.add_bos_token"])

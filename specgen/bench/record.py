@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import shutil
-import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,8 @@ import numpy as np
 
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import FORMAT, BenchResult, BenchSettings
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, ModelFileError
+from specgen.models.gguf import header_fields
 from specgen.models.hub import sha256_file
 
 # -- reproducibility record -----------------------------------------------------------------
@@ -35,68 +35,14 @@ _FILE_TYPES = {
     23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
     29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
 }  # fmt: skip
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-           11: "<q", 12: "<d"}  # fmt: skip
-
-
-def gguf_metadata(
-    path: Path, keys: Sequence[str] = ("general.architecture", "general.file_type")
-) -> dict[str, Any]:
-    """Read scalar/string metadata `keys` from a GGUF header without loading the model
-    (stops as soon as all are found). Missing keys are absent from the result.
-
-    Raises:
-        ValueError: not a GGUF file.
-    """
-    want = set(keys)
-    out: dict[str, Any] = {}
-    with open(path, "rb") as f:
-
-        def read(fmt: str) -> Any:
-            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-        def read_str() -> bytes:
-            return f.read(read("<Q"))
-
-        def skip(vtype: int) -> None:
-            if vtype == 8:
-                f.seek(read("<Q"), 1)
-            elif vtype == 9:
-                itype, n = read("<I"), read("<Q")
-                if itype in _SCALAR:
-                    f.seek(n * struct.calcsize(_SCALAR[itype]), 1)
-                else:
-                    for _ in range(n):
-                        skip(itype)
-            else:
-                f.seek(struct.calcsize(_SCALAR[vtype]), 1)
-
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"not a GGUF file: {path}")
-        version = read("<I")
-        count = "<Q" if version >= 2 else "<I"
-        read(count)  # tensors
-        n_kv = read(count)
-        for _ in range(n_kv):
-            key = read_str().decode("utf-8", "replace")
-            vtype = read("<I")
-            if key in want and vtype in _SCALAR:
-                out[key] = read(_SCALAR[vtype])
-            elif key in want and vtype == 8:
-                out[key] = read_str().decode("utf-8", "replace")
-            else:
-                skip(vtype)
-            if want <= out.keys():
-                break
-    return out
 
 
 def model_record(path: Path, n_gpu_layers: int) -> dict[str, Any]:
     """File name, size, SHA-256, architecture and quantization type of one model file."""
     path = Path(path)
     try:
-        meta = gguf_metadata(path)
-    except (ValueError, OSError, struct.error):
+        meta = header_fields(path, ("general.architecture", "general.file_type"))
+    except (ModelFileError, OSError):
         meta = {}
     ft = meta.get("general.file_type")
     return {

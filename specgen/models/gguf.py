@@ -1,6 +1,8 @@
-"""Derive GGUF model files from other GGUF files, and write tiny synthetic ones.
+"""Read GGUF headers, derive GGUF model files from other GGUF files, write tiny synthetic ones.
 
-Four writers, all built on the ``gguf`` package (no llama.cpp needed):
+The one reader of GGUF headers: :func:`read_magic` (the first four bytes, checked against
+:data:`GGUF_MAGIC` by llamacpp.py and models/hub.py) and :func:`header_fields` (a few keys,
+for bench's record). Four writers, all built on the ``gguf`` package (no llama.cpp needed):
 
 - :func:`dequantize_to_f32`: the same model with every tensor stored as F32 (the demo target).
 - :func:`keep_first_layers`: the first ``n`` transformer blocks only, original quantization
@@ -20,7 +22,7 @@ Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, th
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,11 @@ from specgen.errors import ModelFileError
 from specgen.fileio import atomic_path
 
 __all__ = [
+    "GGUF_MAGIC",
     "dequantize_to_f32",
+    "header_fields",
     "keep_first_layers",
+    "read_magic",
     "replace_token",
     "write_tiny_llama",
 ]
@@ -45,6 +50,90 @@ _TOKENS_KEY = "tokenizer.ggml.tokens"
 _KV = tuple[str, Any, Any, Any]
 # (name, numpy array in numpy order, GGML type or None for plain dtypes): one tensor to write.
 _TensorOut = tuple[str, np.ndarray, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading headers (the one place that does)
+
+#: the first four bytes of every GGUF file (``gguf.GGUF_MAGIC`` as little-endian bytes)
+GGUF_MAGIC = b"GGUF"
+
+
+def read_magic(path: Path | str) -> bytes:
+    """The first four bytes of ``path`` (fewer for a shorter file); GGUF files start with
+    :data:`GGUF_MAGIC`.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def header_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
+    """Scalar and string metadata ``keys`` of a GGUF file, read from its header only.
+
+    Stops as soon as every key is found, so it takes microseconds where ``gguf.GGUFReader``,
+    which parses the whole header (a 262,144-token vocabulary included), takes seconds. The
+    layout is GGUF's (llama.cpp ``docs/gguf.md``): magic, version (uint32), tensor and
+    key-value counts (uint64 from version 2, uint32 before), then each key as a
+    length-prefixed UTF-8 string, its ``gguf.GGUFValueType`` (uint32) and value. Keys that are
+    absent, or arrays, are absent from the result.
+
+    Raises:
+        ModelFileError: not a GGUF file, or the header is cut short.
+        OSError: the file cannot be read.
+    """
+    import struct
+
+    from gguf import GGUFValueType as T
+
+    formats = {
+        T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I",
+        T.INT32: "<i", T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q",
+        T.FLOAT64: "<d",
+    }  # fmt: skip
+    want = set(keys)
+    out: dict[str, Any] = {}
+    with open(path, "rb") as f:
+
+        def read(fmt: str) -> Any:
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def read_str() -> str:
+            return f.read(read("<Q")).decode("utf-8", "replace")
+
+        def skip(vtype: int) -> None:
+            if vtype == T.STRING:
+                f.seek(read("<Q"), 1)
+            elif vtype == T.ARRAY:
+                itype, n = read("<I"), read("<Q")
+                if itype in formats:
+                    f.seek(n * struct.calcsize(formats[itype]), 1)
+                else:
+                    for _ in range(n):
+                        skip(itype)
+            else:
+                f.seek(struct.calcsize(formats[T(vtype)]), 1)
+
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelFileError(f"not a GGUF file: {path}")
+        try:
+            count = "<Q" if read("<I") >= 2 else "<I"
+            read(count)  # tensors
+            for _ in range(read(count)):
+                key, vtype = read_str(), read("<I")
+                if key in want and vtype in formats:
+                    out[key] = read(formats[T(vtype)])
+                elif key in want and vtype == T.STRING:
+                    out[key] = read_str()
+                else:
+                    skip(vtype)
+                if want <= out.keys():
+                    break
+        except (struct.error, ValueError, KeyError) as exc:  # cut short, or an unknown type
+            raise ModelFileError(f"GGUF header of {path} is truncated or corrupt ({exc})") from exc
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError, NetworkError
+from specgen.models.gguf import GGUF_MAGIC, read_magic
 
 if TYPE_CHECKING:
     from specgen.models.registry import ModelEntry
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 #: progress hook: (file name in the repository, bytes done, total bytes or None)
 ProgressHook = Callable[[str, int, "int | None"], None]
 
-GGUF_MAGIC = b"GGUF"
 LIBRARY = "specgen"
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -184,8 +184,7 @@ def verify_files(entry: ModelEntry, paths: list[Path], sizes: list[int | None]) 
         ModelFileError: a file is not GGUF, has the wrong size or the wrong SHA-256.
     """
     for path, size in zip(paths, sizes, strict=True):
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        magic = read_magic(path)
         if magic != GGUF_MAGIC:
             raise ModelFileError(
                 f"{path} is not a GGUF file (starts with {magic!r}); check `file:` for "
@@ -364,11 +363,6 @@ def download_model(
             moved += n
     verify_files(entry, paths, sizes)
     return DownloadResult(entry.name, tuple(paths), moved)
-
-
-def list_gguf_files(repo: str, revision: str = "main") -> list[str]:
-    """The ``.gguf`` files of a Hub repository (network)."""
-    return [f for f in _list_files(repo, revision) if f.endswith(".gguf")]
 
 
 def _client() -> dict[str, Any]:
