@@ -48,6 +48,7 @@ class HubServer:
     cut: dict[str, int] = field(default_factory=dict)  # sha -> transfers to cut half-way
     slow: dict[str, float] = field(default_factory=dict)  # sha -> seconds per 4 KiB sent
     cdn_host: str = "localhost"
+    ignore_range: bool = False  # answer 200 with every byte, as some proxies do
     _blobs: dict[str, bytes] = field(default_factory=dict)
     _httpd: ThreadingHTTPServer | None = None
 
@@ -168,7 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             return self._error(404, "EntryNotFound", "no such blob")
         start = 0
-        if rng := re.match(r"bytes=(\d+)-$", self.headers.get("Range", "")):
+        rng = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
+        if rng and not self.hub.ignore_range:
             start = int(rng[1])
         body = data[start:]
         self.send_response(206 if start else 200)

@@ -143,6 +143,19 @@ def test_interrupted_download_leaves_no_final_file_and_next_run_resumes(hub, ggu
     assert not partial.exists()
 
 
+def test_a_server_that_ignores_the_range_gets_the_whole_file_again(hub, ggufs, tmp_path):
+    data = ggufs["target"]
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": data})
+    hub.cut_next(data)
+    hub.ignore_range = True
+    entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
+    result = download_model(entry)
+    assert result.path.read_bytes() == data
+    first, second = hub.file_gets()
+    assert (first.range, second.range) == (None, f"bytes={len(data) // 2}-")
+    assert result.transferred_bytes == len(data)  # counted from where it started again
+
+
 def test_corrupted_bytes_are_caught_by_sha256_and_kept(hub, ggufs, tmp_path):
     good = ggufs["target"]
     bad = bytearray(good)
