@@ -53,6 +53,11 @@ class ModelDrafter:
         # drafter pays for x_1's row, so a catch-up is charged only for the rest
         self._decode_s: float | None = None
 
+    @property
+    def cached_tokens(self) -> int:
+        """Positions held in the draft model's KV cache."""
+        return len(self.engine.tokens)
+
     def _align(self, row: Logits) -> Logits:
         v = self.n_vocab
         if row.shape[0] == v:

@@ -172,7 +172,7 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
 def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
     """Stage 5: both caches back to the committed tokens except the last."""
     target.truncate(len(committed) - 1)
-    if drafter is not None and hasattr(drafter, "rollback"):
+    if drafter is not None:
         drafter.rollback(committed)
 
 
@@ -194,7 +194,6 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         probs_row = v.p[row]
     tested = n + 1 if n < k else k
     top_ids = np.argsort(-probs_row)[:3] if x_next is not None else []
-    draft_engine = getattr(drafter, "engine", None)
     return RoundTrace(
         position=len(committed) - len(new),
         drafted=tuple(x),
@@ -212,7 +211,7 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         ),
         top=tuple((int(t), float(probs_row[t])) for t in top_ids),
         target_cache=len(target.tokens),
-        draft_cache=len(draft_engine.tokens) if draft_engine is not None else -1,
+        draft_cache=drafter.cached_tokens if drafter is not None else -1,
     )
 
 
