@@ -338,22 +338,13 @@ def generate(
                 int(block.tokens.size),
                 catchup_s=block.catchup_s,
             )
-            stats.n_generated = len(emitter.tokens)
-            stats.n_drafted += n_drafted
-            stats.n_accepted += n_acc
-            stats.target_passes += 1
-            stats.draft_s += t1 - t_round
-            stats.verify_s += t2 - t1
-            stats.sample_s += t3 - t2
-            stats.decode_s = now - t_decode
-            stats.k_history.append(k)
-            if stats.ttft_s == 0.0 and stats.n_generated:
-                stats.ttft_s = stats.prefill_s + (now - t_decode)
             rejected = None
             if n < block.tokens.size and n < len(new):
                 rejected = target.token_bytes(int(block.tokens[n])).decode("utf-8", "replace")
-            yield Step(
+            step = Step(
                 k=k,
+                n_proposed=int(block.tokens.size),
+                n_drafted=n_drafted,
                 n_accepted=n_acc,
                 spans=tuple(spans),
                 rejected_text=rejected,
@@ -365,6 +356,10 @@ def generate(
                 if config.trace
                 else None,
             )
+            stats.add(step, decode_s=now - t_decode)
+            # an end-of-generation token's span (holding the text it flushed) is no token
+            stats.n_generated = len(emitter.tokens)
+            yield step
     except KeyboardInterrupt:
         emitter.close("interrupted")
     finally:

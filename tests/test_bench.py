@@ -209,9 +209,9 @@ def _synthetic(record: dict) -> bench.BenchResult:
         for run in range(3):
             for p in prompts:
                 jitter = 1 + 0.01 * run
-                ord_rounds = [bench.Round(0, 0, 0, 1, 0.0, 0.03 * jitter) for _ in range(20)]
+                ord_rounds = [bench.Round(0, 0, 0, 1, 0.0, 0.03 * jitter, 0) for _ in range(20)]
                 spec_rounds = [
-                    bench.Round(k, k, 3, 4, 0.004 * k, spec_s * jitter / 5) for _ in range(5)
+                    bench.Round(k, k, 3, 4, 0.004 * k, spec_s * jitter / 5, 4) for _ in range(5)
                 ]
                 for mode, rounds, decode in (
                     (bench.ORDINARY, ord_rounds, 0.6 * jitter),

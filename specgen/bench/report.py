@@ -16,6 +16,7 @@ from specgen.bench.record import record_fingerprint
 from specgen.bench.results import ALL_KINDS, BenchResult
 from specgen.bench.summary import auto_vs_best_text, pct
 from specgen.errors import ConfigError
+from specgen.events import ACCEPTANCE_HOW
 
 # -- outputs ------------------------------------------------------------------------------------
 
@@ -77,6 +78,7 @@ def render_markdown(result: BenchResult) -> str:
             f" | {_f(o['theoretical_speedup'], '.2f')}×"
             f" | {pct(o['achieved_fraction'])} |"
         )
+    lines += ["", f"Acceptance: accepted / drafted, where {ACCEPTANCE_HOW}."]
     kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
     if kinds:
         lines += ["", "Speedup by prompt kind (acceptance in parentheses):", ""]

@@ -10,6 +10,7 @@ from typing import Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.stats import percentiles, position_counts
+from specgen.events import ACCEPTANCE_HOW, Step
 from specgen.sampling import SamplingParams
 
 FORMAT = "specgen-bench/1"
@@ -21,9 +22,10 @@ ALL_KINDS = "all"
 # -- one generation -----------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
-    """One Step, reduced: chosen k, drafted m, accepted n, emitted tokens, seconds."""
+    """One Step, reduced: chosen k, proposed m, accepted n, emitted tokens, seconds, and
+    the tested proposals (`Step.n_drafted`, the acceptance rate's denominator)."""
 
     k: int
     m: int
@@ -31,6 +33,14 @@ class Round:
     tokens: int
     draft_s: float
     round_s: float
+    n_drafted: int
+
+    @classmethod
+    def of(cls, step: Step) -> Round:
+        return cls(
+            step.k, step.n_proposed, step.n_accepted, len(step.spans), step.draft_s,
+            step.round_s, step.n_drafted,
+        )  # fmt: skip
 
 
 @dataclass
@@ -198,6 +208,7 @@ class BenchResult:
             "record": self.record,
             "settings": self.settings.to_dict(),
             "prompts": [{"id": p.id, "kind": p.kind, "prompt": p.text} for p in self.prompts],
+            "acceptance_how": ACCEPTANCE_HOW,
             "configs": self.configs,
             "warnings": self.warnings,
             "auto_vs_best": self.auto_vs_best,

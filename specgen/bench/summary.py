@@ -63,7 +63,8 @@ def summarize_pairs(
     k_span = _k_span(rounds)
     tested, accepted = position_counts(((r.m, r.n) for r in rounds), k_span)
     by_pos = rates(tested, accepted)
-    n_drafted = sum(r.m for r in rounds)
+    n_proposed = sum(r.m for r in rounds)
+    n_drafted = sum(r.n_drafted for r in rounds)  # the loop's count (`Stats.acceptance_rate`)
     n_acc = sum(r.n for r in rounds)
     gen = sum(s.n_generated for s in specs)
     decode = sum(s.decode_s for s in specs)
@@ -75,7 +76,7 @@ def summarize_pairs(
     ord_decode = sum(o.decode_s for o in ords)
     ord_gen = sum(o.n_generated for o in ords)
     ordinary_token_s = ord_decode / ord_gen if ord_gen else float("nan")
-    draft_token_s = sum(r.draft_s for r in rounds) / n_drafted if n_drafted else 0.0
+    draft_token_s = sum(r.draft_s for r in rounds) / n_proposed if n_proposed else 0.0
     rest: dict[int, list[float]] = {}
     for r in rounds:
         rest.setdefault(r.m, []).append(r.round_s - r.draft_s)
@@ -102,7 +103,7 @@ def summarize_pairs(
         "speculative": _mode_summary(specs),
         "acceptance_rate": _r(n_acc / n_drafted) if n_drafted else None,
         "tokens_per_pass": _r(gen / len(rounds)) if rounds else None,
-        "mean_block": _r(n_drafted / len(rounds)) if rounds else None,
+        "mean_block": _r(n_proposed / len(rounds)) if rounds else None,
         "acceptance_by_position": [_r(a) if a is not None else None for a in by_pos],
         "position_tested": tested,
         "time_split_s": {

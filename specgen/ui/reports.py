@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specgen.events import ACCEPTANCE_HOW
+
 # -- specgen bench ---------------------------------------------------------------------------
 
 
@@ -25,7 +27,12 @@ def render_bench_table(result):
     """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
     from specgen import bench
 
-    t = Table(title="speculative vs ordinary decoding", title_justify="left")
+    t = Table(
+        title="speculative vs ordinary decoding",
+        title_justify="left",
+        caption=f"accept: accepted / drafted, where {ACCEPTANCE_HOW}",
+        caption_justify="left",
+    )
     for name in ("temp", "K", "ord tok/s", "spec tok/s", "speedup [95% CI]", "accept",
                  "tok/pass", "bound", "achieved"):  # fmt: skip
         t.add_column(name, justify="left" if name.startswith("speedup") else "right")
