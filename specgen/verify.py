@@ -747,10 +747,5 @@ def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
     if drafter is None:
         raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
     if isinstance(drafter, ModelDrafter):
-        d = drafter
-
-        def make(params: SamplingParams) -> Drafter:
-            return ModelDrafter(d.engine, params, d.n_vocab, d.p_min)
-
-        return make
+        return drafter.with_params
     return lambda _params: drafter

@@ -152,13 +152,11 @@ def other_cpu_load(
     return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
-def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Drafter:
+def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
     from specgen.drafters import ModelDrafter
 
-    if isinstance(drafter, ModelDrafter):
-        return ModelDrafter(drafter.engine, params, n_vocab, drafter.p_min)
-    return drafter
+    return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
@@ -231,7 +229,7 @@ def run_bench(
         if mode == ORDINARY:
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:
-            dr = _drafter_for(drafter, params, target.n_vocab)
+            dr = _drafter_for(drafter, params)
             policy = _policy(k, settings.k_init)
             rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
         s = d.stats
