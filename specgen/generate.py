@@ -193,7 +193,7 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         q_x = [float(block.q[i, x[i]]) for i in range(k)]
         probs_row = v.p[row]
     tested = n + 1 if n < k else k
-    top_ids = np.argsort(-probs_row)[:3] if x_next is not None else []
+    top_ids: list[int] = np.argsort(-probs_row)[:3].tolist() if x_next is not None else []
     return RoundTrace(
         position=len(committed) - len(new),
         drafted=tuple(x),

@@ -235,7 +235,7 @@ def run_bench(
         s = d.stats
         return RunResult(
             mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,
-            seed=seed, stats=s.to_dict(), rounds=rounds, n_generated=s.n_generated,
+            seed=seed, stats=s, rounds=rounds, n_generated=s.n_generated,
             prefill_s=s.prefill_s, decode_s=s.decode_s, ttft_s=s.ttft_s,
             peak_rss_bytes=peak_rss_bytes(),
         )  # fmt: skip
