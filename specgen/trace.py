@@ -41,7 +41,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -602,7 +602,7 @@ class TraceSummary:
             "baseline_source": self.baseline_source,
             "n_lost": self.n_lost,
             "lost_s": round(self.lost_s, 6),
-            "lost": [r.__dict__ for r in self.lost],
+            "lost": [asdict(r) for r in self.lost],
             "notes": list(self.notes),
         }
 

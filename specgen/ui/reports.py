@@ -3,15 +3,19 @@ printing of `specgen bench`'s result."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from specgen.bench.results import BenchResult, Latency
 from specgen.events import ACCEPTANCE_HOW
+
+if TYPE_CHECKING:
+    from specgen.trace import TraceSummary
+    from specgen.verify import VerifyReport
 
 # -- specgen bench ---------------------------------------------------------------------------
 
@@ -155,9 +159,11 @@ def _p(x: float) -> str:
     return f"{x:.3g}" if x >= 1e-300 else "<1e-300"
 
 
-def render_verify_report(report) -> list:
+def render_verify_report(report: VerifyReport) -> list[RenderableType]:
     """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
-    out: list = [Text(f"target {report.target}   draft {report.draft}", style="bold")]
+    out: list[RenderableType] = [
+        Text(f"target {report.target}   draft {report.draft}", style="bold")
+    ]
     if report.greedy:
         t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
         for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
@@ -229,11 +235,11 @@ def render_verify_report(report) -> list:
     return out
 
 
-def render_trace_summary(s) -> list:
+def render_trace_summary(s: TraceSummary) -> list[RenderableType]:
     """Rich renderables for a TraceSummary."""
     h = s.header
     smp = h.get("sampling", {})
-    out: list = [
+    out: list[RenderableType] = [
         Text(
             f"{h.get('command', '?')}: target {h.get('target')}  draft {h.get('draft')}  "
             f"temp {smp.get('temp')}  seed {h.get('seed')}",
@@ -241,8 +247,9 @@ def render_trace_summary(s) -> list:
         ),
         Text(
             (f"{s.n_generations} generations, " if s.n_generations > 1 else "")
-            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
-            f" {s.n_accepted} accepted (alpha {s.acceptance_rate:.1%}),"
+            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} proposed,"
+            f" {s.n_accepted} accepted ({s.acceptance_rate:.1%} of all proposals; by"
+            " position below, of those tested),"
             f" finish: {s.finish_reason or 'incomplete'}"
         ),
     ]
@@ -283,11 +290,11 @@ def render_trace_summary(s) -> list:
             for col in ("round", "position", "K", "accepted", "emitted", "round ms",
                         "ordinary ms", "lost ms"):  # fmt: skip
                 t.add_column(col, justify="right")
-            for r in s.lost:
+            for lr in s.lost:
                 t.add_row(
-                    str(r.round), str(r.position), str(r.k), str(r.n_accepted),
-                    str(r.n_emitted), f"{r.round_s * 1000:.3g}", f"{r.ordinary_s * 1000:.3g}",
-                    f"{r.lost_s * 1000:.3g}",
+                    str(lr.round), str(lr.position), str(lr.k), str(lr.n_accepted),
+                    str(lr.n_emitted), f"{lr.round_s * 1000:.3g}",
+                    f"{lr.ordinary_s * 1000:.3g}", f"{lr.lost_s * 1000:.3g}",
                 )  # fmt: skip
             out.append(t)
     for note in s.notes:
