@@ -170,9 +170,8 @@ def apply(state: ViewState, event: Event) -> None:
     if isinstance(event, Prefilled):
         state.stats.n_prompt = event.n_prompt
         state.stats.prefill_s = event.prefill_s
-        ordinary_s = getattr(event, "ordinary_token_s", None)
-        if ordinary_s:
-            state.ordinary_token_s = ordinary_s
+        if event.ordinary_token_s:
+            state.ordinary_token_s = event.ordinary_token_s
             state.ordinary_how = state.ordinary_how or ORDINARY_HOW
     elif isinstance(event, Step):
         _apply_step(state, event)
