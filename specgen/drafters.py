@@ -53,6 +53,16 @@ class ModelDrafter:
         # drafter pays for x_1's row, so a catch-up is charged only for the rest
         self._decode_s: float | None = None
 
+    def with_params(self, params: SamplingParams) -> ModelDrafter:
+        """The same draft engine (and cache) under other sampling settings: q must come
+        from the settings the target's p uses, so a new temperature needs a new drafter."""
+        return ModelDrafter(self.engine, params, self.n_vocab, self.p_min)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Positions held in the draft model's KV cache."""
+        return len(self.engine.tokens)
+
     def _align(self, row: Logits) -> Logits:
         v = self.n_vocab
         if row.shape[0] == v:

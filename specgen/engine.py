@@ -105,14 +105,17 @@ class Block:
 
 class Drafter(Protocol):
     """Proposes up to K tokens after the committed context (llama.cpp's
-    `common_speculative_gen_draft`).
-
-    A drafter with a KV cache also has `rollback(context)`, called after every round to
-    drop cached positions that are not a prefix of the committed context; model-free
-    drafters need none (the loop checks for it).
+    `common_speculative_gen_draft`), and keeps whatever cache it has consistent with the
+    committed context (`rollback`). Model-free drafters (prompt lookup) make `rollback` a
+    no-op and report `cached_tokens` as -1.
     """
 
     name: str
+
+    @property
+    def cached_tokens(self) -> int:
+        """Positions held in the drafter's KV cache (for `--trace`); -1 without a cache."""
+        ...
 
     def prefill(self, context: list[int]) -> None:
         """Evaluate the committed context except its last token (may be a no-op)."""
@@ -121,6 +124,11 @@ class Drafter(Protocol):
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
         """Propose up to k tokens following ``context`` (which ends with the committed,
         not yet evaluated token). May return fewer than k (even 0)."""
+        ...
+
+    def rollback(self, context: list[int]) -> None:
+        """Drop cached positions that are not a prefix of the committed ``context``
+        (stage 5 for the draft's cache; called after every round and on every exit)."""
         ...
 
     def close(self) -> None: ...

@@ -8,6 +8,9 @@ from typing import Literal
 
 FinishReason = Literal["length", "stop", "eos", "interrupted"]
 
+ACCEPTANCE_HOW = "drafted counts each round's proposals up to its first rejection"
+"""How `Stats.acceptance_rate` counts, said wherever it is shown."""
+
 
 @dataclass(frozen=True)
 class Span:
@@ -75,6 +78,12 @@ class Step:
 
     Attributes:
         k: block size used (0 = an ordinary decoding pass).
+        n_proposed: proposals the drafter returned, m <= k (fewer after a confidence
+            cut-off, or when prompt lookup finds no match): what drafting cost.
+        n_drafted: draft proposals this round that were tested and mattered: the accepted
+            ones plus the rejected one, counted up to the last emitted token (the
+            denominator of the acceptance rate, see `Stats.acceptance_rate`). Fewer than k
+            when the drafter proposed fewer, after a rejection, or at the end.
         n_accepted: accepted draft tokens this round (counted up to the last emitted token).
         spans: the emitted tokens with their text and origin, in order.
         rejected_text: text of the rejected draft proposal, or None when nothing was rejected.
@@ -84,6 +93,8 @@ class Step:
     """
 
     k: int
+    n_proposed: int
+    n_drafted: int
     n_accepted: int
     spans: tuple[Span, ...]
     rejected_text: str | None
@@ -100,12 +111,14 @@ class Step:
 
 @dataclass
 class Stats:
-    """Running totals of one generation.
+    """Running totals of one generation, folded from its Steps by `add` (the one
+    accumulator: the loop, the live view and bench all count with it).
 
     Attributes:
         n_prompt: prompt tokens.
         n_generated: tokens emitted (nothing after an end-of-generation token or stop string).
-        n_drafted: draft tokens proposed and verified (counted up to the last emitted token).
+        n_drafted: the sum of `Step.n_drafted`: proposals tested up to and including the
+            first rejection, counted up to the last emitted token.
         n_accepted: of those, accepted.
         target_passes: target decodes after the prompt (one per round).
         prefill_s: seconds to evaluate the prompt.
@@ -128,9 +141,32 @@ class Stats:
     ttft_s: float = 0.0
     k_history: list[int] = field(default_factory=list)
 
+    def add(self, step: Step, decode_s: float | None = None) -> None:
+        """Fold one round into the totals.
+
+        Args:
+            step: the round.
+            decode_s: wall seconds from the end of prefill to the end of this round, when
+                the caller knows it (the loop: it includes the consumer's time between
+                rounds); None adds the round's own ``round_s``.
+        """
+        self.n_generated += len(step.spans)
+        self.n_drafted += step.n_drafted
+        self.n_accepted += step.n_accepted
+        self.target_passes += 1
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+        self.sample_s += step.sample_s
+        self.decode_s = self.decode_s + step.round_s if decode_s is None else decode_s
+        self.k_history.append(step.k)
+        if self.ttft_s == 0.0 and step.spans:
+            self.ttft_s = self.prefill_s + self.decode_s
+
     @property
     def acceptance_rate(self) -> float:
-        """alpha estimate: accepted / drafted (0 when nothing was drafted)."""
+        """alpha estimate: accepted / drafted, where drafted counts each round's tested
+        proposals (`Step.n_drafted`); 0 when nothing was drafted. The one definition
+        the footer, the summary, --json and bench show (`ACCEPTANCE_HOW`)."""
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property

@@ -172,7 +172,7 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
 def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
     """Stage 5: both caches back to the committed tokens except the last."""
     target.truncate(len(committed) - 1)
-    if drafter is not None and hasattr(drafter, "rollback"):
+    if drafter is not None:
         drafter.rollback(committed)
 
 
@@ -193,8 +193,7 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         q_x = [float(block.q[i, x[i]]) for i in range(k)]
         probs_row = v.p[row]
     tested = n + 1 if n < k else k
-    top_ids = np.argsort(-probs_row)[:3] if x_next is not None else []
-    draft_engine = getattr(drafter, "engine", None)
+    top_ids: list[int] = np.argsort(-probs_row)[:3].tolist() if x_next is not None else []
     return RoundTrace(
         position=len(committed) - len(new),
         drafted=tuple(x),
@@ -212,7 +211,7 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         ),
         top=tuple((int(t), float(probs_row[t])) for t in top_ids),
         target_cache=len(target.tokens),
-        draft_cache=len(draft_engine.tokens) if draft_engine is not None else -1,
+        draft_cache=drafter.cached_tokens if drafter is not None else -1,
     )
 
 
@@ -339,22 +338,13 @@ def generate(
                 int(block.tokens.size),
                 catchup_s=block.catchup_s,
             )
-            stats.n_generated = len(emitter.tokens)
-            stats.n_drafted += n_drafted
-            stats.n_accepted += n_acc
-            stats.target_passes += 1
-            stats.draft_s += t1 - t_round
-            stats.verify_s += t2 - t1
-            stats.sample_s += t3 - t2
-            stats.decode_s = now - t_decode
-            stats.k_history.append(k)
-            if stats.ttft_s == 0.0 and stats.n_generated:
-                stats.ttft_s = stats.prefill_s + (now - t_decode)
             rejected = None
             if n < block.tokens.size and n < len(new):
                 rejected = target.token_bytes(int(block.tokens[n])).decode("utf-8", "replace")
-            yield Step(
+            step = Step(
                 k=k,
+                n_proposed=int(block.tokens.size),
+                n_drafted=n_drafted,
                 n_accepted=n_acc,
                 spans=tuple(spans),
                 rejected_text=rejected,
@@ -366,6 +356,10 @@ def generate(
                 if config.trace
                 else None,
             )
+            stats.add(step, decode_s=now - t_decode)
+            # an end-of-generation token's span (holding the text it flushed) is no token
+            stats.n_generated = len(emitter.tokens)
+            yield step
     except KeyboardInterrupt:
         emitter.close("interrupted")
     finally:

@@ -133,6 +133,8 @@ class NgramDrafter:
     """
 
     name = "ngram"
+    cached_tokens = -1
+    """No KV cache (see `specgen.engine.Drafter`)."""
 
     def __init__(self, n_vocab: int, n_max: int = 4, n_min: int = 1) -> None:
         self.n_vocab = n_vocab
@@ -155,6 +157,9 @@ class NgramDrafter:
         q = np.zeros((m, self.n_vocab), dtype=np.float64)
         q[np.arange(m), tokens] = 1.0
         return Block(tokens=tokens, q=q)
+
+    def rollback(self, context: list[int]) -> None:
+        """Nothing to roll back: the index re-syncs with the context at the next lookup."""
 
     def close(self) -> None:
         self.index.reset()

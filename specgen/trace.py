@@ -41,7 +41,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -258,22 +258,118 @@ def tee(events: Iterator[Any], writer: TraceWriter) -> Iterator[Any]:
 
 
 @dataclass(frozen=True)
+class TopToken:
+    """One of the target's most likely tokens where a round's `next_token` was drawn."""
+
+    token: int
+    p: float
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class TraceRound:
+    """One ``round`` record (see the module docstring for each field's meaning);
+    ``drafted_text`` and ``next_text`` are None when the file has no vocabulary text."""
+
+    generation: int
+    round: int
+    position: int
+    k: int
+    drafted: tuple[int, ...]
+    q_x: tuple[float, ...]
+    p_x: tuple[float, ...]
+    u: tuple[float, ...]
+    accepted: tuple[bool, ...]
+    n_accepted: int
+    next_token: int | None
+    next_kind: str
+    top: tuple[TopToken, ...]
+    emitted_text: str
+    draft_s: float
+    verify_s: float
+    sample_s: float
+    round_s: float
+    target_cache: int
+    draft_cache: int
+    drafted_text: tuple[str, ...] | None = None
+    next_text: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TraceRound:
+        """Raises KeyError, TypeError or ValueError for a malformed record."""
+        nxt = obj["next_token"]
+        texts = obj.get("drafted_text")
+        return cls(
+            generation=int(obj.get("generation", 0)),
+            round=int(obj["round"]),
+            position=int(obj["position"]),
+            k=int(obj["k"]),
+            drafted=tuple(int(x) for x in obj["drafted"]),
+            q_x=tuple(float(x) for x in obj["q_x"]),
+            p_x=tuple(float(x) for x in obj["p_x"]),
+            u=tuple(float(x) for x in obj["u"]),
+            accepted=tuple(bool(x) for x in obj["accepted"]),
+            n_accepted=int(obj["n_accepted"]),
+            next_token=None if nxt is None else int(nxt),
+            next_kind=str(obj["next_kind"]),
+            top=tuple(TopToken(int(t["token"]), float(t["p"]), t.get("text")) for t in obj["top"]),
+            emitted_text=str(obj["emitted_text"]),
+            draft_s=float(obj["draft_s"]),
+            verify_s=float(obj["verify_s"]),
+            sample_s=float(obj["sample_s"]),
+            round_s=float(obj["round_s"]),
+            target_cache=int(obj["target_cache"]),
+            draft_cache=int(obj["draft_cache"]),
+            drafted_text=None if texts is None else tuple(str(t) for t in texts),
+            next_text=obj.get("next_text"),
+        )
+
+
+@dataclass(frozen=True)
+class TracePrefill:
+    """A ``prefill`` record: prompt tokens, seconds, and the ordinary pass time (or None)."""
+
+    n_prompt: int
+    prefill_s: float
+    ordinary_token_s: float | None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TracePrefill:
+        o = obj.get("ordinary_token_s")
+        return cls(int(obj["n_prompt"]), float(obj["prefill_s"]), None if o is None else float(o))
+
+
+@dataclass(frozen=True)
+class TraceEnd:
+    """An ``end`` record: why the generation ended, its tokens, its `Stats.to_dict`."""
+
+    finish_reason: str
+    n_generated: int
+    stats: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TraceEnd:
+        return cls(str(obj["finish_reason"]), int(obj["n_generated"]), dict(obj.get("stats", {})))
+
+
+@dataclass(frozen=True)
 class Generation:
     """One generation in a trace.
 
     Attributes:
         index: its ``generation`` number.
-        meta: the ``generation`` object that announced it, or None.
-        prefill: its prefill object, or None.
-        rounds: its round objects, in order.
-        end: its end object, or None when it did not finish.
+        meta: the ``generation`` object that announced it (its settings, with any extra
+            keys the command added), or None.
+        prefill: its prefill record, or None.
+        rounds: its rounds, in order.
+        end: its end record, or None when it did not finish.
     """
 
     index: int
     meta: dict[str, Any] | None
-    prefill: dict[str, Any] | None
-    rounds: list[dict[str, Any]]
-    end: dict[str, Any] | None
+    prefill: TracePrefill | None
+    rounds: list[TraceRound]
+    end: TraceEnd | None
 
 
 @dataclass(frozen=True)
@@ -281,7 +377,7 @@ class TraceFile:
     """A parsed trace.
 
     Attributes:
-        header: the header object.
+        header: the header object (open: commands add their own keys).
         generations: in file order (one for `run --trace`).
         truncated_line: True when the last line was cut mid-write (ignored).
     """
@@ -291,13 +387,13 @@ class TraceFile:
     truncated_line: bool = False
 
     @property
-    def rounds(self) -> list[dict[str, Any]]:
-        """Every round object, in order."""
+    def rounds(self) -> list[TraceRound]:
+        """Every round, in order."""
         return [r for g in self.generations for r in g.rounds]
 
     @property
-    def end(self) -> dict[str, Any] | None:
-        """The end object of the last generation (None if it did not finish)."""
+    def end(self) -> TraceEnd | None:
+        """The end record of the last generation (None if it did not finish)."""
         return self.generations[-1].end if self.generations else None
 
 
@@ -339,20 +435,25 @@ def read_trace(path: Path | str) -> TraceFile:
             f" ({VERSION}): upgrade specgen"
         )
     gens: dict[int, Generation] = {}
-    for obj in objs[1:]:
+    for line_no, obj in enumerate(objs[1:], start=2):
         kind = obj.get("type")
         if kind not in ("generation", "prefill", "round", "end"):
             continue  # unknown record types from a later minor addition are skipped
-        g = int(obj.get("generation", 0))
-        gen = gens.setdefault(g, Generation(g, None, None, [], None))
-        if kind == "generation":
-            gens[g] = replace(gen, meta=obj)
-        elif kind == "prefill":
-            gens[g] = replace(gen, prefill=obj)
-        elif kind == "end":
-            gens[g] = replace(gen, end=obj)
-        else:
-            gen.rounds.append(obj)
+        try:
+            g = int(obj.get("generation", 0))
+            gen = gens.setdefault(g, Generation(g, None, None, [], None))
+            if kind == "generation":
+                gens[g] = replace(gen, meta=obj)
+            elif kind == "prefill":
+                gens[g] = replace(gen, prefill=TracePrefill.from_json(obj))
+            elif kind == "end":
+                gens[g] = replace(gen, end=TraceEnd.from_json(obj))
+            else:
+                gen.rounds.append(TraceRound.from_json(obj))
+        except KeyError as e:
+            raise ConfigError(f"{path}: line {line_no}: the {kind} record has no {e}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"{path}: line {line_no}: malformed {kind} record: {e}") from None
     return TraceFile(objs[0], list(gens.values()), truncated)
 
 
@@ -363,11 +464,11 @@ def reconstruct_tokens(trace: TraceFile, generation: int = 0) -> list[int]:
     gen = trace.generations[generation]
     out: list[int] = []
     for r in gen.rounds:
-        out += r["drafted"][: r["n_accepted"]]
-        if r["next_token"] is not None:
-            out.append(r["next_token"])
+        out += r.drafted[: r.n_accepted]
+        if r.next_token is not None:
+            out.append(r.next_token)
     if gen.end is not None:
-        del out[gen.end["n_generated"] :]
+        del out[gen.end.n_generated :]
     return out
 
 
@@ -501,7 +602,7 @@ class TraceSummary:
             "baseline_source": self.baseline_source,
             "n_lost": self.n_lost,
             "lost_s": round(self.lost_s, 6),
-            "lost": [r.__dict__ for r in self.lost],
+            "lost": [asdict(r) for r in self.lost],
             "notes": list(self.notes),
         }
 
@@ -509,10 +610,10 @@ class TraceSummary:
 def _emitted_counts(gen: Generation) -> list[int]:
     """Tokens emitted by each round of a generation (its last rounds may be cut by
     n_generated)."""
-    left = gen.end["n_generated"] if gen.end is not None else None
+    left = gen.end.n_generated if gen.end is not None else None
     counts = []
     for r in gen.rounds:
-        n = r["n_accepted"] + (r["next_token"] is not None)  # none after a probe's accept
+        n = r.n_accepted + (r.next_token is not None)  # none after a probe's accept
         if left is not None:
             n = max(0, min(n, left))
             left -= n
@@ -540,19 +641,19 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     text: dict[int, str] = {}
     n_drafted = n_accepted = 0
     for r in rounds:
-        for i, ok in enumerate(r["accepted"]):
+        for i, ok in enumerate(r.accepted):
             tested[i + 1] += 1
-            acc[i + 1] += bool(ok)
-        n_drafted += len(r["drafted"])
-        n_accepted += r["n_accepted"]
-        if r["n_accepted"] < len(r["accepted"]):
-            x = r["drafted"][r["n_accepted"]]
+            acc[i + 1] += ok
+        n_drafted += len(r.drafted)
+        n_accepted += r.n_accepted
+        if r.n_accepted < len(r.accepted) and r.next_token is not None:
+            x = r.drafted[r.n_accepted]
             rejected[x] += 1
-            preferred[x][r["next_token"]] += 1
-            if "drafted_text" in r:
-                text[x] = r["drafted_text"][r["n_accepted"]]
-            if "next_text" in r:
-                text[r["next_token"]] = r["next_text"]
+            preferred[x][r.next_token] += 1
+            if r.drafted_text is not None:
+                text[x] = r.drafted_text[r.n_accepted]
+            if r.next_text is not None:
+                text[r.next_token] = r.next_text
     by_position = tuple(PositionAcceptance(i, tested[i], acc[i]) for i in sorted(tested))
     worst = tuple(
         RejectedToken(
@@ -565,10 +666,10 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     )
 
     time_s = {
-        "draft": sum(r["draft_s"] for r in rounds),
-        "verify": sum(r["verify_s"] for r in rounds),
-        "sample": sum(r["sample_s"] for r in rounds),
-        "total": sum(r["round_s"] for r in rounds),
+        "draft": sum(r.draft_s for r in rounds),
+        "verify": sum(r.verify_s for r in rounds),
+        "sample": sum(r.sample_s for r in rounds),
+        "total": sum(r.round_s for r in rounds),
     }
     time_s["other"] = max(
         0.0, time_s["total"] - time_s["draft"] - time_s["verify"] - time_s["sample"]
@@ -576,26 +677,26 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
 
     # the ordinary-decoding time per token each generation is judged against: its own
     # measurement at prefill, else the median of the file's K = 0 rounds
-    k0 = [r["round_s"] for r in rounds if r["k"] == 0]
+    k0 = [r.round_s for r in rounds if r.k == 0]
     k0_median = statistics.median(k0) if k0 else None
     used: list[float] = []
     sources: set[str] = set()
     lost: list[LostRound] = []
     for gen, emitted in zip(tf.generations, emitted_by_gen, strict=True):
-        measured = (gen.prefill or {}).get("ordinary_token_s")
-        baseline = float(measured) if measured else k0_median
+        measured = gen.prefill.ordinary_token_s if gen.prefill is not None else None
+        baseline = measured if measured else k0_median
         if baseline is None:
             continue
         used.append(baseline)
         sources.add("measured" if measured else "k0-rounds")
         for r, n_em in zip(gen.rounds, emitted, strict=True):
             ordinary_s = n_em * baseline
-            if r["k"] == 0 or n_em == 0 or r["round_s"] <= ordinary_s:
+            if r.k == 0 or n_em == 0 or r.round_s <= ordinary_s:
                 continue
             lost.append(
                 LostRound(
-                    r["round"], r["position"], r["k"], r["n_accepted"], n_em, r["round_s"],
-                    ordinary_s, r["round_s"] - ordinary_s, gen.index,
+                    r.round, r.position, r.k, r.n_accepted, n_em, r.round_s, ordinary_s,
+                    r.round_s - ordinary_s, gen.index,
                 )
             )  # fmt: skip
     if not used and rounds:
@@ -609,7 +710,7 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     return TraceSummary(
         header=tf.header,
         complete=complete,
-        finish_reason=tf.end["finish_reason"] if tf.end is not None else None,
+        finish_reason=tf.end.finish_reason if tf.end is not None else None,
         n_generations=len(tf.generations),
         n_rounds=len(rounds),
         n_generated=sum(sum(e) for e in emitted_by_gen),

@@ -43,7 +43,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -261,7 +261,7 @@ class VerifyReport:
             "target": self.target,
             "draft": self.draft,
             "seconds": round(self.seconds, 3),
-            "greedy": [c.__dict__ for c in self.greedy],
+            "greedy": [asdict(c) for c in self.greedy],
             "sampling": None
             if s is None
             else {
@@ -269,12 +269,12 @@ class VerifyReport:
                 "samples": s.samples,
                 "positions": s.positions,
                 "k": s.k,
-                "params": s.params.__dict__,
+                "params": asdict(s.params),
                 "seed": s.seed,
                 "alpha": s.alpha,
                 "acceptance_rate": round(s.acceptance_rate, 6),
                 "seconds": round(s.seconds, 3),
-                "tests": [t.__dict__ for t in s.tests],
+                "tests": [asdict(t) for t in s.tests],
             },
         }
 
@@ -747,10 +747,5 @@ def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
     if drafter is None:
         raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
     if isinstance(drafter, ModelDrafter):
-        d = drafter
-
-        def make(params: SamplingParams) -> Drafter:
-            return ModelDrafter(d.engine, params, d.n_vocab, d.p_min)
-
-        return make
+        return drafter.with_params
     return lambda _params: drafter

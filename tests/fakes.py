@@ -89,11 +89,15 @@ class WrongDrafter:
     """Always proposes a token the target's argmax is not, with q one-hot on it."""
 
     name = "wrong"
+    cached_tokens = -1
 
     def __init__(self, target: FakeEngine) -> None:
         self.target = target
 
     def prefill(self, context: list[int]) -> None:
+        pass
+
+    def rollback(self, context: list[int]) -> None:
         pass
 
     def draft(self, context, k, rng):

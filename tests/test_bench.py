@@ -13,6 +13,7 @@ import pytest
 
 from specgen import bench
 from specgen.errors import ConfigError
+from specgen.events import Stats
 
 # -- statistics ---------------------------------------------------------------------------------
 
@@ -209,9 +210,9 @@ def _synthetic(record: dict) -> bench.BenchResult:
         for run in range(3):
             for p in prompts:
                 jitter = 1 + 0.01 * run
-                ord_rounds = [bench.Round(0, 0, 0, 1, 0.0, 0.03 * jitter) for _ in range(20)]
+                ord_rounds = [bench.Round(0, 0, 0, 1, 0.0, 0.03 * jitter, 0) for _ in range(20)]
                 spec_rounds = [
-                    bench.Round(k, k, 3, 4, 0.004 * k, spec_s * jitter / 5) for _ in range(5)
+                    bench.Round(k, k, 3, 4, 0.004 * k, spec_s * jitter / 5, 4) for _ in range(5)
                 ]
                 for mode, rounds, decode in (
                     (bench.ORDINARY, ord_rounds, 0.6 * jitter),
@@ -233,11 +234,11 @@ def _synthetic(record: dict) -> bench.BenchResult:
                             ttft_s=0.1 + rounds[0].round_s,
                             rounds=rounds,
                             peak_rss_bytes=1 << 30,
-                            stats={
-                                "draft_s": draft,
-                                "verify_s": decode - draft - 0.01,
-                                "sample_s": 0.005,
-                            },
+                            stats=Stats(
+                                draft_s=draft,
+                                verify_s=decode - draft - 0.01,
+                                sample_s=0.005,
+                            ),
                         )  # fmt: skip
                     )
     result = bench.BenchResult(settings=settings, prompts=prompts, runs=runs, record=record)
@@ -248,15 +249,15 @@ def _synthetic(record: dict) -> bench.BenchResult:
 def test_summary_of_synthetic_result(tiny_target: Path, tiny_draft: Path) -> None:
     result = _synthetic(_record(tiny_target, tiny_draft))
     k4, k8 = result.configs
-    assert k4["overall"]["n_pairs"] == 6
-    assert k4["overall"]["speedup"] == pytest.approx(1.5)
-    lo, hi = k4["overall"]["speedup_ci95"]
+    assert k4.overall.n_pairs == 6
+    assert k4.overall.speedup == pytest.approx(1.5)
+    lo, hi = k4.overall.speedup_ci95
     assert lo <= 1.5 <= hi
-    assert k8["overall"]["speedup"] == pytest.approx(0.5)
-    assert k4["overall"]["acceptance_rate"] == pytest.approx(0.75)
-    assert k4["overall"]["tokens_per_pass"] == pytest.approx(4.0)
-    assert k4["overall"]["acceptance_by_position"] == [1.0, 1.0, 1.0, 0.0]
-    assert set(k4["by_kind"]) == {"code", "random"}
+    assert k8.overall.speedup == pytest.approx(0.5)
+    assert k4.overall.acceptance_rate == pytest.approx(0.75)
+    assert k4.overall.tokens_per_pass == pytest.approx(4.0)
+    assert k4.overall.acceptance_by_position == [1.0, 1.0, 1.0, 0.0]
+    assert set(k4.by_kind) == {"code", "random"}
     assert any("K 8" in w and "slower" in w for w in result.warnings)
     assert not any("K 4" in w for w in result.warnings)
 
@@ -533,7 +534,7 @@ def _pair_runs(k: int | None, spec_decode_s: float, drift: float) -> list[bench.
                         ttft_s=0.1,
                         rounds=[],
                         peak_rss_bytes=0,
-                        stats={},
+                        stats=Stats(),
                     )  # fmt: skip
                 )
     return out
@@ -544,10 +545,10 @@ def test_auto_is_compared_with_the_best_fixed_k_pairwise() -> None:
     runs = _pair_runs(4, 0.4, 0.3) + _pair_runs(8, 0.3, 0.3) + _pair_runs(None, 0.33, 0.3)
     a = bench.auto_vs_best(runs, 0.0)
     assert a is not None
-    assert a["best_k"] == 8 and a["n_pairs"] == 6
-    assert a["ratio"] == pytest.approx(0.3 / 0.33, abs=1e-6)
-    assert a["ratio_ci95"] == pytest.approx([0.3 / 0.33] * 2, abs=1e-6)  # drift cancels
-    assert a["auto_speedup"] == pytest.approx(0.6 / 0.33, abs=1e-6)
+    assert a.best_k == 8 and a.n_pairs == 6
+    assert a.ratio == pytest.approx(0.3 / 0.33, abs=1e-6)
+    assert a.ratio_ci95 == pytest.approx([0.3 / 0.33] * 2, abs=1e-6)  # drift cancels
+    assert a.auto_speedup == pytest.approx(0.6 / 0.33, abs=1e-6)
     assert "best fixed K (8) = 0.91×" in bench.auto_vs_best_text(a)
     assert bench.auto_vs_best(runs, 0.8) is None  # no runs at that temperature
     assert bench.auto_vs_best(_pair_runs(4, 0.4, 0.0), 0.0) is None  # no auto

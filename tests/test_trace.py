@@ -74,10 +74,10 @@ def test_rounds_without_a_bonus_token_reconstruct(tmp_path, params):
     done = traced_run(path, params, 2, policy=NoBonusK, max_tokens=40, seed=5)[-1]
     tf = read_trace(path)
     assert reconstruct_tokens(tf) == list(done.tokens)
-    none = [r for r in tf.rounds if r["next_kind"] == "none"]
+    none = [r for r in tf.rounds if r.next_kind == "none"]
     assert none, "no fully accepted block in this run"
-    assert all(r["next_token"] is None and r["top"] == [] for r in none)
-    assert all(r["n_accepted"] == len(r["drafted"]) for r in none)
+    assert all(r.next_token is None and r.top == () for r in none)
+    assert all(r.n_accepted == len(r.drafted) for r in none)
     assert summarize(path).n_rounds == len(tf.rounds)
 
 
@@ -88,7 +88,7 @@ def test_reconstruction_stops_at_eos_inside_an_accepted_block(tmp_path):
         done = traced_run(path, GREEDY, 6, eos=eos, max_tokens=60)[-1]
         tf = read_trace(path)
         assert reconstruct_tokens(tf) == list(done.tokens)
-        assert tf.end is not None and tf.end["finish_reason"] == done.finish_reason
+        assert tf.end is not None and tf.end.finish_reason == done.finish_reason
 
 
 def test_sampled_trace_reconstructs_and_carries_the_decisions(tmp_path):
@@ -99,19 +99,20 @@ def test_sampled_trace_reconstructs_and_carries_the_decisions(tmp_path):
     assert reconstruct_tokens(tf) == list(done.tokens)
     steps = [e for e in events if isinstance(e, Step)]
     assert len(tf.rounds) == len(steps)
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert all(set(o) == ROUND_KEYS for o in lines if o["type"] == "round")
     for r, st in zip(tf.rounds, steps, strict=True):
-        assert set(r) == ROUND_KEYS
-        assert r["k"] == st.k and len(r["drafted"]) == len(r["q_x"]) == len(r["p_x"]) == st.k
-        assert len(r["u"]) == st.k
-        n = r["n_accepted"]
+        assert r.k == st.k and len(r.drafted) == len(r.q_x) == len(r.p_x) == st.k
+        assert len(r.u) == st.k
+        n = r.n_accepted
         # the rule, replayed from the file: accepted iff u < p/q, stopping at the first reject
-        for i, ok in enumerate(r["accepted"]):
-            assert ok == (r["u"][i] * r["q_x"][i] < r["p_x"][i])
-        assert r["accepted"] == [True] * n + ([False] if n < st.k else [])
-        assert r["next_kind"] == ("bonus" if n == st.k else "residual")
-        assert len(r["top"]) == 3 and r["top"][0]["p"] >= r["top"][1]["p"] >= r["top"][2]["p"]
-        assert r["target_cache"] == r["position"] + n  # committed minus last
-        assert r["round_s"] >= r["draft_s"] + r["verify_s"]
+        for i, ok in enumerate(r.accepted):
+            assert ok == (r.u[i] * r.q_x[i] < r.p_x[i])
+        assert list(r.accepted) == [True] * n + ([False] if n < st.k else [])
+        assert r.next_kind == ("bonus" if n == st.k else "residual")
+        assert len(r.top) == 3 and r.top[0].p >= r.top[1].p >= r.top[2].p
+        assert r.target_cache == r.position + n  # committed minus last
+        assert r.round_s >= r.draft_s + r.verify_s
 
 
 def test_several_generations_in_one_file_as_bench_writes_them(tmp_path):
@@ -131,7 +132,7 @@ def test_several_generations_in_one_file_as_bench_writes_them(tmp_path):
     assert tf.generations[2].meta["sampling"]["temp"] == 1.0 and tf.generations[1].meta["k"] == 4
     for i, done in enumerate(dones):
         assert reconstruct_tokens(tf, i) == list(done.tokens)
-    assert tf.generations[0].rounds[0]["u"] == [] and tf.generations[2].rounds[0]["u"] != []
+    assert tf.generations[0].rounds[0].u == () and tf.generations[2].rounds[0].u != ()
     assert dones[1].tokens[:12] == dones[0].tokens  # greedy: speculation changes nothing
     s = summarize(path)
     assert s.n_generations == 3 and s.complete and s.n_generated == 12 + 13 + 14
@@ -190,6 +191,12 @@ def test_interrupted_run_leaves_a_valid_prefix(tmp_path):
         ('{"schema": "specgen.trace", "version": 99}\n', "newer"),
         ('{"schema": "specgen.trace", "version": 1}\n[1, 2]\n', "not a JSON object"),
         ('{"schema": "specgen.trace", "version": 1}\nnope\n{"type": "end"}\n', "line 2"),
+        ('{"schema": "specgen.trace", "version": 1}\n{"type": "round", "k": 2}\n', "line 2.*round"),
+        (
+            '{"schema": "specgen.trace", "version": 1}\n{"type": "end", "finish_reason": "eos",'
+            ' "n_generated": "x"}\n',
+            "line 2: malformed end",
+        ),
     ],
 )
 def test_bad_files_raise_config_error(tmp_path, content, match):
@@ -283,8 +290,8 @@ def test_run_trace_greedy_reconstructs_cli_output(cli, tiny_target, tiny_draft, 
     tf = read_trace(path)
     assert reconstruct_tokens(tf) == out["tokens"] and len(out["tokens"]) == 37
     assert tf.header["target"] == tiny_target.name and tf.header["sampling"]["temp"] == 0.0
-    assert all(r["u"] == [] for r in tf.rounds)  # greedy draws no uniforms
-    assert all(r["draft_cache"] >= 0 for r in tf.rounds)
+    assert all(r.u == () for r in tf.rounds)  # greedy draws no uniforms
+    assert all(r.draft_cache >= 0 for r in tf.rounds)
 
     res = CliRunner().invoke(cli, ["trace", "summarize", str(path), "--json"])
     assert res.exit_code == 0, res.output

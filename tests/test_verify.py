@@ -166,12 +166,16 @@ class TempMismatchDrafter:
     over the same top-k support q_T' is proportional to q_T ** (T / T')."""
 
     name = "temp-mismatch"
+    cached_tokens = -1
 
     def __init__(self, inner: ModelDrafter, t_report: float) -> None:
         self.inner, self.t_report = inner, t_report
 
     def prefill(self, context):
         self.inner.prefill(context)
+
+    def rollback(self, context):
+        pass
 
     def draft(self, context, k, rng):
         b = self.inner.draft(context, k, rng)

@@ -68,6 +68,8 @@ def step(
     n = sum(d for _, d in spans) if n_accepted is None else n_accepted
     return Step(
         k=k,
+        n_proposed=k,
+        n_drafted=min(k, len(spans)),  # as the loop counts: up to the first rejection
         n_accepted=n,
         spans=tuple(Span(t, i, d) for i, (t, d) in enumerate(spans)),
         rejected_text=rejected,
@@ -206,6 +208,37 @@ def test_narrow_terminal_wraps_footer_between_items() -> None:
     lines = rendered(st).splitlines()
     assert all(cell_len(line) <= WIDTH for line in lines)
     assert any(line.startswith("acceptance ") for line in lines)  # wrapped before an item
+
+
+def test_footer_acceptance_at_the_end_equals_the_summary() -> None:
+    """The footer folds Steps, the summary shows the loop's totals: one definition of
+    drafted, so the last footer and the summary agree. A confidence cut-off makes blocks
+    shorter than K, where counting K as drafted would disagree."""
+    from fakes import FakeEngine
+
+    from specgen.drafters import ModelDrafter
+    from specgen.generate import FixedK, GenerateConfig, generate
+    from specgen.sampling import SamplingParams
+
+    params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    target = FakeEngine(n_vocab=9, seed=4)
+    drafter = ModelDrafter(FakeEngine(n_vocab=9, seed=4, noise=1.0), params, 9, p_min=0.5)
+    config = GenerateConfig(max_tokens=60, params=params, seed=3)
+    st = state()
+    events = list(generate(target, drafter, [1, 2], config, FixedK(6)))
+    steps = [e for e in events if isinstance(e, Step)]
+    assert sum(e.k for e in steps) > sum(e.n_drafted for e in steps)  # short blocks happened
+    for ev in events[:-1]:
+        apply(st, ev)
+    footer_pct = re.search(r"acceptance ([0-9.]+%) of drafted", " ".join(rendered(st).split()))
+    done = events[-1]
+    assert isinstance(done, Done) and 0 < done.stats.acceptance_rate < 1
+    apply(st, done)
+    c = console()
+    c.print(render_summary(st))
+    summary_pct = re.search(r"acceptance ([0-9.]+%) \(", " ".join(c.export_text().split()))
+    assert footer_pct is not None and summary_pct is not None
+    assert footer_pct.group(1) == summary_pct.group(1) == f"{done.stats.acceptance_rate:.1%}"
 
 
 # -- summary -----------------------------------------------------------------------------

@@ -45,13 +45,7 @@ from specgen.bench.prompts import (
     parse_temp_list,
     prompt_set_sha256,
 )
-from specgen.bench.record import (
-    backend_of,
-    build_record,
-    compare_with,
-    record_differences,
-    record_fingerprint,
-)
+from specgen.bench.record import backend_of, build_record, compare_with
 from specgen.bench.report import (
     atomic_write,
     check_plot_available,
@@ -65,11 +59,17 @@ from specgen.bench.results import (
     FORMAT,
     ORDINARY,
     SPECULATIVE,
+    AutoVsBest,
     BenchResult,
     BenchSettings,
+    Comparison,
+    ConfigSummary,
+    PairSummary,
     Progress,
     Round,
     RunResult,
+    record_differences,
+    record_fingerprint,
 )
 from specgen.bench.stats import (
     bootstrap_median_ci,
@@ -84,9 +84,13 @@ __all__ = [
     "FORMAT",
     "ORDINARY",
     "SPECULATIVE",
+    "AutoVsBest",
     "BenchPrompt",
     "BenchResult",
     "BenchSettings",
+    "Comparison",
+    "ConfigSummary",
+    "PairSummary",
     "Progress",
     "Round",
     "RunResult",

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.record import build_record
 from specgen.bench.results import (
@@ -26,30 +24,13 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
-from specgen.engine import Block, Drafter, Engine
+from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
 from specgen.sampling import SamplingParams
 
 # -- one generation -----------------------------------------------------------------------
-
-
-class _BlockRecorder:
-    """Wraps a drafter and records the size of every block it proposes (an n-gram or
-    confidence cut-off drafter may propose fewer than K)."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self._inner = inner
-        self.sizes: list[int] = []
-
-    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
-        block = self._inner.draft(context, k, rng)
-        self.sizes.append(int(block.tokens.size))
-        return block
-
-    def __getattr__(self, name: str) -> Any:  # prefill, rollback, engine, close
-        return getattr(self._inner, name)
 
 
 def peak_rss_bytes() -> int:
@@ -73,20 +54,14 @@ def measure(
     on_event: Callable[[Prefilled | Step | Done], None] | None = None,
 ) -> tuple[list[Round], Done, Prefilled]:
     """Run one generation and reduce its events to rounds."""
-    rec = _BlockRecorder(drafter) if drafter is not None else None
     rounds: list[Round] = []
     done: Done | None = None
     pre: Prefilled | None = None
-    n_blocks = 0
-    for ev in generate(target, rec, prompt, config, policy):  # type: ignore[arg-type]
+    for ev in generate(target, drafter, prompt, config, policy):
         if on_event is not None:
             on_event(ev)
         if isinstance(ev, Step):
-            m = 0
-            if ev.k > 0 and rec is not None:
-                m = rec.sizes[n_blocks]
-                n_blocks += 1
-            rounds.append(Round(ev.k, m, ev.n_accepted, len(ev.spans), ev.draft_s, ev.round_s))
+            rounds.append(Round.of(ev))
         elif isinstance(ev, Done):
             done = ev
         elif isinstance(ev, Prefilled):
@@ -177,13 +152,11 @@ def other_cpu_load(
     return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
-def _drafter_for(drafter: Drafter, params: SamplingParams, n_vocab: int) -> Drafter:
+def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
     from specgen.drafters import ModelDrafter
 
-    if isinstance(drafter, ModelDrafter):
-        return ModelDrafter(drafter.engine, params, n_vocab, drafter.p_min)
-    return drafter
+    return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
@@ -256,13 +229,13 @@ def run_bench(
         if mode == ORDINARY:
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:
-            dr = _drafter_for(drafter, params, target.n_vocab)
+            dr = _drafter_for(drafter, params)
             policy = _policy(k, settings.k_init)
             rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
         s = d.stats
         return RunResult(
             mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,
-            seed=seed, stats=s.to_dict(), rounds=rounds, n_generated=s.n_generated,
+            seed=seed, stats=s, rounds=rounds, n_generated=s.n_generated,
             prefill_s=s.prefill_s, decode_s=s.decode_s, ttft_s=s.ttft_s,
             peak_rss_bytes=peak_rss_bytes(),
         )  # fmt: skip

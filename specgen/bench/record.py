@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -20,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
-from specgen.bench.results import FORMAT, BenchResult, BenchSettings
+from specgen.bench.results import (
+    FORMAT,
+    BenchResult,
+    BenchSettings,
+    Comparison,
+    SpeedupChange,
+    record_differences,
+)
 from specgen.errors import ConfigError, ModelFileError
 from specgen.models.gguf import header_fields
 from specgen.models.hub import sha256_file
@@ -202,40 +208,7 @@ def build_record(
     }
 
 
-# not part of comparability: when, where the files lie, how long loading took, how busy
-# the machine was (a warning says so)
-_VOLATILE = {"date", "path", "load_s", "other_cpu_load"}
-
-
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            if k in _VOLATILE:
-                continue
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: obj}
-
-
-def record_fingerprint(record: dict[str, Any]) -> str:
-    """Short hash of the comparable part of a record: equal fingerprints, comparable runs."""
-    canon = json.dumps(_flatten(record), sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
-
-
-def record_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """What differs between two records (ignoring date, paths and load times), as
-    'key: a -> b' lines; empty when the runs are comparable."""
-    fa, fb = _flatten(a), _flatten(b)
-    out = []
-    for key in sorted(fa.keys() | fb.keys()):
-        if fa.get(key) != fb.get(key):
-            out.append(f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}")
-    return out
-
-
-def compare_with(result: BenchResult, path: Path) -> dict[str, Any]:
+def compare_with(result: BenchResult, path: Path) -> Comparison:
     """Compare `result` with an earlier `--json` file: record differences and speedups.
 
     Raises:
@@ -248,21 +221,19 @@ def compare_with(result: BenchResult, path: Path) -> dict[str, Any]:
     if not isinstance(old, dict) or old.get("format") != FORMAT:
         raise ConfigError(f"--compare: {path} is not a specgen bench JSON file")
     diffs = record_differences(old.get("record", {}), result.record)
+    # the earlier file is JSON on disk, read as it was written
     old_speedups = {
         (c["temp"], c["draft_max"]): c["overall"]["speedup"] for c in old.get("configs", [])
     }
-    rows = []
-    for c in result.configs:
-        key = (c["temp"], c["draft_max"])
-        if key in old_speedups:
-            rows.append(
-                {"temp": key[0], "draft_max": key[1], "before": old_speedups[key],
-                 "now": c["overall"]["speedup"]}
-            )  # fmt: skip
-    return {
-        "file": str(path),
-        "fingerprint": old.get("fingerprint"),
-        "comparable": not diffs,
-        "differences": diffs,
-        "speedups": rows,
-    }
+    rows = [
+        SpeedupChange(c.temp, c.draft_max, old_speedups[(c.temp, c.draft_max)], c.overall.speedup)
+        for c in result.configs
+        if (c.temp, c.draft_max) in old_speedups
+    ]
+    return Comparison(
+        file=str(path),
+        fingerprint=old.get("fingerprint"),
+        comparable=not diffs,
+        differences=diffs,
+        speedups=rows,
+    )

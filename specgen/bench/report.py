@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from specgen.bench.record import record_fingerprint
-from specgen.bench.results import ALL_KINDS, BenchResult
+from specgen.bench.results import ALL_KINDS, BenchResult, PairSummary, record_fingerprint
 from specgen.bench.summary import auto_vs_best_text, pct
 from specgen.errors import ConfigError
+from specgen.events import ACCEPTANCE_HOW
 from specgen.fileio import atomic_write
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -27,13 +27,13 @@ def _f(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def speedup_text(s: dict[str, Any]) -> str:
+def speedup_text(s: PairSummary) -> str:
     """'1.62× [1.55, 1.70]' (or '–')."""
-    if s["speedup"] is None:
+    if s.speedup is None:
         return "–"
-    lo, hi = s["speedup_ci95"]
-    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and s["n_pairs"] > 1 else ""
-    return f"{s['speedup']:.2f}×{ci}"
+    lo, hi = s.speedup_ci95
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None and s.n_pairs > 1 else ""
+    return f"{s.speedup:.2f}×{ci}"
 
 
 def render_markdown(result: BenchResult) -> str:
@@ -45,34 +45,35 @@ def render_markdown(result: BenchResult) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in result.configs:
-        o = c["overall"]
-        lat = o["speculative"]["latency_ms"]
+        o = c.overall
+        lat = o.speculative.latency_ms
         sp = speedup_text(o)
-        if o["speedup"] is not None and o["speedup"] < 1:
+        if o.speedup is not None and o.speedup < 1:
             sp += " (slower)"
         lines.append(
-            f"| {c['temp']:g} | {c['draft_max']} | {_f(o['ordinary']['tokens_per_s'], '.1f')}"
-            f" | {_f(o['speculative']['tokens_per_s'], '.1f')} | {sp}"
-            f" | {pct(o['acceptance_rate'])} | {_f(o['tokens_per_pass'], '.2f')}"
-            f" | {_f(_x1000(o['ordinary']['ttft_s']), '.0f')} /"
-            f" {_f(_x1000(o['speculative']['ttft_s']), '.0f')}"
-            f" | {_f(lat['p50'], '.1f')} / {_f(lat['p95'], '.1f')} / {_f(lat['p99'], '.1f')}"
-            f" | {_f(o['theoretical_speedup'], '.2f')}×"
-            f" | {pct(o['achieved_fraction'])} |"
+            f"| {c.temp:g} | {c.draft_max} | {_f(o.ordinary.tokens_per_s, '.1f')}"
+            f" | {_f(o.speculative.tokens_per_s, '.1f')} | {sp}"
+            f" | {pct(o.acceptance_rate)} | {_f(o.tokens_per_pass, '.2f')}"
+            f" | {_f(_x1000(o.ordinary.ttft_s), '.0f')} /"
+            f" {_f(_x1000(o.speculative.ttft_s), '.0f')}"
+            f" | {_f(lat.p50, '.1f')} / {_f(lat.p95, '.1f')} / {_f(lat.p99, '.1f')}"
+            f" | {_f(o.theoretical_speedup, '.2f')}×"
+            f" | {pct(o.achieved_fraction)} |"
         )
-    kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
+    lines += ["", f"Acceptance: accepted / drafted, where {ACCEPTANCE_HOW}."]
+    kinds = list(dict.fromkeys(k for c in result.configs for k in c.by_kind))
     if kinds:
         lines += ["", "Speedup by prompt kind (acceptance in parentheses):", ""]
-        heads = [f"temp {c['temp']:g}, K {c['draft_max']}" for c in result.configs]
+        heads = [f"temp {c.temp:g}, K {c.draft_max}" for c in result.configs]
         lines.append("| kind | " + " | ".join(heads) + " |")
         lines.append("|---|" + "---:|" * len(heads))
         for kind in kinds:
             cells = []
             for c in result.configs:
-                s = c["by_kind"].get(kind)
+                s = c.by_kind.get(kind)
                 cells.append(
-                    "–" if s is None or s["speedup"] is None
-                    else f"{s['speedup']:.2f}× ({pct(s['acceptance_rate'])})"
+                    "–" if s is None or s.speedup is None
+                    else f"{s.speedup:.2f}× ({pct(s.acceptance_rate)})"
                 )  # fmt: skip
             lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     if result.auto_vs_best:
@@ -142,19 +143,16 @@ def write_plot(result: BenchResult, path: Path) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    temps = list(dict.fromkeys(c["temp"] for c in result.configs))
+    temps = list(dict.fromkeys(c.temp for c in result.configs))
     fig, axes = plt.subplots(1, len(temps) + 1, figsize=(5 * (len(temps) + 1), 4), squeeze=False)
     for ax, temp in zip(axes[0], temps, strict=False):
-        cfgs = [c for c in result.configs if c["temp"] == temp]
-        labels = [c["draft_max"] for c in cfgs]
+        cfgs = [c for c in result.configs if c.temp == temp]
+        labels = [c.draft_max for c in cfgs]
         xs = range(len(cfgs))
-        kinds = list(dict.fromkeys(k for c in cfgs for k in c["by_kind"]))
+        kinds = list(dict.fromkeys(k for c in cfgs for k in c.by_kind))
         for kind in [ALL_KINDS, *kinds]:
-            ys = [
-                (c["overall"] if kind == ALL_KINDS else c["by_kind"].get(kind, {})).get("speedup")
-                for c in cfgs
-            ]
-            ys = [np.nan if y is None else y for y in ys]
+            groups = [c.overall if kind == ALL_KINDS else c.by_kind.get(kind) for c in cfgs]
+            ys = [np.nan if g is None or g.speedup is None else g.speedup for g in groups]
             style = {"linewidth": 3, "color": "black"} if kind == ALL_KINDS else {}
             ax.plot(list(xs), ys, marker="o", label=kind, **style)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -165,12 +163,10 @@ def write_plot(result: BenchResult, path: Path) -> None:
         ax.legend(fontsize=7)
     ax = axes[0][-1]
     for c in result.configs:
-        acc = c["overall"]["acceptance_by_position"]
+        acc = c.overall.acceptance_by_position
         ys = [np.nan if a is None else a for a in acc]
         if ys:
-            ax.plot(
-                range(1, len(ys) + 1), ys, marker=".", label=f"t {c['temp']:g}, K {c['draft_max']}"
-            )
+            ax.plot(range(1, len(ys) + 1), ys, marker=".", label=f"t {c.temp:g}, K {c.draft_max}")
     ax.set_ylim(0, 1.05)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("position in block")

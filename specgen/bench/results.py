@@ -1,15 +1,21 @@
 """The data of `specgen bench`: the format and mode names, one round (`Round`), one measured
-generation (`RunResult`), what is measured (`BenchSettings`), progress reports (`Progress`)
-and everything measured (`BenchResult`), with their JSON forms."""
+generation (`RunResult`), what is measured (`BenchSettings`), progress reports (`Progress`),
+the summaries (`PairSummary` per group of paired runs, `ConfigSummary` per configuration,
+`AutoVsBest`), the comparison with an earlier file (`Comparison`), the record's fingerprint,
+and everything measured (`BenchResult`), with their JSON forms (`to_dict`; the summaries'
+field names are their JSON keys, in order)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.stats import percentiles, position_counts
+from specgen.events import ACCEPTANCE_HOW, Stats, Step
 from specgen.sampling import SamplingParams
 
 FORMAT = "specgen-bench/1"
@@ -21,9 +27,10 @@ ALL_KINDS = "all"
 # -- one generation -----------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
-    """One Step, reduced: chosen k, drafted m, accepted n, emitted tokens, seconds."""
+    """One Step, reduced: chosen k, proposed m, accepted n, emitted tokens, seconds, and
+    the tested proposals (`Step.n_drafted`, the acceptance rate's denominator)."""
 
     k: int
     m: int
@@ -31,6 +38,14 @@ class Round:
     tokens: int
     draft_s: float
     round_s: float
+    n_drafted: int
+
+    @classmethod
+    def of(cls, step: Step) -> Round:
+        return cls(
+            step.k, step.n_proposed, step.n_accepted, len(step.spans), step.draft_s,
+            step.round_s, step.n_drafted,
+        )  # fmt: skip
 
 
 @dataclass
@@ -44,7 +59,7 @@ class RunResult:
     kind: str
     run: int
     seed: int
-    stats: dict[str, Any]
+    stats: Stats
     rounds: list[Round]
     n_generated: int
     prefill_s: float
@@ -88,7 +103,7 @@ class RunResult:
             "kind": self.kind,
             "run": self.run,
             "seed": self.seed,
-            "stats": self.stats,
+            "stats": self.stats.to_dict(),
             "ttft_s": round(self.ttft_s, 6),
             "tokens_per_s": round(self.tokens_per_s, 4),
             "steady_tokens_per_s": round(self.steady_tokens_per_s, 4),
@@ -175,6 +190,179 @@ class Progress:
     description: str
 
 
+# -- summaries ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Per-token latency percentiles, milliseconds (None when nothing was measured)."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class ModeSummary:
+    """One mode (ordinary or speculative) over a group of runs.
+
+    Attributes:
+        ttft_s: median time to first token, seconds.
+        tokens_per_s: generated tokens over decode seconds, pooled (None without time).
+        steady_tokens_per_s: median tokens/s after the first round.
+        latency_ms: per-token latency percentiles.
+    """
+
+    ttft_s: float
+    tokens_per_s: float | None
+    steady_tokens_per_s: float
+    latency_ms: Latency
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Seconds of the speculative runs' decode time by stage (summed over runs)."""
+
+    draft: float | None
+    verify: float | None
+    sampling: float | None
+    other: float | None
+    decode: float | None
+
+
+@dataclass(frozen=True)
+class PairSummary:
+    """Everything the report shows for one group of (ordinary, speculative) pairs.
+
+    Attributes:
+        n_pairs: pairs in the group.
+        speedup: median of the paired tokens/s ratios (speculative / ordinary);
+            speedup_ci95: its 95% percentile-bootstrap interval; speedup_e2e: the median
+            ratio of end-to-end times (prefill included).
+        ordinary, speculative: each mode's figures.
+        acceptance_rate: accepted / drafted over every speculative round (`Round.n_drafted`,
+            see `specgen.events.Stats.acceptance_rate`).
+        tokens_per_pass: tokens per target pass; mean_block: mean proposals per round.
+        acceptance_by_position: accepted / tested at block positions 1, 2, ... (None where
+            nothing was tested); position_tested: the tested counts.
+        time_split_s: the speculative decode time by stage.
+        ordinary_token_s, draft_token_s: seconds per ordinary token and per proposal.
+        verify_s_by_block: mean seconds of the rest of a round, by proposals m (str keys).
+        theoretical_speedup: Leviathan et al.'s bound from the measured terms;
+            achieved_fraction: speedup / bound.
+        peak_rss_bytes: the largest peak RSS of the group's runs, bytes.
+    """
+
+    n_pairs: int
+    speedup: float | None
+    speedup_ci95: list[float | None]
+    speedup_e2e: float | None
+    ordinary: ModeSummary
+    speculative: ModeSummary
+    acceptance_rate: float | None
+    tokens_per_pass: float | None
+    mean_block: float | None
+    acceptance_by_position: list[float | None]
+    position_tested: list[int]
+    time_split_s: TimeSplit
+    ordinary_token_s: float | None
+    draft_token_s: float | None
+    verify_s_by_block: dict[str, float | None]
+    theoretical_speedup: float | None
+    achieved_fraction: float | None
+    peak_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """One configuration (temperature x block size): all prompts and each prompt kind."""
+
+    temp: float
+    draft_max: str
+    overall: PairSummary
+    by_kind: dict[str, PairSummary]
+
+
+@dataclass(frozen=True)
+class AutoVsBest:
+    """`auto` against the best fixed block size at one temperature (see
+    `specgen.bench.summary.auto_vs_best`)."""
+
+    temp: float
+    best_k: int
+    best_speedup: float | None
+    auto_speedup: float | None
+    ratio: float | None
+    ratio_ci95: list[float | None]
+    n_pairs: int
+
+
+@dataclass(frozen=True)
+class SpeedupChange:
+    """One configuration's speedup in an earlier file and now."""
+
+    temp: float
+    draft_max: str
+    before: float | None
+    now: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The comparison with an earlier `--json` file (`--compare`).
+
+    Attributes:
+        file: its path; fingerprint: its record's fingerprint.
+        comparable: the records agree (`record_differences` is empty).
+        differences: 'key: before -> now' lines.
+        speedups: the configurations measured in both.
+    """
+
+    file: str
+    fingerprint: str | None
+    comparable: bool
+    differences: list[str]
+    speedups: list[SpeedupChange]
+
+
+# -- the record's identity ------------------------------------------------------------------
+
+# not part of comparability: when, where the files lie, how long loading took, how busy
+# the machine was (a warning says so)
+_VOLATILE = {"date", "path", "load_s", "other_cpu_load"}
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if k in _VOLATILE:
+                continue
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def record_fingerprint(record: dict[str, Any]) -> str:
+    """Short hash of the comparable part of a record: equal fingerprints, comparable runs."""
+    canon = json.dumps(_flatten(record), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+
+
+def record_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What differs between two records (ignoring date, paths and load times), as
+    'key: a -> b' lines; empty when the runs are comparable."""
+    fa, fb = _flatten(a), _flatten(b)
+    out = []
+    for key in sorted(fa.keys() | fb.keys()):
+        if fa.get(key) != fb.get(key):
+            out.append(f"{key}: {fa.get(key)!r} -> {fb.get(key)!r}")
+    return out
+
+
+# -- everything measured -------------------------------------------------------------------
+
+
 @dataclass
 class BenchResult:
     """Everything measured: raw runs, per-configuration summaries, the record."""
@@ -183,24 +371,22 @@ class BenchResult:
     prompts: list[BenchPrompt]
     runs: list[RunResult]
     record: dict[str, Any] = field(default_factory=dict)
-    configs: list[dict[str, Any]] = field(default_factory=list)
+    configs: list[ConfigSummary] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    auto_vs_best: list[dict[str, Any]] = field(default_factory=list)
-    compared: dict[str, Any] | None = None
+    auto_vs_best: list[AutoVsBest] = field(default_factory=list)
+    compared: Comparison | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        # imported here: `specgen.bench.record` imports this module (FORMAT, BenchSettings)
-        from specgen.bench.record import record_fingerprint
-
         return {
             "format": FORMAT,
             "fingerprint": record_fingerprint(self.record) if self.record else None,
             "record": self.record,
             "settings": self.settings.to_dict(),
             "prompts": [{"id": p.id, "kind": p.kind, "prompt": p.text} for p in self.prompts],
-            "configs": self.configs,
+            "acceptance_how": ACCEPTANCE_HOW,
+            "configs": [asdict(c) for c in self.configs],
             "warnings": self.warnings,
-            "auto_vs_best": self.auto_vs_best,
-            "compared_to": self.compared,
+            "auto_vs_best": [asdict(a) for a in self.auto_vs_best],
+            "compared_to": None if self.compared is None else asdict(self.compared),
             "runs": [r.to_dict() for r in self.runs],
         }

@@ -287,7 +287,7 @@ def _run_plain(events) -> int:
 
 
 def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
-    from specgen.events import Done, Prefilled
+    from specgen.events import ACCEPTANCE_HOW, Done, Prefilled
 
     done: Done | None = None
     prefilled: Prefilled | None = None
@@ -299,6 +299,7 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
     assert done is not None
     stats = done.stats.to_dict()
     stats["wall_s"] = round(done.stats.prefill_s + done.stats.decode_s, 6)
+    stats["acceptance_how"] = ACCEPTANCE_HOW
     obj = {
         "text": done.text,
         "tokens": list(done.tokens),

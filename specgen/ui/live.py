@@ -17,6 +17,7 @@ Imports rich, ``specgen.events`` and the pure ``specgen.controller`` (for
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.controller import break_even_alpha
-from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+from specgen.events import ACCEPTANCE_HOW, Done, FinishReason, Prefilled, Stats, Step
 
 __all__ = [
     "LiveView",
@@ -169,20 +170,21 @@ def apply(state: ViewState, event: Event) -> None:
     if isinstance(event, Prefilled):
         state.stats.n_prompt = event.n_prompt
         state.stats.prefill_s = event.prefill_s
-        ordinary_s = getattr(event, "ordinary_token_s", None)
-        if ordinary_s:
-            state.ordinary_token_s = ordinary_s
+        if event.ordinary_token_s:
+            state.ordinary_token_s = event.ordinary_token_s
             state.ordinary_how = state.ordinary_how or ORDINARY_HOW
     elif isinstance(event, Step):
         _apply_step(state, event)
     elif isinstance(event, Done):
-        if not event.stats.k_history and state.stats.k_history:
-            event.stats.k_history = list(state.stats.k_history)
         shown = state.text
         if len(event.text) > len(shown) and event.text.startswith(shown):
             # Text the loop held back (an incomplete character, a possible stop string).
             state.segments.append((event.text[len(shown) :], "target"))
-        state.stats = event.stats
+        # the loop's own totals (wall-clock decode time), in a copy: the event is shared
+        stats = event.stats
+        if not stats.k_history and state.stats.k_history:
+            stats = dataclasses.replace(stats, k_history=list(state.stats.k_history))
+        state.stats = stats
         state.finish_reason = event.finish_reason
 
 
@@ -194,18 +196,7 @@ def _apply_step(state: ViewState, step: Step) -> None:
         segments.append((span.text, "draft" if span.from_draft else "target"))
     if step.rejected_text is not None and step.n_accepted >= len(step.spans):
         segments.append((step.rejected_text, "rejected"))
-    s = state.stats
-    if s.target_passes == 0:
-        s.ttft_s = s.prefill_s + step.round_s
-    s.n_generated += len(step.spans)
-    s.n_drafted += step.k
-    s.n_accepted += step.n_accepted
-    s.target_passes += 1
-    s.draft_s += step.draft_s
-    s.verify_s += step.verify_s
-    s.sample_s += step.sample_s
-    s.decode_s += step.round_s
-    s.k_history.append(step.k)
+    state.stats.add(step)
     state.k = step.k
     if step.k > 0:
         acc = state.spec_by_k.setdefault(step.k, [0, 0.0, 0.0])
@@ -345,7 +336,7 @@ def footer(state: ViewState) -> RenderableType:
     items += [
         f"{s.n_generated} tokens",
         f"{s.tokens_per_s:.1f} tok/s",
-        f"acceptance {_pct(s.acceptance_rate)}" if s.n_drafted else "acceptance n/a",
+        f"acceptance {_pct(s.acceptance_rate)} of drafted" if s.n_drafted else "acceptance n/a",
         f"{s.tokens_per_pass:.2f} tok/pass",
         f"time: {time_split(s)}",
         speedup_text(state),
@@ -390,7 +381,7 @@ def render_summary(state: ViewState) -> RenderableType:
         f"{s.tokens_per_s:.1f} tok/s · ttft {s.ttft_s:.2f} s · prefill {s.prefill_s:.2f} s",
     )
     acc = (
-        f"{_pct(s.acceptance_rate)} ({s.n_accepted} of {s.n_drafted} drafted)"
+        f"{_pct(s.acceptance_rate)} ({s.n_accepted} of {s.n_drafted} drafted) · {ACCEPTANCE_HOW}"
         if s.n_drafted
         else "n/a (nothing drafted)"
     )
@@ -559,11 +550,6 @@ class LiveView:
         if self.summary:
             self.console.print()
             self.console.print(render_summary(self.state))
-
-    def set_baseline(self, ordinary_token_s: float | None, how: str) -> None:
-        """Record ordinary decoding's seconds per token and how it was measured."""
-        self.state.ordinary_token_s = ordinary_token_s
-        self.state.ordinary_how = how
 
     def update(self, event: Event) -> None:
         """Fold one event and redraw if ``min_interval_s`` has passed (always on

@@ -3,12 +3,19 @@ printing of `specgen bench`'s result."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from specgen.bench.results import BenchResult, Latency
+from specgen.events import ACCEPTANCE_HOW
+
+if TYPE_CHECKING:
+    from specgen.trace import TraceSummary
+    from specgen.verify import VerifyReport
 
 # -- specgen bench ---------------------------------------------------------------------------
 
@@ -21,87 +28,92 @@ def _slow(x: float | None) -> bool:
     return x is not None and x < 1
 
 
-def render_bench_table(result):
+def render_bench_table(result: BenchResult) -> Table:
     """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
     from specgen import bench
 
-    t = Table(title="speculative vs ordinary decoding", title_justify="left")
+    t = Table(
+        title="speculative vs ordinary decoding",
+        title_justify="left",
+        caption=f"accept: accepted / drafted, where {ACCEPTANCE_HOW}",
+        caption_justify="left",
+    )
     for name in ("temp", "K", "ord tok/s", "spec tok/s", "speedup [95% CI]", "accept",
                  "tok/pass", "bound", "achieved"):  # fmt: skip
         t.add_column(name, justify="left" if name.startswith("speedup") else "right")
     for c in result.configs:
-        o = c["overall"]
+        o = c.overall
         sp = bench.speedup_text(o)
         t.add_row(
-            f"{c['temp']:g}",
-            c["draft_max"],
-            _fmt(o["ordinary"]["tokens_per_s"], ".1f"),
-            _fmt(o["speculative"]["tokens_per_s"], ".1f"),
-            f"[red]{sp} slower[/]" if _slow(o["speedup"]) else f"[green]{sp}[/]",
-            bench.pct(o["acceptance_rate"]),
-            _fmt(o["tokens_per_pass"], ".2f"),
-            _fmt(o["theoretical_speedup"], ".2f") + "×",
-            bench.pct(o["achieved_fraction"]),
+            f"{c.temp:g}",
+            c.draft_max,
+            _fmt(o.ordinary.tokens_per_s, ".1f"),
+            _fmt(o.speculative.tokens_per_s, ".1f"),
+            f"[red]{sp} slower[/]" if _slow(o.speedup) else f"[green]{sp}[/]",
+            bench.pct(o.acceptance_rate),
+            _fmt(o.tokens_per_pass, ".2f"),
+            _fmt(o.theoretical_speedup, ".2f") + "×",
+            bench.pct(o.achieved_fraction),
         )
     return t
 
 
-def render_bench_costs(result):
+def render_bench_costs(result: BenchResult) -> Table:
     """Latency and cost per configuration: TTFT, per-token percentiles, time split, memory."""
     t = Table(title="latency and time split", title_justify="left")
     for name in ("temp", "K", "TTFT ms ord/spec", "ord p50/p95/p99 ms", "spec p50/p95/p99 ms",
                  "draft/verify/sample/other", "peak RSS"):  # fmt: skip
         t.add_column(name, justify="right")
     for c in result.configs:
-        o = c["overall"]
-        ts = o["time_split_s"]
-        dec = ts["decode"] or 0
+        o = c.overall
+        ts = o.time_split_s
+        dec = ts.decode or 0
         split = (
             " / ".join(
-                f"{(ts[k] or 0) / dec:.0%}" for k in ("draft", "verify", "sampling", "other")
+                f"{(x or 0) / dec:.0%}" for x in (ts.draft, ts.verify, ts.sampling, ts.other)
             )
             if dec
             else "–"
         )
         t.add_row(
-            f"{c['temp']:g}",
-            c["draft_max"],
-            f"{o['ordinary']['ttft_s'] * 1000:.0f} / {o['speculative']['ttft_s'] * 1000:.0f}",
-            _lat(o["ordinary"]["latency_ms"]),
-            _lat(o["speculative"]["latency_ms"]),
+            f"{c.temp:g}",
+            c.draft_max,
+            f"{o.ordinary.ttft_s * 1000:.0f} / {o.speculative.ttft_s * 1000:.0f}",
+            _lat(o.ordinary.latency_ms),
+            _lat(o.speculative.latency_ms),
             split,
-            f"{o['peak_rss_bytes'] / 2**20:.0f} MiB",
+            f"{o.peak_rss_bytes / 2**20:.0f} MiB",
         )
     return t
 
 
-def _lat(lat) -> str:
-    return " / ".join(_fmt(lat[q], ".1f") for q in ("p50", "p95", "p99"))
+def _lat(lat: Latency) -> str:
+    return " / ".join(_fmt(x, ".1f") for x in (lat.p50, lat.p95, lat.p99))
 
 
-def render_bench_kinds(result):
+def render_bench_kinds(result: BenchResult) -> Table:
     """Speedup (acceptance) by prompt kind, one column per configuration."""
     from specgen import bench
 
     t = Table(title="speedup by prompt kind (acceptance)", title_justify="left")
     t.add_column("kind")
     for c in result.configs:
-        t.add_column(f"t{c['temp']:g} K{c['draft_max']}", justify="right")
-    kinds = list(dict.fromkeys(k for c in result.configs for k in c["by_kind"]))
+        t.add_column(f"t{c.temp:g} K{c.draft_max}", justify="right")
+    kinds = list(dict.fromkeys(k for c in result.configs for k in c.by_kind))
     for kind in kinds:
         cells = []
         for c in result.configs:
-            s = c["by_kind"].get(kind)
-            if s is None or s["speedup"] is None:
+            s = c.by_kind.get(kind)
+            if s is None or s.speedup is None:
                 cells.append("–")
                 continue
-            color = "red" if _slow(s["speedup"]) else "green"
-            cells.append(f"[{color}]{s['speedup']:.2f}×[/] ({bench.pct(s['acceptance_rate'])})")
+            color = "red" if _slow(s.speedup) else "green"
+            cells.append(f"[{color}]{s.speedup:.2f}×[/] ({bench.pct(s.acceptance_rate)})")
         t.add_row(kind, *cells)
     return t
 
 
-def print_bench(result, err) -> None:
+def print_bench(result: BenchResult, err: Console) -> None:
     """Print `specgen bench`'s tables on stdout and its notes and record on `err` (stderr)."""
     from specgen import bench
 
@@ -117,19 +129,19 @@ def print_bench(result, err) -> None:
         err.print(f"[yellow]note:[/] {w}", highlight=False)
     if result.compared is not None:
         c = result.compared
-        if c["comparable"]:
-            err.print(f"same record as {c['file']}: the runs are comparable", highlight=False)
+        if c.comparable:
+            err.print(f"same record as {c.file}: the runs are comparable", highlight=False)
         else:
             err.print(
-                f"[yellow]not comparable with {c['file']}:[/] the record differs in "
-                + "; ".join(c["differences"][:8])
-                + (" …" if len(c["differences"]) > 8 else ""),
+                f"[yellow]not comparable with {c.file}:[/] the record differs in "
+                + "; ".join(c.differences[:8])
+                + (" …" if len(c.differences) > 8 else ""),
                 highlight=False,
             )
-        for row in c["speedups"]:
+        for row in c.speedups:
             err.print(
-                f"  temp {row['temp']:g} K {row['draft_max']}: speedup {row['before']:.2f}×"
-                f" -> {row['now']:.2f}×",
+                f"  temp {row.temp:g} K {row.draft_max}: speedup {_fmt(row.before, '.2f')}×"
+                f" -> {_fmt(row.now, '.2f')}×",
                 highlight=False,
             )
     err.print(bench.describe_record(result.record), style="dim", highlight=False)
@@ -147,9 +159,11 @@ def _p(x: float) -> str:
     return f"{x:.3g}" if x >= 1e-300 else "<1e-300"
 
 
-def render_verify_report(report) -> list:
+def render_verify_report(report: VerifyReport) -> list[RenderableType]:
     """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
-    out: list = [Text(f"target {report.target}   draft {report.draft}", style="bold")]
+    out: list[RenderableType] = [
+        Text(f"target {report.target}   draft {report.draft}", style="bold")
+    ]
     if report.greedy:
         t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
         for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
@@ -221,11 +235,11 @@ def render_verify_report(report) -> list:
     return out
 
 
-def render_trace_summary(s) -> list:
+def render_trace_summary(s: TraceSummary) -> list[RenderableType]:
     """Rich renderables for a TraceSummary."""
     h = s.header
     smp = h.get("sampling", {})
-    out: list = [
+    out: list[RenderableType] = [
         Text(
             f"{h.get('command', '?')}: target {h.get('target')}  draft {h.get('draft')}  "
             f"temp {smp.get('temp')}  seed {h.get('seed')}",
@@ -233,8 +247,9 @@ def render_trace_summary(s) -> list:
         ),
         Text(
             (f"{s.n_generations} generations, " if s.n_generations > 1 else "")
-            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} drafted,"
-            f" {s.n_accepted} accepted (alpha {s.acceptance_rate:.1%}),"
+            + f"{s.n_rounds} rounds, {s.n_generated} tokens, {s.n_drafted} proposed,"
+            f" {s.n_accepted} accepted ({s.acceptance_rate:.1%} of all proposals; by"
+            " position below, of those tested),"
             f" finish: {s.finish_reason or 'incomplete'}"
         ),
     ]
@@ -275,11 +290,11 @@ def render_trace_summary(s) -> list:
             for col in ("round", "position", "K", "accepted", "emitted", "round ms",
                         "ordinary ms", "lost ms"):  # fmt: skip
                 t.add_column(col, justify="right")
-            for r in s.lost:
+            for lr in s.lost:
                 t.add_row(
-                    str(r.round), str(r.position), str(r.k), str(r.n_accepted),
-                    str(r.n_emitted), f"{r.round_s * 1000:.3g}", f"{r.ordinary_s * 1000:.3g}",
-                    f"{r.lost_s * 1000:.3g}",
+                    str(lr.round), str(lr.position), str(lr.k), str(lr.n_accepted),
+                    str(lr.n_emitted), f"{lr.round_s * 1000:.3g}",
+                    f"{lr.ordinary_s * 1000:.3g}", f"{lr.lost_s * 1000:.3g}",
                 )  # fmt: skip
             out.append(t)
     for note in s.notes:
