@@ -84,10 +84,11 @@ def test_position_counts() -> None:
 def test_list_options() -> None:
     assert bench.parse_draft_max_list("4,8,auto") == (4, 8, None)
     assert bench.parse_temp_list("0, 0.8") == (0.0, 0.8)
+    assert bench.parse_temp_list("-1,0.8") == (0.0, 0.8)  # negative = greedy, as in llama.cpp
     for bad in ("", "4,", "4,x", "0", "65", "4,4"):
         with pytest.raises(ConfigError, match="--draft-max"):
             bench.parse_draft_max_list(bad)
-    for bad in ("", "a", "-1", "0,0", "nan"):
+    for bad in ("", "a", "0,-1", "0,0", "nan"):
         with pytest.raises(ConfigError, match="--temp"):
             bench.parse_temp_list(bad)
 

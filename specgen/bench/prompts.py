@@ -106,7 +106,8 @@ def parse_temp_list(value: str) -> tuple[float, ...]:
     """`--temp 0,0.8` -> (0.0, 0.8).
 
     Raises:
-        ConfigError: empty list, a duplicate, a non-number or a negative value.
+        ConfigError: empty list, a duplicate, or a non-number. A negative temperature
+            is greedy (0), as in llama.cpp and `specgen run`.
     """
     items = [s.strip() for s in value.split(",")]
     if not value.strip() or any(not s for s in items):
@@ -117,11 +118,11 @@ def parse_temp_list(value: str) -> tuple[float, ...]:
             t = float(s)
         except ValueError:
             raise ConfigError(f"--temp: {s!r} is not a number") from None
-        if not np.isfinite(t) or t < 0:
-            raise ConfigError(f"--temp must be >= 0, got {s}")
-        out.append(t)
+        if not np.isfinite(t):
+            raise ConfigError(f"--temp must be a number, got {s}")
+        out.append(max(t, 0.0))
     if len(set(out)) != len(out):
-        raise ConfigError(f"--temp lists a value twice: {value!r}")
+        raise ConfigError(f"--temp lists a value twice (0 or below = greedy): {value!r}")
     return tuple(out)
 
 

@@ -23,6 +23,9 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    check_model_flags,
+    check_sampling_flags,
+    seed_or_random,
 )
 
 EPILOG = (
@@ -54,12 +57,16 @@ def bench(
     draft_max: Annotated[
         str, typer.Option("--draft-max", help="Block sizes to compare, e.g. 4,8,auto.")
     ] = "4,8,auto",
-    temp: Annotated[str, typer.Option("--temp", help="Temperatures, e.g. 0,0.8.")] = "0",
+    temp: Annotated[
+        str, typer.Option("--temp", help="Temperatures, e.g. 0,0.8 (0 or below = greedy).")
+    ] = "0",
     runs: Annotated[int, typer.Option("--runs", help="Repetitions of each prompt.")] = 3,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Tokens per generation (EOS ignored).")
     ] = 128,
-    seed: Annotated[int, typer.Option("--seed", help="Base random seed.")] = 1234,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Base random seed (-1 = random, as in llama.cpp).")
+    ] = 1234,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
     min_p: MinPOpt = 0.05,
@@ -119,6 +126,11 @@ def run_bench_command(**a: Any) -> None:
         raise ConfigError(f"--runs must be at least 1, got {a['runs']}")
     if a["max_tokens"] < 2:
         raise ConfigError(f"-n must be at least 2, got {a['max_tokens']}")
+    check_model_flags(
+        target=a["target"], draft=a["draft"], ctx_size=a["ctx_size"], threads=a["threads"],
+        n_gpu_layers=a["n_gpu_layers"], n_gpu_layers_draft=a["n_gpu_layers_draft"],
+    )  # fmt: skip
+    check_sampling_flags(temp=0.0, draft_p_min=a["draft_p_min"])  # --temp: a list, below
     if a["plot_path"] is not None:
         bench.check_plot_available()
     for opt in ("json_path", "markdown_path", "plot_path"):
@@ -130,7 +142,7 @@ def run_bench_command(**a: Any) -> None:
         temps=bench.parse_temp_list(a["temp"]),
         runs=a["runs"],
         n_tokens=a["max_tokens"],
-        seed=a["seed"],
+        seed=seed_or_random(a["seed"]),
         top_k=a["top_k"],
         top_p=a["top_p"],
         min_p=a["min_p"],

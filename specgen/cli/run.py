@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,9 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    check_model_flags,
+    check_sampling_flags,
+    seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
 
@@ -131,6 +133,22 @@ def run(
     """Generate text with a draft and a target model (or the target alone)."""
     if max_tokens < 1:
         raise ConfigError(f"-n must be at least 1, got {max_tokens}")
+    # every flag is checked before the prompt is read (stdin may wait for the user)
+    check_model_flags(
+        target=target,
+        draft=draft,
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+    )
+    check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
+    from specgen.sampling import SamplingParams
+    from specgen.session import parse_draft_max
+
+    SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)  # checks --top-p, --min-p
+    parse_draft_max(draft_max)
+    seed = seed_or_random(seed)
     code = execute(
         RunArgs(
             prompt=_read_prompt(prompt),
@@ -172,7 +190,7 @@ def execute(a: RunArgs) -> int:
     set_verbose(a.verbose)
     if not a.prompt:
         raise PromptError("the prompt is empty")
-    seed = a.seed if a.seed is not None else secrets.randbits(31)
+    seed = seed_or_random(a.seed)  # a caller of execute() may leave it None
     params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     draft_max = parse_draft_max(a.draft_max)
     if a.live:

@@ -21,6 +21,9 @@ from specgen.cli.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    check_model_flags,
+    check_sampling_flags,
+    seed_or_random,
 )
 
 VERIFY_EPILOG = (
@@ -65,7 +68,7 @@ def verify(
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")] = 1.0,
     min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (-1 = random).")] = 0,
     alpha: Annotated[
         float, typer.Option("--alpha", help="Significance level after Holm correction.")
     ] = 1e-3,
@@ -134,6 +137,12 @@ def _verify(
 
     if check not in ("all", "greedy", "sampling"):
         raise ConfigError(f"--check must be all, greedy or sampling, got {check!r}")
+    check_model_flags(
+        target=target, draft=draft, ctx_size=ctx_size, threads=threads,
+        n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
+    )  # fmt: skip
+    check_sampling_flags(temp=temp)
+    seed = seed_or_random(seed)
     set_verbose(verbose)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     extra: dict[str, Any] = {}

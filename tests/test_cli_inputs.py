@@ -1,0 +1,111 @@
+"""Bad inputs refused in one place (`specgen.cli.options`), and the values llama.cpp users
+type that mean something (-1 seeds, negative temperatures): in-process through `main`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specgen.cli.options import check_model_flags
+
+
+def _main(argv: list[str]) -> int:
+    from specgen.cli.app import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return int(exc.value.code or 0)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("specgen: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "verify"])
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["-c", "-5"], "-c/--ctx-size"),
+        (["-t", "-1"], "-t/--threads"),
+        (["-ngl", "-2"], "-ngl"),
+        (["-ngld", "-3"], "-ngld"),
+        (["--seed", "-2"], "--seed"),
+    ],
+)
+def test_bad_shared_flags_are_refused_naming_the_flag(
+    capsys, tiny_target, command, flags, needle
+) -> None:
+    # refused before any model is loaded or stdin read (pytest's stdin raises on read)
+    code = _main([command, "-m", str(tiny_target), "-md", "ngram", *flags])
+    line = _one_error_line(capsys)
+    assert code == 1 and needle in line, line
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("value", ["1.5", "-0.1"])
+def test_draft_p_min_must_be_a_probability(capsys, tiny_target, command, value) -> None:
+    code = _main([command, "-m", str(tiny_target), "-md", "ngram", "--draft-p-min", value])
+    line = _one_error_line(capsys)
+    assert code == 1 and "--draft-p-min" in line and value in line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_temperature_must_be_a_number(capsys, tiny_target, value) -> None:
+    code = _main(["run", "-m", str(tiny_target), "-md", "none", "--temp", value, "x"])
+    line = _one_error_line(capsys)
+    assert code == 1 and "--temp" in line
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "verify"])
+def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
+    code = _main([command, "-md", str(tiny_draft)])
+    line = _one_error_line(capsys)
+    assert code == 1 and "needs -m" in line and str(tiny_draft) in line
+
+
+def test_model_free_drafts_run_on_the_demo_target_without_m() -> None:
+    # `--draft none` / `ngram` need no second model, so they keep working without -m
+    for draft in ("none", "ngram", None):
+        check_model_flags(
+            target=None, draft=draft, ctx_size=0, threads=0, n_gpu_layers=-1,
+            n_gpu_layers_draft=0,
+        )  # fmt: skip
+
+
+def _run_json(capsys, argv: list[str]) -> dict:
+    code = _main(["run", "--json", *argv])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_seed_minus_one_is_a_random_seed(capsys, tiny_target: Path) -> None:
+    args = ["-m", str(tiny_target), "-md", "none", "-c", "256", "-n", "2", "--seed", "-1"]
+    seeds = {_run_json(capsys, [*args, "the cat"])["seed"] for _ in range(2)}
+    assert all(isinstance(s, int) and s >= 0 for s in seeds)
+    assert len(seeds) == 2  # two random 31-bit seeds: equal with probability 2**-31
+
+
+def test_negative_temperature_is_greedy(capsys, tiny_target: Path, tiny_draft: Path) -> None:
+    args = ["-m", str(tiny_target), "-md", str(tiny_draft), "-c", "256", "-n", "16"]
+    args += ["--ignore-eos", "--draft-max", "3"]
+    greedy = _run_json(capsys, [*args, "--temp", "0", "--seed", "1", "the cat"])
+    negative = _run_json(capsys, [*args, "--temp", "-1", "--seed", "2", "the cat"])
+    assert negative["tokens"] == greedy["tokens"]
+    sampled = _run_json(capsys, [*args, "--temp", "1.5", "--top-k", "0", "--seed", "2", "the cat"])
+    assert sampled["tokens"] != greedy["tokens"]  # the comparison can fail: sampling differs
+
+
+def test_help_says_what_negative_values_mean() -> None:
+    from typer.testing import CliRunner
+
+    from specgen.cli.app import app
+
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "0 or below = greedy" in out and "-1 or omitted = random" in out
