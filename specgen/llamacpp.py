@@ -55,6 +55,30 @@ def _last_error() -> str:
     return lines[-1] if lines else "no detail from llama.cpp (run with --verbose)"
 
 
+# Lines llama.cpp logs when a file ends before its header says it should.
+_TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
+
+
+def _load_failure(path: Path) -> ModelFileError:
+    """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
+    last line, "failed to load model", says nothing), and for a file that ends early, that
+    it is truncated or corrupt, with its size."""
+    lines = [ln.strip() for ln in _recent_log if ln.strip()]
+    truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
+    reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())
+    reason = reason.split("error loading model:", 1)[-1].strip()
+    try:
+        size = f"{path.stat().st_size:,} bytes"
+    except OSError:
+        size = "size unknown"
+    if truncated is not None:
+        return ModelFileError(
+            f"{path} is truncated or corrupt ({size}; llama.cpp: {reason}):"
+            " download or build it again"
+        )
+    return ModelFileError(f"llama.cpp could not load {path} ({size}): {reason}")
+
+
 def default_threads() -> int:
     """CPU threads to use when -t is 0: the CPUs this process may run on."""
     try:
@@ -71,6 +95,8 @@ def check_gguf_file(path: Path) -> None:
     """
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
     if not path.is_file():
         raise ModelFileError(f"not a file: {path}")
     try:
@@ -117,9 +143,10 @@ class LlamaEngine:
         check_gguf_file(self.path)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        _recent_log.clear()  # what llama.cpp logs from here explains a failure
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:  # NULL: truncated, corrupt or unsupported
-            raise ModelFileError(f"llama.cpp could not load {self.path}: {_last_error()}")
+            raise _load_failure(self.path)
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
 

@@ -109,3 +109,20 @@ def test_help_says_what_negative_values_mean() -> None:
 
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "0 or below = greedy" in out and "-1 or omitted = random" in out
+
+
+def test_a_truncated_gguf_says_so_with_its_size(capsys, truncated_gguf: Path) -> None:
+    code = _main(["run", "-m", str(truncated_gguf), "-md", "none", "x"])
+    line = _one_error_line(capsys)
+    assert code == 1 and "truncated or corrupt" in line
+    assert f"{truncated_gguf.stat().st_size:,} bytes" in line
+    assert "failed to load model" not in line  # llama.cpp's last line says nothing
+
+
+def test_a_directory_is_not_a_model(capsys, tmp_path: Path, tiny_target: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"")
+    code = _main(["run", "-m", str(tmp_path), "-md", "none", "x"])
+    line = _one_error_line(capsys)
+    assert code == 1 and "is a directory, not a GGUF file" in line and "a.gguf" in line
+    code = _main(["run", "-m", str(tiny_target), "-md", str(tmp_path / "sub"), "x"])
+    assert code == 1 and "no such file" in _one_error_line(capsys)

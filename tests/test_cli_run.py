@@ -162,7 +162,8 @@ def test_vocab_mismatch_is_one_line_naming_the_token(tiny_target, vocab_mismatch
     [
         ("missing", "no such file"),
         ("not_gguf", "not a GGUF file"),
-        ("truncated", "could not load"),
+        ("truncated", "is truncated or corrupt"),
+        ("directory", "is a directory, not a GGUF file"),
         ("empty_prompt", "prompt is empty"),
         ("long_prompt", "context holds"),
         ("bad_draft_max", "--draft-max"),
@@ -177,6 +178,7 @@ def test_bad_input_is_one_clear_line(
         "missing": ["-m", str(tmp_path / "nope.gguf"), "-md", "none", "x"],
         "not_gguf": ["-m", str(not_gguf_file), "-md", "none", "x"],
         "truncated": ["-m", str(truncated_gguf), "-md", "none", "x"],
+        "directory": ["-m", str(tmp_path), "-md", "none", "x"],
         "empty_prompt": ["-m", t, "-md", "none", ""],
         "long_prompt": ["-m", t, "-md", "none", "-c", "16", "the cat " * 300],
         "bad_draft_max": ["-m", t, "-md", "none", "--draft-max", "lots", "x"],

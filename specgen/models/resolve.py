@@ -22,12 +22,16 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     Raises:
         ConfigError: a known model that is not downloaded yet (the message has the
             exact ``specgen download`` command).
-        ModelFileError: neither an existing file nor a registry name, or a downloaded
+        ModelFileError: a directory, neither an existing file nor a registry name, or a downloaded
             model that failed its SHA-256 check (the message says how to recover).
     """
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))[:3]
+        hint = f" (it holds {', '.join(ggufs)}: give one of them)" if ggufs else ""
+        raise ModelFileError(f"{path} is a directory, not a GGUF file{hint}")
     entry = reg.models.get(name_or_path)
     if entry is None:
         raise ModelFileError(
