@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-FinishReason = Literal["length", "stop", "eos", "interrupted"]
+FinishReason = Literal["length", "context", "stop", "eos", "interrupted"]
+"""Why generation ended: -n reached, the context (-c) full, a stop string, an
+end-of-generation token, or Ctrl-C."""
 
 ACCEPTANCE_HOW = "drafted counts each round's proposals up to its first rejection"
 """How `Stats.acceptance_rate` counts, said wherever it is shown."""

@@ -295,7 +295,8 @@ def generate(
         while emitter.finish is None:
             room = target.n_ctx - len(committed)  # target will hold len-1 + 1 + K tokens
             if room < 0 or emitter.remaining <= 0:
-                emitter.close("length")
+                # -n reached, or the context is full: said apart, as the fix differs
+                emitter.close("length" if emitter.remaining <= 0 else "context")
                 break
             t_round = time.perf_counter()
             # a round emits up to K+1 tokens: never draft past -n or the context

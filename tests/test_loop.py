@@ -161,18 +161,23 @@ def test_stop_string_completed_inside_a_block():
     assert done.finish_reason == "stop" and done.text == base.text[:cut]
 
 
-def test_context_full_ends_with_length_and_no_overflow():
+def test_context_full_ends_with_context_and_no_overflow():
     target = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
     draft = FakeEngine(n_vocab=9, seed=0, n_ctx=20)
     done = run(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], 8, max_tokens=100, params=GREEDY)[
         -1
     ]
-    assert done.finish_reason == "length"
+    assert done.finish_reason == "context"  # the context filled before -n
     assert len(done.tokens) == 20 - 3 + 1  # the last token needs no cache slot
     base = ordinary(
         FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=100, params=GREEDY
     )
-    assert base.tokens == done.tokens
+    assert base.tokens == done.tokens and base.finish_reason == "context"
+    # -n exactly what the context holds: -n is reached first, so "length"
+    exact = ordinary(
+        FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=18, params=GREEDY
+    )
+    assert exact.tokens == done.tokens and exact.finish_reason == "length"
 
 
 def test_prompt_errors():

@@ -117,7 +117,7 @@ def test_sampling_seeded(demo):
     assert sample(12) != first
 
 
-def test_context_full_ends_with_length(demo):
+def test_context_full_ends_with_context(demo):
     target, draft = demo
     small = EngineConfig(n_ctx=32)
     with LlamaEngine(target.path, small) as t, LlamaEngine(draft.path, small) as d:
@@ -131,7 +131,7 @@ def test_context_full_ends_with_length(demo):
             params=GREEDY,
             ignore_eos=True,
         )
-        assert done.finish_reason == "length"
+        assert done.finish_reason == "context"  # not "length": -n was not reached
         # llama.cpp rounds n_ctx up (to 256 here): the engine reports the real size
         assert len(done.tokens) == t.n_ctx - len(ids) + 1
 
