@@ -337,6 +337,31 @@ class LlamaEngine:
         self.close()
 
 
+def backend_of(system_info: str) -> str:
+    """The GPU backend compiled into llama.cpp, from its system-info line ("CPU" if none)."""
+    s = system_info.upper()
+    for name, marks in (
+        ("CUDA", ("CUDA",)),
+        ("Metal", ("METAL", "MTL")),
+        ("Vulkan", ("VULKAN",)),
+        ("ROCm", ("HIP", "ROCM")),
+        ("SYCL", ("SYCL",)),
+    ):
+        if any(m in s for m in marks):
+            return name
+    return "CPU"
+
+
+def backend() -> str:
+    """The backend this llama-cpp-python build computes with: CUDA, Metal, ... or CPU."""
+    return backend_of(llama_cpp.llama_print_system_info().decode(errors="replace"))
+
+
+def supports_gpu_offload() -> bool:
+    """Whether -ngl / -ngld can do anything in this build (`llama_supports_gpu_offload`)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
 def system_info() -> dict[str, str]:
     """llama.cpp build facts for reproducibility records: versions and backends."""
     return {

@@ -12,7 +12,7 @@ from specgen.compat import check_compatible
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
 from specgen.generate import FixedK, KPolicy
-from specgen.llamacpp import EngineConfig, LlamaEngine
+from specgen.llamacpp import EngineConfig, LlamaEngine, supports_gpu_offload
 from specgen.sampling import SamplingParams
 
 DRAFT_NONE = "none"
@@ -111,6 +111,37 @@ def load(
     except BaseException:
         target.close()
         raise
+
+
+# The README's rebuild command (section "GPU builds").
+GPU_REBUILD = (
+    'CMAKE_ARGS="-DGGML_CUDA=on" .venv/bin/pip install --force-reinstall --no-cache-dir'
+    " llama-cpp-python==0.3.36"
+)
+
+
+def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:
+    """What the user asked for that llama.cpp will not do as asked, one line each, to be
+    said once on stderr: GPU layers on a build without GPU offload (ignored), and, once
+    loaded, a context size llama.cpp rounded up (it pads n_ctx to a multiple of 256)."""
+    notes = []
+    asked = [("-ngl", spec.target_cfg.n_gpu_layers)]
+    if isinstance(spec.draft, Path):
+        asked.append(("-ngld", spec.draft_cfg.n_gpu_layers))
+    flags = [flag for flag, n in asked if n != 0]
+    if flags and not supports_gpu_offload():
+        notes.append(
+            f"{'/'.join(flags)} ignored: this llama-cpp-python build has no GPU backend"
+            f" (CPU only); rebuild it for CUDA with: {GPU_REBUILD}"
+        )
+    if loaded is not None:
+        asked_ctx, n_ctx = spec.target_cfg.n_ctx, loaded.target.n_ctx
+        if asked_ctx > 0 and n_ctx != asked_ctx:
+            notes.append(
+                f"-c {asked_ctx} became {n_ctx}: llama.cpp rounds the context up"
+                " to a multiple of 256"
+            )
+    return notes
 
 
 def parse_draft_max(value: str) -> int | None:

@@ -4,6 +4,7 @@ type that mean something (-1 seeds, negative temperatures): in-process through `
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,64 @@ def test_a_directory_is_not_a_model(capsys, tmp_path: Path, tiny_target: Path) -
     assert code == 1 and "is a directory, not a GGUF file" in line and "a.gguf" in line
     code = _main(["run", "-m", str(tiny_target), "-md", str(tmp_path / "sub"), "x"])
     assert code == 1 and "no such file" in _one_error_line(capsys)
+
+
+# -- what llama.cpp does differently from what was asked: said once on stderr -------------------
+
+
+def _tiny_run(capsys, tiny_target: Path, *args: str) -> tuple[dict, list[str]]:
+    code = _main(["run", "--json", "-m", str(tiny_target), "-md", "none", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out), out.err.splitlines()
+
+
+def test_a_rounded_context_is_said_once(capsys, tiny_target: Path) -> None:
+    out, err = _tiny_run(capsys, tiny_target, "-c", "64", "-n", "2", "the cat")
+    notes = [ln for ln in err if "-c 64" in ln]
+    assert notes == ["specgen: note: -c 64 became 256: llama.cpp rounds the context up to a"
+                     " multiple of 256"]  # fmt: skip
+    _, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "2", "the cat")
+    assert err == []
+
+
+def test_a_full_context_is_its_own_finish_reason_and_warned_at_the_start(
+    capsys, tiny_target: Path
+) -> None:
+    prompt = "the cat " * 50
+    out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "400", "--ignore-eos", prompt)
+    n_prompt = out["stats"]["n_prompt"]
+    assert out["finish_reason"] == "context"
+    assert len(out["tokens"]) == 256 - n_prompt + 1
+    assert len(err) == 1 and "do not fit the context of 256" in err[0]
+    assert f"at most {256 - n_prompt + 1} tokens" in err[0]
+    # -n that fits: no warning, and the limit is -n's
+    out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "3", "--ignore-eos", prompt)
+    assert out["finish_reason"] == "length" and err == []
+
+
+def test_gpu_layers_on_a_cpu_build_are_said_to_be_ignored(capsys, tiny_target: Path) -> None:
+    from specgen import llamacpp
+
+    out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "2", "-ngl", "99", "the cat")
+    assert out["backend"] == llamacpp.backend()
+    if llamacpp.supports_gpu_offload():
+        assert err == []
+    else:
+        assert len(err) == 1 and err[0].startswith("specgen: note: -ngl ignored")
+        assert 'CMAKE_ARGS="-DGGML_CUDA=on"' in err[0]
+        readme = (Path(__file__).parents[1] / "README.md").read_text("utf-8")
+        assert err[0].split("with: ")[1] in readme  # the README's own command
+
+
+def test_the_live_summary_names_the_backend_and_a_full_context() -> None:
+    from rich.console import Console
+
+    from specgen.ui import live
+
+    state = live.ViewState("t.gguf", "d.gguf", backend="CPU", finish_reason="context")
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(live.render_summary(state))
+    text = console.export_text()
+    assert "target t.gguf · draft d.gguf · on CPU" in text
+    assert "context full (raise -c" in text

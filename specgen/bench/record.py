@@ -29,6 +29,7 @@ from specgen.bench.results import (
 )
 from specgen.errors import ConfigError, ModelFileError
 from specgen.models.gguf import header_fields
+from specgen.llamacpp import backend_of
 from specgen.models.hub import sha256_file
 
 # -- reproducibility record -----------------------------------------------------------------
@@ -60,21 +61,6 @@ def model_record(path: Path, n_gpu_layers: int) -> dict[str, Any]:
         "quantization": _FILE_TYPES.get(ft, f"type {ft}") if ft is not None else None,
         "n_gpu_layers": n_gpu_layers,
     }
-
-
-def backend_of(system_info: str) -> str:
-    """The GPU backend compiled into llama.cpp, from its system-info line."""
-    s = system_info.upper()
-    for name, marks in (
-        ("CUDA", ("CUDA",)),
-        ("Metal", ("METAL", "MTL")),
-        ("Vulkan", ("VULKAN",)),
-        ("ROCm", ("HIP", "ROCM")),
-        ("SYCL", ("SYCL",)),
-    ):
-        if any(m in s for m in marks):
-            return name
-    return "CPU"
 
 
 def cpu_model() -> str:

@@ -113,7 +113,7 @@ def run_bench_command(**a: Any) -> None:
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
     from specgen.models.resolve import resolve_models
-    from specgen.session import DRAFT_NONE, ModelSpec
+    from specgen.session import DRAFT_NONE, ModelSpec, load_notes
     from specgen.ui import output, reports
 
     set_verbose(a["verbose"])
@@ -160,6 +160,8 @@ def run_bench_command(**a: Any) -> None:
     spec = ModelSpec.from_flags(
         target, draft, a["ctx_size"], a["n_gpu_layers"], a["n_gpu_layers_draft"], a["threads"]
     )
+    for note in load_notes(spec):  # before measuring: a run of minutes at CPU speed
+        output.notice(note)
     writer = None
     if a["trace"] is not None:
         from specgen.trace import TraceWriter

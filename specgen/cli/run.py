@@ -199,13 +199,17 @@ def execute(a: RunArgs) -> int:
 
         err = output.console(stderr=True)
         with view.loading_status(err, "preparing models", "models ready") as spinner:
-            loaded, pair_k = _load(a, params, lambda msg: spinner.update(msg))
+            loaded, pair_k, loaded_notes = _load(a, params, lambda msg: spinner.update(msg))
     else:
-        loaded, pair_k = _load(a, params, None)
+        loaded, pair_k, loaded_notes = _load(a, params, None)
     writer = None
     events: Any = None  # a generator: closed below while the engines exist
     try:
+        from specgen.ui.output import notice
+
         prompt = loaded.target.tokenize(a.prompt)
+        for note in [*loaded_notes, *_fit_notes(len(prompt), a.max_tokens, loaded.target.n_ctx)]:
+            notice(note)
         config = GenerateConfig(
             max_tokens=a.max_tokens,
             params=params,
@@ -246,24 +250,42 @@ def execute(a: RunArgs) -> int:
         loaded.close()
 
 
+def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
+    """A warning when the prompt plus -n cannot fit the context: generation would stop
+    early with finish reason "context". The context holds the prompt and all generated
+    tokens but the last (which is never evaluated), hence the + 1."""
+    room = n_ctx - n_prompt + 1
+    if n_prompt >= n_ctx or max_tokens <= room:
+        return []  # a prompt that fills the context is refused with its own error
+    return [
+        f"the prompt ({n_prompt} tokens) plus -n {max_tokens} do not fit the context of"
+        f" {n_ctx}: generation stops after at most {room} tokens (raise -c to go further)"
+    ]
+
+
 def _load(a: RunArgs, params: SamplingParams, status):
     from specgen.models.resolve import resolve_models
-    from specgen.session import ModelSpec, load
+    from specgen.session import ModelSpec, load, load_notes
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec.from_flags(
         target_path, draft_path, a.ctx_size, a.n_gpu_layers, a.n_gpu_layers_draft, a.threads
     )
-    return load(spec, params, draft_p_min=a.draft_p_min, status=status), pair_k
+    loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status)
+    return loaded, pair_k, load_notes(spec, loaded)
 
 
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
+    from specgen.llamacpp import backend
     from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
     from specgen.ui import output
 
     state = view.ViewState(
-        target_name, None if draft_name == DRAFT_NONE else draft_name, show_rejected=show_rejected
+        target_name,
+        None if draft_name == DRAFT_NONE else draft_name,
+        show_rejected=show_rejected,
+        backend=backend(),
     )
     try:
         with view.LiveView(output.console(), state) as live:
@@ -306,6 +328,7 @@ def _run_plain(events) -> int:
 
 def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
     from specgen.events import ACCEPTANCE_HOW, Done, Prefilled
+    from specgen.llamacpp import backend
 
     done: Done | None = None
     prefilled: Prefilled | None = None
@@ -325,6 +348,7 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
         "target": target_name,
         "draft": draft_name,
         "seed": seed,
+        "backend": backend(),
         "stats": {**stats, "k_history": done.stats.k_history},
     }
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible

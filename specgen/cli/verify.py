@@ -131,7 +131,7 @@ def _verify(
     from specgen.llamacpp import set_verbose
     from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
-    from specgen.session import ModelSpec, load
+    from specgen.session import ModelSpec, load, load_notes
     from specgen.ui import output, reports
     from specgen.verify import VerifyConfig, drafter_factory, verify
 
@@ -160,6 +160,8 @@ def _verify(
         spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
         loaded = load(spec, params, status=spinner.update)
     try:
+        for note in load_notes(spec, loaded):
+            output.notice(note)
         make = drafter_factory(loaded.drafter)
         with err.status("verifying") as spinner:
             report = verify(loaded.target, make, config, loaded.draft_name, spinner.update)

@@ -74,6 +74,7 @@ ORDINARY_HOW = "median of single-token target passes after the prompt"
 
 FINISH_TEXT: dict[str, str] = {
     "length": "length (max tokens reached)",
+    "context": "context full (raise -c to generate more)",
     "stop": "stop string",
     "eos": "end-of-generation token",
     "interrupted": "interrupted (Ctrl-C)",
@@ -111,6 +112,7 @@ class ViewState:
         finish_reason: None while generating.
         spec_by_k: K -> [rounds, drafting seconds, wall seconds] of the rounds with that
             block size (the break-even is computed for the K used most).
+        backend: what llama.cpp computes with ("CPU", "CUDA", ...), "" when unknown.
     """
 
     target_name: str
@@ -124,6 +126,7 @@ class ViewState:
     ordinary_how: str = ""
     finish_reason: FinishReason | None = None
     spec_by_k: dict[int, list[float]] = field(default_factory=dict)
+    backend: str = ""
 
     @property
     def text(self) -> str:
@@ -374,6 +377,8 @@ def render_summary(state: ViewState) -> RenderableType:
     models = f"target {state.target_name}"
     if state.draft_name:
         models += f" · draft {state.draft_name}"
+    if state.backend:
+        models += f" · on {state.backend}"
     grid.add_row("models", models)
     grid.add_row("tokens", f"{s.n_generated} generated · {s.n_prompt} prompt")
     grid.add_row(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 
 
@@ -9,3 +11,10 @@ def console(*, stderr: bool = False, width: int | None = None, soft_wrap: bool =
     """A Rich console on stdout, or on stderr for status and progress; ``width=None`` sizes
     it to the terminal."""
     return Console(stderr=stderr, width=width, soft_wrap=soft_wrap)
+
+
+def notice(message: str) -> None:
+    """One line on stderr for something the user should know but that is not an error
+    ("specgen: note: ..."), plain so that it reads the same in a terminal and in a log."""
+    sys.stderr.write(f"specgen: note: {message}\n")
+    sys.stderr.flush()
