@@ -188,3 +188,50 @@ def test_the_live_summary_names_the_backend_and_a_full_context() -> None:
     text = console.export_text()
     assert "target t.gguf · draft d.gguf · on CPU" in text
     assert "context full (raise -c" in text
+
+
+# -- where the prompt comes from ----------------------------------------------------------------
+
+
+def test_a_prompt_that_is_a_file_name_hints_at_redirection(
+    capsys, tmp_path: Path, tiny_target: Path
+) -> None:
+    path = tmp_path / "prompt.txt"
+    path.write_text("the cat", encoding="utf-8")
+    out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "2", str(path))
+    assert len(err) == 1 and f"< {path}" in err[0]
+    assert out["stats"]["n_prompt"] > 3  # the path's own text was the prompt, as documented
+    _, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "2", "the cat")
+    assert err == []
+
+
+def test_a_terminal_on_stdin_is_told_where_the_prompt_comes_from(tiny_target: Path) -> None:
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "run", "--json", "-m", str(tiny_target), "-md", "none",
+         "-c", "256", "-n", "2"],
+        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        # the note comes before stdin is read; give it time, then type a prompt and Ctrl-D
+        deadline = time.monotonic() + 60
+        err = b""
+        fd = proc.stderr.fileno()  # type: ignore[union-attr]
+        while b"Ctrl-D" not in err and time.monotonic() < deadline:
+            if select.select([fd], [], [], 1.0)[0]:
+                err += os.read(fd, 4096)
+        os.write(master, b"the cat\n\x04")
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert b"reading the prompt from stdin" in err, err + rest
+    assert proc.returncode == 0, rest
+    assert json.loads(out)["stats"]["n_prompt"] >= 3

@@ -90,10 +90,26 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_prompt(prompt: str | None) -> bytes:
+    from specgen.ui.output import notice
+
     if prompt is None or prompt == "-":
+        if sys.stdin.isatty():  # otherwise the command seems to hang
+            notice("reading the prompt from stdin: type it, then Ctrl-D on a new line to end")
         # byte for byte: a trailing newline is part of the prompt
         return sys.stdin.buffer.read()
+    if "\n" not in prompt and len(prompt) < 4096 and _is_file(prompt):
+        notice(
+            f"the prompt is the text {prompt!r}, not the file's contents:"
+            f" to generate from the file, run `specgen run ... < {prompt}`"
+        )
     return prompt.encode("utf-8", "surrogateescape")
+
+
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).expanduser().is_file()
+    except (OSError, ValueError):  # a name too long or with a NUL is not a file
+        return False
 
 
 def run(
