@@ -235,3 +235,46 @@ def test_a_terminal_on_stdin_is_told_where_the_prompt_comes_from(tiny_target: Pa
     assert b"reading the prompt from stdin" in err, err + rest
     assert proc.returncode == 0, rest
     assert json.loads(out)["stats"]["n_prompt"] >= 3
+
+
+# -- bench checks every path before measuring ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "needle"),
+    [
+        ("--compare", "missing.json", "--compare: cannot read"),
+        ("--compare", "not_bench.json", "not a specgen bench JSON file"),
+        ("--json", "nodir/b.json", "--json: no such directory"),
+        ("--markdown", "nodir/b.md", "--markdown: no such directory"),
+        ("--trace", "nodir/t.jsonl", "--trace: no such directory"),
+        ("--json", ".", "is a directory"),
+        ("--json", "ro/b.json", "--json: cannot write"),
+    ],
+)
+def test_bench_checks_every_path_before_measuring(
+    capsys, monkeypatch, tmp_path: Path, tiny_target, tiny_draft, flag, where, needle
+) -> None:
+    from specgen import bench
+
+    (tmp_path / "not_bench.json").write_text('{"format": "something else"}', encoding="utf-8")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    if where.startswith("ro/") and os.access(ro, os.W_OK):
+        pytest.skip("running as a user who can write anywhere (root)")
+
+    def measured(*a, **k):
+        raise AssertionError("measured before checking the paths")
+
+    monkeypatch.setattr(bench, "bench", measured)
+    code = _main(["bench", "-m", str(tiny_target), "-md", str(tiny_draft),
+                  flag, str(tmp_path / where)])  # fmt: skip
+    line = _one_error_line(capsys)
+    assert code == 1 and needle in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not_bench.json", "ro"]
+
+
+def test_run_checks_the_trace_path_before_reading_the_prompt(capsys, tmp_path, tiny_target):
+    code = _main(["run", "-m", str(tiny_target), "-md", "none",
+                  "--trace", str(tmp_path / "nodir" / "t.jsonl")])  # fmt: skip
+    assert code == 1 and "--trace: no such directory" in _one_error_line(capsys)

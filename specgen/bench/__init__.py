@@ -45,7 +45,7 @@ from specgen.bench.prompts import (
     parse_temp_list,
     prompt_set_sha256,
 )
-from specgen.bench.record import backend_of, build_record, compare_with
+from specgen.bench.record import backend_of, build_record, compare_with, load_earlier
 from specgen.bench.report import (
     atomic_write,
     check_plot_available,
@@ -104,6 +104,7 @@ __all__ = [
     "builtin_prompts",
     "check_plot_available",
     "compare_with",
+    "load_earlier",
     "cpu_snapshot",
     "describe_record",
     "load_prompts",

@@ -28,8 +28,8 @@ from specgen.bench.results import (
     record_differences,
 )
 from specgen.errors import ConfigError, ModelFileError
-from specgen.models.gguf import header_fields
 from specgen.llamacpp import backend_of
+from specgen.models.gguf import header_fields
 from specgen.models.hub import sha256_file
 
 # -- reproducibility record -----------------------------------------------------------------
@@ -194,8 +194,9 @@ def build_record(
     }
 
 
-def compare_with(result: BenchResult, path: Path) -> Comparison:
-    """Compare `result` with an earlier `--json` file: record differences and speedups.
+def load_earlier(path: Path) -> dict[str, Any]:
+    """An earlier `--json` result for `--compare`, read and checked (before measuring, so
+    a wrong path fails in a second, not after the whole benchmark).
 
     Raises:
         ConfigError: the file cannot be read or is not a bench result.
@@ -203,9 +204,23 @@ def compare_with(result: BenchResult, path: Path) -> Comparison:
     try:
         old = json.loads(Path(path).read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--compare: cannot read {path}: {e}") from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise ConfigError(f"--compare: cannot read {path}: {why}") from None
     if not isinstance(old, dict) or old.get("format") != FORMAT:
         raise ConfigError(f"--compare: {path} is not a specgen bench JSON file")
+    return old
+
+
+def compare_with(
+    result: BenchResult, path: Path, earlier: dict[str, Any] | None = None
+) -> Comparison:
+    """Compare `result` with an earlier `--json` file: record differences and speedups.
+    `earlier` is that file as `load_earlier` read it (read now when None).
+
+    Raises:
+        ConfigError: the file cannot be read or is not a bench result.
+    """
+    old = earlier if earlier is not None else load_earlier(path)
     diffs = record_differences(old.get("record", {}), result.record)
     # the earlier file is JSON on disk, read as it was written
     old_speedups = {

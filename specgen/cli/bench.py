@@ -24,6 +24,7 @@ from specgen.cli.options import (
     TraceOpt,
     VerboseOpt,
     check_model_flags,
+    check_output_path,
     check_sampling_flags,
     seed_or_random,
 )
@@ -133,10 +134,12 @@ def run_bench_command(**a: Any) -> None:
     check_sampling_flags(temp=0.0, draft_p_min=a["draft_p_min"])  # --temp: a list, below
     if a["plot_path"] is not None:
         bench.check_plot_available()
-    for opt in ("json_path", "markdown_path", "plot_path"):
-        p = a[opt]
-        if p is not None and not Path(p).parent.resolve().is_dir():
-            raise ConfigError(f"--{opt.split('_')[0]}: no such directory: {Path(p).parent}")
+    # every input and output path now: a wrong one must not cost a benchmark of minutes
+    for flag, key in (("--json", "json_path"), ("--markdown", "markdown_path"),
+                      ("--plot", "plot_path"), ("--trace", "trace")):  # fmt: skip
+        if a[key] is not None:
+            check_output_path(flag, Path(a[key]))
+    earlier = bench.load_earlier(a["compare"]) if a["compare"] is not None else None
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(a["draft_max"]),
         temps=bench.parse_temp_list(a["temp"]),
@@ -177,7 +180,7 @@ def run_bench_command(**a: Any) -> None:
         if writer is not None:
             writer.close()
     if a["compare"] is not None:
-        result.compared = bench.compare_with(result, a["compare"])
+        result.compared = bench.compare_with(result, a["compare"], earlier)
     if a["json_path"] is not None:
         bench.write_json(result, a["json_path"])
     if a["markdown_path"] is not None:

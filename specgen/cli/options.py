@@ -8,6 +8,7 @@ A leaf: imports Typer and only `specgen.errors`, so every command module can imp
 from __future__ import annotations
 
 import math
+import os
 import secrets
 from pathlib import Path
 from typing import Annotated
@@ -136,3 +137,19 @@ def seed_or_random(seed: int | None) -> int:
     if seed < -1:
         raise ConfigError(f"--seed must be -1 (random) or 0 or more, got {seed}")
     return seed
+
+
+def check_output_path(flag: str, path: Path) -> None:
+    """Refuse an output path that cannot be written, before any work: a directory, or a
+    parent directory that is missing or read-only.
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+    parent = path.parent.resolve()
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: no such directory: {path.parent}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag}: cannot write {path}: permission denied")

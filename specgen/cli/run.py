@@ -36,6 +36,7 @@ from specgen.cli.options import (
     TraceOpt,
     VerboseOpt,
     check_model_flags,
+    check_output_path,
     check_sampling_flags,
     seed_or_random,
 )
@@ -165,6 +166,8 @@ def run(
     SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)  # checks --top-p, --min-p
     parse_draft_max(draft_max)
     seed = seed_or_random(seed)
+    if trace is not None:
+        check_output_path("--trace", trace)
     code = execute(
         RunArgs(
             prompt=_read_prompt(prompt),
