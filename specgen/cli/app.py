@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from typing import Annotated
 
 import typer
 
@@ -28,6 +29,33 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from specgen import __version__
+
+    try:  # the bindings' version without loading llama.cpp
+        bindings = f" (llama-cpp-python {version('llama_cpp_python')})"
+    except PackageNotFoundError:
+        bindings = ""
+    sys.stdout.write(f"specgen {__version__}{bindings}\n")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Show the version and exit.", is_eager=True, callback=_version
+        ),
+    ] = False,
+) -> None:
+    """Fast local text generation with exact speculative decoding on llama.cpp."""
+
 
 # Each command lives in its own module (each imports its heavy parts lazily); the order here
 # is the order of `specgen --help`.
