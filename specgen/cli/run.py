@@ -323,6 +323,10 @@ def _run_plain(events) -> int:
     out = sys.stdout.buffer
     done: Done | None = None
     written = 0
+    last = ""
+    # a terminal gets a final newline so the prompt after it starts on its own line;
+    # a pipe or file gets the text byte for byte
+    end_line = sys.stdout.isatty()
     try:
         for ev in events:
             text = ev.text if isinstance(ev, Step) else ""
@@ -333,8 +337,11 @@ def _run_plain(events) -> int:
                 out.write(text.encode("utf-8"))
                 out.flush()
                 written += len(text)
+                last = text[-1]
     except KeyboardInterrupt:
         events.close()
+        if end_line and last != "\n":
+            out.write(b"\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # the reader went away (`| head`): stop generating and exit quietly; stdout goes
@@ -342,6 +349,9 @@ def _run_plain(events) -> int:
         events.close()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    if end_line and written and last != "\n":
+        out.write(b"\n")
+        out.flush()
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
 
