@@ -278,3 +278,97 @@ def test_run_checks_the_trace_path_before_reading_the_prompt(capsys, tmp_path, t
     code = _main(["run", "-m", str(tiny_target), "-md", "none",
                   "--trace", str(tmp_path / "nodir" / "t.jsonl")])  # fmt: skip
     assert code == 1 and "--trace: no such directory" in _one_error_line(capsys)
+
+
+# -- what stays on a terminal -------------------------------------------------------------------
+
+
+def test_show_rejected_leaves_the_clean_text_and_the_legend(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from specgen.events import Done, Span, Step
+    from specgen.ui.live import LiveView, ViewState
+
+    c = Console(record=True, width=40, height=20, force_terminal=True, file=io.StringIO())
+    kept: list[str] = []  # what is printed for good (the live region is redrawn apart)
+    real = c.print
+
+    def spy(*objects, **kw):
+        if objects and all(isinstance(o, Text) for o in objects):
+            kept.append("".join(o.plain for o in objects))
+        real(*objects, **kw)
+
+    monkeypatch.setattr(c, "print", spy)
+    st = ViewState("t.gguf", "d.gguf", show_rejected=True)
+    words = [f"w{i} " + ("\n" if i % 5 == 4 else "") for i in range(40)]
+    with LiveView(c, st, clock=lambda: 0.0, min_interval_s=0.0) as view:
+        for i, w in enumerate(words):
+            # an accepted draft token, then the target's own after rejecting "XQ"
+            spans = (Span(w[:2], 2 * i, True), Span(w[2:], 2 * i + 1, False))
+            view.update(
+                Step(k=2, n_accepted=1, spans=spans, rejected_text="XQ", draft_s=0.0,
+                     verify_s=0.0, sample_s=0.0, round_s=0.01)
+            )  # fmt: skip
+        live_phase = c.export_text(clear=False)
+        view.update(Done("length", "".join(words), (), st.stats))
+    assert "XQ" in live_phase  # shown while generating
+    text_end = next(i for i, k in enumerate(kept) if "accepted draft" in k)
+    on_screen = "\n".join(kept[:text_end])
+    assert "XQ" not in on_screen  # never in the text left on screen
+    assert on_screen.split() == "".join(words).split()
+    assert "rejected" not in kept[text_end]  # the legend stays, for what stays
+    assert kept[text_end].startswith("accepted draft (d.gguf)")
+
+
+def test_plain_text_on_a_terminal_ends_with_a_newline_a_pipe_stays_exact(
+    capsys, tiny_target: Path
+) -> None:
+    import select
+    import subprocess
+    import sys
+
+    args = ["-m", str(tiny_target), "-md", "none", "-c", "256", "-n", "6", "--temp", "0"]
+    args += ["--ignore-eos", "the cat"]
+    ref, _ = _tiny_run(capsys, tiny_target, *args[4:])
+    assert not ref["text"].endswith("\n")  # else this test could not see the difference
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "run", "--no-live", *args],
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            if select.select([master], [], [], 60)[0]:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert out.decode("utf-8") == (ref["text"] + "\n").replace("\n", "\r\n")  # the tty's CRLF
+    piped = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", *args], capture_output=True, timeout=120
+    )
+    assert piped.stdout.decode("utf-8") == ref["text"]
+
+
+def test_version() -> None:
+    from typer.testing import CliRunner
+
+    from specgen import __version__
+    from specgen.cli.app import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith(f"specgen {__version__}")

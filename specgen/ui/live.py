@@ -217,12 +217,19 @@ def styles(state: ViewState) -> dict[Origin, str]:
     return COLOR_STYLES if state.color else MONO_STYLES
 
 
-def body_text(state: ViewState, start: Position = (0, 0), end: Position | None = None) -> Text:
+def body_text(
+    state: ViewState,
+    start: Position = (0, 0),
+    end: Position | None = None,
+    *,
+    rejected: bool | None = None,
+) -> Text:
     """The generated text from ``start`` up to ``end`` (exclusive), styled by origin.
 
-    Rejected proposals appear only when ``state.show_rejected``; control characters are
-    shown as visible symbols.
+    Rejected proposals appear only when ``rejected`` (default: ``state.show_rejected``);
+    control characters are shown as visible symbols.
     """
+    show_rejected = state.show_rejected if rejected is None else rejected
     style = styles(state)
     text = Text()
     segs = state.segments
@@ -236,7 +243,7 @@ def body_text(state: ViewState, start: Position = (0, 0), end: Position | None =
         if not piece:
             continue
         if origin == "rejected":
-            if not state.show_rejected:
+            if not show_rejected:
                 continue
             piece = piece.translate(_REJECTED_PICTURES)
         else:
@@ -251,8 +258,9 @@ def body_text(state: ViewState, start: Position = (0, 0), end: Position | None =
     return text
 
 
-def legend(state: ViewState) -> Text:
-    """One line naming the style of each origin and the models."""
+def legend(state: ViewState, *, rejected: bool | None = None) -> Text:
+    """One line naming the style of each origin and the models; "rejected" is named when
+    ``rejected`` (default: ``state.show_rejected``)."""
     style = styles(state)
     if state.draft_name is None:
         return Text.assemble(("target", style["target"]), f" {state.target_name}")
@@ -271,7 +279,7 @@ def legend(state: ViewState) -> Text:
             ("bold: target", style["target"]),
             f" ({state.target_name})",
         ]
-    if state.show_rejected:
+    if state.show_rejected if rejected is None else rejected:
         parts += [" · ", ("rejected" if state.color else "struck: rejected", style["rejected"])]
     return Text.assemble(*parts)
 
@@ -473,13 +481,15 @@ class LiveView:
     Finished lines (up to a newline) are printed above the live region as they arrive, so
     the terminal's scrollback holds the whole text; the live region holds only the current
     line(s) and the footer, which keeps each redraw cheap however long the output grows.
+    Rejected proposals (``show_rejected``) appear only in the live region: the text that
+    stays on screen is the generated text alone, so a copy of it holds nothing else.
     Redraws happen at most every ``min_interval_s`` seconds, and further apart when a
     redraw is slow: the gap after a redraw that took d seconds is at least
     d / ``max_share`` (up to ``max_interval_s``), so drawing takes about that share of
     the wall time at most (1% by default; the budget for the live view is 3% of
     tokens/s). On exit, normal or not
     (KeyboardInterrupt included), the live region is removed, the rest of the text is
-    printed, then the summary; the exception is not swallowed.
+    printed, then the legend and the summary; the exception is not swallowed.
 
     Args:
         console: the stdout console (a terminal).
@@ -549,10 +559,12 @@ class LiveView:
             return
         live, self._live = self._live, None
         live.stop()
-        rest = body_text(self.state, self._printed)
+        rest = body_text(self.state, self._printed, rejected=False)
         self._printed = (len(self.state.segments), 0)
         self.console.print(rest, end="\n", crop=False)
         if self.summary:
+            # the colours stay on screen: so does what they mean
+            self.console.print(legend(self.state, rejected=False), crop=False)
             self.console.print()
             self.console.print(render_summary(self.state))
 
@@ -602,10 +614,11 @@ class LiveView:
             pos = piece.rfind("\n")
             if pos < 0 or (i == i0 and pos < self._printed[1]):
                 continue
-            parts.append(body_text(self.state, self._printed, (i, pos)))
+            parts.append(body_text(self.state, self._printed, (i, pos), rejected=False))
             self._printed = _normalize(segs, (i, pos + 1))
             break
-        rest = body_text(self.state, self._printed)
+        # what goes above the live region stays on screen: the text without rejections
+        rest = body_text(self.state, self._printed, rejected=False)
         width = self.console.width
         if rest.cell_len > width:
             rows = rest.wrap(self.console, width)
@@ -621,7 +634,7 @@ class LiveView:
                 used = at + len(row.plain)
                 parts.append(row)
             if parts and used:
-                self._printed = _advance(self.state, self._printed, used)
+                self._printed = _advance(self.state.segments, self._printed, used)
         if not parts:
             return None
         return Text("\n").join(parts)
@@ -644,13 +657,13 @@ def _normalize(segs: Sequence[tuple[str, Origin]], pos: Position) -> Position:
     return i, off
 
 
-def _advance(state: ViewState, pos: Position, n: int) -> Position:
-    """The position ``n`` displayed characters after ``pos`` (hidden rejections count 0)."""
-    segs = state.segments
+def _advance(segs: Sequence[tuple[str, Origin]], pos: Position, n: int) -> Position:
+    """The position ``n`` characters of generated text after ``pos`` (rejections, never
+    printed for good, count 0)."""
     i, off = pos
     while i < len(segs) and n > 0:
         piece, origin = segs[i]
-        shown = len(piece) - off if (origin != "rejected" or state.show_rejected) else 0
+        shown = len(piece) - off if origin != "rejected" else 0
         if n < shown:
             return i, off + n
         n -= shown
