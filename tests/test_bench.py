@@ -280,6 +280,9 @@ def test_three_output_formats(tmp_path: Path, tiny_target: Path, tiny_draft: Pat
     md = (out / "b.md").read_text("utf-8")
     assert md.startswith("| temp | K |")
     assert "1.50×" in md and "(slower)" in md and "| code |" in md
+    assert result.warnings  # K 8 is slower: the terminal's notes are kept in the file too
+    for w in result.warnings:
+        assert f"- Note: {w}" in md
     assert "Record fingerprint" in md and result.record["target"]["sha256"][:12] in md
     if importlib.util.find_spec("matplotlib") is None:
         with pytest.raises(ConfigError, match=r"specgen\[plot\]"):
@@ -550,7 +553,11 @@ def test_auto_is_compared_with_the_best_fixed_k_pairwise() -> None:
     assert a.ratio == pytest.approx(0.3 / 0.33, abs=1e-6)
     assert a.ratio_ci95 == pytest.approx([0.3 / 0.33] * 2, abs=1e-6)  # drift cancels
     assert a.auto_speedup == pytest.approx(0.6 / 0.33, abs=1e-6)
-    assert "best fixed K (8) = 0.91×" in bench.auto_vs_best_text(a)
+    text = bench.auto_vs_best_text(a)
+    assert "best fixed K (8) = 0.91×" in text
+    # which figure is a median of paired ratios and which are medians of their own pairs
+    assert "median of" in text and "paired ratios" in text
+    assert "not the ratio of the table's median speedups" in text
     assert bench.auto_vs_best(runs, 0.8) is None  # no runs at that temperature
     assert bench.auto_vs_best(_pair_runs(4, 0.4, 0.0), 0.0) is None  # no auto
     assert bench.auto_vs_best(_pair_runs(None, 0.4, 0.0), 0.0) is None  # no fixed K

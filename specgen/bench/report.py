@@ -79,6 +79,9 @@ def render_markdown(result: BenchResult) -> str:
     if result.auto_vs_best:
         lines.append("")
         lines += [f"- {auto_vs_best_text(a)}" for a in result.auto_vs_best]
+    if result.warnings:  # the notes the terminal shows, slower configurations first
+        lines.append("")
+        lines += [f"- Note: {w}" for w in result.warnings]
     if rec:
         lines += ["", describe_record(rec)]
     return "\n".join(lines) + "\n"

@@ -189,13 +189,17 @@ def auto_vs_best(
 
 def auto_vs_best_text(a: AutoVsBest) -> str:
     """One line for the table footers, e.g. 'temp 0: auto / best fixed K (8) = 0.97×
-    [0.93, 1.01], the median of 16 paired ratios (median speedups: K 8 1.56×, auto 1.53×)'.
-    The median of the paired ratios is not the ratio of the two median speedups."""
+    [0.93, 1.01], the median of 16 paired ratios (auto's speedup / K 8's, same prompt and
+    run); not the ratio of the table's median speedups (K 8 1.56×, auto 1.53×)'.
+    Both figures are named, as they can differ: a median of ratios is not a ratio of
+    medians."""
     lo, hi = a.ratio_ci95
+    k = a.best_k
     return (
-        f"temp {a.temp:g}: auto / best fixed K ({a.best_k}) = {_x(a.ratio)}"
-        f" [{_f2(lo)}, {_f2(hi)}], the median of {a.n_pairs} paired ratios (median"
-        f" speedups: K {a.best_k} {_x(a.best_speedup)}, auto {_x(a.auto_speedup)})"
+        f"temp {a.temp:g}: auto / best fixed K ({k}) = {_x(a.ratio)}"
+        f" [{_f2(lo)}, {_f2(hi)}], the median of {a.n_pairs} paired ratios (auto's"
+        f" speedup / K {k}'s, same prompt and run); not the ratio of the table's median"
+        f" speedups (K {k} {_x(a.best_speedup)}, auto {_x(a.auto_speedup)})"
     )
 
 

@@ -30,6 +30,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+
 def _version(value: bool) -> None:
     if not value:
         return
