@@ -328,7 +328,10 @@ def test_cli_plot_without_matplotlib(tmp_path: Path, capsys, tiny_target, tiny_d
     code = _main([*args, "--plot", str(tmp_path / "b.png")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err == ["specgen: error: --plot needs matplotlib: pip install 'specgen[plot]'"]
+    from specgen.bench.report import PLOT_MISSING
+
+    assert err == [f"specgen: error: {PLOT_MISSING}"]
+    assert "pip install -e '.[plot]'" in err[0]  # `specgen[plot]` on PyPI is another project
     assert list(tmp_path.iterdir()) == []
 
 

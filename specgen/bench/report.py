@@ -121,7 +121,11 @@ def write_markdown(result: BenchResult, path: Path) -> None:
     atomic_write(path, render_markdown(result).encode("utf-8"))
 
 
-PLOT_MISSING = "--plot needs matplotlib: pip install 'specgen[plot]'"
+# `specgen[plot]` on PyPI is an unrelated project: name the checkout's extra, or matplotlib
+PLOT_MISSING = (
+    "--plot needs matplotlib: .venv/bin/pip install -e '.[plot]' in the specgen checkout"
+    " (or pip install matplotlib)"
+)
 
 
 def check_plot_available() -> None:

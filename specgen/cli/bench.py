@@ -84,7 +84,7 @@ def bench(
     ] = None,
     plot_path: Annotated[
         Path | None,
-        typer.Option("--plot", help="Write a PNG (needs: pip install 'specgen\\[plot]')."),
+        typer.Option("--plot", help="Write a PNG (needs matplotlib: pip install -e '.\\[plot]')."),
     ] = None,
     compare: Annotated[
         Path | None,
