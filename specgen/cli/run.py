@@ -201,7 +201,7 @@ def run(
 
 def execute(a: RunArgs) -> int:
     """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
-    from specgen.generate import GenerateConfig, generate
+    from specgen.generate import GenerateConfig, check_prompt, generate
     from specgen.llamacpp import set_verbose
     from specgen.sampling import SamplingParams
     from specgen.session import make_policy, parse_draft_max
@@ -227,6 +227,7 @@ def execute(a: RunArgs) -> int:
         from specgen.ui.output import notice
 
         prompt = loaded.target.tokenize(a.prompt)
+        check_prompt(prompt, loaded.target.n_ctx)  # an error is said alone, before notes
         for note in [*loaded_notes, *_fit_notes(len(prompt), a.max_tokens, loaded.target.n_ctx)]:
             notice(note)
         config = GenerateConfig(
