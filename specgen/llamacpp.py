@@ -21,7 +21,7 @@ import numpy as np
 
 from specgen.engine import Logits, VocabInfo
 from specgen.errors import EngineError, ModelFileError, ModelLoadError
-from specgen.models.gguf import GGUF_MAGIC, read_magic
+from specgen.models.gguf import GGUF_MAGIC, implied_size, read_magic
 
 _verbose = False
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
@@ -62,21 +62,27 @@ _TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "faile
 def _load_failure(path: Path) -> ModelFileError:
     """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
     last line, "failed to load model", says nothing), and for a file that ends early, that
-    it is truncated or corrupt, with its size."""
+    it is truncated or corrupt, with its size and the size its header implies."""
     lines = [ln.strip() for ln in _recent_log if ln.strip()]
     truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
     reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())
     reason = reason.split("error loading model:", 1)[-1].strip()
     try:
-        size = f"{path.stat().st_size:,} bytes"
+        size = path.stat().st_size
     except OSError:
-        size = "size unknown"
+        return ModelFileError(f"llama.cpp could not load {path}: {reason}")
+    expected = implied_size(path)
+    if expected is not None and expected > size:
+        return ModelFileError(
+            f"{path} is truncated: {size:,} bytes, its header implies {expected:,}"
+            f" (llama.cpp: {reason}): download or build it again"
+        )
     if truncated is not None:
         return ModelFileError(
-            f"{path} is truncated or corrupt ({size}; llama.cpp: {reason}):"
+            f"{path} is truncated or corrupt ({size:,} bytes; llama.cpp: {reason}):"
             " download or build it again"
         )
-    return ModelFileError(f"llama.cpp could not load {path} ({size}): {reason}")
+    return ModelFileError(f"llama.cpp could not load {path} ({size:,} bytes): {reason}")
 
 
 def default_threads() -> int:

@@ -112,11 +112,14 @@ def test_help_says_what_negative_values_mean() -> None:
     assert "0 or below = greedy" in out and "-1 or omitted = random" in out
 
 
-def test_a_truncated_gguf_says_so_with_its_size(capsys, truncated_gguf: Path) -> None:
+def test_a_truncated_gguf_says_so_with_its_size(
+    capsys, truncated_gguf: Path, tiny_target: Path
+) -> None:
     code = _main(["run", "-m", str(truncated_gguf), "-md", "none", "x"])
     line = _one_error_line(capsys)
-    assert code == 1 and "truncated or corrupt" in line
-    assert f"{truncated_gguf.stat().st_size:,} bytes" in line
+    full = tiny_target.stat().st_size
+    assert code == 1 and "is truncated" in line
+    assert f"{truncated_gguf.stat().st_size:,} bytes, its header implies {full:,}" in line
     assert "failed to load model" not in line  # llama.cpp's last line says nothing
 
 
@@ -372,3 +375,14 @@ def test_version() -> None:
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output.startswith(f"specgen {__version__}")
+
+
+def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: Path) -> None:
+    from specgen.models.gguf import implied_size
+
+    data = tiny_target.read_bytes()
+    assert implied_size(tiny_target) == len(data)
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 1])
+    assert implied_size(tmp_path / "cut.gguf") == len(data)
+    (tmp_path / "header.gguf").write_bytes(data[:200])  # the header itself cut short
+    assert implied_size(tmp_path / "header.gguf") is None

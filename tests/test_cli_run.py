@@ -162,7 +162,7 @@ def test_vocab_mismatch_is_one_line_naming_the_token(tiny_target, vocab_mismatch
     [
         ("missing", "no such file"),
         ("not_gguf", "not a GGUF file"),
-        ("truncated", "is truncated or corrupt"),
+        ("truncated", "is truncated"),
         ("directory", "is a directory, not a GGUF file"),
         ("empty_prompt", "prompt is empty"),
         ("long_prompt", "context holds"),

@@ -70,6 +70,50 @@ def read_magic(path: Path | str) -> bytes:
         return f.read(4)
 
 
+def _scalar_formats() -> dict[int, str]:
+    """struct formats of GGUF's fixed-size value types (``gguf.GGUFValueType``)."""
+    from gguf import GGUFValueType as T
+
+    return {
+        T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I",
+        T.INT32: "<i", T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q",
+        T.FLOAT64: "<d",
+    }  # fmt: skip
+
+
+class _HeaderReader:
+    """Sequential reads of a GGUF header (llama.cpp ``docs/gguf.md``) from an open file."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.formats = _scalar_formats()
+
+    def read(self, fmt: str) -> Any:
+        import struct
+
+        return struct.unpack(fmt, self.f.read(struct.calcsize(fmt)))[0]
+
+    def read_str(self) -> str:
+        return self.f.read(self.read("<Q")).decode("utf-8", "replace")
+
+    def skip(self, vtype: int) -> None:
+        import struct
+
+        from gguf import GGUFValueType as T
+
+        if vtype == T.STRING:
+            self.f.seek(self.read("<Q"), 1)
+        elif vtype == T.ARRAY:
+            itype, n = self.read("<I"), self.read("<Q")
+            if itype in self.formats:
+                self.f.seek(n * struct.calcsize(self.formats[itype]), 1)
+            else:
+                for _ in range(n):
+                    self.skip(itype)
+        else:
+            self.f.seek(struct.calcsize(self.formats[T(vtype)]), 1)
+
+
 def header_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
     """Scalar and string metadata ``keys`` of a GGUF file, read from its header only.
 
@@ -88,52 +132,69 @@ def header_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
 
     from gguf import GGUFValueType as T
 
-    formats = {
-        T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I",
-        T.INT32: "<i", T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q",
-        T.FLOAT64: "<d",
-    }  # fmt: skip
     want = set(keys)
     out: dict[str, Any] = {}
     with open(path, "rb") as f:
-
-        def read(fmt: str) -> Any:
-            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-        def read_str() -> str:
-            return f.read(read("<Q")).decode("utf-8", "replace")
-
-        def skip(vtype: int) -> None:
-            if vtype == T.STRING:
-                f.seek(read("<Q"), 1)
-            elif vtype == T.ARRAY:
-                itype, n = read("<I"), read("<Q")
-                if itype in formats:
-                    f.seek(n * struct.calcsize(formats[itype]), 1)
-                else:
-                    for _ in range(n):
-                        skip(itype)
-            else:
-                f.seek(struct.calcsize(formats[T(vtype)]), 1)
-
+        h = _HeaderReader(f)
         if f.read(4) != GGUF_MAGIC:
             raise ModelFileError(f"not a GGUF file: {path}")
         try:
-            count = "<Q" if read("<I") >= 2 else "<I"
-            read(count)  # tensors
-            for _ in range(read(count)):
-                key, vtype = read_str(), read("<I")
-                if key in want and vtype in formats:
-                    out[key] = read(formats[T(vtype)])
+            count = "<Q" if h.read("<I") >= 2 else "<I"
+            h.read(count)  # tensors
+            for _ in range(h.read(count)):
+                key, vtype = h.read_str(), h.read("<I")
+                if key in want and vtype in h.formats:
+                    out[key] = h.read(h.formats[T(vtype)])
                 elif key in want and vtype == T.STRING:
-                    out[key] = read_str()
+                    out[key] = h.read_str()
                 else:
-                    skip(vtype)
+                    h.skip(vtype)
                 if want <= out.keys():
                     break
         except (struct.error, ValueError, KeyError) as exc:  # cut short, or an unknown type
             raise ModelFileError(f"GGUF header of {path} is truncated or corrupt ({exc})") from exc
     return out
+
+
+def implied_size(path: Path | str) -> int | None:
+    """The size in bytes a GGUF file must have by its own header: the start of the tensor
+    data (the header's end, aligned to ``general.alignment``, default 32) plus the end of
+    the tensor that ends last. Reads the whole header (about a second for a 262,144-token
+    vocabulary); for messages about truncated files.
+
+    Returns:
+        The size, or None when the header itself is cut short, corrupt or not GGUF.
+    """
+    import math
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGUFValueType as T
+
+    try:
+        with open(path, "rb") as f:
+            h = _HeaderReader(f)
+            if f.read(4) != GGUF_MAGIC:
+                return None
+            count = "<Q" if h.read("<I") >= 2 else "<I"
+            n_tensors, n_kv = h.read(count), h.read(count)
+            alignment = 32
+            for _ in range(n_kv):
+                key, vtype = h.read_str(), h.read("<I")
+                if key == "general.alignment" and vtype in h.formats:
+                    alignment = int(h.read(h.formats[T(vtype)]))
+                else:
+                    h.skip(vtype)
+            end = 0
+            for _ in range(n_tensors):
+                h.read_str()  # name
+                dims = [h.read(count) for _ in range(h.read("<I"))]
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(h.read("<I"))]
+                end = max(end, h.read("<Q") + math.prod(dims) // block * type_size)
+            start = -(-f.tell() // alignment) * alignment
+    except (OSError, struct.error, ValueError, KeyError):
+        return None
+    return start + end
 
 
 # ---------------------------------------------------------------------------------------------
