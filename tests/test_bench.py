@@ -285,7 +285,7 @@ def test_three_output_formats(tmp_path: Path, tiny_target: Path, tiny_draft: Pat
         assert f"- Note: {w}" in md
     assert "Record fingerprint" in md and result.record["target"]["sha256"][:12] in md
     if importlib.util.find_spec("matplotlib") is None:
-        with pytest.raises(ConfigError, match=r"specgen\[plot\]"):
+        with pytest.raises(ConfigError, match=r"pip install -e '\.\[plot\]'"):
             bench.write_plot(result, out / "b.png")
         assert not (out / "b.png").exists()
     else:
