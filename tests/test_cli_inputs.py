@@ -312,8 +312,8 @@ def test_show_rejected_leaves_the_clean_text_and_the_legend(monkeypatch) -> None
             # an accepted draft token, then the target's own after rejecting "XQ"
             spans = (Span(w[:2], 2 * i, True), Span(w[2:], 2 * i + 1, False))
             view.update(
-                Step(k=2, n_accepted=1, spans=spans, rejected_text="XQ", draft_s=0.0,
-                     verify_s=0.0, sample_s=0.0, round_s=0.01)
+                Step(k=2, n_proposed=2, n_drafted=2, n_accepted=1, spans=spans,
+                     rejected_text="XQ", draft_s=0.0, verify_s=0.0, sample_s=0.0, round_s=0.01)
             )  # fmt: skip
         live_phase = c.export_text(clear=False)
         view.update(Done("length", "".join(words), (), st.stats))
