@@ -56,7 +56,8 @@ def _last_error() -> str:
 
 
 def default_threads() -> int:
-    """CPU threads to use when -t is 0: the CPUs this process may run on."""
+    """CPU threads to use when -t is 0: the CPUs this process may run on (also the
+    "usable CPUs" of bench's record)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows

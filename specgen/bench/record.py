@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from specgen import llamacpp
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import (
     FORMAT,
@@ -118,17 +120,13 @@ def gpus() -> list[dict[str, Any]]:
 
 def machine_record() -> dict[str, Any]:
     try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
-    try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         mem = None
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
+        "cpus_usable": llamacpp.default_threads(),
         "memory_bytes": mem,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -137,10 +135,6 @@ def machine_record() -> dict[str, Any]:
 
 
 def software_record() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from specgen import llamacpp
-
     info = llamacpp.system_info()
     llama_version = info.get("llama_cpp")
     if llama_version is None:  # not in system_info(): ask the bindings directly
@@ -175,14 +169,12 @@ def build_record(
 
     `target_cfg`/`draft_cfg` are `EngineConfig`s; `draft` is a path or `ngram`.
     """
-    from specgen.llamacpp import default_threads
-
     draft_rec: dict[str, Any]
     if isinstance(draft, Path) or (isinstance(draft, str) and draft not in ("ngram", "none")):
         draft_rec = model_record(Path(draft), draft_cfg.n_gpu_layers)
     else:
         draft_rec = {"file": str(draft), "sha256": None, "n_gpu_layers": 0}
-    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else default_threads()
+    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else llamacpp.default_threads()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "target": model_record(Path(target_path), target_cfg.n_gpu_layers),
