@@ -7,8 +7,6 @@ other commands start without loading llama.cpp.
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import sys
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from specgen.cli.options import (
     VerboseOpt,
 )
 from specgen.errors import ConfigError, PromptError
+from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.sampling import SamplingParams
@@ -149,7 +148,7 @@ def run(
             stop=tuple(stop or ()),
             ignore_eos=ignore_eos,
             json_out=json_out,
-            live=not (no_live or json_out) and sys.stdout.isatty(),
+            live=not (no_live or json_out) and output.stdout_is_terminal(),
             show_rejected=show_rejected,
             n_gpu_layers=n_gpu_layers,
             n_gpu_layers_draft=n_gpu_layers_draft,
@@ -169,7 +168,7 @@ def execute(a: RunArgs) -> int:
     from specgen.sampling import SamplingParams
     from specgen.session import make_policy, parse_draft_max
 
-    set_verbose(a.verbose)
+    set_verbose(a.verbose, output.log)
     if not a.prompt:
         raise PromptError("the prompt is empty")
     seed = a.seed if a.seed is not None else secrets.randbits(31)
@@ -177,9 +176,8 @@ def execute(a: RunArgs) -> int:
     draft_max = parse_draft_max(a.draft_max)
     if a.live:
         from specgen.ui import live as view
-        from specgen.ui import output
 
-        err = output.console(stderr=True)
+        err = output.err_console()
         with view.loading_status(err, "preparing models", "models ready") as spinner:
             loaded, pair_k = _load(a, params, lambda msg: spinner.update(msg))
     else:
@@ -242,7 +240,6 @@ def _load(a: RunArgs, params: SamplingParams, status):
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
     from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
-    from specgen.ui import output
 
     state = view.ViewState(
         target_name, None if draft_name == DRAFT_NONE else draft_name, show_rejected=show_rejected
@@ -261,7 +258,6 @@ def _run_plain(events) -> int:
     from specgen.events import Done, Step
 
     # UTF-8 bytes whatever the console encoding; flushed per round so pipes stream.
-    out = sys.stdout.buffer
     done: Done | None = None
     written = 0
     try:
@@ -271,17 +267,15 @@ def _run_plain(events) -> int:
                 done = ev
                 text = ev.text[written:]  # text released only at the end (held bytes)
             if text:
-                out.write(text.encode("utf-8"))
-                out.flush()
+                output.write_text(text)
                 written += len(text)
     except KeyboardInterrupt:
         events.close()
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # the reader went away (`| head`): stop generating and exit quietly; stdout goes
-        # to /dev/null so the interpreter's final flush does not complain
+        # the reader went away (`| head`): stop generating and exit quietly
         events.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        output.discard_stdout()
         return 0
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
@@ -312,6 +306,5 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
         obj["controller"] = policy.summary()
     del prefilled
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0
