@@ -24,10 +24,12 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
+from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.models.resolve import DRAFT_NONE
 from specgen.sampling import SamplingParams
 
 # -- one generation -----------------------------------------------------------------------
@@ -90,7 +92,7 @@ def bench(
         ConfigError: `--draft none` (nothing to compare with).
         ModelFileError, ModelLoadError, VocabMismatchError: from loading.
     """
-    from specgen.session import DRAFT_NONE, load
+    from specgen.session import load
 
     if spec.draft == DRAFT_NONE:
         raise ConfigError(
@@ -154,8 +156,6 @@ def other_cpu_load(
 
 def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
-    from specgen.drafters import ModelDrafter
-
     return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
 
 

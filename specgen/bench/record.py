@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from specgen import llamacpp
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import (
     FORMAT,
@@ -32,6 +31,9 @@ from specgen.bench.results import (
 from specgen.errors import ConfigError, ModelFileError
 from specgen.models.gguf import header_fields
 from specgen.models.hub import sha256_file
+
+# llama.cpp is imported inside the functions that build a record: the bench package is
+# imported by ui/reports for its result types (so by `specgen models`), which must not load it.
 
 # -- reproducibility record -----------------------------------------------------------------
 
@@ -119,6 +121,8 @@ def gpus() -> list[dict[str, Any]]:
 
 
 def machine_record() -> dict[str, Any]:
+    from specgen import llamacpp
+
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -135,6 +139,8 @@ def machine_record() -> dict[str, Any]:
 
 
 def software_record() -> dict[str, Any]:
+    from specgen import llamacpp
+
     info = llamacpp.system_info()
     llama_version = info.get("llama_cpp")
     if llama_version is None:  # not in system_info(): ask the bindings directly
@@ -169,6 +175,8 @@ def build_record(
 
     `target_cfg`/`draft_cfg` are `EngineConfig`s; `draft` is a path or `ngram`.
     """
+    from specgen import llamacpp
+
     draft_rec: dict[str, Any]
     if isinstance(draft, Path) or (isinstance(draft, str) and draft not in ("ngram", "none")):
         draft_rec = model_record(Path(draft), draft_cfg.n_gpu_layers)

@@ -27,6 +27,7 @@ from specgen.cli.options import (
 )
 from specgen.errors import ConfigError
 from specgen.events import Prefilled
+from specgen.models.resolve import DRAFT_NONE, resolve_models
 from specgen.ui import output
 
 EPILOG = (
@@ -106,8 +107,7 @@ def run_bench_command(**a: Any) -> None:
     write the outputs and print the table."""
     from specgen import bench
     from specgen.llamacpp import set_verbose
-    from specgen.models.resolve import resolve_models
-    from specgen.session import DRAFT_NONE, ModelSpec
+    from specgen.session import ModelSpec
     from specgen.ui import reports
 
     set_verbose(a["verbose"], output.log)

@@ -36,6 +36,8 @@ from specgen.cli.options import (
     VerboseOpt,
 )
 from specgen.errors import ConfigError, PromptError
+from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Step
+from specgen.models.resolve import DRAFT_NONE, resolve_models
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -227,7 +229,6 @@ def execute(a: RunArgs) -> int:
 
 
 def _load(a: RunArgs, params: SamplingParams, status):
-    from specgen.models.resolve import resolve_models
     from specgen.session import ModelSpec, load
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
@@ -238,7 +239,6 @@ def _load(a: RunArgs, params: SamplingParams, status):
 
 
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
-    from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
 
     state = view.ViewState(
@@ -255,8 +255,6 @@ def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) ->
 
 
 def _run_plain(events) -> int:
-    from specgen.events import Done, Step
-
     # UTF-8 bytes whatever the console encoding; flushed per round so pipes stream.
     done: Done | None = None
     written = 0
@@ -281,8 +279,6 @@ def _run_plain(events) -> int:
 
 
 def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
-    from specgen.events import ACCEPTANCE_HOW, Done, Prefilled
-
     done: Done | None = None
     prefilled: Prefilled | None = None
     for ev in events:

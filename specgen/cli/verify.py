@@ -21,6 +21,7 @@ from specgen.cli.options import (
     VerboseOpt,
 )
 from specgen.errors import ConfigError
+from specgen.models.resolve import resolve_models
 from specgen.ui import output
 
 VERIFY_EPILOG = (
@@ -123,7 +124,6 @@ def _verify(
     seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose,
 ) -> int:  # fmt: skip
     from specgen.llamacpp import set_verbose
-    from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
     from specgen.session import ModelSpec, load
     from specgen.ui import reports

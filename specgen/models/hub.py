@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError, NetworkError
+from specgen.models.demo import cache_dir
 from specgen.models.gguf import GGUF_MAGIC, read_magic
 
 if TYPE_CHECKING:
@@ -230,8 +231,6 @@ def checksum_failure(entry: ModelEntry, paths: list[Path]) -> str | None:
 
 
 def _failures_file() -> Path:
-    from specgen.models.demo import cache_dir
-
     return cache_dir() / "checksum-failures.json"
 
 

@@ -19,10 +19,12 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, RenderableType
-from rich.status import Status
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 
 def console(
