@@ -1,7 +1,10 @@
 """The measurement of `specgen bench` (the method is described in `specgen.bench`): one
 generation reduced to rounds (`measure`), loading the models and building the record
 (`bench`), the alternating ordinary/speculative runs (`run_bench`), and the CPU-load check
-that flags a busy machine."""
+that flags a busy machine.
+
+specgen.session (and with it llama.cpp) is imported where the models are loaded: the bench
+package is imported by ui/reports for its result types, without a model."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from specgen import __version__
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import (
     FORMAT,
@@ -149,7 +150,7 @@ def software_record() -> dict[str, Any]:
     try:
         specgen_version = version("specgen")
     except PackageNotFoundError:
-        from specgen import __version__ as specgen_version
+        specgen_version = __version__
     return {
         "specgen": specgen_version,
         "llama_cpp_python": info.get("llama_cpp_python"),

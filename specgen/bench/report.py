@@ -3,6 +3,8 @@ tables with a paragraph describing the record, and the optional matplotlib plot.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -118,13 +120,12 @@ def write_markdown(result: BenchResult, path: Path) -> None:
     atomic_write(path, render_markdown(result).encode("utf-8"))
 
 
+# matplotlib is optional (pip install 'specgen[plot]'): imported only when a plot is written.
 PLOT_MISSING = "--plot needs matplotlib: pip install 'specgen[plot]'"
 
 
 def check_plot_available() -> None:
     """Raises ConfigError (one line) when matplotlib is not installed."""
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(PLOT_MISSING)
 
@@ -174,8 +175,6 @@ def write_plot(result: BenchResult, path: Path) -> None:
     ax.set_title("acceptance by position")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)

@@ -1,5 +1,6 @@
 """`specgen bench`: the Typer command. Measurement lives in `specgen.bench`, the progress bar
-in `specgen.ui.progress`, the tables in `specgen.ui.reports`."""
+in `specgen.ui.progress`, the tables in `specgen.ui.reports`; all three (numpy, llama.cpp)
+are imported inside the command so that `specgen --help` and the other commands start fast."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py."""
+"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py.
+
+hub.py (numpy through models/gguf.py), the progress bars and the report tables are imported
+inside the commands, so that `specgen --help` and the other commands start fast."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import typer
 
 from specgen.cli.options import JsonOpt, ModelsOpt
 from specgen.errors import ConfigError, NetworkError
+from specgen.models.demo import ensure_demo_model
 from specgen.models.registry import ModelEntry, Registry, load_registry
 from specgen.models.resolve import checksum_failure, local_paths
 from specgen.ui import output
@@ -61,8 +65,6 @@ def download(
             if dry_run:
                 output.write_line(f"{entry.name}: embedded demo model, built locally (no download)")
                 continue
-            from specgen.models.demo import ensure_demo_model
-
             path = ensure_demo_model(entry.name, status=output.status_line)
             output.write_line(f"{entry.name}\t{path}")
         elif dry_run:

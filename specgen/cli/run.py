@@ -1,8 +1,8 @@
 """`specgen run`: the Typer command, and below it what the command does: resolve the models,
 load them, drive the loop, and write plain text, JSON or the live view.
 
-The model-side modules are imported inside the functions so that `specgen --help` and the
-other commands start without loading llama.cpp.
+The model-side modules (numpy, llama.cpp) and the live view are imported inside the functions
+so that `specgen --help` and the other commands start without loading them.
 """
 
 from __future__ import annotations
