@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from specgen.engine import Logits, VocabInfo
 from specgen.errors import EngineError, ModelFileError, ModelLoadError
 from specgen.models.gguf import GGUF_MAGIC, implied_size, read_magic
 
-_verbose = False
+_log: Callable[[str], None] | None = None  # where --verbose sends llama.cpp's log lines
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
 
 
@@ -32,9 +32,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Keep the tail of llama.cpp's log so a failure can say why; print only when asked.
     line = text.decode("utf-8", errors="replace")
     _recent_log.append(line)
-    if _verbose:
-        sys.stderr.write(line)
-        sys.stderr.flush()
+    if _log is not None:
+        _log(line)
 
 
 # The ctypes callback must stay referenced for the life of the process: llama.cpp keeps
@@ -44,10 +43,11 @@ llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
 
-def set_verbose(verbose: bool) -> None:
-    """Show llama.cpp's own log lines on stderr (`--verbose`); silent by default."""
-    global _verbose
-    _verbose = verbose
+def set_verbose(verbose: bool, log: Callable[[str], None]) -> None:
+    """Pass llama.cpp's own log lines to ``log`` when ``verbose`` (`--verbose`; the CLI gives
+    the sink's stderr writer); silent by default, this module never prints."""
+    global _log
+    _log = log if verbose else None
 
 
 def _last_error() -> str:
@@ -86,7 +86,8 @@ def _load_failure(path: Path) -> ModelFileError:
 
 
 def default_threads() -> int:
-    """CPU threads to use when -t is 0: the CPUs this process may run on."""
+    """CPU threads to use when -t is 0: the CPUs this process may run on (also the
+    "usable CPUs" of bench's record)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows

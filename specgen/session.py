@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.compat import check_compatible
+from specgen.controller import Controller
+from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
 from specgen.generate import FixedK, KPolicy
 from specgen.llamacpp import EngineConfig, LlamaEngine, supports_gpu_offload
+from specgen.models.resolve import DRAFT_NGRAM, DRAFT_NONE
+from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
-
-DRAFT_NONE = "none"
-DRAFT_NGRAM = "ngram"
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,7 @@ def load(
         if spec.draft == DRAFT_NONE:
             return Loaded(target, None, DRAFT_NONE)
         if spec.draft == DRAFT_NGRAM:
-            from specgen.ngram import NgramDrafter
-
             return Loaded(target, NgramDrafter(target.n_vocab, n_max=ngram_n), DRAFT_NGRAM)
-        from specgen.drafters import ModelDrafter
-
         path = Path(spec.draft)
         say(f"loading draft {path.name}")
         draft = LlamaEngine(path, spec.draft_cfg)
@@ -166,8 +163,6 @@ def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = Non
     starting from `k_init` (a registry pair's recommended block size) when given."""
     if draft_max is not None:
         return FixedK(draft_max)
-    from specgen.controller import Controller
-
     if k_init is None:
         return Controller(k_max=k_max)
     return Controller(k_max=max(k_max, k_init), k_init=k_init)

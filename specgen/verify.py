@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from specgen.drafters import common_prefix
+from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import Drafter, Engine, Logits
 from specgen.errors import ConfigError
 from specgen.events import Done, RoundTrace, Step
@@ -742,8 +742,6 @@ def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
     Raises:
         ConfigError: no drafter (``--draft none``): there is nothing to verify.
     """
-    from specgen.drafters import ModelDrafter
-
     if drafter is None:
         raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
     if isinstance(drafter, ModelDrafter):

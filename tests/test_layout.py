@@ -215,3 +215,83 @@ def test_models_yaml_is_at_the_top_level_and_is_what_the_package_reads() -> None
     assert top.is_file() and not top.is_symlink()
     assert PACKAGED_FILE.resolve() == top
     assert not (PACKAGE / "models.yaml").exists()
+
+
+# -- the one output sink ------------------------------------------------------------------------
+
+#: writes only the sink may make: the process's streams, print, Rich consoles, Click's echo,
+#: tracebacks printed to stderr
+_STREAMS = frozenset({"stdout", "stderr", "__stdout__", "__stderr__"})
+_PRINTERS = frozenset({"print_exc", "print_exception", "print_stack", "print_tb"})
+
+#: where a renderable may be printed on a console the sink made (`console.print`): the live
+#: view, the progress bars and the sink itself
+_UI_PRINTERS = frozenset({"specgen.ui.output", "specgen.ui.live", "specgen.ui.progress"})
+
+
+def writes_of(module: str, path: Path) -> list[str]:
+    """Each place in `module` that writes to stdout or stderr without the sink."""
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+        what = None
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _STREAMS
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
+            what = f"sys.{node.attr}"
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys":
+            if {a.name for a in node.names} & _STREAMS:
+                what = "from sys import a stream"
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in ("print", "echo", "secho", "Console"):
+                what = f"{f.id}()"
+            elif isinstance(f, ast.Attribute):
+                if f.attr in ("echo", "secho", "Console") or f.attr in _PRINTERS:
+                    what = f"{f.attr}()"
+                elif f.attr == "print" and module not in _UI_PRINTERS:
+                    what = ".print()"
+        if what is not None:
+            found.append(f"{where}:{node.lineno} {what}")
+    return found
+
+
+def test_only_the_sink_writes_to_stdout_and_stderr() -> None:
+    bad = [
+        w
+        for name, path in MODULES.items()
+        if name != "specgen.ui.output"
+        for w in writes_of(name, path)
+    ]
+    assert not bad, "write through specgen.ui.output:\n" + "\n".join(bad)
+
+
+def test_the_sink_check_finds_each_kind_of_write(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text(
+        "import sys, traceback, typer\n"
+        "from sys import stderr\n"
+        "sys.stdout.write('a')\n"
+        "print('b')\n"
+        "typer.echo('c')\n"
+        "Console().print('d')\n"
+        "traceback.print_exc()\n"
+        "err.print('e')\n",
+        "utf-8",
+    )
+    kinds = sorted(w.split(" ", 1)[1] for w in writes_of("specgen.cli.x", src))
+    assert kinds == sorted(
+        [
+            "from sys import a stream",
+            "sys.stdout",
+            "print()",
+            "echo()",
+            "Console()",
+            ".print()",
+            "print_exc()",
+            ".print()",
+        ]
+    )

@@ -1,7 +1,10 @@
 """The measurement of `specgen bench` (the method is described in `specgen.bench`): one
 generation reduced to rounds (`measure`), loading the models and building the record
 (`bench`), the alternating ordinary/speculative runs (`run_bench`), and the CPU-load check
-that flags a busy machine."""
+that flags a busy machine.
+
+specgen.session (and with it llama.cpp) is imported where the models are loaded: the bench
+package is imported by ui/reports for its result types, without a model."""
 
 from __future__ import annotations
 
@@ -24,10 +27,12 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
+from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.models.resolve import DRAFT_NONE
 from specgen.sampling import SamplingParams
 
 # -- one generation -----------------------------------------------------------------------
@@ -90,7 +95,7 @@ def bench(
         ConfigError: `--draft none` (nothing to compare with).
         ModelFileError, ModelLoadError, VocabMismatchError: from loading.
     """
-    from specgen.session import DRAFT_NONE, load
+    from specgen.session import load
 
     if spec.draft == DRAFT_NONE:
         raise ConfigError(
@@ -154,8 +159,6 @@ def other_cpu_load(
 
 def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
-    from specgen.drafters import ModelDrafter
-
     return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
 
 

@@ -91,7 +91,7 @@ def parse_draft_max_list(value: str) -> tuple[int | None, ...]:
     Raises:
         ConfigError: empty list, a duplicate, or a value that is not 1..64 or `auto`.
     """
-    from specgen.session import parse_draft_max
+    from specgen.session import parse_draft_max  # session loads llama.cpp: see bench.method
 
     items = [s.strip() for s in value.split(",")]
     if not value.strip() or any(not s for s in items):

@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from specgen import __version__
 from specgen.bench.prompts import BenchPrompt, k_label, prompt_set_sha256
 from specgen.bench.results import (
     FORMAT,
@@ -31,6 +33,9 @@ from specgen.errors import ConfigError, ModelFileError
 from specgen.llamacpp import backend_of
 from specgen.models.gguf import header_fields
 from specgen.models.hub import sha256_file
+
+# llama.cpp is imported inside the functions that build a record: the bench package is
+# imported by ui/reports for its result types (so by `specgen models`), which must not load it.
 
 # -- reproducibility record -----------------------------------------------------------------
 
@@ -103,10 +108,8 @@ def gpus() -> list[dict[str, Any]]:
 
 
 def machine_record() -> dict[str, Any]:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
+    from specgen import llamacpp
+
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -114,7 +117,7 @@ def machine_record() -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
+        "cpus_usable": llamacpp.default_threads(),
         "memory_bytes": mem,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -123,8 +126,6 @@ def machine_record() -> dict[str, Any]:
 
 
 def software_record() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
     from specgen import llamacpp
 
     info = llamacpp.system_info()
@@ -135,7 +136,7 @@ def software_record() -> dict[str, Any]:
     try:
         specgen_version = version("specgen")
     except PackageNotFoundError:
-        from specgen import __version__ as specgen_version
+        specgen_version = __version__
     return {
         "specgen": specgen_version,
         "llama_cpp_python": info.get("llama_cpp_python"),
@@ -161,14 +162,14 @@ def build_record(
 
     `target_cfg`/`draft_cfg` are `EngineConfig`s; `draft` is a path or `ngram`.
     """
-    from specgen.llamacpp import default_threads
+    from specgen import llamacpp
 
     draft_rec: dict[str, Any]
     if isinstance(draft, Path) or (isinstance(draft, str) and draft not in ("ngram", "none")):
         draft_rec = model_record(Path(draft), draft_cfg.n_gpu_layers)
     else:
         draft_rec = {"file": str(draft), "sha256": None, "n_gpu_layers": 0}
-    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else default_threads()
+    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else llamacpp.default_threads()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "target": model_record(Path(target_path), target_cfg.n_gpu_layers),

@@ -3,6 +3,8 @@ tables with a paragraph describing the record, and the optional matplotlib plot.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -130,8 +132,6 @@ PLOT_MISSING = (
 
 def check_plot_available() -> None:
     """Raises ConfigError (one line) when matplotlib is not installed."""
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(PLOT_MISSING)
 
@@ -181,8 +181,6 @@ def write_plot(result: BenchResult, path: Path) -> None:
     ax.set_title("acceptance by position")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)

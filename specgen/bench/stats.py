@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from specgen.controller import expected_tokens
+
 # -- statistics (pure) ----------------------------------------------------------------------
 
 
@@ -66,8 +68,6 @@ def theoretical_speedup(
             bookkeeping) as a function of m.
         ordinary_token_s: seconds per token of ordinary decoding.
     """
-    from specgen.controller import expected_tokens
-
     if not block_sizes:
         return float("nan")
     tokens = sum(expected_tokens(alpha_by_pos, m) for m in block_sizes)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from typing import Annotated
 
 import typer
 
 from specgen.cli import bench, models, run, verify
 from specgen.errors import SpecgenError
+from specgen.ui import output
 
 # Usage errors (bad flag, missing value): Typer vendors Click since 0.2x and its usage errors
 # derive from the public `typer.TyperException`; older Typer raises the click package's own.
@@ -42,7 +42,7 @@ def _version(value: bool) -> None:
         bindings = f" (llama-cpp-python {version('llama_cpp_python')})"
     except PackageNotFoundError:
         bindings = ""
-    sys.stdout.write(f"specgen {__version__}{bindings}\n")
+    output.write_line(f"specgen {__version__}{bindings}")
     raise typer.Exit(0)
 
 
@@ -64,9 +64,10 @@ for _module in (run, models, bench, verify):
     _module.register(app)
 
 
-def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"specgen: error: {message}\n")
-    sys.stderr.flush()
+def _fail(message: str, code: int, debug: bool = False) -> int:
+    if debug:
+        output.debug_traceback()
+    output.error(message)
     return code
 
 
@@ -88,9 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, standalone_mode=False)
     except SpecgenError as e:
-        if debug:
-            traceback.print_exc()
-        code = _fail(str(e), e.exit_code)
+        code = _fail(str(e), e.exit_code, debug)
     except typer.Abort:
         code = 130
     except KeyboardInterrupt:
@@ -98,13 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     except _USAGE_ERRORS as e:
         code = _show_usage_error(e)
     except OSError as e:
-        if debug:
-            traceback.print_exc()
-        code = _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1)
+        code = _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1, debug)
     except Exception as e:  # noqa: BLE001 - the one place that turns bugs into a line
-        if debug:
-            traceback.print_exc()
         code = _fail(
-            f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)", 1
+            f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)",
+            1,
+            debug,
         )
     sys.exit(code if isinstance(code, int) else 0)

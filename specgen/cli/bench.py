@@ -1,8 +1,10 @@
 """`specgen bench`: the Typer command. Measurement lives in `specgen.bench`, the progress bar
-in `specgen.ui.progress`, the tables in `specgen.ui.reports`."""
+in `specgen.ui.progress`, the tables in `specgen.ui.reports`; all three (numpy, llama.cpp)
+are imported inside the command so that `specgen --help` and the other commands start fast."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +30,10 @@ from specgen.cli.options import (
     check_sampling_flags,
     seed_or_random,
 )
+from specgen.errors import ConfigError
+from specgen.events import Prefilled
+from specgen.models.resolve import DRAFT_NONE, resolve_models
+from specgen.ui import output
 
 EPILOG = (
     "Examples:\n\n"
@@ -108,16 +114,12 @@ def bench(
 def run_bench_command(**a: Any) -> None:
     """Validate everything cheap first, load and measure with a progress bar, then
     write the outputs and print the table."""
-    import dataclasses
-
     from specgen import bench
-    from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
-    from specgen.models.resolve import resolve_models
-    from specgen.session import DRAFT_NONE, ModelSpec, load_notes
-    from specgen.ui import output, reports
+    from specgen.session import ModelSpec, load_notes
+    from specgen.ui import reports
 
-    set_verbose(a["verbose"])
+    set_verbose(a["verbose"], output.log)
     if a["draft"] == DRAFT_NONE:
         raise ConfigError(
             "bench compares ordinary with speculative decoding: give a draft model or"
@@ -154,8 +156,7 @@ def run_bench_command(**a: Any) -> None:
     settings.params(settings.temps[0])  # validates top-p / min-p now
     prompts = bench.load_prompts(a["prompts"])
 
-    err = output.console(stderr=True)
-    with err.status("preparing models") as spinner:
+    with output.spinner("preparing models") as spinner:
         target, draft, pair_k = resolve_models(
             a["target"], a["draft"], a["pair"], a["models"], lambda m: spinner.update(m)
         )
@@ -175,7 +176,7 @@ def run_bench_command(**a: Any) -> None:
             max_tokens=settings.n_tokens, command="bench",
         )  # fmt: skip
     try:
-        result = _measure(err, bench, spec, prompts, settings, a["draft_p_min"], writer)
+        result = _measure(bench, spec, prompts, settings, a["draft_p_min"], writer)
     finally:
         if writer is not None:
             writer.close()
@@ -187,7 +188,9 @@ def run_bench_command(**a: Any) -> None:
         bench.write_markdown(result, a["markdown_path"])
     if a["plot_path"] is not None:
         bench.write_plot(result, a["plot_path"])
-    reports.print_bench(result, err)
+    tables, notes = reports.render_bench(result)
+    output.show(*tables, width_when_piped=130)  # a file or pipe: room for the whole table
+    output.note(*notes)
 
 
 def _give_vocab(writer):
@@ -200,7 +203,6 @@ def _trace_hook(writer, settings):
     """bench's on_event seam -> one trace generation per measured run."""
     if writer is None:
         return None
-    from specgen.events import Prefilled
 
     def on_event(info, event) -> None:
         if isinstance(event, Prefilled):
@@ -213,9 +215,10 @@ def _trace_hook(writer, settings):
     return on_event
 
 
-def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
+def _measure(bench, spec, prompts, settings, draft_p_min, writer=None):
     from specgen.ui.progress import bench_progress
 
+    err = output.err_console()
     with bench_progress(err) as (on_progress, on_status):
         result = bench.bench(
             spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status,
@@ -224,5 +227,5 @@ def _measure(err, bench, spec, prompts, settings, draft_p_min, writer=None):
         )  # fmt: skip
     if not err.is_terminal:
         n = len(result.runs)
-        err.print(f"measured {n} generations", highlight=False)
+        output.status_line(f"measured {n} generations")
     return result

@@ -1,16 +1,20 @@
-"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py."""
+"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py.
+
+hub.py (numpy through models/gguf.py), the progress bars and the report tables are imported
+inside the commands, so that `specgen --help` and the other commands start fast."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 
 from specgen.cli.options import JsonOpt, ModelsOpt
 from specgen.errors import ConfigError, NetworkError
+from specgen.models.demo import ensure_demo_model
 from specgen.models.registry import ModelEntry, Registry, load_registry
 from specgen.models.resolve import checksum_failure, local_paths
+from specgen.ui import output
 
 DOWNLOAD_EPILOG = (
     "Examples:\n\n"
@@ -48,7 +52,6 @@ def download(
 ) -> None:
     """Download a pair or a model into the Hugging Face cache (resumable)."""
     from specgen.models import hub as dl
-    from specgen.ui import output
     from specgen.ui.progress import download_bars
     from specgen.ui.reports import human_bytes
 
@@ -56,35 +59,32 @@ def download(
     entries = reg.models_for(name)
     if revision and len(entries) > 1:
         raise ConfigError(f"--revision applies to one model; {name!r} is a pair: name a model")
-    err = output.console(stderr=True)
     unreachable: NetworkError | None = None  # a dry run offline says what it knows first
     for entry in entries:
         if entry.embedded:
             if dry_run:
-                typer.echo(f"{entry.name}: embedded demo model, built locally (no download)")
+                output.write_line(f"{entry.name}: embedded demo model, built locally (no download)")
                 continue
-            from specgen.models.demo import ensure_demo_model
-
-            path = ensure_demo_model(entry.name, status=err.print)
-            typer.echo(f"{entry.name}\t{path}")
+            path = ensure_demo_model(entry.name, status=output.status_line)
+            output.write_line(f"{entry.name}\t{path}")
         elif dry_run:
             try:
                 plans = dl.plan_download(entry, revision)
             except NetworkError as e:
                 # what the registry knows needs no network; the Hub's answer does
                 size = f"~{entry.size_gb:g} GB" if entry.size_gb else "size unknown"
-                typer.echo(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
+                output.write_line(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
                 unreachable = unreachable or e
                 continue
             for plan in plans:
                 what = "cached" if plan.cached else "to download"
-                typer.echo(
+                output.write_line(
                     f"{entry.name}\t{entry.repo}/{plan.filename}\t{human_bytes(plan.size_bytes)}\t{what}"
                 )
         else:
-            with download_bars(err) as hook:
+            with download_bars(output.err_console()) as hook:
                 result = dl.download_model(entry, revision=revision, force=force, progress=hook)
-            typer.echo(f"{entry.name}\t{result.path}")
+            output.write_line(f"{entry.name}\t{result.path}")
     if unreachable is not None:
         raise unreachable
 
@@ -98,16 +98,13 @@ def models(
     rows = model_rows(reg)
     pairs = pair_rows(reg, rows)
     if json_out:
-        typer.echo(
-            json.dumps(
-                {"pairs": pairs, "models": rows, "sources": [str(s) for s in reg.sources]},
-                ensure_ascii=False,
-            )
+        output.write_json(
+            {"pairs": pairs, "models": rows, "sources": [str(s) for s in reg.sources]}
         )
         return
-    from specgen.ui import output, reports
+    from specgen.ui import reports
 
-    output.console(soft_wrap=False).print(*reports.render_model_tables(pairs, rows))
+    output.show(*reports.render_model_tables(pairs, rows))
 
 
 def model_rows(reg: Registry) -> list[dict[str, Any]]:

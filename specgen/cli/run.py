@@ -1,14 +1,12 @@
 """`specgen run`: the Typer command, and below it what the command does: resolve the models,
 load them, drive the loop, and write plain text, JSON or the live view.
 
-The model-side modules are imported inside the functions so that `specgen --help` and the
-other commands start without loading llama.cpp.
+The model-side modules (numpy, llama.cpp) and the live view are imported inside the functions
+so that `specgen --help` and the other commands start without loading them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,9 @@ from specgen.cli.options import (
     seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
+from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Step
+from specgen.models.resolve import DRAFT_NONE, resolve_models
+from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.sampling import SamplingParams
@@ -186,7 +187,7 @@ def run(
             stop=tuple(stop or ()),
             ignore_eos=ignore_eos,
             json_out=json_out,
-            live=not (no_live or json_out) and sys.stdout.isatty(),
+            live=not (no_live or json_out) and output.stdout_is_terminal(),
             show_rejected=show_rejected,
             n_gpu_layers=n_gpu_layers,
             n_gpu_layers_draft=n_gpu_layers_draft,
@@ -206,7 +207,7 @@ def execute(a: RunArgs) -> int:
     from specgen.sampling import SamplingParams
     from specgen.session import make_policy, parse_draft_max
 
-    set_verbose(a.verbose)
+    set_verbose(a.verbose, output.log)
     if not a.prompt:
         raise PromptError("the prompt is empty")
     seed = seed_or_random(a.seed)  # a caller of execute() may leave it None
@@ -214,9 +215,8 @@ def execute(a: RunArgs) -> int:
     draft_max = parse_draft_max(a.draft_max)
     if a.live:
         from specgen.ui import live as view
-        from specgen.ui import output
 
-        err = output.console(stderr=True)
+        err = output.err_console()
         with view.loading_status(err, "preparing models", "models ready") as spinner:
             loaded, pair_k, loaded_notes = _load(a, params, lambda msg: spinner.update(msg))
     else:
@@ -284,7 +284,6 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
 
 
 def _load(a: RunArgs, params: SamplingParams, status):
-    from specgen.models.resolve import resolve_models
     from specgen.session import ModelSpec, load, load_notes
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
@@ -297,9 +296,7 @@ def _load(a: RunArgs, params: SamplingParams, status):
 
 def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
     from specgen.llamacpp import backend
-    from specgen.session import DRAFT_NONE
     from specgen.ui import live as view
-    from specgen.ui import output
 
     state = view.ViewState(
         target_name,
@@ -318,16 +315,13 @@ def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) ->
 
 
 def _run_plain(events) -> int:
-    from specgen.events import Done, Step
-
     # UTF-8 bytes whatever the console encoding; flushed per round so pipes stream.
-    out = sys.stdout.buffer
     done: Done | None = None
     written = 0
     last = ""
     # a terminal gets a final newline so the prompt after it starts on its own line;
     # a pipe or file gets the text byte for byte
-    end_line = sys.stdout.isatty()
+    end_line = output.stdout_is_terminal()
     try:
         for ev in events:
             text = ev.text if isinstance(ev, Step) else ""
@@ -335,29 +329,25 @@ def _run_plain(events) -> int:
                 done = ev
                 text = ev.text[written:]  # text released only at the end (held bytes)
             if text:
-                out.write(text.encode("utf-8"))
-                out.flush()
+                output.write_text(text)
                 written += len(text)
                 last = text[-1]
     except KeyboardInterrupt:
         events.close()
         if end_line and last != "\n":
-            out.write(b"\n")
+            output.write_text("\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # the reader went away (`| head`): stop generating and exit quietly; stdout goes
-        # to /dev/null so the interpreter's final flush does not complain
+        # the reader went away (`| head`): stop generating and exit quietly
         events.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        output.discard_stdout()
         return 0
     if end_line and written and last != "\n":
-        out.write(b"\n")
-        out.flush()
+        output.write_text("\n")
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
 
 def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
-    from specgen.events import ACCEPTANCE_HOW, Done, Prefilled
     from specgen.llamacpp import backend
 
     done: Done | None = None
@@ -384,6 +374,5 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
         obj["controller"] = policy.summary()
     del prefilled
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0

@@ -1,10 +1,9 @@
 """`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace.py,
-rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr."""
+rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr. The model side
+(numpy, llama.cpp) is imported inside the commands so that `specgen --help` starts fast."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +24,9 @@ from specgen.cli.options import (
     check_sampling_flags,
     seed_or_random,
 )
+from specgen.errors import ConfigError
+from specgen.models.resolve import resolve_models
+from specgen.ui import output
 
 VERIFY_EPILOG = (
     "Examples:\n\n"
@@ -114,25 +116,21 @@ def summarize(
 
     s = summarize_trace(file, top=top)
     if json_out:
-        sys.stdout.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
+        output.write_json(s.to_dict())
         return
-    from specgen.ui import output, reports
+    from specgen.ui import reports
 
-    console = output.console()
-    for renderable in reports.render_trace_summary(s):
-        console.print(renderable)
+    output.show(*reports.render_trace_summary(s))
 
 
 def _verify(
     target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
     seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose,
 ) -> int:  # fmt: skip
-    from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
-    from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
     from specgen.session import ModelSpec, load, load_notes
-    from specgen.ui import output, reports
+    from specgen.ui import reports
     from specgen.verify import VerifyConfig, drafter_factory, verify
 
     if check not in ("all", "greedy", "sampling"):
@@ -143,7 +141,7 @@ def _verify(
     )  # fmt: skip
     check_sampling_flags(temp=temp)
     seed = seed_or_random(seed)
-    set_verbose(verbose)
+    set_verbose(verbose, output.log)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     extra: dict[str, Any] = {}
     if prompts:
@@ -154,8 +152,7 @@ def _verify(
         alpha=alpha, greedy=check in ("all", "greedy"), sampling=check in ("all", "sampling"),
         **extra,
     )  # fmt: skip
-    err = output.console(stderr=True)
-    with err.status("preparing models") as spinner:
+    with output.spinner("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
         spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
         loaded = load(spec, params, status=spinner.update)
@@ -163,14 +160,12 @@ def _verify(
         for note in load_notes(spec, loaded):
             output.notice(note)
         make = drafter_factory(loaded.drafter)
-        with err.status("verifying") as spinner:
+        with output.spinner("verifying") as spinner:
             report = verify(loaded.target, make, config, loaded.draft_name, spinner.update)
     finally:
         loaded.close()
     if json_out:
-        sys.stdout.write(json.dumps(report.to_dict(), ensure_ascii=False) + "\n")
+        output.write_json(report.to_dict())
     else:
-        console = output.console()
-        for renderable in reports.render_verify_report(report):
-            console.print(renderable)
+        output.show(*reports.render_verify_report(report))
     return 0 if report.passed else 1

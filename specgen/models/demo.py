@@ -11,6 +11,9 @@
 Files live in :func:`cache_dir` and are written atomically (temporary file in the same
 directory, then rename), so an interrupted run never leaves a partial model behind. Nothing
 here prints: pass ``status`` to receive one-line progress messages.
+
+models/gguf.py (numpy, the ``gguf`` package) is imported only when a file is derived: the CLI
+imports this module at start-up through models/resolve.py.
 """
 
 from __future__ import annotations

@@ -17,10 +17,14 @@ never leaves a partial file there.
 Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, the row length);
 ``tensor.data`` and ``gguf.quants.dequantize`` use numpy order (row length last).
 ``GGUFWriter.add_tensor_info`` takes numpy order (it reverses when writing).
+
+The ``gguf`` package is imported inside the functions that parse or write a file: llamacpp.py
+and models/hub.py import this module for :func:`read_magic` alone.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -128,8 +132,6 @@ def header_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
         ModelFileError: not a GGUF file, or the header is cut short.
         OSError: the file cannot be read.
     """
-    import struct
-
     from gguf import GGUFValueType as T
 
     want = set(keys)

@@ -11,6 +11,10 @@ one thing: it appends to ``blobs/<etag>.incomplete`` with HTTP Range requests an
 to ``blobs/<etag>`` only when complete, so the path a model is loaded from never holds a
 partial file; ``hf_hub_download`` then links the finished blob into its snapshot.
 ``tests/test_download.py::test_upstream_*`` fail when upstream changes what this relies on.
+
+huggingface_hub (and its HTTP client) is imported inside the functions that use it: importing
+it costs about 150 ms, and `specgen models` and registry lookups import this module for the
+cache paths and checksums alone (``test_registry_modules_import_nothing_heavy``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError, NetworkError
+from specgen.fileio import atomic_write
+from specgen.models.demo import cache_dir
 from specgen.models.gguf import GGUF_MAGIC, read_magic
 
 if TYPE_CHECKING:
@@ -230,8 +236,6 @@ def checksum_failure(entry: ModelEntry, paths: list[Path]) -> str | None:
 
 
 def _failures_file() -> Path:
-    from specgen.models.demo import cache_dir
-
     return cache_dir() / "checksum-failures.json"
 
 
@@ -264,7 +268,6 @@ def _recorded_failure(path: Path) -> str | None:
 
 def _remember_checksum(path: Path, failed_digest: str | None) -> None:
     """Record (``failed_digest``) or forget (None) a failed SHA-256 check of ``path``."""
-    from specgen.fileio import atomic_write
 
     key, stamp = _file_key(path)
     failures = {k: v for k, v in _read_failures().items() if Path(k).exists()}

@@ -4,6 +4,9 @@ Files are merged in this order, later names replacing earlier ones whole:
 the packaged ``models.yaml`` (at the repository's top level; the package reads it through
 the link ``specgen/models/models.yaml``) < the user file (``$SPECGEN_HOME/models.yaml``, else
 ``~/.config/specgen/models.yaml``) < ``--models FILE``.
+
+PyYAML is imported when a file is parsed, not with this module: the CLI imports the registry
+at start-up (``test_registry_modules_import_nothing_heavy``).
 """
 
 from __future__ import annotations

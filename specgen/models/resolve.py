@@ -9,7 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from specgen.errors import ConfigError, ModelFileError
+from specgen.models.demo import DEMO_MODELS, cache_dir, ensure_demo_model, ensure_demo_pair
 from specgen.models.registry import ModelEntry, Registry, load_registry
+
+# models/hub.py is imported inside the functions that look up a download: it reads GGUF
+# headers with numpy, which `specgen --help` and `specgen run -m FILE` need not load.
+
+#: the --draft values that name no model: ordinary decoding, and the model-free drafter
+DRAFT_NONE = "none"
+DRAFT_NGRAM = "ngram"
 
 
 def resolve_model(reg: Registry, name_or_path: str) -> Path:
@@ -38,8 +46,6 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
             f"{name_or_path}: no such file or registry name (see `specgen models`)"
         )
     if entry.embedded:
-        from specgen.models.demo import ensure_demo_model
-
         return ensure_demo_model(entry.name)
     from specgen.models.hub import checksum_failure, find_cached
 
@@ -86,16 +92,12 @@ def resolve_models(
     Raises:
         ConfigError: unknown or not-downloaded names, or --pair mixed with --target.
     """
-    from specgen.session import DRAFT_NGRAM, DRAFT_NONE
-
     if pair is not None:
         if target is not None:
             raise ConfigError("--pair cannot be combined with --target")
         t, d, k = resolve_pair(load_registry(models), pair)
         return t, (draft if draft in (DRAFT_NONE, DRAFT_NGRAM) else d), k
     if target is None:
-        from specgen.models.demo import ensure_demo_pair
-
         t, d = ensure_demo_pair(status=status)  # prepared once, then cached
         if draft is None:
             return t, d, None
@@ -106,8 +108,6 @@ def resolve_models(
 
 
 def _resolve_one(name: str, models: Path | None) -> Path | str:
-    from specgen.session import DRAFT_NGRAM, DRAFT_NONE
-
     if name in (DRAFT_NONE, DRAFT_NGRAM):
         return name
     return resolve_model(load_registry(models), name)
@@ -123,10 +123,6 @@ def checksum_failure(m: ModelEntry, paths: list[Path]) -> str | None:
 def local_paths(m: ModelEntry) -> list[Path] | None:
     """The files of ``m`` already on disk (built demo file or cached download), else None."""
     if m.embedded:
-        try:
-            from specgen.models.demo import DEMO_MODELS, cache_dir
-        except ImportError:
-            return None
         path = cache_dir() / DEMO_MODELS.get(m.name, "")
         return [path] if path.is_file() else None
     from specgen.models.hub import find_cached

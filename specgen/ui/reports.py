@@ -1,15 +1,16 @@
-"""Every report table, built from results (pure: data in, Rich renderables out), and the
-printing of `specgen bench`'s result."""
+"""Every report, built from results (pure: data in, Rich renderables out); `specgen.ui.output`
+prints them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from specgen import bench
 from specgen.bench.results import BenchResult, Latency
 from specgen.events import ACCEPTANCE_HOW
 
@@ -30,8 +31,6 @@ def _slow(x: float | None) -> bool:
 
 def render_bench_table(result: BenchResult) -> Table:
     """Speed per configuration: throughput, speedup with its interval, acceptance, bound."""
-    from specgen import bench
-
     t = Table(
         title="speculative vs ordinary decoding",
         title_justify="left",
@@ -93,8 +92,6 @@ def _lat(lat: Latency) -> str:
 
 def render_bench_kinds(result: BenchResult) -> Table:
     """Speedup (acceptance) by prompt kind, one column per configuration."""
-    from specgen import bench
-
     t = Table(title="speedup by prompt kind (acceptance)", title_justify="left")
     t.add_column("kind")
     for c in result.configs:
@@ -113,38 +110,37 @@ def render_bench_kinds(result: BenchResult) -> Table:
     return t
 
 
-def print_bench(result: BenchResult, err: Console) -> None:
-    """Print `specgen bench`'s tables on stdout and its notes and record on `err` (stderr)."""
-    from specgen import bench
-
-    out = Console()
-    if not out.is_terminal:  # a file or pipe: room for the whole table
-        out = Console(width=130)
-    out.print(render_bench_table(result))
-    out.print(render_bench_costs(result))
-    out.print(render_bench_kinds(result))
-    for a in result.auto_vs_best:
-        out.print(bench.auto_vs_best_text(a), highlight=False)
-    for w in result.warnings:
-        err.print(f"[yellow]note:[/] {w}", highlight=False)
+def render_bench(result: BenchResult) -> tuple[list[RenderableType], list[RenderableType]]:
+    """`specgen bench`'s report (pure): the tables and the auto-against-best lines for
+    stdout, then the notes, the comparison and the record for stderr."""
+    out: list[RenderableType] = [
+        render_bench_table(result),
+        render_bench_costs(result),
+        render_bench_kinds(result),
+    ]
+    out += [Text(bench.auto_vs_best_text(a)) for a in result.auto_vs_best]
+    err: list[RenderableType] = [Text.from_markup(f"[yellow]note:[/] {w}") for w in result.warnings]
     if result.compared is not None:
         c = result.compared
         if c.comparable:
-            err.print(f"same record as {c.file}: the runs are comparable", highlight=False)
+            err.append(Text(f"same record as {c.file}: the runs are comparable"))
         else:
-            err.print(
-                f"[yellow]not comparable with {c.file}:[/] the record differs in "
-                + "; ".join(c.differences[:8])
-                + (" …" if len(c.differences) > 8 else ""),
-                highlight=False,
+            err.append(
+                Text.from_markup(
+                    f"[yellow]not comparable with {c.file}:[/] the record differs in "
+                    + "; ".join(c.differences[:8])
+                    + (" …" if len(c.differences) > 8 else "")
+                )
             )
         for row in c.speedups:
-            err.print(
-                f"  temp {row.temp:g} K {row.draft_max}: speedup {_fmt(row.before, '.2f')}×"
-                f" -> {_fmt(row.now, '.2f')}×",
-                highlight=False,
+            err.append(
+                Text(
+                    f"  temp {row.temp:g} K {row.draft_max}: speedup {_fmt(row.before, '.2f')}×"
+                    f" -> {_fmt(row.now, '.2f')}×"
+                )
             )
-    err.print(bench.describe_record(result.record), style="dim", highlight=False)
+    err.append(Text(bench.describe_record(result.record), style="dim"))
+    return out, err
 
 
 # -- specgen verify and specgen trace summarize ----------------------------------------------
