@@ -17,6 +17,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -379,7 +380,7 @@ class _Ggml:
         lib = llama_cpp.llama_cpp._lib
         p, s, n = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 
-        def fn(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+        def fn(name: str, restype: object, *argtypes: object) -> Any:
             f = getattr(lib, name)
             f.restype = restype
             f.argtypes = list(argtypes)
@@ -607,7 +608,8 @@ def _offload_devices(config: EngineConfig) -> tuple[ctypes.Array | None, tuple[s
     always holds what is not offloaded (and the input embeddings).
     """
     g = _ggml()
-    gpus, remote = [], []
+    gpus: list[int] = []
+    remote: list[int] = []
     for i in range(g.dev_count()):
         dev = g.dev_get(i)
         if g.dev_type(dev) not in (_DEV_TYPE_GPU, _DEV_TYPE_IGPU):
