@@ -12,7 +12,7 @@ from specgen.compat import check_compatible
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
 from specgen.generate import FixedK, KPolicy
-from specgen.llamacpp import EngineConfig, LlamaEngine
+from specgen.llamacpp import EngineConfig, LlamaEngine, add_rpc_servers, parse_rpc_endpoints
 from specgen.sampling import SamplingParams
 
 DRAFT_NONE = "none"
@@ -27,12 +27,14 @@ class ModelSpec:
         target: path (or registry name, resolved before this point).
         draft: path, `none` (ordinary decoding) or `ngram` (prompt lookup).
         target_cfg, draft_cfg: llama.cpp settings for each model (-ngl / -ngld, -t, -c).
+        rpc: ggml-rpc-server endpoints (``--rpc``), registered before the models load.
     """
 
     target: Path
     draft: Path | str
     target_cfg: EngineConfig
     draft_cfg: EngineConfig
+    rpc: tuple[str, ...] = ()
 
     @classmethod
     def from_flags(
@@ -43,15 +45,23 @@ class ModelSpec:
         n_gpu_layers: int,
         n_gpu_layers_draft: int,
         n_threads: int,
+        rpc: str | None = None,
     ) -> ModelSpec:
         """The spec the shared flags describe: -c and -t for both models, -ngl for the
-        target, -ngld for the draft."""
+        target, -ngld for the draft, `--rpc` servers for the target only (the draft's
+        layers stay on this machine: it runs K times per round and must not pay a network
+        round trip each time).
+
+        Raises:
+            ConfigError: `rpc` is not a HOST:PORT list.
+        """
         return cls(
+            rpc=parse_rpc_endpoints(rpc) if rpc is not None else (),
             target=Path(target),
             draft=draft,
             target_cfg=EngineConfig(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads),
             draft_cfg=EngineConfig(
-                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads
+                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads, local_only=True
             ),
         )
 
@@ -85,8 +95,12 @@ def load(
     Raises:
         ModelFileError, ModelLoadError: a model cannot be opened.
         VocabMismatchError: the draft's tokenizer differs (llama.cpp's rules).
+        RpcError: an RPC server cannot be used, or this build has no RPC support.
     """
     say = status or (lambda _msg: None)
+    if spec.rpc:
+        say(f"connecting to RPC server {', '.join(spec.rpc)}")
+        add_rpc_servers(spec.rpc)
     say(f"loading target {spec.target.name}")
     target = LlamaEngine(spec.target, spec.target_cfg)
     try:

@@ -28,6 +28,7 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RpcOpt,
     SeedOpt,
     TargetOpt,
     TempOpt,
@@ -71,6 +72,7 @@ class RunArgs:
     ctx_size: int
     verbose: bool
     trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
+    rpc: str | None = None  # --rpc HOST:PORT[,...]
 
 
 EPILOG = (
@@ -123,6 +125,7 @@ def run(
     ] = False,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
@@ -157,6 +160,7 @@ def run(
             ctx_size=ctx_size,
             verbose=verbose,
             trace=trace,
+            rpc=rpc,
         )
     )
     raise typer.Exit(code)
@@ -234,7 +238,13 @@ def _load(a: RunArgs, params: SamplingParams, status):
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec.from_flags(
-        target_path, draft_path, a.ctx_size, a.n_gpu_layers, a.n_gpu_layers_draft, a.threads
+        target_path,
+        draft_path,
+        a.ctx_size,
+        a.n_gpu_layers,
+        a.n_gpu_layers_draft,
+        a.threads,
+        a.rpc,
     )
     return load(spec, params, draft_p_min=a.draft_p_min, status=status), pair_k
 

@@ -18,6 +18,7 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RpcOpt,
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
@@ -79,6 +80,7 @@ def verify(
     json_out: JsonOpt = False,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 1024,
     verbose: VerboseOpt = False,
@@ -96,7 +98,7 @@ def verify(
     code = _verify(
         target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
         min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
-        threads, ctx_size, verbose,
+        threads, ctx_size, verbose, rpc,
     )  # fmt: skip
     raise typer.Exit(code)
 
@@ -122,7 +124,7 @@ def summarize(
 
 def _verify(
     target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
-    seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose,
+    seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose, rpc=None,
 ) -> int:  # fmt: skip
     from specgen.errors import ConfigError
     from specgen.llamacpp import set_verbose
@@ -148,7 +150,7 @@ def _verify(
     err = output.console(stderr=True)
     with err.status("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
-        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
+        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads, rpc)
         loaded = load(spec, params, status=spinner.update)
     try:
         make = drafter_factory(loaded.drafter)
