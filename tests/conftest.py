@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -164,24 +165,33 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 10.0) -
     pytest.fail(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
 
 
+@dataclass
+class RpcServer:
+    """A running ggml-rpc-server: its endpoint, process and log file (stdout and stderr)."""
+
+    endpoint: str
+    proc: subprocess.Popen
+    log: Path
+
+
 @pytest.fixture
-def rpc_server() -> Iterator[tuple[str, subprocess.Popen]]:
-    """``(endpoint, process)``: a fresh ggml-rpc-server on 127.0.0.1 (one per test: a server
-    serves one client at a time, and a process cannot unregister a dead server)."""
+def rpc_server(tmp_path: Path) -> Iterator[RpcServer]:
+    """A fresh ggml-rpc-server on 127.0.0.1 (one per test: a server serves one client at
+    a time, and a process cannot unregister a dead server)."""
     binary = os.environ.get("SPECGEN_RPC_SERVER") or str(
         Path(sys.executable).parent / "ggml-rpc-server"
     )
     if not Path(binary).exists():
         pytest.skip(f"no ggml-rpc-server at {binary}: run `make test-rpc`")
     port = free_port()
-    proc = subprocess.Popen(
-        [binary, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "rpc-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_listening(port, proc)
-        yield f"127.0.0.1:{port}", proc
+        yield RpcServer(f"127.0.0.1:{port}", proc, log)
     finally:
         proc.kill()
         proc.wait()

@@ -26,6 +26,7 @@ import pytest
 from specgen import llamacpp
 from specgen.errors import ConfigError, RpcError
 from tests.conftest import free_port
+from tests.test_run_models import assert_same_or_near_tie
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,12 +103,36 @@ def test_something_that_is_not_an_rpc_server_is_refused(http_server):
         llamacpp.probe_rpc_server(http_server)
 
 
+REBUILD = (
+    'CMAKE_ARGS="-DGGML_RPC=on" .venv/bin/pip install --force-reinstall --no-cache-dir'
+    " llama-cpp-python==0.3.36"
+)
+
+
+def specgen(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specgen", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def assert_one_error_line(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specgen: error: "), r.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
 @pytest.mark.skipif(llamacpp.rpc_supported(), reason="this build has RPC")
-def test_without_rpc_support_the_refusal_gives_the_rebuild_command():
-    with pytest.raises(RpcError) as e:
-        llamacpp.add_rpc_servers(["127.0.0.1:50052"])
-    assert 'CMAKE_ARGS="-DGGML_RPC=on" .venv/bin/pip install --force-reinstall' in str(e.value)
-    assert "llama-cpp-python==0.3.36" in str(e.value)
+def test_rpc_without_rpc_support_gives_the_rebuild_command(tiny_target):
+    r = specgen("run", "--rpc", "127.0.0.1:50052", "-ngl", "99", "-m", str(tiny_target),
+                "-md", "none", "-n", "4", "the cat")  # fmt: skip
+    assert_one_error_line(r, REBUILD)
+    assert r.stdout == ""
 
 
 # --- the delay relay ---------------------------------------------------------------------------
@@ -191,7 +216,7 @@ print(json.dumps({"local": local, "remote": greedy(remote), "draft": greedy(draf
 
 @pytest.mark.rpc
 def test_target_on_the_rpc_device_decodes_like_local(rpc_server, tiny_target):
-    endpoint, _ = rpc_server
+    endpoint = rpc_server.endpoint
     r = subprocess.run(
         [sys.executable, "-c", ENGINE_SCRIPT, str(tiny_target), endpoint, "24"],
         capture_output=True,
@@ -205,3 +230,109 @@ def test_target_on_the_rpc_device_decodes_like_local(rpc_server, tiny_target):
     assert out["draft_devices"] == ["CPU"]
     # same llama.cpp build, same CPU kernels on both sides: bit-identical greedy paths
     assert out["remote"] == out["local"] == out["draft"]
+
+
+# --- the commands with --rpc (make test-rpc) ---------------------------------------------------
+
+GREEDY = ["-n", "40", "--temp", "0", "--ignore-eos", "-c", "256", "-t", "1"]
+PROMPT = "the cat on"
+
+
+def run_json(*args: str) -> tuple[dict, str]:
+    r = specgen("run", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+@pytest.mark.rpc
+@pytest.mark.parametrize("draft", ["none", "draft"])
+def test_greedy_output_with_the_target_remote_equals_local(
+    rpc_server, tiny_target, tiny_draft, draft
+):
+    md = str(tiny_draft) if draft == "draft" else "none"
+    local, _ = run_json("-m", str(tiny_target), "-md", "none", *GREEDY, PROMPT)
+    remote, log = run_json(
+        "--rpc", rpc_server.endpoint, "-ngl", "99", "--verbose", "-m", str(tiny_target),
+        "-md", md, "--draft-max", "4", *GREEDY, PROMPT,
+    )  # fmt: skip
+    # llama.cpp's own placement log: every target layer on the RPC device, the draft's on
+    # this machine's CPU
+    assert "layer   0 assigned to device RPC0" in log
+    assert "layer   1 assigned to device RPC0" in log
+    if draft == "draft":
+        assert "layer   0 assigned to device CPU" in log
+        assert remote["stats"]["n_drafted"] > 0
+    target = llamacpp.LlamaEngine(tiny_target, llamacpp.EngineConfig(n_ctx=256, n_threads=1))
+    try:
+        ids = target.tokenize(PROMPT.encode())
+        assert_same_or_near_tie(target, ids, local["tokens"], remote["tokens"])
+    finally:
+        target.close()
+
+
+@pytest.mark.rpc
+def test_verify_passes_with_the_target_remote_and_the_draft_local(
+    rpc_server, tiny_target, tiny_draft
+):
+    r = specgen("verify", "--rpc", rpc_server.endpoint, "-ngl", "99", "-m", str(tiny_target),
+                "-md", str(tiny_draft), "-t", "1", "--samples", "300", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    d = json.loads(r.stdout)
+    assert d["passed"] and d["sampling"]["samples"] == 300 and d["greedy"]
+
+
+@pytest.mark.rpc
+def test_bench_records_the_endpoints_and_each_models_devices(
+    rpc_server, tiny_target, tiny_draft, tmp_path
+):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat on\n", encoding="utf-8")
+    out = tmp_path / "bench.json"
+    r = specgen("bench", "--rpc", rpc_server.endpoint, "-ngl", "99", "-m", str(tiny_target),
+                "-md", str(tiny_draft), "-t", "1", "-c", "256", "--prompts", str(prompts),
+                "--draft-max", "4", "--runs", "1", "-n", "8", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    record = json.loads(out.read_text(encoding="utf-8"))["record"]
+    assert record["rpc"] == [rpc_server.endpoint]
+    assert record["target"]["devices"] == ["RPC0", "CPU"]
+    assert record["draft"]["devices"] == ["CPU"]
+
+
+@pytest.mark.rpc
+def test_an_unreachable_server_is_one_line_naming_it(tiny_target):
+    endpoint = f"127.0.0.1:{free_port()}"
+    r = specgen("run", "--rpc", endpoint, "-ngl", "99", "-m", str(tiny_target), "-md", "none",
+                "-n", "4", PROMPT)  # fmt: skip
+    assert_one_error_line(r, f"cannot reach RPC server {endpoint}", "refused")
+    assert r.stdout == ""
+
+
+@pytest.mark.rpc
+def test_a_server_killed_mid_generation_is_one_line_and_no_complete_output(rpc_server, tiny_target):
+    # 5 ms each way through the relay: every target pass takes >= 10 ms, so the 200-token
+    # generation is still running when the server is killed after its first output
+    relay = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "delay_relay.py"), "--to", rpc_server.endpoint,
+         "--delay-ms", "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        endpoint = relay.stdout.readline().split()[-1]
+        run = subprocess.Popen(
+            [sys.executable, "-m", "specgen", "run", "--no-live", "--rpc", endpoint, "-ngl",
+             "99", "-m", str(tiny_target), "-md", "none", "-n", "200", "--temp", "0",
+             "--ignore-eos", "-c", "256", "-t", "1", PROMPT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        first = run.stdout.read(1)  # generation has started
+        rpc_server.proc.kill()
+        rest, err = run.communicate(timeout=60)
+    finally:
+        relay.kill()
+        relay.wait()
+    assert first, err
+    r = subprocess.CompletedProcess(run.args, run.returncode, first + rest, err.decode())
+    assert_one_error_line(r, f"lost the connection to RPC server {endpoint}", "incomplete")
