@@ -523,6 +523,8 @@ def _on_ggml_abort(message: bytes) -> None:
         line = f"specgen: error: llama.cpp aborted: {text}"
     try:
         sys.stdout.flush()
+        if sys.stdout.isatty():  # the live view hides the cursor: give it back
+            os.write(1, b"\x1b[?25h\n")
     except Exception:  # noqa: BLE001 - exiting anyway
         pass
     os.write(2, (line + "\n").encode())
