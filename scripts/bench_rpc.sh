@@ -5,16 +5,17 @@
 #
 #   scripts/bench_rpc.sh [OUT_DIR]          (default: bench-rpc; needs `make test-rpc` first)
 #
-# Environment: DELAYS (one-way ms, default "0 1 5"), KS (default 8,auto), N (tokens per
-# generation, default 64), RUNS (default 2), THREADS (client and server, default 2),
-# VENV (default .venv-rpc).
+# Environment: DELAYS (one-way ms, default "0 1 5"), LOCAL (1: also bench without RPC, the
+# reference; default 1), KS (default 8,auto), N (tokens per generation, default 64), RUNS
+# (default 2), THREADS (client and server, default 2), VENV (default .venv-rpc).
 # Both processes share this machine's cores; the server waits passively
 # (OMP_WAIT_POLICY=passive) so its idle OpenMP threads do not spin on the cores the local
 # draft needs. On two real machines that question does not arise.
 set -euo pipefail
 
 OUT=${1:-bench-rpc}
-DELAYS=${DELAYS:-0 1 5}
+DELAYS=${DELAYS-0 1 5}
+LOCAL=${LOCAL:-1}
 KS=${KS:-8,auto}
 N=${N:-64}
 RUNS=${RUNS:-2}
@@ -42,31 +43,39 @@ cleanup() { kill $SERVER ${RELAY:+$RELAY} 2>/dev/null || true; }
 trap cleanup EXIT
 sleep 1
 
+COMMON=(-m "$TARGET" -md "$DRAFT" -t "$THREADS" -c 1024 --prompts "$OUT/prompts.txt"
+        --draft-max "$KS" --temp 0 --runs "$RUNS" -n "$N")
+if [ "$LOCAL" = 1 ]; then
+  echo "== local reference: no RPC"
+  "$VENV/bin/specgen" bench "${COMMON[@]}" --json "$OUT/local.json" --markdown "$OUT/local.md"
+fi
+
 for d in $DELAYS; do
   coproc RELAYPROC { exec "$PY" scripts/delay_relay.py --to "127.0.0.1:$PORT" --delay-ms "$d"; }
   RELAY=$RELAYPROC_PID
   read -r line <&"${RELAYPROC[0]}"
   endpoint=${line##* }
   echo "== one-way delay $d ms (relay $endpoint)"
-  "$VENV/bin/specgen" bench --rpc "$endpoint" -ngl 99 -m "$TARGET" -md "$DRAFT" \
-    -t "$THREADS" -c 1024 --prompts "$OUT/prompts.txt" --draft-max "$KS" --temp 0 \
-    --runs "$RUNS" -n "$N" --json "$OUT/delay-$d.json" --markdown "$OUT/delay-$d.md"
+  "$VENV/bin/specgen" bench --rpc "$endpoint" -ngl 99 "${COMMON[@]}" \
+    --json "$OUT/delay-$d.json" --markdown "$OUT/delay-$d.md"
   kill "$RELAY"
   wait "$RELAY" 2>/dev/null || true
   RELAY=
 done
 
 "$PY" - "$OUT" $DELAYS <<'EOF'
-import json, sys
+import json, os, sys
 out, delays = sys.argv[1], sys.argv[2:]
-print("| one-way delay | K | ordinary tokens/s | speculative tokens/s | speedup [95% CI] | acceptance |")
+runs = [("local", "no RPC")] if os.path.exists(f"{out}/local.json") else []
+runs += [(f"delay-{d}", f"{d} ms") for d in delays]
+print("| target, one-way delay | K | ordinary tokens/s | speculative tokens/s | speedup [95% CI] | acceptance |")
 print("|---:|---|---:|---:|---:|---:|")
-for d in delays:
-    res = json.load(open(f"{out}/delay-{d}.json"))
+for name, label in runs:
+    res = json.load(open(f"{out}/{name}.json"))
     for c in res["configs"]:
         o = c["overall"]
         lo, hi = o["speedup_ci95"]
-        print(f"| {d} ms | {c['draft_max']} | {o['ordinary']['tokens_per_s']:.1f} |"
+        print(f"| {label} | {c['draft_max']} | {o['ordinary']['tokens_per_s']:.1f} |"
               f" {o['speculative']['tokens_per_s']:.1f} | {o['speedup']:.2f}× [{lo:.2f}, {hi:.2f}] |"
               f" {o['acceptance_rate']:.0%} |")
 EOF

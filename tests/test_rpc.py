@@ -252,15 +252,18 @@ def test_greedy_output_with_the_target_remote_equals_local(
     md = str(tiny_draft) if draft == "draft" else "none"
     local, _ = run_json("-m", str(tiny_target), "-md", "none", *GREEDY, PROMPT)
     remote, log = run_json(
-        "--rpc", rpc_server.endpoint, "-ngl", "99", "--verbose", "-m", str(tiny_target),
-        "-md", md, "--draft-max", "4", *GREEDY, PROMPT,
+        "--rpc", rpc_server.endpoint, "-ngl", "99", "-ngld", "99", "--verbose",
+        "-m", str(tiny_target), "-md", md, "--draft-max", "4", *GREEDY, PROMPT,
     )  # fmt: skip
-    # llama.cpp's own placement log: every target layer on the RPC device, the draft's on
-    # this machine's CPU
-    assert "layer   0 assigned to device RPC0" in log
-    assert "layer   1 assigned to device RPC0" in log
+    # llama.cpp's own placement log, one section per model load: every target layer on the
+    # RPC device; the draft's, although -ngld 99 offloads them all, on this machine
+    loads = log.split("llama_model_loader: loaded meta data")[1:]
+    assert len(loads) == (2 if draft == "draft" else 1)
+    assert "layer   0 assigned to device RPC0" in loads[0]
+    assert "layer   1 assigned to device RPC0" in loads[0]
     if draft == "draft":
-        assert "layer   0 assigned to device CPU" in log
+        assert "layer   0 assigned to device CPU" in loads[1]
+        assert "assigned to device RPC0" not in loads[1]
         assert remote["stats"]["n_drafted"] > 0
     target = llamacpp.LlamaEngine(tiny_target, llamacpp.EngineConfig(n_ctx=256, n_threads=1))
     try:
