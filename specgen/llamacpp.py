@@ -559,7 +559,8 @@ def add_rpc_servers(endpoints: tuple[str, ...] | list[str]) -> tuple[Device, ...
             "--rpc needs llama-cpp-python built with llama.cpp's RPC backend; rebuild it"
             f" with: {REBUILD_WITH_RPC}"
         )
-    for endpoint in endpoints:
+    new = [e for e in endpoints if e not in _rpc_endpoints]
+    for endpoint in new:  # not a registered one: ggml holds its only client connection
         probe_rpc_server(endpoint)
     g = _ggml()
     g.set_abort_callback(ctypes.cast(_ABORT_CALLBACK_REF, ctypes.c_void_p))
@@ -568,9 +569,7 @@ def add_rpc_servers(endpoints: tuple[str, ...] | list[str]) -> tuple[Device, ...
     if not address:
         raise RpcError(f"this llama.cpp has no RPC registry; rebuild with: {REBUILD_WITH_RPC}")
     add_server = g.add_server_type(address)
-    for endpoint in endpoints:
-        if endpoint in _rpc_endpoints:
-            continue
+    for endpoint in new:
         _rpc_endpoints.append(endpoint)  # before connecting: an abort names it
         reg = add_server(endpoint.encode())
         if not reg:

@@ -209,6 +209,8 @@ local = greedy(LlamaEngine(path, EngineConfig(n_ctx=256)))
 llamacpp.add_rpc_servers([endpoint])
 remote = LlamaEngine(path, EngineConfig(n_ctx=256, n_gpu_layers=-1))
 draft = LlamaEngine(path, EngineConfig(n_ctx=256, n_gpu_layers=-1, local_only=True))
+# again: a no-op, not a probe (the server is busy with this process's connection)
+assert [d.name for d in llamacpp.add_rpc_servers([endpoint])] == ["CPU", "RPC0"]
 print(json.dumps({"local": local, "remote": greedy(remote), "draft": greedy(draft),
                   "target_devices": remote.devices, "draft_devices": draft.devices}))
 """
