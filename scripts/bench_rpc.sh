@@ -7,7 +7,9 @@
 #
 # Environment: DELAYS (one-way ms, default "0 1 5"), LOCAL (1: also bench without RPC, the
 # reference; default 1), KS (default 8,auto), N (tokens per generation, default 64), RUNS
-# (default 2), THREADS (client and server, default 2), VENV (default .venv-rpc).
+# (default 2), THREADS (client and server, default 2), NGL (target layers on the server,
+# default 99 = all and the output layer; 18 = Gemma 3 270M's blocks only, so the output
+# layer runs here and only hidden states cross the link), VENV (default .venv-rpc).
 # Both processes share this machine's cores; the server waits passively
 # (OMP_WAIT_POLICY=passive) so its idle OpenMP threads do not spin on the cores the local
 # draft needs. On two real machines that question does not arise.
@@ -16,6 +18,7 @@ set -euo pipefail
 OUT=${1:-bench-rpc}
 DELAYS=${DELAYS-0 1 5}
 LOCAL=${LOCAL:-1}
+NGL=${NGL:-99}
 KS=${KS:-8,auto}
 N=${N:-64}
 RUNS=${RUNS:-2}
@@ -56,7 +59,7 @@ for d in $DELAYS; do
   read -r line <&"${RELAYPROC[0]}"
   endpoint=${line##* }
   echo "== one-way delay $d ms (relay $endpoint)"
-  "$VENV/bin/specgen" bench --rpc "$endpoint" -ngl 99 "${COMMON[@]}" \
+  "$VENV/bin/specgen" bench --rpc "$endpoint" -ngl "$NGL" "${COMMON[@]}" \
     --json "$OUT/delay-$d.json" --markdown "$OUT/delay-$d.md"
   kill "$RELAY"
   wait "$RELAY" 2>/dev/null || true
