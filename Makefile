@@ -1,10 +1,11 @@
-# Two entry points (see README): `make demo` and `make test`; `make lint` (ruff, mypy) in CI.
+# Entry points (see README): `make demo`, `make test`, `make test-rpc` (RPC build + its tests);
+# `make lint` (ruff, mypy) in CI.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test install dev lint clean
+.PHONY: demo test test-rpc install dev lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +27,16 @@ demo: install
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Builds (once, cached in .rpc-build/) an RPC-enabled llama-cpp-python and ggml-rpc-server
+# from the same llama.cpp sources into .venv-rpc, then runs the tests marked `rpc`.
+test-rpc:
+	PYTHON=$(PYTHON) scripts/build_rpc.sh .venv-rpc
+	.venv-rpc/bin/python -m pytest -q -m rpc
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specgen tests
 	$(VENV)/bin/ruff format --check specgen tests
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-rpc .rpc-build .pytest_cache

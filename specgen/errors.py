@@ -48,3 +48,9 @@ class DownloadError(SpecgenError):
 class NetworkError(DownloadError):
     """The Hub cannot be reached (no network, or ``HF_HUB_OFFLINE`` is set) and the files are
     not cached: connect, or unset HF_HUB_OFFLINE, and run the same command again."""
+
+
+class RpcError(SpecgenError):
+    """An RPC server (``--rpc``) cannot be used: unreachable, refused, incompatible, or this
+    llama-cpp-python was built without RPC support. The message names the endpoint or gives
+    the rebuild command."""

@@ -12,15 +12,24 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from specgen.engine import Logits, VocabInfo
-from specgen.errors import EngineError, ModelFileError, ModelLoadError
+from specgen.errors import (
+    ConfigError,
+    EngineError,
+    ModelFileError,
+    ModelLoadError,
+    RpcError,
+)
 from specgen.models.gguf import GGUF_MAGIC, implied_size, read_magic
 
 _log: Callable[[str], None] | None = None  # where --verbose sends llama.cpp's log lines
@@ -123,12 +132,15 @@ class EngineConfig:
         n_gpu_layers: layers offloaded to the GPU (-1 or 99 = all, 0 = CPU only).
         n_threads: CPU threads for generation and batch evaluation (0 = llama.cpp default).
         n_batch: maximum tokens per llama_decode call (longer prompts are split).
+        local_only: offload only to this machine's devices, never to RPC servers (the
+            draft's setting: it must not pay network round trips).
     """
 
     n_ctx: int = 4096
     n_gpu_layers: int = 0
     n_threads: int = 0
     n_batch: int = 512
+    local_only: bool = False
 
 
 class LlamaEngine:
@@ -151,6 +163,9 @@ class LlamaEngine:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
         _recent_log.clear()  # what llama.cpp logs from here explains a failure
+        devices, self.devices = _offload_devices(config)
+        if devices is not None:  # read during the load only
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:  # NULL: truncated, corrupt or unsupported
             raise _load_failure(self.path)
@@ -376,3 +391,295 @@ def system_info() -> dict[str, str]:
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         "gpu_offload": str(bool(llama_cpp.llama_supports_gpu_offload())),
     }
+
+
+# -- RPC: the one place that touches ggml's backend registry ------------------------------------
+
+# The default wheel is built without the RPC backend (`llama_supports_rpc()` is false).
+REBUILD_WITH_RPC = (
+    'CMAKE_ARGS="-DGGML_RPC=on" .venv/bin/pip install --force-reinstall --no-cache-dir'
+    f" llama-cpp-python=={llama_cpp.__version__}"
+)
+RPC_PROBE_TIMEOUT_S = 5.0
+# ggml-rpc.cpp in llama-cpp-python 0.3.36's llama.cpp: RPC_CMD_HELLO is always 14; the
+# request is the client's 24 transport-capability bytes (RPC_CONN_CAPS_SIZE; zeros = plain
+# TCP), the answer is major, minor, patch, padding and the server's 24 capability bytes.
+# A server is compatible when its major equals ours and its minor is not newer.
+_RPC_CMD_HELLO = 14
+_RPC_CONN_CAPS_SIZE = 24
+_RPC_PROTO_MAJOR, _RPC_PROTO_MINOR = 7, 0
+
+_rpc_endpoints: list[str] = []  # servers registered in this process, in order
+
+
+@dataclass(frozen=True)
+class Device:
+    """One ggml backend device (`ggml_backend_dev_get`).
+
+    Attributes:
+        name: ggml's name, e.g. ``CPU``, ``CUDA0``, ``RPC0``.
+        description: e.g. the CPU model, or ``HOST:PORT`` for an RPC device.
+        remote: True for a device that lives on an RPC server.
+    """
+
+    name: str
+    description: str
+    remote: bool
+
+
+class _Ggml:
+    """ctypes declarations of the few ggml-backend functions the bindings do not wrap.
+
+    They are looked up through libllama's handle, which resolves them in the very libggml
+    that llama.cpp uses (declared from ggml-backend.h and ggml.h of llama.cpp as vendored in
+    llama-cpp-python 0.3.36).
+    """
+
+    def __init__(self) -> None:
+        lib = llama_cpp.llama_cpp._lib
+        p, s, n = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+
+        def fn(name: str, restype: object, *argtypes: object) -> Any:
+            f = getattr(lib, name)
+            f.restype = restype
+            f.argtypes = list(argtypes)
+            return f
+
+        self.reg_by_name = fn("ggml_backend_reg_by_name", p, n)
+        self.reg_get_proc_address = fn("ggml_backend_reg_get_proc_address", p, p, n)
+        self.reg_name = fn("ggml_backend_reg_name", n, p)
+        self.register = fn("ggml_backend_register", None, p)
+        self.dev_count = fn("ggml_backend_dev_count", s)
+        self.dev_get = fn("ggml_backend_dev_get", p, s)
+        self.dev_name = fn("ggml_backend_dev_name", n, p)
+        self.dev_description = fn("ggml_backend_dev_description", n, p)
+        self.dev_type = fn("ggml_backend_dev_type", ctypes.c_int, p)
+        self.dev_backend_reg = fn("ggml_backend_dev_backend_reg", p, p)
+        self.set_abort_callback = fn("ggml_set_abort_callback", p, p)
+        self.add_server_type = ctypes.CFUNCTYPE(p, n)
+
+
+_ggml_api: _Ggml | None = None
+
+
+def _ggml() -> _Ggml:
+    global _ggml_api
+    if _ggml_api is None:
+        _ggml_api = _Ggml()
+    return _ggml_api
+
+
+# ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META (ggml-backend.h)
+_DEV_TYPE_GPU, _DEV_TYPE_IGPU = 1, 2
+
+
+def rpc_supported() -> bool:
+    """True when this llama-cpp-python was built with llama.cpp's RPC backend."""
+    return bool(llama_cpp.llama_supports_rpc())
+
+
+def parse_rpc_endpoints(spec: str) -> tuple[str, ...]:
+    """Split ``--rpc HOST:PORT[,HOST:PORT...]`` into endpoints (llama.cpp's syntax).
+
+    Raises:
+        ConfigError: an empty list, an entry without ``:PORT``, or a port outside 1-65535.
+            IPv6 literals are refused: ggml splits an endpoint at its first colon.
+    """
+    endpoints = tuple(e.strip() for e in spec.split(",") if e.strip())
+    if not endpoints:
+        raise ConfigError("--rpc: give at least one HOST:PORT")
+    for e in endpoints:
+        host, sep, port = e.partition(":")
+        if e.count(":") > 1:
+            raise ConfigError(f"--rpc: {e!r}: IPv6 addresses are not supported by ggml's RPC")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--rpc: {e!r} is not HOST:PORT (e.g. 192.168.1.10:50052)")
+    return endpoints
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionResetError("connection closed")
+        data += chunk
+    return data
+
+
+def probe_rpc_server(endpoint: str, timeout_s: float = RPC_PROBE_TIMEOUT_S) -> str:
+    """Connect to one ggml-rpc-server and exchange its HELLO, with a timeout.
+
+    ggml's own client aborts the whole process when it cannot connect or the versions
+    differ (ggml-rpc.cpp, `rpc_dispatcher::start`), and its connect has no timeout; this
+    probe turns those cases into an exception first. The probe disconnects before ggml
+    connects: the server serves one client at a time.
+
+    Returns:
+        The server's protocol version, ``"major.minor.patch"``.
+
+    Raises:
+        RpcError: refused, unreachable, no answer within `timeout_s`, not an RPC server,
+            or an incompatible protocol version. The message names the endpoint.
+    """
+    host, _, port = endpoint.partition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except TimeoutError as e:
+        raise RpcError(
+            f"cannot reach RPC server {endpoint}: no answer within {timeout_s:g} s"
+        ) from e
+    except OSError as e:  # refused, no route, unknown host
+        raise RpcError(f"cannot reach RPC server {endpoint}: {e.strerror or e}") from e
+    try:
+        with sock:
+            sock.sendall(
+                struct.pack("<BQ", _RPC_CMD_HELLO, _RPC_CONN_CAPS_SIZE) + bytes(_RPC_CONN_CAPS_SIZE)
+            )
+            (size,) = struct.unpack("<Q", _recv_exactly(sock, 8))
+            answer = _recv_exactly(sock, size) if size == 4 + _RPC_CONN_CAPS_SIZE else b""
+    except TimeoutError as e:
+        raise RpcError(
+            f"RPC server {endpoint} did not answer within {timeout_s:g} s (it serves one"
+            " client at a time: is another process using it?)"
+        ) from e
+    except OSError as e:  # reset or closed mid-handshake
+        raise RpcError(
+            f"RPC server {endpoint} closed the connection during the handshake (not a"
+            " ggml-rpc-server, or an incompatible version)"
+        ) from e
+    if not answer:
+        raise RpcError(
+            f"RPC server {endpoint} answered with an unknown handshake: build ggml-rpc-server"
+            f" from the llama.cpp that llama-cpp-python {llama_cpp.__version__} bundles"
+            " (README: Beyond one machine)"
+        )
+    major, minor, patch = answer[:3]
+    if major != _RPC_PROTO_MAJOR or minor > _RPC_PROTO_MINOR:
+        raise RpcError(
+            f"RPC server {endpoint} speaks protocol {major}.{minor}.{patch}; llama-cpp-python"
+            f" {llama_cpp.__version__} needs {_RPC_PROTO_MAJOR}.{_RPC_PROTO_MINOR}.x: build"
+            " ggml-rpc-server from the same llama.cpp version (README: Beyond one machine)"
+        )
+    return f"{major}.{minor}.{patch}"
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+def _on_ggml_abort(message: bytes) -> None:
+    # ggml calls abort() as soon as this returns, and its RPC client aborts on any lost
+    # connection (ggml-rpc.cpp, RPC_STATUS_ASSERT, on its dispatcher thread): no exception
+    # can unwind through llama_decode. So say what happened in one line and exit 1 here;
+    # the output so far is flushed but declared incomplete, and no result is written.
+    text = message.decode("utf-8", errors="replace").strip()
+    where = ", ".join(_rpc_endpoints)
+    if "RPC" in text or "connect" in text:
+        detail = text.split(": ", 1)[-1]  # drop ggml's "file:line: " prefix
+        line = (
+            f"specgen: error: lost the connection to RPC server {where} ({detail});"
+            " generation stopped, the output above is incomplete"
+        )
+    else:
+        line = f"specgen: error: llama.cpp aborted: {text}"
+    # the sink flushes generated text at every write, so only the cursor needs restoring
+    try:
+        if os.isatty(1):  # the live view hides the cursor: give it back
+            os.write(1, b"\x1b[?25h\n")
+    except OSError:  # exiting anyway
+        pass
+    os.write(2, (line + "\n").encode())
+    os._exit(1)
+
+
+# Referenced for the life of the process: ggml keeps the raw pointer.
+_ABORT_CALLBACK_REF = _on_ggml_abort
+
+
+def add_rpc_servers(endpoints: tuple[str, ...] | list[str]) -> tuple[Device, ...]:
+    """Register RPC servers as ggml devices, before any model loads.
+
+    As llama.cpp's `common/arg.cpp::add_rpc_devices`: `ggml_backend_reg_by_name("RPC")`,
+    `ggml_backend_rpc_add_server` through `ggml_backend_reg_get_proc_address`, then
+    `ggml_backend_register` for each server's registry. Every server is probed first
+    (`probe_rpc_server`). Models loaded afterwards put their -ngl layers on the RPC devices
+    first (llama.cpp's default device order), unless `EngineConfig.local_only`.
+
+    From here on a lost connection ends the process with one line on stderr and exit code
+    1 (`_on_ggml_abort`): ggml's RPC client cannot report it any other way.
+
+    Returns:
+        All devices now registered (local and remote).
+
+    Raises:
+        RpcError: no RPC support in this build (the message gives the rebuild command), or
+            a server fails its probe or reports no devices.
+    """
+    if not rpc_supported():
+        raise RpcError(
+            "--rpc needs llama-cpp-python built with llama.cpp's RPC backend; rebuild it"
+            f" with: {REBUILD_WITH_RPC}"
+        )
+    new = [e for e in endpoints if e not in _rpc_endpoints]
+    for endpoint in new:  # not a registered one: ggml holds its only client connection
+        probe_rpc_server(endpoint)
+    g = _ggml()
+    g.set_abort_callback(ctypes.cast(_ABORT_CALLBACK_REF, ctypes.c_void_p))
+    rpc_reg = g.reg_by_name(b"RPC")
+    address = g.reg_get_proc_address(rpc_reg, b"ggml_backend_rpc_add_server") if rpc_reg else None
+    if not address:
+        raise RpcError(f"this llama.cpp has no RPC registry; rebuild with: {REBUILD_WITH_RPC}")
+    add_server = g.add_server_type(address)
+    for endpoint in new:
+        _rpc_endpoints.append(endpoint)  # before connecting: an abort names it
+        reg = add_server(endpoint.encode())
+        if not reg:
+            raise RpcError(f"RPC server {endpoint} reports no devices")
+        g.register(reg)
+    return list_devices()
+
+
+def list_devices() -> tuple[Device, ...]:
+    """Every ggml device registered in this process, in ggml's order."""
+    g = _ggml()
+    out = []
+    for i in range(g.dev_count()):
+        dev = g.dev_get(i)
+        reg = g.dev_backend_reg(dev)
+        out.append(
+            Device(
+                name=(g.dev_name(dev) or b"").decode(),
+                description=(g.dev_description(dev) or b"").decode(),
+                remote=bool(reg) and g.reg_name(reg) == b"RPC",
+            )
+        )
+    return tuple(out)
+
+
+def rpc_endpoints() -> tuple[str, ...]:
+    """The RPC servers registered in this process (`add_rpc_servers`), in order."""
+    return tuple(_rpc_endpoints)
+
+
+def _offload_devices(config: EngineConfig) -> tuple[ctypes.Array | None, tuple[str, ...]]:
+    """The `llama_model_params.devices` array for `config`, and the names of the devices the
+    model may use.
+
+    llama.cpp's default (devices NULL) puts RPC devices first, then GPUs; `local_only`
+    passes this machine's GPUs only, so the model never touches the network. The CPU
+    always holds what is not offloaded (and the input embeddings).
+    """
+    g = _ggml()
+    gpus: list[int] = []
+    remote: list[int] = []
+    for i in range(g.dev_count()):
+        dev = g.dev_get(i)
+        if g.dev_type(dev) not in (_DEV_TYPE_GPU, _DEV_TYPE_IGPU):
+            continue
+        reg = g.dev_backend_reg(dev)
+        (remote if reg and g.reg_name(reg) == b"RPC" else gpus).append(dev)
+    chosen = gpus if config.local_only else remote + gpus
+    names = tuple((g.dev_name(d) or b"").decode() for d in chosen)
+    names = (names if config.n_gpu_layers != 0 else ()) + ("CPU",)
+    if not (config.local_only and remote):
+        return None, names  # llama.cpp's own choice is the same
+    array = (ctypes.c_void_p * (len(gpus) + 1))(*gpus, None)
+    return array, names

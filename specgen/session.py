@@ -14,7 +14,13 @@ from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
 from specgen.generate import FixedK, KPolicy
-from specgen.llamacpp import EngineConfig, LlamaEngine, supports_gpu_offload
+from specgen.llamacpp import (
+    EngineConfig,
+    LlamaEngine,
+    add_rpc_servers,
+    parse_rpc_endpoints,
+    supports_gpu_offload,
+)
 from specgen.models.resolve import DRAFT_NGRAM, DRAFT_NONE
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
@@ -28,12 +34,14 @@ class ModelSpec:
         target: path (or registry name, resolved before this point).
         draft: path, `none` (ordinary decoding) or `ngram` (prompt lookup).
         target_cfg, draft_cfg: llama.cpp settings for each model (-ngl / -ngld, -t, -c).
+        rpc: ggml-rpc-server endpoints (``--rpc``), registered before the models load.
     """
 
     target: Path
     draft: Path | str
     target_cfg: EngineConfig
     draft_cfg: EngineConfig
+    rpc: tuple[str, ...] = ()
 
     @classmethod
     def from_flags(
@@ -44,15 +52,23 @@ class ModelSpec:
         n_gpu_layers: int,
         n_gpu_layers_draft: int,
         n_threads: int,
+        rpc: str | None = None,
     ) -> ModelSpec:
         """The spec the shared flags describe: -c and -t for both models, -ngl for the
-        target, -ngld for the draft."""
+        target, -ngld for the draft, `--rpc` servers for the target only (the draft's
+        layers stay on this machine: it runs K times per round and must not pay a network
+        round trip each time).
+
+        Raises:
+            ConfigError: `rpc` is not a HOST:PORT list.
+        """
         return cls(
+            rpc=parse_rpc_endpoints(rpc) if rpc is not None else (),
             target=Path(target),
             draft=draft,
             target_cfg=EngineConfig(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads),
             draft_cfg=EngineConfig(
-                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads
+                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads, local_only=True
             ),
         )
 
@@ -86,8 +102,12 @@ def load(
     Raises:
         ModelFileError, ModelLoadError: a model cannot be opened.
         VocabMismatchError: the draft's tokenizer differs (llama.cpp's rules).
+        RpcError: an RPC server cannot be used, or this build has no RPC support.
     """
     say = status or (lambda _msg: None)
+    if spec.rpc:
+        say(f"connecting to RPC server {', '.join(spec.rpc)}")
+        add_rpc_servers(spec.rpc)
     say(f"loading target {spec.target.name}")
     target = LlamaEngine(spec.target, spec.target_cfg)
     try:

@@ -9,7 +9,12 @@ across runs (otherwise they go to a per-session pytest temporary directory).
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -120,3 +125,73 @@ def truncated_gguf(model_dir: Path, tiny_target: Path) -> Path:
     data = tiny_target.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
+
+
+# --- RPC ---------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``rpc`` unless this llama-cpp-python has RPC (``make test-rpc``)."""
+    if not any(item.get_closest_marker("rpc") for item in items):
+        return
+    from specgen.llamacpp import rpc_supported
+
+    if rpc_supported():
+        return
+    skip = pytest.mark.skip(reason="needs the RPC build: run `make test-rpc`")
+    for item in items:
+        if item.get_closest_marker("rpc"):
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Return once something accepts connections on 127.0.0.1:port; fail if `proc` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.args[0]} exited with code {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+@dataclass
+class RpcServer:
+    """A running ggml-rpc-server: its endpoint, process and log file (stdout and stderr)."""
+
+    endpoint: str
+    proc: subprocess.Popen
+    log: Path
+
+
+@pytest.fixture
+def rpc_server(tmp_path: Path) -> Iterator[RpcServer]:
+    """A fresh ggml-rpc-server on 127.0.0.1 (one per test: a server serves one client at
+    a time, and a process cannot unregister a dead server)."""
+    binary = os.environ.get("SPECGEN_RPC_SERVER") or str(
+        Path(sys.executable).parent / "ggml-rpc-server"
+    )
+    if not Path(binary).exists():
+        pytest.skip(f"no ggml-rpc-server at {binary}: run `make test-rpc`")
+    port = free_port()
+    log = tmp_path / "rpc-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_listening(port, proc)
+        yield RpcServer(f"127.0.0.1:{port}", proc, log)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -117,6 +117,11 @@ def bench(
             n_ctx=loaded.target.n_ctx, draft_p_min=draft_p_min,
         )  # fmt: skip
         record["load_s"] = round(load_s, 3)
+        # where the layers went: --rpc servers, and the devices each model could use
+        record["rpc"] = list(getattr(spec, "rpc", ()))
+        record["target"]["devices"] = list(loaded.target.devices)
+        draft_engine = getattr(loaded.drafter, "engine", None)
+        record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
         result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
     finally:
         loaded.close()
@@ -128,7 +133,8 @@ def bench(
         result.warnings.insert(
             0,
             f"other processes kept {others:.1f} of {usable} CPUs busy during the measurement:"
-            " the figures are distorted; rerun on a quiet machine",
+            " the figures are distorted; rerun on a quiet machine"
+            + (" (a ggml-rpc-server on this machine counts as one)" if record["rpc"] else ""),
         )
     return result
 

@@ -112,10 +112,21 @@ def describe_record(rec: dict[str, Any]) -> str:
         f" ({sw['backend']} backend), specgen {sw['specgen']}, {rec['threads']} threads,"
         f" context {rec['n_ctx']}. "
         f"Target {model(t)}; draft {model(d)}. "
+        f"{_rpc_sentence(rec)}"
         f"{rec['n_prompts']} prompts (set {rec['prompt_set_sha256'][:12]}…), -n {rec['n_tokens']},"
         f" {rec['runs']} run(s), seed {rec['seed']}, top-k {rec['sampling']['top_k']},"
         f" top-p {rec['sampling']['top_p']}, min-p {rec['sampling']['min_p']}."
         f" Record fingerprint {record_fingerprint(rec)}, {rec['date'][:10]}."
+    )
+
+
+def _rpc_sentence(rec: dict[str, Any]) -> str:
+    if not rec.get("rpc"):
+        return ""
+    t, d = rec["target"].get("devices", []), rec["draft"].get("devices", [])
+    return (
+        f"RPC server(s) {', '.join(rec['rpc'])}; target on {' + '.join(t)},"
+        f" draft on {' + '.join(d) or 'none'}. "
     )
 
 

@@ -19,6 +19,7 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RpcOpt,
     TargetOpt,
     ThreadsOpt,
     TopKOpt,
@@ -80,6 +81,7 @@ def bench(
     draft_p_min: DraftPMinOpt = 0.0,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     json_path: Annotated[
@@ -104,7 +106,7 @@ def bench(
         target=target, draft=draft, pair=pair, models=models, prompts=prompts,
         draft_max=draft_max, temp=temp, runs=runs, max_tokens=max_tokens, seed=seed,
         top_k=top_k, top_p=top_p, min_p=min_p, draft_p_min=draft_p_min,
-        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc,
         threads=threads, ctx_size=ctx_size, json_path=json_path,
         markdown_path=markdown_path, plot_path=plot_path, compare=compare,
         trace=trace, verbose=verbose,
@@ -162,7 +164,13 @@ def run_bench_command(**a: Any) -> None:
         )
     settings = dataclasses.replace(settings, k_init=pair_k)  # auto starts as `run` would
     spec = ModelSpec.from_flags(
-        target, draft, a["ctx_size"], a["n_gpu_layers"], a["n_gpu_layers_draft"], a["threads"]
+        target,
+        draft,
+        a["ctx_size"],
+        a["n_gpu_layers"],
+        a["n_gpu_layers_draft"],
+        a["threads"],
+        a["rpc"],
     )
     for note in load_notes(spec):  # before measuring: a run of minutes at CPU speed
         output.notice(note)

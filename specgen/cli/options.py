@@ -75,6 +75,14 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option("--trace", help="Write one JSON object per round to FILE.jsonl."),
 ]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        help="ggml-rpc-server hosts, HOST:PORT[,HOST:PORT...]: -ngl puts target layers on"
+        " them; the draft stays local. No authentication: trusted networks only.",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log lines.")]
 
 

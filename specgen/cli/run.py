@@ -25,6 +25,7 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RpcOpt,
     SeedOpt,
     TargetOpt,
     TempOpt,
@@ -75,6 +76,7 @@ class RunArgs:
     ctx_size: int
     verbose: bool
     trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
+    rpc: str | None = None  # --rpc HOST:PORT[,...]
 
 
 EPILOG = (
@@ -143,6 +145,7 @@ def run(
     ] = False,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
@@ -195,6 +198,7 @@ def run(
             ctx_size=ctx_size,
             verbose=verbose,
             trace=trace,
+            rpc=rpc,
         )
     )
     raise typer.Exit(code)
@@ -288,7 +292,13 @@ def _load(a: RunArgs, params: SamplingParams, status):
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec.from_flags(
-        target_path, draft_path, a.ctx_size, a.n_gpu_layers, a.n_gpu_layers_draft, a.threads
+        target_path,
+        draft_path,
+        a.ctx_size,
+        a.n_gpu_layers,
+        a.n_gpu_layers_draft,
+        a.threads,
+        a.rpc,
     )
     loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status)
     return loaded, pair_k, load_notes(spec, loaded)

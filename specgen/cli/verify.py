@@ -17,6 +17,7 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RpcOpt,
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
@@ -84,6 +85,7 @@ def verify(
     json_out: JsonOpt = False,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 1024,
     verbose: VerboseOpt = False,
@@ -101,7 +103,7 @@ def verify(
     code = _verify(
         target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
         min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
-        threads, ctx_size, verbose,
+        threads, ctx_size, verbose, rpc,
     )  # fmt: skip
     raise typer.Exit(code)
 
@@ -125,7 +127,7 @@ def summarize(
 
 def _verify(
     target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
-    seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose,
+    seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose, rpc=None,
 ) -> int:  # fmt: skip
     from specgen.llamacpp import set_verbose
     from specgen.sampling import SamplingParams
@@ -154,7 +156,7 @@ def _verify(
     )  # fmt: skip
     with output.spinner("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
-        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads)
+        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads, rpc)
         loaded = load(spec, params, status=spinner.update)
     try:
         for note in load_notes(spec, loaded):
