@@ -118,6 +118,8 @@ class Stats:
 
     Attributes:
         n_prompt: prompt tokens.
+        n_prefill: prompt tokens the target evaluated; the rest (all but the last) were
+            already in its cache (a chat's earlier turns).
         n_generated: tokens emitted (nothing after an end-of-generation token or stop string).
         n_drafted: the sum of `Step.n_drafted`: proposals tested up to and including the
             first rejection, counted up to the last emitted token.
@@ -131,6 +133,7 @@ class Stats:
     """
 
     n_prompt: int = 0
+    n_prefill: int = 0
     n_generated: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
@@ -184,6 +187,7 @@ class Stats:
     def to_dict(self) -> dict[str, object]:
         return {
             "n_prompt": self.n_prompt,
+            "n_prefill": self.n_prefill,
             "n_generated": self.n_generated,
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,

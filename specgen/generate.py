@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from specgen import rejection
+from specgen.drafters import common_prefix
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits, Probs
 from specgen.errors import PromptError
@@ -84,6 +85,9 @@ class GenerateConfig:
         measure_ordinary: single-token target passes timed after the prompt to measure the
             ordinary-decoding baseline (0 = skip); each is rolled back.
         trace: attach a `RoundTrace` to every Step (`--trace`).
+        reuse_cache: keep the target's cached common prefix with the prompt (a chat's
+            earlier turns) instead of evaluating the whole prompt again. Off by default so
+            that measurements (bench, verify) always pay a full prefill.
     """
 
     max_tokens: int = 256
@@ -93,6 +97,7 @@ class GenerateConfig:
     seed: int | None = None
     measure_ordinary: int = 0
     trace: bool = False
+    reuse_cache: bool = False
 
 
 @dataclass
@@ -218,13 +223,25 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
 # -- the loop ---------------------------------------------------------------------------
 
 
-def prefill(target: Engine, drafter: Drafter | None, prompt: list[int]) -> None:
-    """Evaluate the prompt except its last token in the target (and the draft)."""
-    target.truncate(0)
-    if len(prompt) > 1:
-        target.decode(prompt[:-1])
+def prefill(target: Engine, drafter: Drafter | None, prompt: list[int], reuse: bool = False) -> int:
+    """Evaluate the prompt except its last token in the target (and the draft).
+
+    With `reuse`, what the target's cache already holds of the prompt stays: the longest
+    common prefix of the cached tokens and the prompt is kept and only the rest evaluated
+    (a chat's next turn re-sends the whole conversation). A model drafter always keeps its
+    own common prefix the same way.
+
+    Returns:
+        The number of prompt tokens the target evaluated (0 when all but the last were
+        cached).
+    """
+    keep = common_prefix(target.tokens, prompt[:-1]) if reuse else 0
+    target.truncate(keep)
+    if len(prompt) - 1 > keep:
+        target.decode(prompt[keep:-1])
     if drafter is not None:
         drafter.prefill(prompt)
+    return len(prompt) - 1 - keep
 
 
 def measure_ordinary_pass(target: Engine, last: int, n: int) -> float | None:
@@ -283,7 +300,7 @@ def generate(
     t_start = time.perf_counter()
     t_decode = t_start
     try:
-        prefill(target, drafter, prompt)
+        stats.n_prefill = prefill(target, drafter, prompt, config.reuse_cache)
         stats.prefill_s = time.perf_counter() - t_start
         ordinary_s = measure_ordinary_pass(target, committed[-1], config.measure_ordinary)
         if ordinary_s is not None:

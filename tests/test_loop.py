@@ -271,3 +271,31 @@ def test_catch_up_is_charged_apart_from_drafting(monkeypatch: pytest.MonkeyPatch
     # the sync evaluates 10 tokens (0.12 s); one pass (0.03 s) would have been paid anyway
     assert n_sync == 10
     assert block.catchup_s == pytest.approx(0.02 + 0.01 * n_sync - 0.03, abs=1e-9)
+
+
+def test_second_turn_evaluates_only_its_new_tokens():
+    """A chat's next prompt extends the last one (prompt, reply, new user text): with
+    `reuse_cache`, prefill keeps the cached common prefix and evaluates only the rest, and
+    the output equals a fresh generation of the same prompt."""
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
+    drafter = ModelDrafter(draft, GREEDY, 9)
+    cfg = dict(max_tokens=12, params=GREEDY, reuse_cache=True)
+    turn1 = [1, 2, 3, 4]
+    first = run(target, drafter, turn1, 4, **cfg)[-1]
+    assert first.stats.n_prefill == len(turn1) - 1
+    turn2 = turn1 + list(first.tokens) + [5, 6, 7]
+    fed = []
+    real = target.decode
+    target.decode = lambda tokens, all_logits=False: (
+        fed.append(list(tokens)) or real(tokens, all_logits)
+    )
+    second = run(target, drafter, turn2, 4, **cfg)[-1]
+    # the cache held turn1 + reply minus its last token: that token and the new ones remain
+    assert second.stats.n_prefill == 3 and second.stats.n_prompt == len(turn2)
+    assert fed[0] == turn2[len(turn1) + len(first.tokens) - 1 : -1]
+    fresh = ordinary(FakeEngine(n_vocab=9, seed=0), turn2, max_tokens=12, params=GREEDY)
+    assert second.tokens == fresh.tokens
+    # without reuse (the default) the whole prompt is evaluated again
+    again = run(target, drafter, turn2, 4, max_tokens=12, params=GREEDY)[-1]
+    assert again.stats.n_prefill == len(turn2) - 1 and again.tokens == fresh.tokens
