@@ -16,6 +16,24 @@ from specgen.errors import VocabMismatchError
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
 
+# llama.h `enum llama_vocab_type`, named as the tokenizers are usually called
+_TOKENIZER_KINDS = {
+    0: "no tokenizer",
+    1: "SentencePiece",
+    2: "BPE",
+    3: "WordPiece",
+    4: "Unigram",
+    5: "RWKV",
+    6: "PLaMo-2",
+}
+SAME_FAMILY = "the draft must come from the same model family as the target"
+
+
+def describe(vocab: VocabInfo) -> str:
+    """The tokenizer in users' words: its kind and size, e.g. ``SentencePiece 262,144``."""
+    kind = _TOKENIZER_KINDS.get(vocab.vocab_type, f"tokenizer type {vocab.vocab_type}")
+    return f"{kind} {vocab.n_vocab:,}"
+
 
 def check_compatible(
     target: VocabInfo,
@@ -30,26 +48,30 @@ def check_compatible(
         target_text, draft_text: token id -> vocabulary text.
 
     Raises:
-        VocabMismatchError: one line naming the first difference (field, or token id
-            with both texts).
+        VocabMismatchError: one line naming both tokenizers (kind and size: "the target's
+            tokenizer is SentencePiece 262,144, the draft's BPE 49,152"), the first
+            difference when the kinds and sizes agree (a special token, or a token id with
+            both texts), and that the draft must come from the target's model family.
     """
-    for field in ("vocab_type", "bos", "eos", "add_bos", "add_eos"):
+    head = f"the target's tokenizer is {describe(target)}, the draft's {describe(draft)}"
+    diff = abs(target.n_vocab - draft.n_vocab)
+    if target.vocab_type != draft.vocab_type or diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+        raise VocabMismatchError(f"{head}: {SAME_FAMILY}")
+    for field, what in (
+        ("bos", "BOS token id"),
+        ("eos", "EOS token id"),
+        ("add_bos", "adds BOS"),
+        ("add_eos", "adds EOS"),
+    ):
         a, b = getattr(target, field), getattr(draft, field)
         if a != b:
             raise VocabMismatchError(
-                f"draft and target vocabularies differ: {field} is {b!r} in the draft,"
-                f" {a!r} in the target"
+                f"{head}, and they differ ({what}: {a!r} in the target, {b!r} in the draft):"
+                f" {SAME_FAMILY}"
             )
-    diff = abs(target.n_vocab - draft.n_vocab)
-    if diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
-        raise VocabMismatchError(
-            f"draft and target vocabularies differ in size by {diff} tokens"
-            f" ({draft.n_vocab} vs {target.n_vocab}; at most"
-            f" {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} allowed)"
-        )
     for i in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
         t, d = target_text(i), draft_text(i)
         if t != d:
             raise VocabMismatchError(
-                f"draft and target vocabularies differ at token {i}: draft {d!r}, target {t!r}"
+                f"{head}, and they differ at token {i} (target {t!r}, draft {d!r}): {SAME_FAMILY}"
             )
