@@ -30,6 +30,11 @@ class PromptError(SpecgenError):
     """The prompt is empty or does not fit in the context: shorten it or raise -c."""
 
 
+class ChatTemplateError(SpecgenError):
+    """A chat template does not compile or fails to render: the message names the template's
+    source; fix the file given to --chat-template, pass another, or use --raw."""
+
+
 class EngineError(SpecgenError):
     """llama.cpp failed while decoding or could not roll back its cache (for example a
     recurrent model): report it with SPECGEN_DEBUG=1 output, or use --draft none."""

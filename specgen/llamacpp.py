@@ -14,7 +14,7 @@ import ctypes
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import numpy as np
 
 from specgen.engine import Logits, VocabInfo
 from specgen.errors import (
+    ChatTemplateError,
     ConfigError,
     EngineError,
     ModelFileError,
@@ -247,6 +248,11 @@ class LlamaEngine:
         """The vocabulary entry as stored (`llama_vocab_get_text`)."""
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def chat_template(self) -> str | None:
+        """The GGUF's default chat template (`tokenizer.chat_template`), or None."""
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
 
     def is_eog(self, token: int) -> bool:
         """End-of-generation token (EOS, EOT, ...) per `llama_vocab_is_eog`."""
@@ -683,3 +689,45 @@ def _offload_devices(config: EngineConfig) -> tuple[ctypes.Array | None, tuple[s
         return None, names  # llama.cpp's own choice is the same
     array = (ctypes.c_void_p * (len(gpus) + 1))(*gpus, None)
     return array, names
+
+
+def compile_chat_template(
+    template: str, bos_token: str, eos_token: str
+) -> Callable[[Sequence[dict[str, str]]], str]:
+    """Compile a Hugging Face-style chat template; returns ``messages -> prompt text``.
+
+    Rendering is llama-cpp-python's `Jinja2ChatFormatter`: Jinja2 in an
+    `ImmutableSandboxedEnvironment` with `trim_blocks` and `lstrip_blocks`, the
+    `loopcontrols` extension, transformers' `tojson`, and the variables `messages`,
+    `bos_token`, `eos_token`, `add_generation_prompt` (always true here),
+    `raise_exception` and `strftime_now`, as transformers' `apply_chat_template` renders.
+
+    Args:
+        template: the Jinja2 source.
+        bos_token, eos_token: the model's BOS and EOS token text (e.g. ``<bos>``).
+
+    Raises:
+        ChatTemplateError: the template does not compile (at once) or fails while rendering
+            (when the returned function is called; `raise_exception` included); the message
+            is one line without the template's source, which the caller adds.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    try:
+        formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token)
+    except Exception as e:  # jinja2.TemplateSyntaxError and friends: user-supplied code
+        raise ChatTemplateError(_template_error(e)) from e
+
+    def render(messages: Sequence[dict[str, str]]) -> str:
+        try:
+            return formatter(messages=list(messages)).prompt  # type: ignore[arg-type]
+        except Exception as e:  # the template's own raise_exception, undefined names, ...
+            raise ChatTemplateError(_template_error(e)) from e
+
+    return render
+
+
+def _template_error(e: Exception) -> str:
+    line = getattr(e, "lineno", None)
+    msg = " ".join(str(getattr(e, "message", None) or e).split()) or type(e).__name__
+    return f"line {line}: {msg}" if line else msg
