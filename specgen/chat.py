@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from specgen.engine import Engine
-from specgen.errors import ChatTemplateError, ConfigError
+from specgen.engine import Drafter, Engine
+from specgen.errors import ChatTemplateError, ConfigError, PromptError
+from specgen.events import Done, Prefilled, Stats
+from specgen.generate import Event, GenerateConfig, KPolicy, generate
 
 EMBEDDED_KEY = "tokenizer.chat_template"
 
@@ -162,3 +165,182 @@ class Conversation:
 
     def reset(self) -> None:
         self.turns.clear()
+
+
+def build_prompt(
+    target: TemplateModel,
+    prompt: bytes,
+    *,
+    raw: bool = False,
+    system: str | None = None,
+    template_file: Path | None = None,
+) -> tuple[list[int], ChatTemplate | None]:
+    """`run`'s prompt: one user message rendered with the chat template (the target's, or
+    `template_file`), or the text as it is with `raw` or when the target has no template.
+
+    Returns:
+        (token ids, the template applied or None for a raw prompt).
+
+    Raises:
+        ConfigError: `raw` with `system` or `template_file`; `system` for a target without
+            a template and no `template_file`; an unreadable template file.
+        ChatTemplateError: the template fails, naming its source.
+    """
+    if raw:
+        if system is not None or template_file is not None:
+            raise ConfigError("--raw sends the prompt as it is: drop --system / --chat-template")
+        return prompt_tokens(target, prompt), None
+    template = load_template(target, template_file)
+    if template is None:
+        if system is not None:
+            raise ConfigError(
+                f"--system needs a chat template and {target.name} has none"
+                " (a base model): pass --chat-template FILE"
+            )
+        return prompt_tokens(target, prompt), None
+    text = prompt.decode("utf-8", errors="replace")
+    return ChatFormatter(template, target).tokens(messages(text, system)), template
+
+
+class ContextFullError(PromptError):
+    """The conversation no longer fits the context: /reset, or restart with a larger -c."""
+
+
+@dataclass
+class ChatTotals:
+    """A chat session's running totals over its replies (what `/stats` shows).
+
+    Attributes:
+        turns: replies generated.
+        n_generated, n_drafted, n_accepted, target_passes: summed over the replies.
+        decode_s: seconds of decoding, summed (prefill excluded, as `run` reports).
+        ordinary_token_s: seconds per token of ordinary decoding, the median of every
+            reply's measurement (`Prefilled.ordinary_token_s`); None when not measured.
+        last_prompt, last_prefill: the last turn's prompt tokens (the whole conversation)
+            and how many of them the target evaluated (the rest were cached).
+    """
+
+    turns: int = 0
+    n_generated: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    target_passes: int = 0
+    decode_s: float = 0.0
+    ordinary: list[float] = field(default_factory=list)
+    last_prompt: int = 0
+    last_prefill: int = 0
+
+    def add(self, stats: Stats, ordinary_token_s: float | None) -> None:
+        self.turns += 1
+        self.n_generated += stats.n_generated
+        self.n_drafted += stats.n_drafted
+        self.n_accepted += stats.n_accepted
+        self.target_passes += stats.target_passes
+        self.decode_s += stats.decode_s
+        self.last_prompt = stats.n_prompt
+        self.last_prefill = stats.n_prefill
+        if ordinary_token_s:
+            self.ordinary.append(ordinary_token_s)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def ordinary_token_s(self) -> float | None:
+        return statistics.median(self.ordinary) if self.ordinary else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Tokens/s over ordinary decoding's (1 / ordinary_token_s), as `run` measures it."""
+        o = self.ordinary_token_s
+        return self.tokens_per_s * o if o and self.decode_s > 0 else None
+
+    def to_dict(self) -> dict[str, object]:
+        sp = self.speedup
+        return {
+            "turns": self.turns,
+            "n_generated": self.n_generated,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "target_passes": self.target_passes,
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "speedup": None if sp is None else round(sp, 4),
+            "last_prompt": self.last_prompt,
+            "last_prefill": self.last_prefill,
+        }
+
+
+class ChatSession:
+    """A multi-turn conversation over one target and drafter whose KV caches persist.
+
+    Each turn re-renders the whole conversation; `generate` with `reuse_cache` keeps the
+    longest common prefix of what the target holds and evaluates only the rest (the
+    drafter does the same), so a turn's prefill does not grow with earlier replies.
+
+    Args:
+        target: the target engine (its caches are kept across turns).
+        drafter: None for ordinary decoding.
+        formatter: the target's compiled chat template.
+        config: generation settings for every reply (`reuse_cache` is forced on).
+        policy: returns a fresh block-size policy for each reply.
+        system: optional system message.
+    """
+
+    def __init__(
+        self,
+        target: Engine,
+        drafter: Drafter | None,
+        formatter: ChatFormatter,
+        config: GenerateConfig,
+        policy: Callable[[], KPolicy],
+        system: str | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.formatter = formatter
+        self.config = replace(config, reuse_cache=True)
+        self.policy = policy
+        self.conversation = Conversation(system=system)
+        self.totals = ChatTotals()
+
+    def reply(self, user: str) -> Iterator[Event]:
+        """Generate the assistant's reply to `user`, yielding the loop's events.
+
+        The user turn and the reply join the conversation when the reply ends (an
+        interrupted reply is kept as far as it got, as llama-cli keeps it).
+
+        Raises:
+            ContextFullError: the conversation with this turn does not fit the context
+                (nothing is added: /reset or a larger -c).
+            ChatTemplateError: the template failed.
+        """
+        msgs = [*self.conversation.messages(), {"role": "user", "content": user}]
+        ids = self.formatter.tokens(msgs)
+        if len(ids) >= self.target.n_ctx:
+            raise ContextFullError(
+                f"the conversation is {len(ids)} tokens and the context holds"
+                f" {self.target.n_ctx}: type /reset to start over (or restart with a larger -c)"
+            )
+        done: Done | None = None
+        ordinary_s: float | None = None
+        for ev in generate(self.target, self.drafter, ids, self.config, self.policy()):
+            if isinstance(ev, Prefilled):
+                ordinary_s = ev.ordinary_token_s
+            elif isinstance(ev, Done):
+                done = ev
+            yield ev
+        assert done is not None
+        self.conversation.add("user", user)
+        self.conversation.add("assistant", done.text)
+        self.totals.add(done.stats, ordinary_s)
+
+    def reset(self) -> None:
+        """Forget the conversation (the caches keep what the next turn can still reuse,
+        such as the system prompt); the session totals stay."""
+        self.conversation.reset()

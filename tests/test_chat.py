@@ -194,3 +194,50 @@ def test_gemma_target_with_smollm2_draft_is_refused_in_users_words(demo_pair, sm
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "SentencePiece 262,144" in err and "BPE 49,152" in err
     assert "same model family" in err
+
+
+# -- the session behind `specgen chat` ------------------------------------------------------
+
+
+def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol, fmt):
+    from specgen.ngram import NgramDrafter
+
+    target, draft = smol
+    cfg = GenerateConfig(max_tokens=40, params=GREEDY, measure_ordinary=2)
+    for drafter in (
+        ModelDrafter(draft, GREEDY, target.n_vocab),
+        NgramDrafter(target.n_vocab),
+        None,
+    ):
+        target.truncate(0)
+        s = chat.ChatSession(target, drafter, fmt, cfg, lambda: FixedK(4), system="Be brief.")
+        cached = 0  # what the target holds after the previous turn
+        for question in ("What is the capital of France?", "And of Italy?", "And of Spain?"):
+            done = list(s.reply(question))[-1]
+            st = done.stats
+            assert done.text.strip() and "<|im_end|>" not in done.text
+            # only the tokens after the previous prompt and reply are evaluated (the last
+            # prompt token is evaluated by the first round)
+            assert st.n_prefill == s.totals.last_prefill == st.n_prompt - 1 - cached
+            assert cached == 0 or st.n_prefill < 20
+            cached = st.n_prompt + st.n_generated
+        t = s.totals
+        assert t.turns == 3 and len(s.conversation.turns) == 6
+        assert t.speedup is not None and (t.n_drafted > 0) == (drafter is not None)
+        # a message that does not fit: refused in one line, the session goes on
+        n_turns = len(s.conversation.turns)
+        with pytest.raises(chat.ContextFullError, match="/reset"):
+            list(s.reply("sea " * target.n_ctx))
+        assert len(s.conversation.turns) == n_turns
+        s.reset()
+        assert list(s.reply("Hi"))[-1].text.strip() and len(s.conversation.turns) == 2
+
+
+def test_build_prompt_raw_and_chat(smol):
+    target, _ = smol
+    raw, none = chat.build_prompt(target, b"Write a haiku.", raw=True)
+    assert none is None and raw == chat.prompt_tokens(target, b"Write a haiku.")
+    ids, template = chat.build_prompt(target, b"Write a haiku.", system="Be brief.")
+    assert template is not None and ids[0] == IM_START and len(ids) > len(raw)
+    with pytest.raises(ConfigError, match="--raw"):
+        chat.build_prompt(target, b"x", raw=True, system="s")
