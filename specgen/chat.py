@@ -79,10 +79,10 @@ def load_template(target: TemplateModel, path: Path | None = None) -> ChatTempla
         if not text.strip():
             raise ChatTemplateError(f"chat template {path}: the file is empty")
         return ChatTemplate(text, str(path))
-    text = target.chat_template()
-    if not text:
+    embedded = target.chat_template()
+    if not embedded:
         return None
-    return ChatTemplate(text, f"{target.name} ({EMBEDDED_KEY})")
+    return ChatTemplate(embedded, f"{target.name} ({EMBEDDED_KEY})")
 
 
 def prompt_tokens(target: Engine, text: bytes) -> list[int]:

