@@ -241,6 +241,31 @@ def test_footer_acceptance_at_the_end_equals_the_summary() -> None:
     assert footer_pct.group(1) == summary_pct.group(1) == f"{done.stats.acceptance_rate:.1%}"
 
 
+def test_prompt_is_shown_dimmed_before_the_reply_and_is_not_output() -> None:
+    st = state(prompt="The old lighthouse keeper")
+    apply(st, step([("'s", True), (" son", False)], k=2))
+    text = body_text(st)
+    assert text.plain == "The old lighthouse keeper's son"
+    runs = [(text.plain[s.start : s.end], str(s.style)) for s in text.spans]
+    assert runs[0] == ("The old lighthouse keeper", "dim")
+    assert st.text == "'s son"  # the reply alone: what Done's text is compared with
+    apply(st, Done("eos", "'s son.", (0, 1, 2), Stats(n_generated=3)))
+    assert st.text == "'s son."
+    mono = state(prompt="Hi\n", color=False)
+    assert [(str(s.style)) for s in body_text(mono).spans] == ["dim"]
+
+
+def test_live_view_prints_the_chat_message_above_the_reply() -> None:
+    c = console()
+    st = state(prompt="Write a haiku about the sea.\n")
+    with LiveView(c, st, clock=FakeClock(), summary=False) as view:
+        view.update(step([("Waves", True), (" fold", False)]))
+    out = c.export_text()
+    # printed above the live region once, for good; the reply follows on its own line
+    assert out.count("Write a haiku about the sea.\n") == 1
+    assert out.index("Write a haiku") < out.rindex("Waves fold")
+
+
 # -- summary -----------------------------------------------------------------------------
 
 
@@ -273,7 +298,7 @@ def test_summary_has_totals_finish_reason_and_models() -> None:
         "1.50 tokens over 2 target passes",
         "decode 0.03 s: draft 12% · verify 71% · other 18%",
         "(3 single-token target passes",
-        "1 fallback rounds of 2",
+        "1 fallback round of 2",
     ):
         assert part in out, part
 

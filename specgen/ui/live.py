@@ -49,9 +49,10 @@ __all__ = [
     "render_summary",
 ]
 
-Origin = Literal["draft", "target", "rejected"]
+Origin = Literal["draft", "target", "rejected", "prompt"]
 """Where a piece of text came from: an accepted draft token, a token the target produced
-(residual resample, bonus token or ordinary decoding), or a rejected draft proposal."""
+(residual resample, bonus token or ordinary decoding), a rejected draft proposal, or the
+prompt (the user's text, echoed dimmed above the reply as llama-cli echoes it)."""
 
 Event = Prefilled | Step | Done
 
@@ -59,6 +60,7 @@ COLOR_STYLES: dict[Origin, str] = {
     "draft": "green",
     "target": "magenta",
     "rejected": "dim strike red",
+    "prompt": "dim",
 }
 """Styles per origin when color is on."""
 
@@ -66,6 +68,7 @@ MONO_STYLES: dict[Origin, str] = {
     "draft": "",
     "target": "bold",
     "rejected": "dim strike",
+    "prompt": "dim",
 }
 """Styles per origin under NO_COLOR: attributes only (NO_COLOR forbids color, not bold)."""
 
@@ -103,6 +106,8 @@ class ViewState:
         color: use colors; False selects attribute-only styles (NO_COLOR).
         segments: (text, origin) pieces in the order they came; rejected pieces are kept
             even when not shown.
+        prompt: what was asked, shown dimmed before the reply (the first segment); a raw
+            prompt the reply continues, or a chat message ending with a newline.
         stats: running totals, replaced by ``Done.stats`` at the end.
         k: block size of the latest round (0 = ordinary decoding), None before the first.
         ordinary_token_s: seconds per token of ordinary decoding of this target, timed in
@@ -127,11 +132,16 @@ class ViewState:
     finish_reason: FinishReason | None = None
     spec_by_k: dict[int, list[float]] = field(default_factory=dict)
     backend: str = ""
+    prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prompt:
+            self.segments.insert(0, (self.prompt, "prompt"))
 
     @property
     def text(self) -> str:
-        """The generated text so far (rejected proposals excluded)."""
-        return "".join(t for t, origin in self.segments if origin != "rejected")
+        """The generated text so far (rejected proposals and the prompt excluded)."""
+        return "".join(t for t, origin in self.segments if origin in ("draft", "target"))
 
     @property
     def speedup(self) -> float | None:
@@ -284,6 +294,11 @@ def legend(state: ViewState, *, rejected: bool | None = None) -> Text:
     return Text.assemble(*parts)
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the noun agreeing with it: "1 fallback round", "2 fallback rounds"."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def _pct(x: float) -> str:
     return f"{x:.1%}"
 
@@ -399,7 +414,8 @@ def render_summary(state: ViewState) -> RenderableType:
         else "n/a (nothing drafted)"
     )
     grid.add_row("acceptance", acc)
-    grid.add_row("per pass", f"{s.tokens_per_pass:.2f} tokens over {s.target_passes} target passes")
+    passes = _count(s.target_passes, "target pass", "target passes")
+    grid.add_row("per pass", f"{s.tokens_per_pass:.2f} tokens over {passes}")
     grid.add_row("time", f"decode {s.decode_s:.2f} s: {time_split(s)}")
     grid.add_row("speedup", speedup_text(state).removeprefix("speedup "))
     be = break_even_text(state)
@@ -409,7 +425,7 @@ def render_summary(state: ViewState) -> RenderableType:
     if s.k_history and state.draft_name is not None:
         fallback = len(s.k_history) - len(ks)
         mean_k = f"mean {sum(ks) / len(ks):.1f}" if ks else "no speculative rounds"
-        grid.add_row("K", f"{mean_k} · {fallback} fallback rounds of {len(s.k_history)}")
+        grid.add_row("K", f"{mean_k} · {_count(fallback, 'fallback round')} of {len(s.k_history)}")
     return Group(Text("summary", style="bold underline"), grid)
 
 
