@@ -84,6 +84,21 @@ RpcOpt = Annotated[
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log lines.")]
+SystemOpt = Annotated[
+    str | None,
+    typer.Option("--system", help="System message (needs a chat template)."),
+]
+RawOpt = Annotated[
+    bool,
+    typer.Option("--raw", help="Send the prompt as it is, without the chat template."),
+]
+ChatTemplateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template",
+        help="Jinja2 chat template FILE instead of the one in the target's GGUF.",
+    ),
+]
 
 
 def check_model_flags(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from specgen.cli.options import (
+    ChatTemplateOpt,
     CtxOpt,
     DraftMaxOpt,
     DraftOpt,
@@ -25,8 +26,10 @@ from specgen.cli.options import (
     NgldOpt,
     NglOpt,
     PairOpt,
+    RawOpt,
     RpcOpt,
     SeedOpt,
+    SystemOpt,
     TargetOpt,
     TempOpt,
     ThreadsOpt,
@@ -77,6 +80,9 @@ class RunArgs:
     verbose: bool
     trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
     rpc: str | None = None  # --rpc HOST:PORT[,...]
+    raw: bool = False  # --raw: no chat template
+    system: str | None = None  # --system TEXT
+    chat_template: Path | None = None  # --chat-template FILE
 
 
 EPILOG = (
@@ -84,7 +90,9 @@ EPILOG = (
     "  specgen run 'Once upon a time'                 # embedded demo pair\n\n"
     "  specgen run -m big.gguf -md small.gguf -n 128 --temp 0 'def fib(n):'\n\n"
     "  echo 'Summarize: ...' | specgen run --pair qwen2.5-coder-7b --json\n\n"
-    "  specgen run -m big.gguf --draft none 'Hello'    # ordinary decoding (baseline)"
+    "  specgen run -m big.gguf --draft none 'Hello'    # ordinary decoding (baseline)\n\n"
+    "  specgen run -m instruct.gguf -md small.gguf --system 'Be brief.' 'Write a haiku.'\n\n"
+    "  specgen run -m instruct.gguf -md small.gguf --raw 'Once upon a time'  # no template"
 )
 
 
@@ -150,8 +158,15 @@ def run(
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
     trace: TraceOpt = None,
+    raw: RawOpt = False,
+    system: SystemOpt = None,
+    chat_template: ChatTemplateOpt = None,
 ) -> None:
-    """Generate text with a draft and a target model (or the target alone)."""
+    """Generate text with a draft and a target model (or the target alone).
+
+    When the target carries a chat template (instruct models), the prompt is sent as one
+    user message in it, as llama-cli and Ollama do; --raw sends the text as it is.
+    """
     if max_tokens < 1:
         raise ConfigError(f"-n must be at least 1, got {max_tokens}")
     # every flag is checked before the prompt is read (stdin may wait for the user)
@@ -199,6 +214,9 @@ def run(
             verbose=verbose,
             trace=trace,
             rpc=rpc,
+            raw=raw,
+            system=system,
+            chat_template=chat_template,
         )
     )
     raise typer.Exit(code)
@@ -206,6 +224,7 @@ def run(
 
 def execute(a: RunArgs) -> int:
     """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
+    from specgen.chat import build_prompt
     from specgen.generate import GenerateConfig, check_prompt, generate
     from specgen.llamacpp import set_verbose
     from specgen.sampling import SamplingParams
@@ -230,7 +249,13 @@ def execute(a: RunArgs) -> int:
     try:
         from specgen.ui.output import notice
 
-        prompt = loaded.target.tokenize(a.prompt)
+        prompt, template = build_prompt(
+            loaded.target,
+            a.prompt,
+            raw=a.raw,
+            system=a.system,
+            template_file=a.chat_template,
+        )
         check_prompt(prompt, loaded.target.n_ctx)  # an error is said alone, before notes
         for note in [*loaded_notes, *_fit_notes(len(prompt), a.max_tokens, loaded.target.n_ctx)]:
             notice(note)
@@ -260,9 +285,14 @@ def execute(a: RunArgs) -> int:
             )
             events = tee(events, writer)
         if a.json_out:
-            return _run_json(events, loaded.target.name, loaded.draft_name, seed, policy)
+            info = template.to_dict() if template is not None else None
+            return _run_json(events, loaded.target.name, loaded.draft_name, seed, policy, info)
         if a.live:
-            return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected)
+            # echoed dimmed above the reply: the raw text it continues, or the user's message
+            shown = a.prompt.decode("utf-8", "replace")
+            if template is not None:
+                shown = shown.rstrip("\n") + "\n"
+            return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected, shown)
         return _run_plain(events)
     finally:
         # The generator restores the caches when closed: close it while the engines
@@ -304,7 +334,9 @@ def _load(a: RunArgs, params: SamplingParams, status):
     return loaded, pair_k, load_notes(spec, loaded)
 
 
-def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) -> int:
+def _run_live(
+    events, target_name: str, draft_name: str, show_rejected: bool, prompt: str = ""
+) -> int:
     from specgen.llamacpp import backend
     from specgen.ui import live as view
 
@@ -313,6 +345,7 @@ def _run_live(events, target_name: str, draft_name: str, show_rejected: bool) ->
         None if draft_name == DRAFT_NONE else draft_name,
         show_rejected=show_rejected,
         backend=backend(),
+        prompt=prompt,
     )
     try:
         with view.LiveView(output.console(), state) as live:
@@ -357,7 +390,14 @@ def _run_plain(events) -> int:
     return EXIT_INTERRUPTED if done and done.finish_reason == "interrupted" else 0
 
 
-def _run_json(events, target_name: str, draft_name: str, seed: int | None, policy) -> int:
+def _run_json(
+    events,
+    target_name: str,
+    draft_name: str,
+    seed: int | None,
+    policy,
+    chat_template: dict[str, str] | None = None,
+) -> int:
     from specgen.llamacpp import backend
 
     done: Done | None = None
@@ -379,6 +419,7 @@ def _run_json(events, target_name: str, draft_name: str, seed: int | None, polic
         "draft": draft_name,
         "seed": seed,
         "backend": backend(),
+        "chat_template": chat_template,
         "stats": {**stats, "k_history": done.stats.k_history},
     }
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
