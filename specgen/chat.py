@@ -260,6 +260,27 @@ class ChatTotals:
         o = self.ordinary_token_s
         return self.tokens_per_s * o if o and self.decode_s > 0 else None
 
+    def describe(self) -> str:
+        """One line for `/stats`: replies, tokens, acceptance, tokens/s, speedup over
+        ordinary decoding (as `run` measures it), and the last turn's prefill."""
+        acc = (
+            f"acceptance {self.acceptance_rate:.1%} ({self.n_accepted} of {self.n_drafted} drafted)"
+            if self.n_drafted
+            else "acceptance n/a (nothing drafted)"
+        )
+        sp, o = self.speedup, self.ordinary_token_s
+        speed = (
+            f"speedup {sp:.2f}× over ordinary decoding ({1 / o:.1f} tok/s)"
+            if sp is not None and o
+            else "speedup n/a (ordinary decoding not timed)"
+        )
+        replies = "reply" if self.turns == 1 else "replies"
+        return (
+            f"session: {self.turns} {replies} · {self.n_generated} tokens · {acc}"
+            f" · {self.tokens_per_s:.1f} tok/s · {speed} · last turn prefilled"
+            f" {self.last_prefill} of {self.last_prompt} prompt tokens"
+        )
+
     def to_dict(self) -> dict[str, object]:
         sp = self.speedup
         return {
@@ -310,12 +331,14 @@ class ChatSession:
         self.totals = ChatTotals()
 
     def reply(self, user: str) -> Iterator[Event]:
-        """Generate the assistant's reply to `user`, yielding the loop's events.
+        """Render the conversation with `user`'s message and return the reply's events
+        (the loop's, lazily: generation runs as they are consumed).
 
         The user turn and the reply join the conversation when the reply ends (an
-        interrupted reply is kept as far as it got, as llama-cli keeps it).
+        interrupted reply is kept as far as it got, as llama-cli keeps it); a reply whose
+        events are closed early leaves the conversation as it was.
 
-        Raises:
+        Raises (at once, before any event):
             ContextFullError: the conversation with this turn does not fit the context
                 (nothing is added: /reset or a larger -c).
             ChatTemplateError: the template failed.
@@ -327,9 +350,15 @@ class ChatSession:
                 f"the conversation is {len(ids)} tokens and the context holds"
                 f" {self.target.n_ctx}: type /reset to start over (or restart with a larger -c)"
             )
+        return self._generate(user, ids)
+
+    def _generate(self, user: str, ids: list[int]) -> Iterator[Event]:
+        config = self.config
+        if config.seed is not None:  # a different, reproducible stream for each reply
+            config = replace(config, seed=config.seed + self.totals.turns)
         done: Done | None = None
         ordinary_s: float | None = None
-        for ev in generate(self.target, self.drafter, ids, self.config, self.policy()):
+        for ev in generate(self.target, self.drafter, ids, config, self.policy()):
             if isinstance(ev, Prefilled):
                 ordinary_s = ev.ordinary_token_s
             elif isinstance(ev, Done):
@@ -339,6 +368,12 @@ class ChatSession:
         self.conversation.add("user", user)
         self.conversation.add("assistant", done.text)
         self.totals.add(done.stats, ordinary_s)
+
+    def context_full(self, done: Done) -> bool:
+        """Whether `done` stopped because the context filled up (not because of -n)."""
+        return done.finish_reason == "length" and (
+            done.stats.n_prompt + done.stats.n_generated >= self.target.n_ctx
+        )
 
     def reset(self) -> None:
         """Forget the conversation (the caches keep what the next turn can still reuse,

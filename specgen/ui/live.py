@@ -47,6 +47,7 @@ __all__ = [
     "loading_status",
     "render",
     "render_summary",
+    "turn_line",
 ]
 
 Origin = Literal["draft", "target", "rejected", "prompt"]
@@ -336,6 +337,25 @@ def speedup_text(state: ViewState) -> str:
     sp = state.speedup
     head = f"speedup {sp:.2f}×" if sp is not None else "speedup –"
     return f"{head} vs {base}{how}"
+
+
+def turn_line(state: ViewState) -> str:
+    """One line after a chat reply: why it ended, tokens, tokens/s, acceptance, speedup,
+    and how many prompt tokens the target evaluated (the rest were cached)."""
+    s = state.stats
+    reason = state.finish_reason or "interrupted"
+    parts = [
+        FINISH_TEXT.get(reason, reason),
+        _count(s.n_generated, "token"),
+        f"{s.tokens_per_s:.1f} tok/s",
+    ]
+    if state.draft_name is not None:
+        parts.append(f"acceptance {_pct(s.acceptance_rate)}" if s.n_drafted else "nothing drafted")
+        sp = state.speedup
+        if sp is not None:
+            parts.append(f"speedup {sp:.2f}×")
+    parts.append(f"prefill {s.n_prefill} of {s.n_prompt} prompt tokens")
+    return " · ".join(parts)
 
 
 def break_even_text(state: ViewState) -> str | None:

@@ -1,0 +1,247 @@
+"""`specgen chat`: an interactive multi-turn conversation with an instruct model, the live
+view for every reply, and both KV caches kept across turns (`specgen.chat.ChatSession`).
+
+When stdin is not a terminal, each input line is one user turn and each reply is printed as
+plain text followed by a blank line (scripts and tests drive it through a pipe).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specgen.cli.options import (
+    ChatTemplateOpt,
+    CtxOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    MinPOpt,
+    ModelsOpt,
+    NgldOpt,
+    NglOpt,
+    PairOpt,
+    SeedOpt,
+    SystemOpt,
+    TargetOpt,
+    TempOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+)
+from specgen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specgen.chat import ChatSession
+    from specgen.events import Done
+
+EXIT = ("/exit", "/quit")
+HELP = "commands: /exit (or Ctrl-D) leaves, /reset starts over, /stats shows the session totals"
+
+EPILOG = (
+    "Examples:\n\n"
+    "  specgen chat -m instruct-f32.gguf -md instruct-q4.gguf\n\n"
+    "  specgen chat --pair qwen2.5-7b-instruct --system 'Answer briefly.'\n\n"
+    "  printf 'Hi\\nWhat is 2+2?\\n/stats\\n' | specgen chat -m t.gguf -md d.gguf --temp 0"
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `chat` command to `app`."""
+    app.command("chat", epilog=EPILOG)(chat)
+
+
+def chat(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    models: ModelsOpt = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Tokens per reply at most.")
+    ] = 1024,
+    temp: TempOpt = 0.8,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    draft_max: DraftMaxOpt = "auto",
+    draft_p_min: DraftPMinOpt = 0.0,
+    system: SystemOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    no_live: Annotated[bool, typer.Option("--no-live", help="Plain text even on a TTY.")] = False,
+    show_rejected: Annotated[
+        bool, typer.Option("--show-rejected", help="Show rejected proposals struck through.")
+    ] = False,
+    n_gpu_layers: NglOpt = 0,
+    n_gpu_layers_draft: NgldOpt = 0,
+    threads: ThreadsOpt = 0,
+    ctx_size: CtxOpt = 4096,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Chat with an instruct model (its chat template applied), replies drafted and verified.
+
+    /exit or Ctrl-D leaves, /reset starts over, /stats shows the session's totals; Ctrl-C
+    stops the current reply and keeps the conversation.
+    """
+    from specgen.chat import ChatFormatter, ChatSession, load_template
+    from specgen.generate import GenerateConfig
+    from specgen.llamacpp import set_verbose
+    from specgen.models.resolve import resolve_models
+    from specgen.sampling import SamplingParams
+    from specgen.session import ModelSpec, load, make_policy, parse_draft_max
+
+    if max_tokens < 1:
+        raise ConfigError(f"-n must be at least 1, got {max_tokens}")
+    set_verbose(verbose)
+    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    k = parse_draft_max(draft_max)
+    target_path, draft_path, pair_k = resolve_models(target, draft, pair, models, None)
+    spec = ModelSpec.from_flags(
+        target_path, draft_path, ctx_size, n_gpu_layers, n_gpu_layers_draft, threads
+    )
+    loaded = load(spec, params, draft_p_min=draft_p_min)
+    try:
+        template = load_template(loaded.target, chat_template)
+        if template is None:
+            raise ConfigError(
+                f"{loaded.target.name} has no chat template (a base model): pass"
+                " --chat-template FILE, or use `specgen run --raw` to continue text"
+            )
+        config = GenerateConfig(
+            max_tokens=max_tokens,
+            params=params,
+            seed=seed if seed is not None else secrets.randbits(31),
+            measure_ordinary=3 if loaded.drafter is not None else 0,
+        )
+        session = ChatSession(
+            loaded.target,
+            loaded.drafter,
+            ChatFormatter(template, loaded.target),
+            config,
+            lambda: make_policy(k, k_init=pair_k),
+            system=system,
+        )
+        tty_in = sys.stdin.isatty()
+        live = sys.stdout.isatty() and not no_live
+        show = _live_reply(loaded.draft_name, show_rejected, echo=not tty_in) if live else None
+        _loop(session, _lines(tty_in), show)
+    finally:
+        loaded.close()
+
+
+def _lines(tty: bool) -> Iterator[str]:
+    """User lines: prompted with readline editing on a terminal, else one per input line
+    (UTF-8, the newline removed). Ends at EOF (Ctrl-D) or Ctrl-C at the prompt."""
+    if tty:
+        import contextlib
+
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401 - line editing and history for input()
+        sys.stderr.write(HELP + "\n")
+        while True:
+            try:
+                yield input("> ")
+            except (EOFError, KeyboardInterrupt):
+                sys.stderr.write("\n")
+                return
+    for raw in sys.stdin.buffer:
+        yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
+ShowReply = Callable[["ChatSession", str, Iterator], "Done | None"]
+
+
+def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
+    from specgen.chat import ContextFullError
+
+    out = sys.stdout.buffer  # UTF-8 whatever the console encoding
+    for line in lines:
+        command = line.strip()
+        if not command:
+            continue
+        if command in EXIT:
+            return
+        if command == "/reset":
+            session.reset()
+            _note("conversation reset")
+            continue
+        if command == "/stats":
+            out.write(session.totals.describe().encode("utf-8") + b"\n\n")
+            out.flush()
+            continue
+        try:
+            events = session.reply(line)
+        except ContextFullError as e:
+            _note(str(e))
+            continue
+        done = show(session, line, events) if show is not None else _plain_reply(events)
+        if done is not None and session.context_full(done):
+            _note("the context is full: type /reset to start over (or restart with a larger -c)")
+
+
+def _note(message: str) -> None:
+    sys.stderr.write(f"specgen: {message}\n")
+    sys.stderr.flush()
+
+
+def _plain_reply(events: Iterator) -> Done | None:
+    """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
+    from specgen.events import Done, Step
+
+    out = sys.stdout.buffer
+    done: Done | None = None
+    written = 0
+    try:
+        for ev in events:
+            text = ev.text if isinstance(ev, Step) else ""
+            if isinstance(ev, Done):
+                done = ev
+                text = ev.text[written:]  # text released only at the end (held bytes)
+            if text:
+                out.write(text.encode("utf-8"))
+                out.flush()
+                written += len(text)
+    except KeyboardInterrupt:
+        events.close()  # type: ignore[attr-defined]
+    out.write(b"\n\n")
+    out.flush()
+    return done
+
+
+def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
+    """The live view for each reply (the user's message echoed dimmed when it was not typed
+    on this terminal), then one dim line with the reply's figures."""
+    from specgen.session import DRAFT_NONE
+    from specgen.ui import live as view
+    from specgen.ui import output
+
+    console = output.console()
+
+    def show(session: ChatSession, line: str, events: Iterator) -> Done | None:
+        from specgen.events import Done
+
+        state = view.ViewState(
+            session.target.name,
+            None if draft_name == DRAFT_NONE else draft_name,
+            show_rejected=show_rejected,
+            prompt=line + "\n" if echo else "",
+        )
+        done: Done | None = None
+        try:
+            with view.LiveView(console, state, summary=False) as lv:
+                for ev in events:
+                    lv.update(ev)
+                    if isinstance(ev, Done):
+                        done = ev
+        except KeyboardInterrupt:
+            events.close()  # type: ignore[attr-defined]
+        console.print(view.turn_line(state), style="dim", highlight=False)
+        console.print()
+        return done
+
+    return show
