@@ -240,3 +240,20 @@ def test_ctrl_c_during_a_download_exits_130_and_keeps_the_partial_file_to_resume
     result = download_model(entry)
     assert result.path.read_bytes() == data and result.transferred_bytes == len(data) - kept
     assert hub.file_gets()[-1].range == f"bytes={kept}-"
+
+
+def test_models_shows_which_pairs_chat(monkeypatch):
+    pairs = {p["name"]: p for p in json.loads(invoke("models", "--json").output)["pairs"]}
+    assert pairs["llama3.1-8b"]["chat"] is True and pairs["demo"]["chat"] is False
+    monkeypatch.setenv("COLUMNS", "200")
+    lines = invoke("models").output.splitlines()
+    header = next(line for line in lines if " chat " in line and "ready" in line)
+    col = header.index(" chat ") + 1
+    assert (
+        next(line for line in lines if line.strip().startswith("gemma3-4b "))[col : col + 3]
+        == "yes"
+    )
+    assert (
+        next(line for line in lines if line.strip().startswith("demo "))[col : col + 3].strip()
+        == ""
+    )

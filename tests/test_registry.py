@@ -222,3 +222,14 @@ def test_models_for_download(tmp_path):
     assert [m.name for m in reg.models_for("gemma3-4b-it-q4")] == ["gemma3-4b-it-q4"]
     with pytest.raises(ConfigError, match="neither a pair nor a model"):
         reg.models_for("nope")
+
+
+def test_instruct_pairs_are_marked_for_chat(tmp_path):
+    reg = load_registry()
+    chat = {name for name, p in reg.pairs.items() if p.chat}
+    assert chat == {"qwen2.5-7b-instruct", "llama3.1-8b", "gemma3-4b"}
+    assert not reg.pair("demo").chat  # Gemma 3 270M base: no chat template
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pairs:\n  p: {target: gemma3-270m-f32, draft: gemma3-270m-q4, chat: yes-ish}\n")
+    with pytest.raises(ConfigError, match=r"pairs\.p\.chat: expected bool"):
+        load_registry(bad)

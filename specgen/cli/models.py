@@ -142,7 +142,7 @@ def _model_row(m: ModelEntry) -> dict[str, Any]:
 
 
 def pair_rows(reg: Registry, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One dict per pair: name, target, draft, draft_max, ready, note."""
+    """One dict per pair: name, target, draft, draft_max, chat, ready, note."""
     ready = {r["name"]: r["downloaded"] or r["embedded"] for r in rows}
     return [
         {
@@ -150,6 +150,7 @@ def pair_rows(reg: Registry, rows: list[dict[str, Any]]) -> list[dict[str, Any]]
             "target": p.target,
             "draft": p.draft,
             "draft_max": p.draft_max,
+            "chat": p.chat,
             "ready": ready[p.target] and ready[p.draft],
             "note": p.note,
         }

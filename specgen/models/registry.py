@@ -39,7 +39,7 @@ _MODEL_KEYS = frozenset(
         "verified",
     }
 )
-_PAIR_KEYS = frozenset({"target", "draft", "draft_max", "note"})
+_PAIR_KEYS = frozenset({"target", "draft", "draft_max", "note", "chat"})
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class PairEntry:
-    """A target/draft pair by model name, with its recommended block size K."""
+    """A target/draft pair by model name, with its recommended block size K; `chat` marks
+    instruct models (a chat template in the target: `specgen chat` works with them)."""
 
     name: str
     source: Path
@@ -70,6 +71,7 @@ class PairEntry:
     draft: str
     draft_max: int = 8
     note: str = ""
+    chat: bool = False
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,7 @@ def _pair(name: str, body: dict[str, Any], path: Path) -> PairEntry:
         draft=_get(body, "draft", str, path, key, ""),
         draft_max=k_max,
         note=_get(body, "note", str, path, key, ""),
+        chat=_get(body, "chat", bool, path, key, False),
     )
 
 

@@ -307,6 +307,7 @@ def render_model_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]])
     pt.add_column("name", no_wrap=True)
     pt.add_column("target + draft", no_wrap=True)
     pt.add_column("K", justify="right")
+    pt.add_column("chat")
     pt.add_column("ready")
     pt.add_column("good for", overflow="fold", min_width=12)
     for p in pairs:
@@ -314,6 +315,7 @@ def render_model_tables(pairs: list[dict[str, Any]], rows: list[dict[str, Any]])
             p["name"],
             f"{p['target']}\n+ {p['draft']}",
             str(p["draft_max"]),
+            "yes" if p.get("chat") else "",
             "[green]yes[/]" if p["ready"] else "no",
             p["note"],
         )
