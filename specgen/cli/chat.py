@@ -85,8 +85,7 @@ def chat(
 ) -> None:
     """Chat with an instruct model (its chat template applied), replies drafted and verified.
 
-    /exit or Ctrl-D leaves, /reset starts over, /stats shows the session's totals; Ctrl-C
-    stops the current reply and keeps the conversation.
+    /exit or Ctrl-D leaves, /reset starts over, /stats shows the totals; Ctrl-C stops a reply.
     """
     from specgen.chat import ChatFormatter, ChatSession, load_template
     from specgen.generate import GenerateConfig
@@ -104,7 +103,16 @@ def chat(
     spec = ModelSpec.from_flags(
         target_path, draft_path, ctx_size, n_gpu_layers, n_gpu_layers_draft, threads
     )
-    loaded = load(spec, params, draft_p_min=draft_p_min)
+    live = sys.stdout.isatty() and not no_live
+    if live:
+        from specgen.ui import live as view
+        from specgen.ui import output
+
+        err = output.console(stderr=True)
+        with view.loading_status(err, "preparing models", "models ready") as spinner:
+            loaded = load(spec, params, draft_p_min=draft_p_min, status=spinner.update)
+    else:
+        loaded = load(spec, params, draft_p_min=draft_p_min)
     try:
         template = load_template(loaded.target, chat_template)
         if template is None:
@@ -127,7 +135,6 @@ def chat(
             system=system,
         )
         tty_in = sys.stdin.isatty()
-        live = sys.stdout.isatty() and not no_live
         show = _live_reply(loaded.draft_name, show_rejected, echo=not tty_in) if live else None
         _loop(session, _lines(tty_in), show)
     finally:
