@@ -371,9 +371,7 @@ class ChatSession:
 
     def context_full(self, done: Done) -> bool:
         """Whether `done` stopped because the context filled up (not because of -n)."""
-        return done.finish_reason == "length" and (
-            done.stats.n_prompt + done.stats.n_generated >= self.target.n_ctx
-        )
+        return done.finish_reason == "context"
 
     def reset(self) -> None:
         """Forget the conversation (the caches keep what the next turn can still reuse,

@@ -172,3 +172,15 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
+    target, draft = smol_pair
+    args = ["-m", str(target), "-md", str(draft), "-c", "256", "--temp", "0"]
+    blocks, err = chat_pipe(args, ["Write a very long story about a dragon.", "Hi", "/stats"])
+    # the story as far as it fitted (it may hold blank lines itself), then the stats line
+    assert blocks[0].strip() and STATS.fullmatch(blocks[-1])[1] == "1"
+    lines = err.splitlines()
+    assert len(lines) == 2 and "Traceback" not in err
+    assert "the context is full" in lines[0] and "context holds 256" in lines[1]
+    assert all("/reset" in line for line in lines)
