@@ -35,6 +35,7 @@ from specgen.cli.options import (
     VerboseOpt,
 )
 from specgen.errors import ConfigError
+from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.chat import ChatSession
@@ -96,20 +97,20 @@ def chat(
 
     if max_tokens < 1:
         raise ConfigError(f"-n must be at least 1, got {max_tokens}")
-    set_verbose(verbose)
+    set_verbose(verbose, output.log)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     k = parse_draft_max(draft_max)
     target_path, draft_path, pair_k = resolve_models(target, draft, pair, models, None)
     spec = ModelSpec.from_flags(
         target_path, draft_path, ctx_size, n_gpu_layers, n_gpu_layers_draft, threads
     )
-    live = sys.stdout.isatty() and not no_live
+    live = output.stdout_is_terminal() and not no_live
     if live:
         from specgen.ui import live as view
-        from specgen.ui import output
 
-        err = output.console(stderr=True)
-        with view.loading_status(err, "preparing models", "models ready") as spinner:
+        with view.loading_status(
+            output.err_console(), "preparing models", "models ready"
+        ) as spinner:
             loaded = load(spec, params, draft_p_min=draft_p_min, status=spinner.update)
     else:
         loaded = load(spec, params, draft_p_min=draft_p_min)
@@ -149,12 +150,12 @@ def _lines(tty: bool) -> Iterator[str]:
 
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401 - line editing and history for input()
-        sys.stderr.write(HELP + "\n")
+        output.status_line(HELP)
         while True:
             try:
                 yield input("> ")
             except (EOFError, KeyboardInterrupt):
-                sys.stderr.write("\n")
+                output.status_line("")
                 return
     for raw in sys.stdin.buffer:
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -164,9 +165,16 @@ ShowReply = Callable[["ChatSession", str, Iterator], "Done | None"]
 
 
 def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
+
+    try:
+        _turns(session, lines, show)
+    except BrokenPipeError:  # the reader went away (`| head`): leave quietly
+        output.discard_stdout()
+
+
+def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
     from specgen.chat import ContextFullError
 
-    out = sys.stdout.buffer  # UTF-8 whatever the console encoding
     for line in lines:
         command = line.strip()
         if not command:
@@ -178,8 +186,7 @@ def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) ->
             _note("conversation reset")
             continue
         if command == "/stats":
-            out.write(session.totals.describe().encode("utf-8") + b"\n\n")
-            out.flush()
+            output.write_text(session.totals.describe() + "\n\n")
             continue
         try:
             events = session.reply(line)
@@ -192,15 +199,13 @@ def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) ->
 
 
 def _note(message: str) -> None:
-    sys.stderr.write(f"specgen: {message}\n")
-    sys.stderr.flush()
+    output.notice(message)
 
 
 def _plain_reply(events: Iterator) -> Done | None:
     """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
     from specgen.events import Done, Step
 
-    out = sys.stdout.buffer
     done: Done | None = None
     written = 0
     try:
@@ -210,22 +215,22 @@ def _plain_reply(events: Iterator) -> Done | None:
                 done = ev
                 text = ev.text[written:]  # text released only at the end (held bytes)
             if text:
-                out.write(text.encode("utf-8"))
-                out.flush()
+                output.write_text(text)
                 written += len(text)
     except KeyboardInterrupt:
         events.close()  # type: ignore[attr-defined]
-    out.write(b"\n\n")
-    out.flush()
+    except BrokenPipeError:
+        events.close()  # type: ignore[attr-defined]
+        raise
+    output.write_text("\n\n")
     return done
 
 
 def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
     """The live view for each reply (the user's message echoed dimmed when it was not typed
     on this terminal), then one dim line with the reply's figures."""
-    from specgen.session import DRAFT_NONE
+    from specgen.models.resolve import DRAFT_NONE
     from specgen.ui import live as view
-    from specgen.ui import output
 
     console = output.console()
 
@@ -247,8 +252,7 @@ def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
                         done = ev
         except KeyboardInterrupt:
             events.close()  # type: ignore[attr-defined]
-        console.print(view.turn_line(state), style="dim", highlight=False)
-        console.print()
+        output.show(view.turn_text(state), "", highlight=False)
         return done
 
     return show

@@ -48,6 +48,7 @@ __all__ = [
     "render",
     "render_summary",
     "turn_line",
+    "turn_text",
 ]
 
 Origin = Literal["draft", "target", "rejected", "prompt"]
@@ -356,6 +357,11 @@ def turn_line(state: ViewState) -> str:
             parts.append(f"speedup {sp:.2f}×")
     parts.append(f"prefill {s.n_prefill} of {s.n_prompt} prompt tokens")
     return " · ".join(parts)
+
+
+def turn_text(state: ViewState) -> Text:
+    """``turn_line``, dimmed, for the line after a chat reply."""
+    return Text(turn_line(state), style="dim")
 
 
 def break_even_text(state: ViewState) -> str | None:
