@@ -7,7 +7,6 @@ plain text followed by a blank line (scripts and tests drive it through a pipe).
 
 from __future__ import annotations
 
-import secrets
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated
@@ -33,6 +32,9 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    check_model_flags,
+    check_sampling_flags,
+    seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.ui import output
@@ -97,6 +99,16 @@ def chat(
 
     if max_tokens < 1:
         raise ConfigError(f"-n must be at least 1, got {max_tokens}")
+    check_model_flags(
+        target=target,
+        draft=draft,
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+    )
+    check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
+    seed = seed_or_random(seed)
     set_verbose(verbose, output.log)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     k = parse_draft_max(draft_max)
@@ -124,7 +136,7 @@ def chat(
         config = GenerateConfig(
             max_tokens=max_tokens,
             params=params,
-            seed=seed if seed is not None else secrets.randbits(31),
+            seed=seed,
             measure_ordinary=3 if loaded.drafter is not None else 0,
         )
         session = ChatSession(
@@ -165,7 +177,6 @@ ShowReply = Callable[["ChatSession", str, Iterator], "Done | None"]
 
 
 def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
-
     try:
         _turns(session, lines, show)
     except BrokenPipeError:  # the reader went away (`| head`): leave quietly
