@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -205,9 +203,9 @@ def test_embedded_models_are_built_by_the_demo_module(tmp_path, monkeypatch):
         calls.append(name)
         return tmp_path / f"{name}.gguf"
 
-    fake = types.ModuleType("specgen.models.demo")
-    fake.ensure_demo_model = ensure_demo_model  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "specgen.models.demo", fake)
+    from specgen.models import resolve
+
+    monkeypatch.setattr(resolve, "ensure_demo_model", ensure_demo_model)
     target, draft, k = resolve_pair(load_registry(), "demo")
     assert (target.name, draft.name, k) == ("gemma3-270m-f32.gguf", "gemma3-270m-q4.gguf", 8)
     assert calls == ["gemma3-270m-f32", "gemma3-270m-q4"]
