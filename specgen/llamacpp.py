@@ -135,6 +135,11 @@ class EngineConfig:
         n_batch: maximum tokens per llama_decode call (longer prompts are split).
         local_only: offload only to this machine's devices, never to RPC servers (the
             draft's setting: it must not pay network round trips).
+        swa_full: keep every position in the sliding-window layers (llama.cpp's
+            `--swa-full`). Off by default: llama.cpp then sizes those layers' cache to the
+            window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
+            `truncate` re-evaluates the context in the rare case a rollback reaches
+            positions that cache no longer holds.
     """
 
     n_ctx: int = 4096
@@ -142,6 +147,7 @@ class EngineConfig:
     n_threads: int = 0
     n_batch: int = 512
     local_only: bool = False
+    swa_full: bool = False
 
 
 class LlamaEngine:
@@ -183,10 +189,10 @@ class LlamaEngine:
         n_threads = config.n_threads if config.n_threads > 0 else default_threads()
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        # Sliding-window layers (Gemma 3) otherwise keep only the last window of
-        # positions; rolling back past a rejected block would then silently drop cells
-        # that later positions still need. The full-size SWA cache makes rollback exact.
-        cparams.swa_full = True
+        # Without swa_full, sliding-window layers (Gemma 3) keep n_swa + n_ubatch cells
+        # and reuse cells that have left the window; `truncate` checks that a rollback
+        # still has the window it needs (see `_window_intact`).
+        cparams.swa_full = config.swa_full
         cparams.no_perf = True
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
@@ -201,6 +207,9 @@ class LlamaEngine:
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        # window of the sliding-window layers in positions, 0 when the model has none
+        self.n_swa = int(llama_cpp.llama_model_n_swa(model))
+        self.n_reprocessed = 0  # times truncate had to re-evaluate the whole context
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
         v = self._vocab
@@ -326,6 +335,15 @@ class LlamaEngine:
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first n positions (`llama_memory_seq_rm`).
 
+        With a window-sized sliding-window cache, llama.cpp reuses the cells of positions
+        that have left the window of the newest position, so a rollback can need cells
+        that are gone. The speculative loop never gets there (the target rolls back to at
+        least the length it had before its last decode, which llama.cpp never evicts from;
+        the draft's ring of n_swa + n_batch cells keeps far more than its K positions
+        back), but other callers can: then the context is evaluated again from position 0
+        (as llama-server does, "forcing full prompt re-processing") and `n_reprocessed`
+        counts it.
+
         Raises:
             EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), or
             the cache still holds positions >= n afterwards.
@@ -342,6 +360,27 @@ class LlamaEngine:
                 " (recurrent or hybrid models are not supported for speculation)"
             )
         del self.tokens[n:]
+        if not self._window_intact():
+            kept = self.tokens
+            self.tokens = []
+            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1):
+                raise EngineError(f"{self.name}: the KV cache cannot be cleared")
+            self.n_reprocessed += 1
+            self.decode(kept)
+
+    def _window_intact(self) -> bool:
+        """Whether the sliding-window layers hold every position the next one attends to.
+
+        Position m = len(tokens) attends to keys p with m - p < n_swa (llama.cpp's
+        `is_masked_swa`, standard type), so positions max(0, m - n_swa + 1)..m-1 must be
+        cached; llama.cpp keeps each sequence's cached positions contiguous
+        (`llama_memory_seq_pos_min` documents it), so the smallest one decides.
+        """
+        m = len(self.tokens)
+        if self.n_swa <= 0 or m == 0:
+            return True
+        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0))
+        return 0 <= pos_min <= max(0, m - self.n_swa + 1)
 
     def close(self) -> None:
         """Free the batch, context and model (idempotent)."""
