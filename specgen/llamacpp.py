@@ -337,16 +337,17 @@ class LlamaEngine:
 
         With a window-sized sliding-window cache, llama.cpp reuses the cells of positions
         that have left the window of the newest position, so a rollback can need cells
-        that are gone. The speculative loop never gets there (the target rolls back to at
-        least the length it had before its last decode, which llama.cpp never evicts from;
-        the draft's ring of n_swa + n_batch cells keeps far more than its K positions
-        back), but other callers can: then the context is evaluated again from position 0
-        (as llama-server does, "forcing full prompt re-processing") and `n_reprocessed`
-        counts it.
+        that are gone. The speculative loop does not get there: the target rolls back to
+        at least the length it had before its last decode, whose window llama.cpp never
+        evicts; the draft rolls back at most K - 1 single-token passes, and its ring of
+        n_swa + n_batch cells holds the last ~n_swa + n_batch - K positions (measured:
+        1011-1018 for Gemma 3 at K = 8). Deeper rollbacks can: then the context is
+        evaluated again from position 0 (llama-server's "forcing full prompt
+        re-processing") and `n_reprocessed` counts it.
 
         Raises:
-            EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), or
-            the cache still holds positions >= n afterwards.
+            EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), the
+            cache still holds positions >= n afterwards, or re-evaluating failed.
         """
         if self._ctx is None:  # closed: there is no cache left to keep consistent
             return
@@ -372,9 +373,10 @@ class LlamaEngine:
         """Whether the sliding-window layers hold every position the next one attends to.
 
         Position m = len(tokens) attends to keys p with m - p < n_swa (llama.cpp's
-        `is_masked_swa`, standard type), so positions max(0, m - n_swa + 1)..m-1 must be
-        cached; llama.cpp keeps each sequence's cached positions contiguous
-        (`llama_memory_seq_pos_min` documents it), so the smallest one decides.
+        `is_masked_swa`, standard type; the chunked type needs fewer), so positions
+        max(0, m - n_swa + 1)..m-1 must be cached; llama.cpp keeps each sequence's cached
+        positions contiguous (`llama_memory_seq_pos_min` documents it), so the smallest
+        one decides.
         """
         m = len(self.tokens)
         if self.n_swa <= 0 or m == 0:

@@ -53,11 +53,12 @@ class ModelSpec:
         n_gpu_layers_draft: int,
         n_threads: int,
         rpc: str | None = None,
+        swa_full: bool = False,
     ) -> ModelSpec:
         """The spec the shared flags describe: -c and -t for both models, -ngl for the
         target, -ngld for the draft, `--rpc` servers for the target only (the draft's
         layers stay on this machine: it runs K times per round and must not pay a network
-        round trip each time).
+        round trip each time). `swa_full` (`--swa-full`) applies to both models.
 
         Raises:
             ConfigError: `rpc` is not a HOST:PORT list.
@@ -66,9 +67,15 @@ class ModelSpec:
             rpc=parse_rpc_endpoints(rpc) if rpc is not None else (),
             target=Path(target),
             draft=draft,
-            target_cfg=EngineConfig(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads),
+            target_cfg=EngineConfig(
+                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads, swa_full=swa_full
+            ),
             draft_cfg=EngineConfig(
-                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers_draft, n_threads=n_threads, local_only=True
+                n_ctx=n_ctx,
+                n_gpu_layers=n_gpu_layers_draft,
+                n_threads=n_threads,
+                local_only=True,
+                swa_full=swa_full,
             ),
         )
 

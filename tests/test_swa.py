@@ -10,6 +10,9 @@ cells re-evaluates the context, and that without that re-evaluation the logits w
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -114,3 +117,16 @@ def test_greedy_speculation_past_the_window_is_the_targets_argmax(target, demo_p
         if int(np.argmax(row)) != tok:
             top2 = np.sort(row)[-2:]
             assert top2[1] - top2[0] < NEAR_TIE_LOGITS, f"token {i} is not the argmax"
+
+
+@pytest.mark.parametrize(("flags", "cells"), [((), 1024), (("--swa-full",), 2048)])
+def test_run_sizes_the_sliding_window_cache_as_asked(demo_pair, flags, cells):
+    """`specgen run` passes --swa-full to llama.cpp, whose log gives the cache's size."""
+    args = ["run", "-m", str(demo_pair[0]), "--draft", "none", "-c", "2048", "-n", "2"]
+    r = subprocess.run(
+        [sys.executable, "-m", "specgen", *args, "--verbose", *flags, "Hello"],
+        capture_output=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr.decode()
+    assert f"SWA KV cache, size = {cells} cells" in r.stderr.decode()

@@ -180,6 +180,7 @@ def build_record(
         "threads": threads,
         "n_ctx": n_ctx if n_ctx is not None else target_cfg.n_ctx,
         "n_batch": target_cfg.n_batch,
+        "swa_full": target_cfg.swa_full,
         "sampling": {
             "temps": list(settings.temps),
             "top_k": settings.top_k,

@@ -20,6 +20,7 @@ from specgen.cli.options import (
     NglOpt,
     PairOpt,
     RpcOpt,
+    SwaFullOpt,
     TargetOpt,
     ThreadsOpt,
     TopKOpt,
@@ -84,6 +85,7 @@ def bench(
     rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
+    swa_full: SwaFullOpt = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write every figure and the record.")
     ] = None,
@@ -107,7 +109,7 @@ def bench(
         draft_max=draft_max, temp=temp, runs=runs, max_tokens=max_tokens, seed=seed,
         top_k=top_k, top_p=top_p, min_p=min_p, draft_p_min=draft_p_min,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc,
-        threads=threads, ctx_size=ctx_size, json_path=json_path,
+        threads=threads, ctx_size=ctx_size, swa_full=swa_full, json_path=json_path,
         markdown_path=markdown_path, plot_path=plot_path, compare=compare,
         trace=trace, verbose=verbose,
     )  # fmt: skip
@@ -171,6 +173,7 @@ def run_bench_command(**a: Any) -> None:
         a["n_gpu_layers_draft"],
         a["threads"],
         a["rpc"],
+        swa_full=a["swa_full"],
     )
     for note in load_notes(spec):  # before measuring: a run of minutes at CPU speed
         output.notice(note)

@@ -83,6 +83,14 @@ RpcOpt = Annotated[
         " them; the draft stays local. No authentication: trusted networks only.",
     ),
 ]
+SwaFullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--swa-full",
+        help="Full-size cache for sliding-window layers (Gemma 3): more memory, and no"
+        " re-evaluation after rollbacks deeper than the window.",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log lines.")]
 SystemOpt = Annotated[
     str | None,

@@ -29,6 +29,7 @@ from specgen.cli.options import (
     RawOpt,
     RpcOpt,
     SeedOpt,
+    SwaFullOpt,
     SystemOpt,
     TargetOpt,
     TempOpt,
@@ -83,6 +84,7 @@ class RunArgs:
     raw: bool = False  # --raw: no chat template
     system: str | None = None  # --system TEXT
     chat_template: Path | None = None  # --chat-template FILE
+    swa_full: bool = False  # --swa-full
 
 
 EPILOG = (
@@ -156,6 +158,7 @@ def run(
     rpc: RpcOpt = None,
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
+    swa_full: SwaFullOpt = False,
     verbose: VerboseOpt = False,
     trace: TraceOpt = None,
     raw: RawOpt = False,
@@ -217,6 +220,7 @@ def run(
             raw=raw,
             system=system,
             chat_template=chat_template,
+            swa_full=swa_full,
         )
     )
     raise typer.Exit(code)
@@ -329,6 +333,7 @@ def _load(a: RunArgs, params: SamplingParams, status):
         a.n_gpu_layers_draft,
         a.threads,
         a.rpc,
+        swa_full=a.swa_full,
     )
     loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status)
     return loaded, pair_k, load_notes(spec, loaded)
