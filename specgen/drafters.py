@@ -9,7 +9,7 @@ import numpy as np
 
 from specgen.cutoff import should_stop, top_probability
 from specgen.engine import Block, Engine, Logits
-from specgen.sampling import SamplingParams, draw, warp
+from specgen.sampling import Dists, SamplingParams, draw, warp_rows
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -113,14 +113,15 @@ class ModelDrafter:
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
         """Propose up to k tokens after `context` (see `specgen.engine.Drafter`).
 
-        Returns a Block with tokens (m,) int64 and q (m, n_vocab) float64, m <= k
-        (m < k only when the confidence cut-off stopped the block).
+        Returns a Block with tokens (m,) int64 and q, m rows warped by the target's own
+        `warp_rows` (one call per row: each row exists only after the previous draw),
+        m <= k (m < k only when the confidence cut-off stopped the block).
         """
         # the draft evaluates the context then k - 1 proposals: keep that inside its own
         # context, which may be smaller than the target's
         k = max(0, min(k, self.engine.n_ctx - len(context) + 1))
         tokens: list[int] = []
-        q = np.zeros((k, self.n_vocab), dtype=np.float64)
+        rows: list[Dists] = []
         catchup_s = 0.0
         if k > 0:
             behind = len(context) - self._reusable(context)
@@ -130,17 +131,18 @@ class ModelDrafter:
                 # the same batch also produced x_1's row: that part is ordinary drafting
                 catchup_s = max(0.0, time.perf_counter() - t0 - (self._decode_s or 0.0))
             for i in range(k):
-                ids, probs = warp(row, self.params)
+                q_i = warp_rows(row[None, :], self.params)
+                ids, probs = q_i.row(0)
                 if not self._confident(row, probs):
                     break
-                x = draw(ids, probs, rng)
-                q[i, ids] = probs
-                tokens.append(x)
+                tokens.append(draw(ids, probs, rng))
+                rows.append(q_i)
                 if i + 1 < k:
                     t1 = time.perf_counter()
-                    row = self._align(self.engine.decode([x])[-1])
+                    row = self._align(self.engine.decode([tokens[-1]])[-1])
                     self._note_decode(time.perf_counter() - t1)
-        return Block(np.array(tokens, dtype=np.int64), q[: len(tokens)], catchup_s)
+        q = Dists.concat(rows, self.n_vocab)
+        return Block(np.array(tokens, dtype=np.int64), q, catchup_s)
 
     def _note_decode(self, seconds: float) -> None:
         d = self._decode_s

@@ -11,6 +11,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from specgen.sampling import Dists
+
 Logits = npt.NDArray[np.float32]
 """(n_rows, n_vocab) float32 raw scores, one row per output position."""
 Probs = npt.NDArray[np.float64]
@@ -91,12 +93,15 @@ class Block:
 
     Attributes:
         tokens: (K,) int64 proposed token ids x_1..x_K.
-        q: (K, n_vocab) float64; row i is the exact distribution x_{i+1} was sampled
-            from (after the same warpers as the target's p), rows sum to 1.
+        q: K rows, a `specgen.sampling.Dists`: row i is the exact distribution x_{i+1}
+            was sampled from (after the same warpers as the target's p). Sparse, (K, m)
+            ids and float64 probabilities over each row's support (m is at most top-k,
+            1 for a greedy or prompt-lookup draft), or dense (K, n_vocab) when every
+            truncation is off. Rows sum to 1.
     """
 
     tokens: TokenIds
-    q: Probs
+    q: Dists
     catchup_s: float = 0.0
     """Seconds the drafter spent catching up on committed tokens it had not seen (after
     ordinary-decoding rounds), beyond the single-token pass that yields x_1's row anyway:

@@ -25,10 +25,10 @@ import numpy as np
 from specgen import rejection
 from specgen.drafters import common_prefix
 from specgen.emit import Emitter
-from specgen.engine import Block, Drafter, Engine, Logits, Probs
+from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, RoundTrace, Span, Stats, Step
-from specgen.sampling import SamplingParams, dense, warp
+from specgen.sampling import Dists, SamplingParams, warp_rows
 
 Event = Prefilled | Step | Done
 
@@ -104,7 +104,7 @@ class GenerateConfig:
 class Verified:
     """Target side of a round: p rows (or their argmax when greedy)."""
 
-    p: Probs | None  # (k+1, n_vocab) float64, None when greedy
+    p: Dists | None  # k+1 rows (k without the bonus row), None when greedy
     argmax: np.ndarray | None  # (k+1,) int64 when greedy
 
 
@@ -116,7 +116,7 @@ def draft_block(
 ) -> Block:
     """Stage 1: up to k proposals after `context` with their q rows (empty when k = 0)."""
     if drafter is None or k == 0:
-        return Block(tokens=np.zeros(0, dtype=np.int64), q=np.zeros((0, 0)))
+        return Block(tokens=np.zeros(0, dtype=np.int64), q=Dists.empty(0))
     return drafter.draft(context, k, rng)
 
 
@@ -135,14 +135,11 @@ def score_block(target: Engine, last: int, block: Block, bonus: bool = True) -> 
 
 
 def target_distributions(logits: Logits, params: SamplingParams) -> Verified:
-    """p rows under the same warpers as q; greedy keeps only the argmax per row."""
+    """p rows under the same warpers as q, all rows in one call; greedy keeps only the
+    argmax per row."""
     if params.greedy:
         return Verified(p=None, argmax=np.argmax(logits, axis=1))
-    n_vocab = logits.shape[1]
-    p = np.empty((logits.shape[0], n_vocab), dtype=np.float64)
-    for i in range(logits.shape[0]):
-        p[i] = dense(*warp(logits[i], params), n_vocab)
-    return Verified(p=p, argmax=None)
+    return Verified(p=warp_rows(logits, params), argmax=None)
 
 
 def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
@@ -162,15 +159,13 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
     2023, Theorem 3.5), and whether the bonus row is scored is decided before the round,
     from nothing the round produces; the bonus token is a free extra draw from p.
     """
-    rows = (v.argmax if v.argmax is not None else v.p).shape[0]  # type: ignore[union-attr]
+    rows = v.argmax.shape[0] if v.argmax is not None else len(v.p)  # type: ignore[arg-type]
     if n >= rows:
         return None
     if v.argmax is not None:
         # one-hot p minus one-hot q at a rejected position leaves p: the argmax
         return int(v.argmax[n])
     assert v.p is not None
-    if block.tokens.size == 0:
-        return rejection.correct(0, np.zeros((0, v.p.shape[1])), v.p, rng)
     return rejection.correct(n, block.q, v.p, rng)
 
 
@@ -191,14 +186,17 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         q_x = [1.0] * k
         z = logits[row].astype(np.float64)  # greedy p is one-hot: show the raw softmax
         w = np.exp(z - z.max())
-        probs_row = w / w.sum()
+        ids, pr = np.arange(z.size), w / w.sum()
     else:
         assert v.p is not None
-        p_x = [float(v.p[i, x[i]]) for i in range(k)]
-        q_x = [float(block.q[i, x[i]]) for i in range(k)]
-        probs_row = v.p[row]
+        p_x = v.p[:k].at(block.tokens).tolist()
+        q_x = block.q.at(block.tokens).tolist()
+        ids, pr = v.p.row(row)
+    # most likely first (sparse rows are already in that order)
+    head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
+    best = head[np.argsort(-pr[head], kind="stable")] if x_next is not None else []
+    top = tuple((int(ids[j]), float(pr[j])) for j in best)
     tested = n + 1 if n < k else k
-    top_ids: list[int] = np.argsort(-probs_row)[:3].tolist() if x_next is not None else []
     return RoundTrace(
         position=len(committed) - len(new),
         drafted=tuple(x),
@@ -214,7 +212,7 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
             if k == 0
             else ("bonus" if n == k else "residual")
         ),
-        top=tuple((int(t), float(probs_row[t])) for t in top_ids),
+        top=top,
         target_cache=len(target.tokens),
         draft_cache=drafter.cached_tokens if drafter is not None else -1,
     )

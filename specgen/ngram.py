@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specgen.engine import Block
+from specgen.sampling import Dists
 
 
 def _continue(context: Sequence[int], start: int, k: int) -> list[int]:
@@ -149,14 +150,11 @@ class NgramDrafter:
         """Up to k tokens (0 when no n-gram matches); ``rng`` is unused (deterministic).
 
         Returns:
-            Block with tokens (m,) int64 and q (m, n_vocab) float64 one-hot rows, m in {0, k}.
+            Block with tokens (m,) int64 and one-hot q rows (sparse, one id each), m in
+            {0, k}.
         """
         tokens = np.array(self.index.lookup(context, k), dtype=np.int64)
-        m = tokens.size
-        # np.zeros is calloc: pages of a (16, 262144) array are only touched where written
-        q = np.zeros((m, self.n_vocab), dtype=np.float64)
-        q[np.arange(m), tokens] = 1.0
-        return Block(tokens=tokens, q=q)
+        return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab))
 
     def rollback(self, context: list[int]) -> None:
         """Nothing to roll back: the index re-syncs with the context at the next lookup."""

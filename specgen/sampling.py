@@ -1,22 +1,58 @@
-"""Logits row -> probability row under temperature / top-k / top-p / min-p, and draws.
+"""Logits rows -> probability rows under temperature / top-k / top-p / min-p, and draws.
 
 The warpers run in llama.cpp's default sampler-chain order (`common_sampler`: top-k,
 top-p, min-p, then temperature), so a given setting means what it means in llama-cli.
 The same function builds p (target) and q (draft): the rejection rule is exact only
 when q is the distribution the draft token was really drawn from.
 
-Distributions are kept sparse as (ids, probs) while being built: after top-k the
-work is on ~40 numbers instead of the 262,144 of a Gemma 3 row.
+The rule, for one row z of raw logits (float32 or float64; arithmetic in float64):
+
+1. top-k (0 < k < n_vocab): keep the k largest logits. Ties at the boundary go to the
+   lowest token ids. (llama.cpp's `llama_sampler_top_k_impl` leaves them to
+   `std::partial_sort` or its bucket sort, whose order among equal logits is
+   unspecified; a fixed rule keeps p a function of the logits alone.) The survivors are
+   ordered z_(1) >= z_(2) >= ... by logit, ties by ascending id.
+2. top-p (top_p < 1; `llama_sampler_top_p_apply`): with w_j = exp(z_(j) - z_(1)),
+   W = the sum of w over all survivors added left to right in ascending id order, and
+   C_j = w_(1) + ... + w_(j) added left to right, keep the smallest prefix whose
+   C_j / W >= top_p.
+3. min-p (min_p > 0; `llama_sampler_min_p_apply`, on logits): keep z_(j) >=
+   z_(1) + log(min_p).
+4. temperature T: p_(j) = exp((z_(j) - z_(1)) / T) / sum of the same over the kept tokens.
+   Tokens left with p = 0 (-inf logits) are not part of the support.
+
+Greedy (T <= 0) is the argmax, lowest id among ties, with probability 1.
+
+Rows are sparse: a batch is a `Dists`, (ids, probs) over each row's support, built by one
+vectorized call over all rows (`warp_rows`). Finding the top-k never sorts or partitions
+a whole row: block maxima bound the k-th largest logit from below, and only the few
+blocks that can hold a survivor are read again. A row is dense (n_vocab wide) only when
+its support really is the whole vocabulary: every truncation off
+(``--top-k 0 --top-p 1 --min-p 0``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
 
 from specgen.errors import ConfigError
+
+TokenIds = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+_BLOCK = 64
+"""Logits per block for the block maxima (a row is read as (_BLOCK, n_blocks): the max
+over axis 0 is elementwise and vectorizes well)."""
+_MIN_BLOCKS = 256
+"""Rows narrower than _BLOCK * _MIN_BLOCKS use one logit per block."""
+_DRAW_BLOCK = 1024
+"""Rows wider than this are drawn from in two levels (block sums, then one block)."""
 
 
 @dataclass(frozen=True)
@@ -45,27 +81,280 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temp <= 0.0
 
+    def whole_vocabulary(self, n_vocab: int) -> bool:
+        """True when no truncation applies: the support is every token with a finite logit."""
+        return (
+            not self.greedy
+            and not 0 < self.top_k < n_vocab
+            and self.top_p >= 1.0
+            and self.min_p <= 0.0
+        )
 
-def _top_k_ids(logits: npt.NDArray[np.floating], k: int) -> npt.NDArray[np.int64]:
-    """Ids of the k largest logits, unordered. Avoids a full argpartition over a large
-    vocabulary by first keeping only logits within `delta` of the max (O(V) compares),
-    widening until at least k survive."""
-    n = logits.shape[0]
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    top = float(logits.max())
-    for delta in (8.0, 16.0, 32.0, 64.0):
-        cand = np.flatnonzero(logits >= top - delta)
-        if cand.size >= k:
-            part = np.argpartition(-logits[cand], k - 1)[:k]
-            return cand[part].astype(np.int64)
-    return np.argpartition(-logits, k - 1)[:k].astype(np.int64)
+
+@lru_cache(maxsize=4)
+def _arange(n: int) -> TokenIds:
+    a = np.arange(n, dtype=np.int64)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class Dists:
+    """A batch of n probability distributions (rows) over a vocabulary of n_vocab tokens.
+
+    Sparse (``ids`` is an array): row i puts probability probs[i, j] on token ids[i, j].
+    Each row's support is sorted by probability, descending (ties by ascending id), and
+    padded at its end with id -1 and probability 0 up to the batch's width m.
+    Dense (``ids`` is None): probs is (n, n_vocab) and column j is token j; used only
+    when a row's support is the whole vocabulary (`SamplingParams.whole_vocabulary`).
+
+    Attributes:
+        ids: (n, m) int64, or None when dense.
+        probs: (n, m) float64 (m = n_vocab when dense); each row sums to 1.
+        n_vocab: vocabulary size.
+    """
+
+    ids: TokenIds | None
+    probs: Floats
+    n_vocab: int
+
+    def __len__(self) -> int:
+        return int(self.probs.shape[0])
+
+    @property
+    def dense(self) -> bool:
+        return self.ids is None
+
+    def __getitem__(self, rows: slice) -> Dists:
+        """Rows `rows` (a slice) as a batch."""
+        return Dists(None if self.ids is None else self.ids[rows], self.probs[rows], self.n_vocab)
+
+    def at(self, x: TokenIds) -> Floats:
+        """(n,) float64: row i's probability of token x[i] (x: (n,) int64)."""
+        rows = np.arange(len(self))
+        if self.ids is None:
+            return self.probs[rows, x]
+        # a token appears at most once in a support: the masked sum is that one entry
+        return np.where(self.ids == x[:, None], self.probs, 0.0).sum(axis=1)
+
+    def row(self, i: int) -> tuple[TokenIds, Floats]:
+        """Row i's support: (m_i,) int64 ids and (m_i,) float64 probabilities (the whole
+        vocabulary when dense, zeros included)."""
+        if self.ids is None:
+            return _arange(self.n_vocab), self.probs[i]
+        ids = self.ids[i]
+        m = int(np.count_nonzero(ids >= 0))
+        return ids[:m], self.probs[i, :m]
+
+    def on(self, i: int, ids: TokenIds) -> Floats:
+        """(len(ids),) float64: row i's probabilities of `ids` (0 outside its support)."""
+        if self.ids is None:
+            return self.probs[i, ids]
+        own, p = self.row(i)
+        if ids.size > 4 * own.size + 64:  # e.g. a dense p against a sparse q: scatter
+            full = np.zeros(self.n_vocab, dtype=np.float64)
+            full[own] = p
+            return full[ids]
+        order = np.argsort(own)
+        sorted_ids = own[order]
+        pos = np.minimum(np.searchsorted(sorted_ids, ids), own.size - 1)
+        return np.where(sorted_ids[pos] == ids, p[order][pos], 0.0)
+
+    def to_dense(self) -> Floats:
+        """(n, n_vocab) float64 rows."""
+        if self.ids is None:
+            return self.probs
+        out = np.zeros((len(self), self.n_vocab), dtype=np.float64)
+        r, j = np.nonzero(self.ids >= 0)
+        out[r, self.ids[r, j]] = self.probs[r, j]
+        return out
+
+    @staticmethod
+    def empty(n_vocab: int) -> Dists:
+        """A batch of no rows."""
+        return Dists(np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0)), n_vocab)
+
+    @staticmethod
+    def one_hot(tokens: TokenIds, n_vocab: int) -> Dists:
+        """Row i puts all its mass on tokens[i] (a deterministic proposal's q)."""
+        t = np.asarray(tokens, dtype=np.int64).reshape(-1, 1)
+        return Dists(t, np.ones(t.shape, dtype=np.float64), n_vocab)
+
+    @staticmethod
+    def concat(parts: Sequence[Dists], n_vocab: int) -> Dists:
+        """The rows of `parts`, in order, as one batch (sparse parts padded to one width;
+        parts must be all sparse or all dense)."""
+        if not parts:
+            return Dists.empty(n_vocab)
+        if len(parts) == 1:
+            return parts[0]
+        if parts[0].ids is None:
+            return Dists(None, np.concatenate([d.probs for d in parts]), n_vocab)
+        m = max(d.probs.shape[1] for d in parts)
+        n = sum(len(d) for d in parts)
+        ids = np.full((n, m), -1, dtype=np.int64)
+        probs = np.zeros((n, m), dtype=np.float64)
+        r = 0
+        for d in parts:
+            assert d.ids is not None, "cannot mix dense and sparse rows"
+            ids[r : r + len(d), : d.ids.shape[1]] = d.ids
+            probs[r : r + len(d), : d.ids.shape[1]] = d.probs
+            r += len(d)
+        return Dists(ids, probs, n_vocab)
+
+
+# -- warping ----------------------------------------------------------------------------
+
+
+def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(zb, bm): the rows as (n, b, n_blocks) blocks, block j holding ids j, j + n_blocks,
+    ..., and (n, n_blocks) block maxima. Rows are padded with -inf to a multiple of b."""
+    n, v = z.shape
+    b = _BLOCK if v >= _BLOCK * _MIN_BLOCKS else 1
+    nb = -(-v // b)
+    if nb * b != v:
+        padded = np.full((n, nb * b), -np.inf, dtype=z.dtype)
+        padded[:, :v] = z
+        z = padded
+    zb = z.reshape(n, b, nb)
+    return zb, zb.max(axis=1)
+
+
+def _at_least(
+    zb: np.ndarray, bm: np.ndarray, t: Floats, n_vocab: int
+) -> tuple[TokenIds, TokenIds, Floats]:
+    """Every (row, id, logit) with z[row, id] >= t[row], sorted by row, then logit
+    descending, then id ascending. Reads only the blocks whose maximum reaches t."""
+    nb = zb.shape[2]
+    r, blk = np.nonzero(bm >= t[:, None])
+    vals = zb[r, :, blk]  # (s, b): the chosen blocks
+    i, j = np.nonzero(vals >= t[r][:, None])
+    rows, ids, z = r[i], j * nb + blk[i], vals[i, j].astype(np.float64)
+    if ids.size and ids.max() >= n_vocab:  # -inf padding reached by t = -inf
+        keep = ids < n_vocab
+        rows, ids, z = rows[keep], ids[keep], z[keep]
+    order = np.lexsort((ids, -z, rows))
+    return rows[order].astype(np.int64), ids[order].astype(np.int64), z[order]
+
+
+def _pad(
+    rows: TokenIds, ids: TokenIds, z: Floats, n: int, cap: int | None = None
+) -> tuple[TokenIds, Floats, TokenIds]:
+    """Ragged sorted candidates -> (n, m) ids (-1 padding), (n, m) logits (-inf padding)
+    and (n,) row lengths, keeping at most `cap` per row."""
+    counts = np.bincount(rows, minlength=n)
+    starts = np.cumsum(counts) - counts
+    rank = np.arange(rows.size) - starts[rows]
+    if cap is not None:
+        keep = rank < cap
+        rows, ids, z, rank = rows[keep], ids[keep], z[keep], rank[keep]
+        counts = np.minimum(counts, cap)
+    m = max(int(counts.max()), 1)
+    out_ids = np.full((n, m), -1, dtype=np.int64)
+    out_z = np.full((n, m), -np.inf, dtype=np.float64)
+    out_ids[rows, rank] = ids
+    out_z[rows, rank] = z
+    return out_ids, out_z, counts
+
+
+def _top_p_len(w: Floats, ids: TokenIds, top_p: float, total: Floats) -> TokenIds:
+    """(n,) prefix lengths of rule 2: w (n, m) sorted weights (0 in padding), total (n,) W."""
+    cum = np.cumsum(w, axis=1) / total[:, None]
+    return np.minimum((cum < top_p).sum(axis=1) + 1, np.count_nonzero(ids >= 0, axis=1))
+
+
+def _id_order_sum(w: Floats, ids: TokenIds) -> Floats:
+    """(n,) W of rule 2: each row's w added left to right in ascending id order."""
+    key = np.where(ids >= 0, ids, np.iinfo(np.int64).max)  # padding (w = 0) last
+    order = np.argsort(key, axis=1, kind="stable")
+    return np.cumsum(np.take_along_axis(w, order, axis=1), axis=1)[:, -1]
+
+
+def _dense(z: np.ndarray, temp: float) -> Dists:
+    """Every truncation off: softmax(z / T) over the whole vocabulary, (n, n_vocab)."""
+    p = z.astype(np.float64)
+    p -= p.max(axis=1, keepdims=True)
+    p /= temp
+    np.exp(p, out=p)
+    p /= p.sum(axis=1, keepdims=True)
+    return Dists(None, p, z.shape[1])
+
+
+def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[TokenIds, Floats]:
+    """Rules 1-3: (n, m) ids (-1 padding) and float64 logits (-inf padding) of the kept
+    tokens, sorted by logit descending, ties by id."""
+    n, v = z.shape
+    zb, bm = _blocks(z)
+    zmax = bm.max(axis=1).astype(np.float64)
+    if k > 0:
+        nb = bm.shape[1]
+        # the k-th largest block maximum: k blocks reach it, so >= k logits do, and every
+        # top-k logit (>= the row's k-th largest) does too
+        if nb >= k:
+            t = np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
+        else:
+            t = np.full(n, -np.inf)
+        ids, zs, _ = _pad(*_at_least(zb, bm, t, v), n, cap=k)
+        if params.top_p < 1.0:
+            w = np.exp(zs - zs[:, :1])
+            length = _top_p_len(w, ids, params.top_p, _id_order_sum(w, ids))
+        else:
+            length = np.count_nonzero(ids >= 0, axis=1)
+    elif params.top_p < 1.0:
+        # no top-k: W runs over the whole row; the prefix is found among the logits
+        # within delta of the max, widened until its mass reaches top_p
+        w_all = np.exp(z.astype(np.float64) - zmax[:, None])
+        total = np.cumsum(w_all, axis=1)[:, -1]
+        for delta in (8.0, 16.0, 32.0, 64.0, np.inf):
+            rows, cand, zc = _at_least(zb, bm, zmax - delta, v)
+            ids, zs, _ = _pad(rows, cand, zc, n)
+            w = np.where(ids >= 0, w_all[np.arange(n)[:, None], np.maximum(ids, 0)], 0.0)
+            reached = np.cumsum(w, axis=1)[:, -1] / total >= params.top_p
+            if reached.all() or delta == np.inf:
+                break
+        length = _top_p_len(w, ids, params.top_p, total)
+    else:  # min-p alone: its threshold is the candidate threshold
+        ids, zs, length = _pad(*_at_least(zb, bm, zmax + math.log(params.min_p), v), n)
+    if params.min_p > 0.0:
+        keep_min = (zs >= zs[:, :1] + math.log(params.min_p)).sum(axis=1)
+        length = np.minimum(length, keep_min)
+    live = np.arange(ids.shape[1])[None, :] < length[:, None]
+    return np.where(live, ids, -1), np.where(live, zs, -np.inf)
+
+
+def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists:
+    """Apply the warpers to every row at once (the rule in the module docstring).
+
+    Args:
+        logits: (n, n_vocab) float32 or float64 raw scores, n >= 1.
+        params: the sampling settings.
+
+    Returns:
+        n rows: sparse (greedy: one id with probability 1 per row), or dense when
+        `params.whole_vocabulary(n_vocab)`.
+    """
+    z = np.asarray(logits)
+    n, v = z.shape
+    if params.greedy:
+        top = np.argmax(z, axis=1).astype(np.int64)[:, None]
+        return Dists(top, np.ones((n, 1)), v)
+    if params.whole_vocabulary(v):
+        return _dense(z, params.temp)
+    k = params.top_k if 0 < params.top_k < v else 0
+    ids, zs = _sorted_support(z, params, k)
+    p = np.exp((zs - zs[:, :1]) / params.temp)  # padding: exp(-inf) = 0
+    # added left to right: a row's padding (zeros at its end) then cannot change its sum,
+    # so a row gets the same bits in a batch as alone
+    p /= np.cumsum(p, axis=1)[:, -1:]
+    ids = np.where(p > 0.0, ids, -1)  # -inf logits kept by top-k carry no mass
+    m = max(int(np.count_nonzero(ids >= 0, axis=1).max()), 1)
+    return Dists(ids[:, :m], p[:, :m], v)
 
 
 def warp(
     logits: npt.NDArray[np.floating], params: SamplingParams
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Apply the warpers to one logits row.
+    """Apply the warpers to one logits row (`warp_rows` on a batch of one).
 
     Args:
         logits: (n_vocab,) float32 or float64 raw scores.
@@ -73,29 +362,10 @@ def warp(
 
     Returns:
         (ids, probs): (m,) int64 kept token ids and (m,) float64 probabilities summing
-        to 1, m >= 1. Greedy gives the single argmax with probability 1.
+        to 1, m >= 1, most likely first. Greedy gives the single argmax with probability
+        1; with every truncation off, m = n_vocab (zeros for -inf logits).
     """
-    if params.greedy:
-        return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
-    if params.top_k > 0:
-        ids = _top_k_ids(logits, params.top_k)
-    else:
-        ids = np.arange(logits.shape[0], dtype=np.int64)
-    z = logits[ids].astype(np.float64)
-    if params.top_p < 1.0:
-        order = np.argsort(-z, kind="stable")
-        ids, z = ids[order], z[order]
-        w = np.exp(z - z[0])
-        cum = np.cumsum(w) / w.sum()
-        # smallest prefix whose mass reaches top_p (llama_sampler_top_p_apply)
-        m = int(np.searchsorted(cum, params.top_p)) + 1
-        ids, z = ids[:m], z[:m]
-    if params.min_p > 0.0:
-        keep = z >= z.max() + np.log(params.min_p)
-        ids, z = ids[keep], z[keep]
-    z = z / params.temp
-    w = np.exp(z - z.max())
-    return ids, w / w.sum()
+    return warp_rows(np.asarray(logits)[None, :], params).row(0)
 
 
 def dense(
@@ -109,22 +379,48 @@ def dense(
 
 def probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> npt.NDArray[np.float64]:
     """(n_vocab,) float64 probability row of `logits` under `params` (see `warp`)."""
-    ids, p = warp(logits, params)
-    return dense(ids, p, logits.shape[0])
+    return warp_rows(np.asarray(logits)[None, :], params).to_dense()[0]
+
+
+# -- drawing ----------------------------------------------------------------------------
+
+
+def _inverse_cdf(w: Floats, target: float) -> int:
+    """Index of the entry whose cumulative interval [C_{i-1}, C_i) holds `target`, never
+    an entry of weight 0 (rounding past the end falls back on the last positive one)."""
+    cum = np.cumsum(w)
+    i = int(np.searchsorted(cum, target, side="right"))
+    if i >= w.size:
+        i = int(np.flatnonzero(w)[-1])
+    return i
 
 
 def draw(
     ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], rng: np.random.Generator
 ) -> int:
-    """Draw one token id from a sparse distribution by inverse CDF (one uniform)."""
+    """Draw one token id from a sparse distribution by inverse CDF (one uniform).
+
+    Args:
+        ids: (m,) int64 token ids.
+        probs: (m,) float64 non-negative weights (need not sum to 1), not all zero.
+        rng: consumes exactly one uniform.
+    """
     if ids.size == 1:
         return int(ids[0])
-    cum = np.cumsum(probs)
-    i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-    return int(ids[min(i, ids.size - 1)])
+    u = rng.random()
+    if probs.size <= _DRAW_BLOCK:
+        return int(ids[_inverse_cdf(probs, u * float(np.cumsum(probs)[-1]))])
+    # a whole-vocabulary row: the same inverse CDF in two levels, block sums then one
+    # block, so no sequential cumsum runs over n_vocab entries
+    starts = np.arange(0, probs.size, _DRAW_BLOCK)
+    sums = np.add.reduceat(probs, starts)
+    target = u * float(np.cumsum(sums)[-1])
+    b = _inverse_cdf(sums, target)
+    before = float(np.cumsum(sums[:b])[-1]) if b else 0.0
+    inside = probs[starts[b] : starts[b] + _DRAW_BLOCK]
+    return int(ids[starts[b] + _inverse_cdf(inside, max(0.0, target - before))])
 
 
 def draw_dense(row: npt.NDArray[np.float64], rng: np.random.Generator) -> int:
     """Draw one token id from a (n_vocab,) row of non-negative weights (need not sum to 1)."""
-    ids = np.flatnonzero(row)
-    return draw(ids.astype(np.int64), row[ids], rng)
+    return draw(_arange(row.shape[0]), row, rng)

@@ -102,6 +102,7 @@ class WrongDrafter:
 
     def draft(self, context, k, rng):
         from specgen.engine import Block
+        from specgen.sampling import Dists
 
         toks, ctx = [], list(context)
         for _ in range(k):
@@ -109,9 +110,9 @@ class WrongDrafter:
             x = (best + 1) % self.target.n_vocab
             toks.append(x)
             ctx.append(x)
-        q = np.zeros((k, self.target.n_vocab))
-        q[np.arange(k), toks] = 1.0
-        return Block(tokens=np.array(toks, dtype=np.int64), q=q)
+        return Block(
+            tokens=np.array(toks, dtype=np.int64), q=Dists.one_hot(toks, self.target.n_vocab)
+        )
 
     def close(self) -> None:
         pass

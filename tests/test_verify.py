@@ -24,7 +24,7 @@ from specgen.drafters import ModelDrafter
 from specgen.engine import Block
 from specgen.errors import ConfigError
 from specgen.llamacpp import EngineConfig, LlamaEngine
-from specgen.sampling import SamplingParams, warp
+from specgen.sampling import Dists, SamplingParams, warp_rows
 from specgen.verify import (
     VerifyConfig,
     check_greedy,
@@ -179,8 +179,8 @@ class TempMismatchDrafter:
 
     def draft(self, context, k, rng):
         b = self.inner.draft(context, k, rng)
-        q = b.q ** (self.inner.params.temp / self.t_report)
-        return Block(b.tokens, q / q.sum(axis=1, keepdims=True))
+        q = b.q.probs ** (self.inner.params.temp / self.t_report)
+        return Block(b.tokens, Dists(b.q.ids, q / q.sum(axis=1, keepdims=True), b.q.n_vocab))
 
     def close(self):
         pass
@@ -190,16 +190,17 @@ class GreedyDraftSoftmaxQ(ModelDrafter):
     """Drafts the argmax (like llama.cpp's server) but reports the softmax as q."""
 
     def draft(self, context, k, rng):
-        tokens, q = [], np.zeros((k, self.n_vocab))
+        tokens, q = [], []
         row = self._align(self._sync(context))
         for i in range(k):
-            ids, probs = warp(row, self.params)
+            q_i = warp_rows(row[None, :], self.params)
+            ids, probs = q_i.row(0)
             x = int(ids[np.argmax(probs)])
-            q[i, ids] = probs
+            q.append(q_i)
             tokens.append(x)
             if i + 1 < k:
                 row = self._align(self.engine.decode([x])[-1])
-        return Block(np.array(tokens, dtype=np.int64), q)
+        return Block(np.array(tokens, dtype=np.int64), Dists.concat(q, self.n_vocab))
 
 
 def _model(d):
