@@ -43,6 +43,8 @@ class Engine(Protocol):
     """One model with one KV cache (sequence 0), as the loop needs it.
 
     Invariant kept by the caller: ``tokens`` is exactly what the cache holds, in order.
+    ``decode_s`` is the running total of seconds spent evaluating (inside llama_decode),
+    so the loop can tell its own host time apart; 0 for engines that do not count it.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Engine(Protocol):
     n_ctx: int
     vocab: VocabInfo
     tokens: list[int]
+    decode_s: float
 
     def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
         """Tokenize UTF-8 bytes (special tokens such as ``<start_of_turn>`` are parsed)."""

@@ -92,6 +92,11 @@ class Step:
         draft_s, verify_s, sample_s: seconds spent drafting, in the target's batched
             decode, and in warping/acceptance/residual sampling.
         round_s: wall seconds of the whole round.
+        host_s: the part of round_s spent outside llama_decode (both models): warping,
+            draws, acceptance, the residual, emitting text, rollback and bookkeeping.
+        draft_host_s: the part of host_s spent while drafting (the draft rows' warps
+            and draws).
+        n_rows: logits rows the target scored (K + 1, or K without the bonus row).
     """
 
     k: int
@@ -105,6 +110,9 @@ class Step:
     sample_s: float
     round_s: float
     trace: RoundTrace | None = None
+    host_s: float = 0.0
+    draft_host_s: float = 0.0
+    n_rows: int = 0
 
     @property
     def text(self) -> str:
@@ -128,6 +136,11 @@ class Stats:
         prefill_s: seconds to evaluate the prompt.
         decode_s: wall seconds from the end of prefill to the last emitted token.
         draft_s, verify_s, sample_s: the split of decode_s (the rest is bookkeeping).
+        host_s: seconds of decode_s spent outside llama_decode, in either model (the
+            loop's own cost: warps, draws, rejection, emitting, bookkeeping); what a
+            faster accelerator cannot shorten.
+        draft_host_s: the part of host_s spent while drafting.
+        n_rows: logits rows the target scored (one per position it verified).
         ttft_s: time to first token: prefill plus the first round, seconds.
         k_history: block size chosen each round.
     """
@@ -143,6 +156,9 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     sample_s: float = 0.0
+    host_s: float = 0.0
+    draft_host_s: float = 0.0
+    n_rows: int = 0
     ttft_s: float = 0.0
     k_history: list[int] = field(default_factory=list)
 
@@ -162,10 +178,23 @@ class Stats:
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
         self.sample_s += step.sample_s
+        self.host_s += step.host_s
+        self.draft_host_s += step.draft_host_s
+        self.n_rows += step.n_rows
         self.decode_s = self.decode_s + step.round_s if decode_s is None else decode_s
         self.k_history.append(step.k)
         if self.ttft_s == 0.0 and step.spans:
             self.ttft_s = self.prefill_s + self.decode_s
+
+    @property
+    def host_s_per_round(self) -> float:
+        """Mean host seconds per round (target pass), both models."""
+        return self.host_s / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def host_s_per_row(self) -> float:
+        """Target-side host seconds per scored row: (host_s - draft_host_s) / n_rows."""
+        return (self.host_s - self.draft_host_s) / self.n_rows if self.n_rows else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -200,6 +229,11 @@ class Stats:
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
             "sample_s": round(self.sample_s, 6),
+            "host_s": round(self.host_s, 6),
+            "draft_host_s": round(self.draft_host_s, 6),
+            "n_rows": self.n_rows,
+            "host_s_per_round": round(self.host_s_per_round, 9),
+            "host_s_per_row": round(self.host_s_per_row, 9),
             "ttft_s": round(self.ttft_s, 6),
         }
 

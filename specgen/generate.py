@@ -221,6 +221,12 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
 # -- the loop ---------------------------------------------------------------------------
 
 
+def _decode_s(engine: object) -> float:
+    """Seconds `engine` has spent inside llama_decode so far (0 for engines that do not
+    count it, such as test fakes and model-free drafters)."""
+    return float(getattr(engine, "decode_s", 0.0))
+
+
 def prefill(target: Engine, drafter: Drafter | None, prompt: list[int], reuse: bool = False) -> int:
     """Evaluate the prompt except its last token in the target (and the draft).
 
@@ -295,6 +301,7 @@ def generate(
     )
     stats = Stats(n_prompt=len(prompt))
     committed = list(prompt)
+    draft_engine = getattr(drafter, "engine", None)
     t_start = time.perf_counter()
     t_decode = t_start
     try:
@@ -314,11 +321,13 @@ def generate(
                 emitter.close("length" if emitter.remaining <= 0 else "context")
                 break
             t_round = time.perf_counter()
+            inside0 = _decode_s(target), _decode_s(draft_engine)
             # a round emits up to K+1 tokens: never draft past -n or the context
             k = policy.choose_k(min(emitter.remaining - 1, room)) if drafter else 0
             bonus = k == 0 or policy.bonus()
             block = draft_block(drafter, committed, k, draft_rng)
             t1 = time.perf_counter()
+            inside1 = _decode_s(target), _decode_s(draft_engine)
             logits = score_block(target, committed[-1], block, bonus)
             t2 = time.perf_counter()
             v = target_distributions(logits, params)
@@ -354,6 +363,12 @@ def generate(
                 int(block.tokens.size),
                 catchup_s=block.catchup_s,
             )
+            t_end = time.perf_counter()
+            # host time: the round's wall time outside llama_decode (both models)
+            draft_host_s = (t1 - t_round) - (sum(inside1) - sum(inside0))
+            host_s = (t_end - t_round) - (
+                _decode_s(target) + _decode_s(draft_engine) - sum(inside0)
+            )
             rejected = None
             if n < block.tokens.size and n < len(new):
                 rejected = target.token_bytes(int(block.tokens[n])).decode("utf-8", "replace")
@@ -367,12 +382,15 @@ def generate(
                 draft_s=t1 - t_round,
                 verify_s=t2 - t1,
                 sample_s=t3 - t2,
-                round_s=now - t_round,
+                round_s=t_end - t_round,
+                host_s=host_s,
+                draft_host_s=draft_host_s,
+                n_rows=int(logits.shape[0]),
                 trace=_trace(target, drafter, committed, new, block, logits, v, u, n, x_next)
                 if config.trace
                 else None,
             )
-            stats.add(step, decode_s=now - t_decode)
+            stats.add(step, decode_s=t_end - t_decode)
             # an end-of-generation token's span (holding the text it flushed) is no token
             stats.n_generated = len(emitter.tokens)
             yield step

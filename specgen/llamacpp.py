@@ -14,6 +14,7 @@ import ctypes
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +154,10 @@ class EngineConfig:
 class LlamaEngine:
     """One GGUF model with a KV cache, implementing `specgen.engine.Engine`.
 
-    `tokens` mirrors the cache: positions 0..len(tokens)-1 are evaluated.
+    `tokens` mirrors the cache: positions 0..len(tokens)-1 are evaluated. `decode_s`
+    counts the seconds spent inside `llama_decode` and the `llama_synchronize` after it
+    since the engine was created: the evaluation's share of the time (on a GPU backend,
+    kernels and the copy of the logits back); everything else is host work.
 
     Raises (constructor):
         ModelFileError: missing, non-GGUF or truncated file (llama.cpp returns NULL).
@@ -212,6 +216,7 @@ class LlamaEngine:
         self.n_reprocessed = 0  # times truncate had to re-evaluate the whole context
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
+        self.decode_s = 0.0
         v = self._vocab
         self.vocab = VocabInfo(
             vocab_type=int(llama_cpp.llama_vocab_type(v)),
@@ -309,7 +314,13 @@ class LlamaEngine:
                 want = last_chunk and (all_logits or i == len(chunk) - 1)
                 batch.logits[i] = 1 if want else 0
             batch.n_tokens = len(chunk)
+            t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc == 0:
+                # a GPU backend may still be computing: wait here, so the wait is
+                # counted as evaluation and not as the host work that reads the logits
+                llama_cpp.llama_synchronize(self._ctx)
+            self.decode_s += time.perf_counter() - t0
             if rc != 0:
                 # A failed decode may leave part of this chunk in the cache: drop it so
                 # the cache matches `tokens` again.

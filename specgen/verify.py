@@ -406,6 +406,10 @@ class _PromptCache:
     def tokens(self) -> list[int]:
         return self.engine.tokens[: self._n]
 
+    @property
+    def decode_s(self) -> float:
+        return float(getattr(self.engine, "decode_s", 0.0))
+
     def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
         return self.engine.tokenize(text, add_special)
 

@@ -49,6 +49,7 @@ class FakeEngine:
         self.tokens: list[int] = []
         self.pieces = pieces or {i: bytes([97 + i % 26]) for i in range(n_vocab)}
         self.n_decode_calls = 0
+        self.decode_s = 0.0  # no time counted: everything the loop does is host time
         self.closed = False
 
     def logits_after(self, context: list[int]) -> np.ndarray:

@@ -239,6 +239,10 @@ def _synthetic(record: dict) -> bench.BenchResult:
                                 draft_s=draft,
                                 verify_s=decode - draft - 0.01,
                                 sample_s=0.005,
+                                # 1 ms of host time per round, a fifth of it drafting
+                                host_s=0.001 * len(rounds),
+                                draft_host_s=0.0002 * len(rounds) * (mode != bench.ORDINARY),
+                                n_rows=sum(r.k + 1 for r in rounds),
                             ),
                         )  # fmt: skip
                     )
@@ -258,6 +262,9 @@ def test_summary_of_synthetic_result(tiny_target: Path, tiny_draft: Path) -> Non
     assert k4.overall.acceptance_rate == pytest.approx(0.75)
     assert k4.overall.tokens_per_pass == pytest.approx(4.0)
     assert k4.overall.acceptance_by_position == [1.0, 1.0, 1.0, 0.0]
+    assert k4.overall.host_s_per_round == pytest.approx(0.001)
+    assert k4.overall.host_s_per_row == pytest.approx(0.0008 / 5)
+    assert k4.overall.ordinary_host_s_per_token == pytest.approx(0.001)
     assert set(k4.by_kind) == {"code", "random"}
     assert any("K 8" in w and "slower" in w for w in result.warnings)
     assert not any("K 4" in w for w in result.warnings)

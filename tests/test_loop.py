@@ -299,3 +299,53 @@ def test_second_turn_evaluates_only_its_new_tokens():
     # without reuse (the default) the whole prompt is evaluated again
     again = run(target, drafter, turn2, 4, max_tokens=12, params=GREEDY)[-1]
     assert again.stats.n_prefill == len(turn2) - 1 and again.tokens == fresh.tokens
+
+
+def test_host_time_is_the_round_outside_the_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock: every decode takes 20 ms (counted by the engine as evaluation), every
+    warp 1 ms (host work), nothing else takes time. Host time is then exactly 1 ms per
+    warp call: one per draft row (while drafting) and one per round for the target."""
+    import time
+
+    from specgen import drafters
+    from specgen import generate as loop
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    params = SamplingParams(temp=1.0, top_k=4, top_p=1.0, min_p=0.0)
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.0)
+    for engine in (target, draft):
+        real = engine.decode
+
+        def timed(tokens, all_logits=False, _real=real, _engine=engine):
+            clock[0] += 0.02
+            _engine.decode_s += 0.02
+            return _real(tokens, all_logits)
+
+        monkeypatch.setattr(engine, "decode", timed)
+    calls = {"draft": 0, "target": 0}
+
+    def counting(module, side):
+        real = module.warp_rows
+
+        def warp(logits, p):
+            clock[0] += 0.001
+            calls[side] += 1
+            return real(logits, p)
+
+        monkeypatch.setattr(module, "warp_rows", warp)
+
+    counting(drafters, "draft")
+    counting(loop, "target")
+    events = run(target, ModelDrafter(draft, params, 9), [1, 2], 3, max_tokens=20, params=params)
+    steps = [e for e in events if isinstance(e, Step)]
+    s = events[-1].stats
+    assert s.host_s == pytest.approx(0.001 * (calls["draft"] + calls["target"]), abs=1e-9)
+    assert s.draft_host_s == pytest.approx(0.001 * calls["draft"], abs=1e-9)
+    assert calls["target"] == len(steps) == s.target_passes
+    assert s.n_rows == sum(st.n_rows for st in steps) == sum(st.k + 1 for st in steps)
+    assert s.host_s_per_row == pytest.approx(0.001 * len(steps) / s.n_rows)
+    assert sum(st.host_s for st in steps) == pytest.approx(s.host_s)
+    for st in steps:  # the rest of each round is the decodes
+        assert st.round_s - st.host_s == pytest.approx(0.02 * (1 + max(st.k, 0)), abs=1e-9)

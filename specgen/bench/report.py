@@ -43,8 +43,9 @@ def render_markdown(result: BenchResult) -> str:
     rec = result.record
     lines = [
         "| temp | K | ordinary tok/s | speculative tok/s | speedup [95% CI] | acceptance"
-        " | tokens/pass | TTFT ord / spec (ms) | latency p50/p95/p99 (ms) | bound | achieved |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | tokens/pass | TTFT ord / spec (ms) | latency p50/p95/p99 (ms) | bound | achieved"
+        " | host ms/round |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in result.configs:
         o = c.overall
@@ -60,7 +61,8 @@ def render_markdown(result: BenchResult) -> str:
             f" {_f(_x1000(o.speculative.ttft_s), '.0f')}"
             f" | {_f(lat.p50, '.1f')} / {_f(lat.p95, '.1f')} / {_f(lat.p99, '.1f')}"
             f" | {_f(o.theoretical_speedup, '.2f')}×"
-            f" | {pct(o.achieved_fraction)} |"
+            f" | {pct(o.achieved_fraction)}"
+            f" | {_f(_x1000(o.host_s_per_round), '.2f')} |"
         )
     lines += ["", f"Acceptance: accepted / drafted, where {ACCEPTANCE_HOW}."]
     kinds = list(dict.fromkeys(k for c in result.configs for k in c.by_kind))

@@ -228,6 +228,8 @@ class TimeSplit:
     sampling: float | None
     other: float | None
     decode: float | None
+    host: float | None = None
+    """Of decode, the part outside llama_decode in either model (overlaps the others)."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,9 @@ class PairSummary:
         theoretical_speedup: Leviathan et al.'s bound from the measured terms;
             achieved_fraction: speedup / bound.
         peak_rss_bytes: the largest peak RSS of the group's runs, bytes.
+        host_s_per_round: host seconds (outside llama_decode, both models) per
+            speculative round; host_s_per_row: the target side's host seconds per row it
+            scored; ordinary_host_s_per_token: host seconds per ordinary-decoding token.
     """
 
     n_pairs: int
@@ -271,6 +276,9 @@ class PairSummary:
     theoretical_speedup: float | None
     achieved_fraction: float | None
     peak_rss_bytes: int
+    host_s_per_round: float | None = None
+    host_s_per_row: float | None = None
+    ordinary_host_s_per_token: float | None = None
 
 
 @dataclass(frozen=True)

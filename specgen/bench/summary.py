@@ -85,6 +85,10 @@ def summarize_pairs(
     draft_s = sum(s.stats.draft_s for s in specs)
     verify_s = sum(s.stats.verify_s for s in specs)
     sample_s = sum(s.stats.sample_s for s in specs)
+    host_s = sum(s.stats.host_s for s in specs)
+    draft_host_s = sum(s.stats.draft_host_s for s in specs)
+    n_rows = sum(s.stats.n_rows for s in specs)
+    ord_host_s = sum(o.stats.host_s for o in ords)
 
     # theoretical bound from the measured terms
     ord_decode = sum(o.decode_s for o in ords)
@@ -126,6 +130,7 @@ def summarize_pairs(
             sampling=_r(sample_s),
             other=_r(max(0.0, decode - draft_s - verify_s - sample_s)),
             decode=_r(decode),
+            host=_r(host_s),
         ),
         ordinary_token_s=_r(ordinary_token_s),
         draft_token_s=_r(draft_token_s),
@@ -133,6 +138,11 @@ def summarize_pairs(
         theoretical_speedup=_r(bound),
         achieved_fraction=_r(speedup / bound) if bound == bound and bound > 0 else None,
         peak_rss_bytes=max((r.peak_rss_bytes for r in (*ords, *specs)), default=0),
+        # the loop's own cost, outside llama_decode: what a faster accelerator cannot
+        # shorten (per round: both models; per row: the target side per scored row)
+        host_s_per_round=_r(host_s / len(rounds), 9) if rounds else None,
+        host_s_per_row=_r((host_s - draft_host_s) / n_rows, 9) if n_rows else None,
+        ordinary_host_s_per_token=_r(ord_host_s / ord_gen, 9) if ord_gen else None,
     )
 
 

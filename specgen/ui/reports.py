@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen import bench
-from specgen.bench.results import BenchResult, Latency
+from specgen.bench.results import BenchResult, Latency, PairSummary
 from specgen.events import ACCEPTANCE_HOW
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def render_bench_costs(result: BenchResult) -> Table:
     """Latency and cost per configuration: TTFT, per-token percentiles, time split, memory."""
     t = Table(title="latency and time split", title_justify="left")
     for name in ("temp", "K", "TTFT ms ord/spec", "ord p50/p95/p99 ms", "spec p50/p95/p99 ms",
-                 "draft/verify/sample/other", "peak RSS"):  # fmt: skip
+                 "draft/verify/sample/other", "host ms/round", "peak RSS"):  # fmt: skip
         t.add_column(name, justify="right")
     for c in result.configs:
         o = c.overall
@@ -81,9 +81,18 @@ def render_bench_costs(result: BenchResult) -> Table:
             _lat(o.ordinary.latency_ms),
             _lat(o.speculative.latency_ms),
             split,
+            _host(o),
             f"{o.peak_rss_bytes / 2**20:.0f} MiB",
         )
     return t
+
+
+def _host(o: PairSummary) -> str:
+    """Host time (outside llama_decode) per round, with its share of decoding time."""
+    per_round, dec = o.host_s_per_round, o.time_split_s.decode
+    if per_round is None or not dec:
+        return "–"
+    return f"{per_round * 1000:.2f} ({(o.time_split_s.host or 0) / dec:.0%})"
 
 
 def _lat(lat: Latency) -> str:
