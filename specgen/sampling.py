@@ -51,6 +51,9 @@ _BLOCK = 64
 over axis 0 is elementwise and vectorizes well)."""
 _MIN_BLOCKS = 256
 """Rows narrower than _BLOCK * _MIN_BLOCKS use one logit per block."""
+_SUB_BLOCKS = 8
+"""Sub-blocks per block: a block whose maximum reaches the threshold is read only in
+the sub-blocks that do too."""
 _DRAW_BLOCK = 1024
 """Rows wider than this are drawn from in two levels (block sums, then one block)."""
 
@@ -206,9 +209,15 @@ class Dists:
 # -- warping ----------------------------------------------------------------------------
 
 
-def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(zb, bm): the rows as (n, b, n_blocks) blocks, block j holding ids j, j + n_blocks,
-    ..., and (n, n_blocks) block maxima. Rows are padded with -inf to a multiple of b."""
+def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(z3, sub, bm): the rows as (n, b, n_blocks) blocks, block j holding the ids
+    i * n_blocks + j (i < b); (n, g, n_blocks) maxima of sub-blocks (sub-block a of block j
+    holds the i = a mod g); (n, n_blocks) block maxima. Rows are padded with -inf to a
+    multiple of b.
+
+    The maxima come from halving: the first np.maximum streams through the row once and
+    the rest works on half of it, in cache (a reduction over the strided axis reads the
+    row in a cache-hostile order)."""
     n, v = z.shape
     b = _BLOCK if v >= _BLOCK * _MIN_BLOCKS else 1
     nb = -(-v // b)
@@ -216,20 +225,33 @@ def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         padded = np.full((n, nb * b), -np.inf, dtype=z.dtype)
         padded[:, :v] = z
         z = padded
-    zb = z.reshape(n, b, nb)
-    return zb, zb.max(axis=1)
+    z3 = z.reshape(n, b, nb)
+    sub = z3
+    while sub.shape[1] > _SUB_BLOCKS:
+        h = sub.shape[1] // 2
+        sub = np.maximum(sub[:, :h], sub[:, h:])
+    return z3, sub, sub.max(axis=1)
 
 
 def _at_least(
-    zb: np.ndarray, bm: np.ndarray, t: Floats, n_vocab: int
+    z3: np.ndarray, sub: np.ndarray, bm: np.ndarray, t: Floats, n_vocab: int
 ) -> tuple[TokenIds, TokenIds, Floats]:
     """Every (row, id, logit) with z[row, id] >= t[row], sorted by row, then logit
-    descending, then id ascending. Reads only the blocks whose maximum reaches t."""
-    nb = zb.shape[2]
-    r, blk = np.nonzero(bm >= t[:, None])
-    vals = zb[r, :, blk]  # (s, b): the chosen blocks
-    i, j = np.nonzero(vals >= t[r][:, None])
-    rows, ids, z = r[i], j * nb + blk[i], vals[i, j].astype(np.float64)
+    descending, then id ascending. Reads only the sub-blocks whose maximum reaches t."""
+    b, nb = z3.shape[1], z3.shape[2]
+    g = sub.shape[1]
+    # flat indices into contiguous arrays: np.take is much cheaper than 3-d fancy indexing
+    r, j = np.divmod(np.flatnonzero(bm >= t[:, None]), nb)
+    sub_at = np.take(sub, (r * (g * nb) + j)[:, None] + nb * np.arange(g))  # (s, g)
+    si, a = np.nonzero(sub_at >= t[r][:, None])
+    r, j = r[si], j[si]
+    i = a[:, None] + g * np.arange(b // g)  # (s, b / g): the sub-block's offsets in a block
+    flat = (r * (b * nb) + j)[:, None] + i * nb
+    vals = np.take(z3, flat)
+    hit = np.flatnonzero(vals >= t[r][:, None])
+    rows = r[hit // (b // g)]
+    ids = flat.ravel()[hit] - rows * (b * nb)
+    z = vals.ravel()[hit].astype(np.float64)
     if ids.size and ids.max() >= n_vocab:  # -inf padding reached by t = -inf
         keep = ids < n_vocab
         rows, ids, z = rows[keep], ids[keep], z[keep]
@@ -284,7 +306,7 @@ def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[Toke
     """Rules 1-3: (n, m) ids (-1 padding) and float64 logits (-inf padding) of the kept
     tokens, sorted by logit descending, ties by id."""
     n, v = z.shape
-    zb, bm = _blocks(z)
+    z3, sub, bm = _blocks(z)
     zmax = bm.max(axis=1).astype(np.float64)
     if k > 0:
         nb = bm.shape[1]
@@ -294,7 +316,7 @@ def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[Toke
             t = np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
         else:
             t = np.full(n, -np.inf)
-        ids, zs, _ = _pad(*_at_least(zb, bm, t, v), n, cap=k)
+        ids, zs, _ = _pad(*_at_least(z3, sub, bm, t, v), n, cap=k)
         if params.top_p < 1.0:
             w = np.exp(zs - zs[:, :1])
             length = _top_p_len(w, ids, params.top_p, _id_order_sum(w, ids))
@@ -306,7 +328,7 @@ def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[Toke
         w_all = np.exp(z.astype(np.float64) - zmax[:, None])
         total = np.cumsum(w_all, axis=1)[:, -1]
         for delta in (8.0, 16.0, 32.0, 64.0, np.inf):
-            rows, cand, zc = _at_least(zb, bm, zmax - delta, v)
+            rows, cand, zc = _at_least(z3, sub, bm, zmax - delta, v)
             ids, zs, _ = _pad(rows, cand, zc, n)
             w = np.where(ids >= 0, w_all[np.arange(n)[:, None], np.maximum(ids, 0)], 0.0)
             reached = np.cumsum(w, axis=1)[:, -1] / total >= params.top_p
@@ -314,7 +336,7 @@ def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[Toke
                 break
         length = _top_p_len(w, ids, params.top_p, total)
     else:  # min-p alone: its threshold is the candidate threshold
-        ids, zs, length = _pad(*_at_least(zb, bm, zmax + math.log(params.min_p), v), n)
+        ids, zs, length = _pad(*_at_least(z3, sub, bm, zmax + math.log(params.min_p), v), n)
     if params.min_p > 0.0:
         keep_min = (zs >= zs[:, :1] + math.log(params.min_p)).sum(axis=1)
         length = np.minimum(length, keep_min)
