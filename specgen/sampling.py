@@ -363,6 +363,8 @@ def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists
     if params.whole_vocabulary(v):
         return _dense(z, params.temp)
     k = params.top_k if 0 < params.top_k < v else 0
+    if n == 1 and k > 0:
+        return _warp_one(z[0], params, k)
     ids, zs = _sorted_support(z, params, k)
     p = np.exp((zs - zs[:, :1]) / params.temp)  # padding: exp(-inf) = 0
     # added left to right: a row's padding (zeros at its end) then cannot change its sum,
@@ -371,6 +373,41 @@ def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists
     ids = np.where(p > 0.0, ids, -1)  # -inf logits kept by top-k carry no mass
     m = max(int(np.count_nonzero(ids >= 0, axis=1).max()), 1)
     return Dists(ids[:, :m], p[:, :m], v)
+
+
+def _warp_one(z: np.ndarray, params: SamplingParams, k: int) -> Dists:
+    """`warp_rows` for one row with top-k on (the draft's and ordinary decoding's case):
+    the same rule and the same float operations on 1-d arrays, in a few numpy calls.
+
+    Candidates are the logits within delta of the max, widened until at least k are
+    in: then every logit >= the k-th largest is one of them, ties included."""
+    top = float(z.max())
+    for delta in (8.0, 12.0, 16.0, 24.0, 48.0, math.inf):
+        cand = (z >= top - delta).nonzero()[0]  # ascending ids
+        if cand.size >= k:
+            break
+    vals = z[cand]
+    if cand.size > k:  # keep those >= the k-th largest (all its ties), in id order
+        kth = np.partition(vals, cand.size - k)[cand.size - k]
+        near = (vals >= kth).nonzero()[0]
+        cand, vals = cand[near], vals[near]
+    # stable: equal logits keep their ascending-id order (rule 1's tie rule)
+    first = (-vals).argsort(kind="stable")[:k]
+    ids, zs = cand[first].astype(np.int64), vals[first].astype(np.float64)
+    m = k
+    if params.top_p < 1.0:
+        w = np.exp(zs - zs[0])
+        total = w[ids.argsort(kind="stable")].cumsum()[-1]
+        m = min(int((w.cumsum() / total < params.top_p).sum()) + 1, m)
+    if params.min_p > 0.0:
+        m = min(int((zs >= zs[0] + math.log(params.min_p)).sum()), m)
+    ids, zs = ids[:m], zs[:m]
+    p = np.exp((zs - zs[0]) / params.temp)
+    p /= p.cumsum()[-1]
+    if p[-1] == 0.0:  # -inf logits kept by top-k carry no mass
+        live = p > 0.0
+        ids, p = ids[live], p[live]
+    return Dists(ids[None, :], p[None, :], z.shape[0])
 
 
 def warp(
