@@ -193,9 +193,11 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         q_x = block.q.at(block.tokens).tolist()
         ids, pr = v.p.row(row)
     # most likely first (sparse rows are already in that order)
-    head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
-    best = head[np.argsort(-pr[head], kind="stable")] if x_next is not None else []
-    top = tuple((int(ids[j]), float(pr[j])) for j in best)
+    top: tuple[tuple[int, float], ...] = ()
+    if x_next is not None:
+        head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
+        best = head[np.argsort(-pr[head], kind="stable")]
+        top = tuple((int(ids[j]), float(pr[j])) for j in best)
     tested = n + 1 if n < k else k
     return RoundTrace(
         position=len(committed) - len(new),
