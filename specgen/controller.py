@@ -23,6 +23,17 @@ baseline 1 / `ordinary_token_s`. The controller runs one K = 0 round first to me
 it, updates it on every K = 0 round (fallback), and otherwise reads it from the verify
 cost model at n = 1 (the per-size average blended with the linear fit).
 
+A draft whose cost per token is at or above the target's ordinary pass cannot win at any
+K, even if every proposal is accepted: a round of K costs at least K draft tokens plus one
+target pass (verifying K + 1 tokens costs no less than verifying one) and emits at most
+K + 1 tokens. Then acceptance is irrelevant (`Controller.hopeless`): the controller runs
+ordinary decoding from the start (the loop times draft passes before the first round,
+`observe_draft_pass`) and never probes: a probe would first make the draft catch up on
+every token it missed, which costs a fixed share of ordinary decoding however rare the
+probes are. Instead, now and then, the loop times one draft pass where its cache stands
+(`retime_draft`), as rarely as keeps that within `probe_budget`, in case the costs change
+(a busy machine, a first measurement that was unlucky).
+
 When no K > 0 is predicted to beat ordinary decoding, the controller falls back to
 K = 0 and re-probes with a small block every `probe_every` ordinary rounds (a probe
 scores no bonus position, so with K = 1 the target's pass costs what an ordinary one
@@ -47,6 +58,8 @@ import numpy as np
 import numpy.typing as npt
 
 _SURPRISING = 0.1  # tail probability that makes a round count toward a change
+# a hopeless draft is re-timed at most this many times more rarely than probe_every_max
+_RETIME_GAP = 4
 
 Reason = Literal["warmup", "model", "fallback", "probe", "fixed", "limit"]
 FloatArray = npt.NDArray[np.float64]
@@ -200,6 +213,11 @@ class _CostModel:
 
     def __bool__(self) -> bool:
         return bool(self._mean)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes observed so far."""
+        return list(self._mean)
 
     def add(self, n: int, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds < 0.0:
@@ -359,6 +377,9 @@ class Controller:
         self._since_spec = 0  # ordinary rounds since the last block was drafted
         self._gap = probe_every  # ordinary rounds before the next probe
         self._fail_gap = probe_every  # gap after the next failed probe
+        self._retime = False  # see retime_draft
+        self._last_timed = 0  # round of the last timed draft pass (hopeless draft)
+        self._n_timed = 0  # timed draft passes observed
 
     # -- estimates -------------------------------------------------------------------
 
@@ -390,8 +411,34 @@ class Controller:
     @property
     def ordinary_token_s(self) -> float:
         """Seconds of one ordinary decoding pass: the verify cost model at n = 1 (measured
-        directly on every K = 0 round, else extrapolated by the linear fit). nan before data."""
-        return self._verify(1)
+        directly on every K = 0 round, else extrapolated by the linear fit), or less when
+        a larger batch was measured cheaper (scoring more tokens never costs less: the n = 1
+        figure is then stale, say measured while the machine was busy, and K = 0 rounds,
+        which would refresh it, are not chosen while it flatters speculation). nan before
+        data."""
+        if not self._verify:
+            return math.nan
+        return min(self._verify(n) for n in {1, *self._verify.sizes})
+
+    @property
+    def hopeless(self) -> bool:
+        """True when no block size can beat ordinary decoding, even at acceptance 1.
+
+        A round of K costs draft_s(K) + verify_s(K + 1) >= draft_s(K) + ordinary_token_s
+        (scoring more tokens never costs less) and emits at most K + 1 tokens, so when
+        draft_s(K) >= K * ordinary_token_s for every K its rate is at most ordinary
+        decoding's. The draft's cost per token is read at the block sizes actually
+        measured (the cheapest per token of them), not extrapolated by the linear fit: a
+        noisy fit through two sizes can predict a cheap long block that was never seen.
+        False before both costs are measured.
+        """
+        if not self._verify or not self._draft:
+            return False
+        sizes = [m for m in self._draft.sizes if m > 0]
+        if not sizes:
+            return False
+        per_token = min(self._draft(m) / m for m in sizes)
+        return per_token >= self.ordinary_token_s
 
     def _rates(self, k_cap: int) -> FloatArray:
         """(k_cap + 1,) float64 predicted tokens/s for K = 0..k_cap (nan before data).
@@ -436,6 +483,7 @@ class Controller:
         """
         cap = max(0, min(self.k_max, max_k))
         i = len(self.decisions)
+        self._retime = False
         k: int
         reason: Reason
         if self.fixed_k is not None:
@@ -444,6 +492,11 @@ class Controller:
             k, reason = 0, "limit"
         elif not self._verify:
             k, reason = 0, "warmup"  # measure ordinary decoding first: the baseline
+        elif self.hopeless:
+            # acceptance cannot help: no probes, only a timed draft pass now and then
+            k, reason = 0, "fallback"
+            if i - self._last_timed >= self._retime_gap():
+                self._retime, self._last_timed = True, i
         elif self._n_spec < self.warmup_rounds:
             rates = self._rates(cap)[1:]
             best = int(np.nanargmax(rates)) + 1 if np.isfinite(rates).any() else self.k_init
@@ -464,6 +517,14 @@ class Controller:
         self._pending = Decision(i, k, reason, pred)
         self.decisions.append(self._pending)
         return k
+
+    def retime_draft(self) -> bool:
+        """Whether the loop should time one draft pass during the round just chosen (a
+        K = 0 round) and report it with `observe_draft_pass`: a hopeless draft's costs
+        are re-measured this way instead of by probes (see the module docstring). The
+        pass is timed where the draft's cache stands, without catching up: only its
+        cost matters, and the pass is rolled back."""
+        return self._retime
 
     def bonus(self) -> bool:
         """Whether the round just chosen scores the bonus position (see
@@ -522,6 +583,7 @@ class Controller:
             self._since_spec += 1
             return
         self._since_spec = 0
+        self._last_timed = d.round
         self._n_spec += m > 0
         if d.reason == "probe":
             if m > 0 and n == m:  # fully accepted: look again next round
@@ -530,6 +592,19 @@ class Controller:
                 self._gap = self._fail_gap
                 self._fail_gap = min(2 * self._fail_gap, self._gap_cap())
             # m == 0: the drafter had nothing to offer; keep the gap as it was
+
+    def observe_draft_pass(self, draft_s: float) -> None:
+        """Record a timed single-token draft pass that drafted nothing: after the prompt,
+        before the first round (the loop times it as it times the ordinary pass), and
+        whenever `retime_draft` asks. The draft's cost is then known before the first
+        round, so a draft slower than its target (`hopeless`) costs no speculative round
+        at all, and the first block size follows the cost model instead of `k_init`.
+
+        Args:
+            draft_s: seconds of one draft pass of one token.
+        """
+        self._draft.add(1, draft_s)
+        self._n_timed += 1
 
     def _detect_change(self, n: int, m: int) -> None:
         """Discount the acceptance evidence when recent rounds are too unlikely under it.
@@ -578,6 +653,16 @@ class Controller:
         by_cost = math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget)
         return max(self.probe_every, min(by_cost, self.probe_every_max))
 
+    def _retime_gap(self) -> int:
+        """Rounds between two timed draft passes of a hopeless draft: each costs
+        draft_s(1) / ordinary_token_s ordinary passes, kept within `probe_budget` of the
+        time, up to `_RETIME_GAP` * probe_every_max rounds."""
+        longest = _RETIME_GAP * self.probe_every_max
+        loss = self.draft_s(1) / self.ordinary_token_s
+        if not math.isfinite(loss):
+            return longest
+        return max(self.probe_every, min(math.ceil(loss / self.probe_budget), longest))
+
     # -- stats -----------------------------------------------------------------------
 
     @property
@@ -615,5 +700,7 @@ class Controller:
             "ordinary_token_s": num(self.ordinary_token_s),
             "draft_token_s": num(self.draft_token_s),
             "catchup_s": self._catchup_s,
+            "hopeless": self.hopeless,
+            "draft_passes_timed": self._n_timed,
             "verify_s_by_n": {n: num(self.verify_s(n)) for n in range(1, self.k_max + 2)},
         }

@@ -55,6 +55,14 @@ class KPolicy(Protocol):
         catchup_s: float = 0.0,
     ) -> None: ...
 
+    def observe_draft_pass(self, draft_s: float) -> None:
+        """A single-token draft pass timed after the prompt, or when `retime_draft` asked."""
+        ...
+
+    def retime_draft(self) -> bool:
+        """Whether to time one draft pass (rolled back) in the K = 0 round just chosen."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedK:
@@ -71,6 +79,12 @@ class FixedK:
     def observe(self, *args: object, **kwargs: object) -> None:
         pass
 
+    def observe_draft_pass(self, draft_s: float) -> None:
+        pass
+
+    def retime_draft(self) -> bool:
+        return False
+
 
 @dataclass(frozen=True)
 class GenerateConfig:
@@ -83,7 +97,8 @@ class GenerateConfig:
         ignore_eos: do not stop at end-of-generation tokens.
         seed: seeds both random streams (draft sampling, acceptance); None = random.
         measure_ordinary: single-token target passes timed after the prompt to measure the
-            ordinary-decoding baseline (0 = skip); each is rolled back.
+            ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
+            policy (not FixedK) and a model drafter, as many draft passes are timed too.
         trace: attach a `RoundTrace` to every Step (`--trace`).
         reuse_cache: keep the target's cached common prefix with the prompt (a chat's
             earlier turns) instead of evaluating the whole prompt again. Off by default so
@@ -264,6 +279,16 @@ def measure_ordinary_pass(target: Engine, last: int, n: int) -> float | None:
     return statistics.median(times)
 
 
+def time_draft_pass(policy: KPolicy, draft: Engine, last: int, n: int) -> None:
+    """Report to the policy the median of n single-token draft passes of `last`, each
+    rolled back, made where the draft's cache stands (no catching up: only the cost
+    matters)."""
+    if len(draft.tokens) < draft.n_ctx:
+        seconds = measure_ordinary_pass(draft, last, n)
+        if seconds is not None:
+            policy.observe_draft_pass(seconds)
+
+
 def check_prompt(prompt: list[int], n_ctx: int) -> None:
     """Raises PromptError for an empty prompt or one that leaves no room to generate."""
     if not prompt:
@@ -303,7 +328,7 @@ def generate(
     )
     stats = Stats(n_prompt=len(prompt))
     committed = list(prompt)
-    draft_engine = getattr(drafter, "engine", None)
+    draft_engine = getattr(drafter, "engine", None)  # a model drafter's, to time its passes
     t_start = time.perf_counter()
     t_decode = t_start
     try:
@@ -314,6 +339,9 @@ def generate(
             # the baseline the policy must beat, measured after a warm-up pass, instead
             # of one noisy first round
             policy.observe(0, 0, 0.0, ordinary_s, 0)
+            # and the draft's cost, so a draft slower than its target costs no round
+            if draft_engine is not None and not isinstance(policy, FixedK):
+                time_draft_pass(policy, draft_engine, committed[-1], config.measure_ordinary)
         yield Prefilled(len(prompt), stats.prefill_s, ordinary_s)
         t_decode = time.perf_counter()
         while emitter.finish is None:
@@ -327,6 +355,9 @@ def generate(
             # a round emits up to K+1 tokens: never draft past -n or the context
             k = policy.choose_k(min(emitter.remaining - 1, room)) if drafter else 0
             bonus = k == 0 or policy.bonus()
+            if k == 0 and draft_engine is not None and policy.retime_draft():
+                # a draft too slow to use: its cost, counted as this round's drafting time
+                time_draft_pass(policy, draft_engine, committed[-1], 1)
             block = draft_block(drafter, committed, k, draft_rng)
             t1 = time.perf_counter()
             inside1 = _decode_s(target), _decode_s(draft_engine)

@@ -219,6 +219,125 @@ def test_probes_are_rarer_when_catching_up_is_costly() -> None:
     assert costly >= 400 // 64  # still probing now and then
 
 
+def simulate_loop(
+    c: Controller,
+    alpha: float,
+    n_tokens: int,
+    draft_s: float,
+    verify: Callable[[int], float],
+    seed: int = 0,
+    noise: float = 0.1,
+    catchup_token_s: float = 0.0,
+) -> tuple[float, float]:
+    """`simulate`, but as the loop really runs a round: a round without its bonus row (a
+    probe) scores K rows and emits only the accepted tokens when all are accepted, and
+    a drafter idle during ordinary rounds first catches up on the tokens it missed.
+    Generates n_tokens; returns (tokens/s, ordinary tokens/s on the same cost draws)."""
+    rng = np.random.default_rng(seed)
+    tokens, seconds, ordinary_s, behind = 0, 0.0, 0.0, 0
+    while tokens < n_tokens:
+        k = c.choose_k(n_tokens - tokens - 1)
+        bonus = k == 0 or c.bonus()
+        ok = rng.random(k) < alpha
+        n = k if ok.all() else int(np.argmin(ok))
+        jitter = rng.lognormal(0.0, noise)
+        if k == 0 and c.retime_draft():  # one draft pass, timed, rolled back
+            seconds += draft_s * jitter
+            c.observe_draft_pass(draft_s * jitter)
+        d = draft_s * k * jitter
+        catchup = catchup_token_s * behind * jitter if k else 0.0
+        v = verify(k + 1 if bonus else max(k, 1)) * jitter
+        emitted = n + (1 if n < k or bonus else 0)
+        tokens, seconds = tokens + emitted, seconds + catchup + d + v
+        ordinary_s += verify(1) * jitter * emitted
+        behind = behind + emitted if k == 0 else 1
+        c.observe(k, n, d, v, n_drafted=k, catchup_s=catchup)
+    return tokens / seconds, tokens / ordinary_s
+
+
+def q4_verify(n: int) -> float:
+    """The swapped demo pair's target (Q4_K_M on CPU): scoring 8 tokens costs ~5 passes."""
+    return 0.012 * (1.0 + 0.57 * (n - 1))
+
+
+SLOW_DRAFT_S = 0.03  # the F32 copy as the draft: 2.5 ordinary passes per token
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9])
+def test_a_draft_slower_than_its_target_costs_a_few_percent(alpha: float) -> None:
+    """Issue 15: the demo models swapped (a draft slower than its target, accepting
+    everything). No block size can win even at acceptance 1, so accepted probes must not
+    bring on more probes: before, auto ran K = 1 probes for 41 of the last 42 rounds
+    (0.30x of ordinary decoding). Nor may it probe at all: each probe first catches the
+    draft up on every token it missed (~0.07 ordinary passes per token on the swapped demo
+    pair), a fixed share of the time however rare the probes. The draft's cost is
+    re-measured by a timed pass now and then instead."""
+    for seed in range(3):
+        c = Controller(k_max=16)
+        c.observe(0, 0, 0.0, q4_verify(1), 0)  # the loop's timed passes after the prompt
+        c.observe_draft_pass(SLOW_DRAFT_S)
+        assert c.hopeless
+        tps, ordinary = simulate_loop(
+            c, alpha, 600, SLOW_DRAFT_S, q4_verify, seed=seed, catchup_token_s=0.0008
+        )
+        assert tps >= 0.96 * ordinary, (seed, tps / ordinary)
+        assert c.k_history == [0] * len(c.k_history)
+        timed = c.summary()["draft_passes_timed"]
+        assert 2 <= timed <= 1 + len(c.k_history) // c.probe_every_max
+        # without the draft pass timed before the first round: one blind round, then the same
+        blind = Controller(k_max=16)
+        blind.observe(0, 0, 0.0, q4_verify(1), 0)
+        tps, ordinary = simulate_loop(
+            blind, alpha, 600, SLOW_DRAFT_S, q4_verify, seed=seed, catchup_token_s=0.0008
+        )
+        assert tps >= 0.93 * ordinary, (seed, tps / ordinary, blind.k_history)
+        assert sum(k > 0 for k in blind.k_history) == 1
+
+
+def test_a_noisy_fit_cannot_talk_a_slow_draft_into_long_blocks() -> None:
+    """Hopelessness is judged on the draft costs measured, not on the linear fit's
+    extrapolation: two draft sizes that cost the same (noise) make the fit predict that
+    long blocks pay, but every measured size costs more per token than ordinary decoding.
+    (The old controller tried a 16-token block on the swapped demo pair this way.)"""
+    c = Controller(k_max=16)
+    c.observe(0, 0, 0.0, q4_verify(1), 0)
+    for _ in range(4):
+        c.observe(1, 1, SLOW_DRAFT_S, q4_verify(2), n_drafted=1)
+        c.observe(2, 2, SLOW_DRAFT_S, q4_verify(3), n_drafted=2)  # 15 ms per token
+    assert c.predicted_tokens_per_s(16) > 1.0 / c.ordinary_token_s  # the fit alone drafts
+    assert c.hopeless
+    assert max(c.choose_k(100) for _ in range(5)) <= c.probe_k
+
+
+def test_speculation_resumes_when_a_slow_draft_becomes_fast() -> None:
+    """The rare probes of a hopeless draft re-measure its cost: when the machine's load
+    changes and drafting becomes cheap, speculation starts again."""
+    c = Controller(k_max=16)
+    c.observe(0, 0, 0.0, q4_verify(1), 0)
+    c.observe_draft_pass(SLOW_DRAFT_S)
+    simulate_loop(c, 0.95, 100, SLOW_DRAFT_S, q4_verify, seed=1)
+    assert c.hopeless
+    start = len(c.decisions)
+    simulate_loop(c, 0.95, 1000, 0.002, q4_verify, seed=2)
+    resumed = next(d.round for d in c.decisions[start:] if d.reason == "model")
+    assert not c.hopeless
+    assert resumed - start <= 6 * c.probe_every_max
+
+
+def test_a_good_draft_timed_before_the_first_round_starts_from_the_model() -> None:
+    """With the draft pass timed after the prompt, the first block follows the cost model
+    (not `k_init`) and the good draft keeps its speed."""
+    rates = [analytic_rate(0.9, k, DRAFT_S, cpu_verify) for k in range(9)]
+    for seed in range(3):
+        c = Controller(k_max=8)
+        c.observe(0, 0, 0.0, cpu_verify(1), 0)
+        c.observe_draft_pass(DRAFT_S)
+        assert not c.hopeless
+        tps = simulate(c, [0.9] * 200, seed=seed)
+        assert c.k_history[0] >= 1 and c.decisions[0].reason == "warmup"
+        assert tps >= 0.93 * max(rates)
+
+
 def test_probes_skip_the_bonus_row_and_cost_one_row() -> None:
     c = Controller(k_max=8)
     c.observe(0, 0, 0.0, cpu_verify(1), 0)
@@ -321,3 +440,22 @@ def test_pure_modules_import_nothing_heavy() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_stale_ordinary_cost_cannot_keep_a_useless_draft_going() -> None:
+    """The ordinary pass is measured only on K = 0 rounds. Measured while the machine was
+    busy, it flatters speculation; if the model then picks K >= 1 every round, nothing
+    refreshes it (seen on the weak demo draft: K = 1 for 20 rounds at acceptance 0). A
+    batch of two measured cheaper than the single-token figure exposes it as stale."""
+    c = Controller(k_max=8)
+    c.observe(0, 0, 0.0, 0.05, 0)  # a busy moment: the true pass costs 0.028
+    k = c.choose_k(100)  # the first block: rejected, the machine still busy
+    c.observe(k, 0, 0.007 * k, 0.05, n_drafted=k)
+    ks = []
+    for _ in range(30):  # quiet again; the draft is useless
+        k = c.choose_k(100)
+        rows = k + 1 if c.bonus() else max(k, 1)
+        c.observe(k, 0, 0.007 * k, 0.028 + 0.002 * (rows - 1), n_drafted=k)
+        ks.append(k)
+    assert sum(k > 0 for k in ks[10:]) <= 2, ks
+    assert c.ordinary_token_s == pytest.approx(0.028, rel=0.01)

@@ -349,3 +349,42 @@ def test_host_time_is_the_round_outside_the_decodes(monkeypatch: pytest.MonkeyPa
     assert sum(st.host_s for st in steps) == pytest.approx(s.host_s)
     for st in steps:  # the rest of each round is the decodes
         assert st.round_s - st.host_s == pytest.approx(0.02 * (1 + max(st.k, 0)), abs=1e-9)
+
+
+def test_a_slower_draft_is_timed_before_the_first_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop times draft passes after the prompt (as it times the ordinary pass), so the
+    controller knows a draft slower than its target before any round and drafts nothing
+    until its first rare probe; the output is ordinary decoding's. A fake clock: 10 ms per
+    target decode, 25 ms per draft decode."""
+    import time
+
+    from specgen.controller import Controller
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0)  # the same model: it would accept everything
+
+    def slowed(engine: FakeEngine, seconds: float) -> None:
+        real = engine.decode
+
+        def decode(tokens: list[int], all_logits: bool = False) -> np.ndarray:
+            clock[0] += seconds
+            return real(tokens, all_logits)
+
+        monkeypatch.setattr(engine, "decode", decode)
+
+    slowed(target, 0.01)
+    slowed(draft, 0.025)
+    policy = Controller(k_max=8)
+    config = GenerateConfig(max_tokens=40, params=GREEDY, measure_ordinary=3, ignore_eos=True)
+    events = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, policy))
+    assert policy.hopeless
+    assert policy.draft_token_s == pytest.approx(0.025)
+    assert events[-1].stats.k_history == [0] * 40
+    assert (
+        events[-1].tokens
+        == ordinary(
+            FakeEngine(n_vocab=9, seed=0), [1, 2], max_tokens=40, params=GREEDY, ignore_eos=True
+        ).tokens
+    )

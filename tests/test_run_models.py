@@ -231,3 +231,19 @@ def test_weak_draft_with_auto_is_lossless_and_falls_back(demo, weak_draft):
     assert done.stats.acceptance_rate < 0.2
     assert policy.fallback_episodes, "the controller never fell back to ordinary decoding"
     assert done.stats.k_history.count(0) > len(done.stats.k_history) / 2
+
+
+def test_swapped_demo_pair_with_auto_is_ordinary_decoding(demo):
+    """Issue 15: the demo models swapped (the Q4_K_M file as target, the F32 file as draft,
+    2-3x slower per token). The draft's cost is timed before the first round, so `auto`
+    drafts nothing until its first rare probe (at least probe_every_max rounds away)."""
+    from specgen.controller import Controller
+
+    f32, q4 = demo
+    ids = q4.tokenize(PROMPTS[0])
+    policy = Controller(k_max=16)
+    config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
+    done = list(generate(q4, ModelDrafter(f32, GREEDY, q4.n_vocab), ids, config, policy))[-1]
+    assert policy.hopeless, policy.summary()
+    assert done.stats.k_history == [0] * 40
+    assert done.stats.n_generated == 40
