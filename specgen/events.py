@@ -40,6 +40,9 @@ class Prefilled:
     ordinary_token_s: float | None = None
     """Median seconds of a single-token target pass, timed right after the prompt on
     this hardware (the ordinary-decoding baseline), or None when not measured."""
+    draft_token_s: float | None = None
+    """Median seconds of a single-token draft pass, timed likewise (adaptive block size
+    with a model draft only), or None."""
 
 
 @dataclass(frozen=True)

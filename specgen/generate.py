@@ -279,14 +279,16 @@ def measure_ordinary_pass(target: Engine, last: int, n: int) -> float | None:
     return statistics.median(times)
 
 
-def time_draft_pass(policy: KPolicy, draft: Engine, last: int, n: int) -> None:
+def time_draft_pass(policy: KPolicy, draft: Engine, last: int, n: int) -> float | None:
     """Report to the policy the median of n single-token draft passes of `last`, each
     rolled back, made where the draft's cache stands (no catching up: only the cost
-    matters)."""
-    if len(draft.tokens) < draft.n_ctx:
-        seconds = measure_ordinary_pass(draft, last, n)
-        if seconds is not None:
-            policy.observe_draft_pass(seconds)
+    matters); returns it (None when not measured)."""
+    if len(draft.tokens) >= draft.n_ctx:
+        return None
+    seconds = measure_ordinary_pass(draft, last, n)
+    if seconds is not None:
+        policy.observe_draft_pass(seconds)
+    return seconds
 
 
 def check_prompt(prompt: list[int], n_ctx: int) -> None:
@@ -335,14 +337,16 @@ def generate(
         stats.n_prefill = prefill(target, drafter, prompt, config.reuse_cache)
         stats.prefill_s = time.perf_counter() - t_start
         ordinary_s = measure_ordinary_pass(target, committed[-1], config.measure_ordinary)
+        draft_pass_s = None
         if ordinary_s is not None:
             # the baseline the policy must beat, measured after a warm-up pass, instead
             # of one noisy first round
             policy.observe(0, 0, 0.0, ordinary_s, 0)
             # and the draft's cost, so a draft slower than its target costs no round
             if draft_engine is not None and not isinstance(policy, FixedK):
-                time_draft_pass(policy, draft_engine, committed[-1], config.measure_ordinary)
-        yield Prefilled(len(prompt), stats.prefill_s, ordinary_s)
+                n = config.measure_ordinary
+                draft_pass_s = time_draft_pass(policy, draft_engine, committed[-1], n)
+        yield Prefilled(len(prompt), stats.prefill_s, ordinary_s, draft_pass_s)
         t_decode = time.perf_counter()
         while emitter.finish is None:
             room = target.n_ctx - len(committed)  # target will hold len-1 + 1 + K tokens

@@ -227,6 +227,7 @@ class LlamaEngine:
             add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
         )
         self._piece_cache: dict[int, bytes] = {}
+        self.n_params = int(llama_cpp.llama_model_n_params(model))  # weights, not bytes
 
     # -- vocabulary ---------------------------------------------------------------
 

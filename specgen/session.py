@@ -82,11 +82,13 @@ class ModelSpec:
 
 @dataclass
 class Loaded:
-    """An open target and drafter; `close()` frees both."""
+    """An open target and drafter; `close()` frees both. `warnings`: one-line messages
+    for the user about the pair (the caller prints them; see `swap_warning`)."""
 
     target: LlamaEngine
     drafter: Drafter | None
     draft_name: str
+    warnings: tuple[str, ...] = ()
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -131,7 +133,12 @@ def load(
         except BaseException:
             draft.close()
             raise
-        return Loaded(target, ModelDrafter(draft, params, target.n_vocab, draft_p_min), path.name)
+        drafter = ModelDrafter(draft, params, target.n_vocab, draft_p_min)
+        warning = swap_warning(
+            target.name, target.path.stat().st_size, target.n_params,
+            draft.name, draft.path.stat().st_size, draft.n_params,
+        )  # fmt: skip
+        return Loaded(target, drafter, path.name, (warning,) if warning else ())
     except BaseException:
         target.close()
         raise
@@ -166,6 +173,46 @@ def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:
                 " to a multiple of 256"
             )
     return notes
+
+
+SWAP_HINT = "did you swap -m and -md?"
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
+
+
+def swap_warning(
+    target_name: str, target_bytes: int, target_params: int,
+    draft_name: str, draft_bytes: int, draft_params: int,
+) -> str | None:  # fmt: skip
+    """The warning for a draft larger than its target, by file size or parameter count,
+    else None. Such a draft is rarely cheaper per token than its target, and then no block
+    size can pay (`specgen.controller.Controller.hopeless`); most often the two files were
+    given the wrong way round."""
+    if draft_bytes > target_bytes:
+        what = f"{_gb(draft_bytes)} against {_gb(target_bytes)}"
+    elif draft_params > target_params:
+        what = f"{draft_params / 1e9:.2f}B against {target_params / 1e9:.2f}B parameters"
+    else:
+        return None
+    return (
+        f"the draft {draft_name} is larger than the target {target_name} ({what}):"
+        f" speculation is unlikely to pay; {SWAP_HINT}"
+    )
+
+
+def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | None) -> str | None:
+    """The warning for a draft measured slower per token than its target's ordinary pass
+    (`specgen.events.Prefilled`'s timings), else None: no block size can then pay, and
+    `--draft-max auto` decodes ordinarily."""
+    if ordinary_token_s is None or draft_token_s is None or draft_token_s < ordinary_token_s:
+        return None
+    return (
+        f"the draft measured slower than the target ({draft_token_s * 1e3:.1f} ms against"
+        f" {ordinary_token_s * 1e3:.1f} ms per token): speculation cannot pay, so"
+        f" --draft-max auto decodes ordinarily; {SWAP_HINT}"
+    )
 
 
 def parse_draft_max(value: str) -> int | None:

@@ -123,6 +123,7 @@ def bench(
         draft_engine = getattr(loaded.drafter, "engine", None)
         record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
         result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
+        result.warnings.extend(loaded.warnings)  # a draft larger than its target
     finally:
         loaded.close()
     others = other_cpu_load(busy0, cpu_snapshot())

@@ -248,6 +248,8 @@ def execute(a: RunArgs) -> int:
             loaded, pair_k, loaded_notes = _load(a, params, lambda msg: spinner.update(msg))
     else:
         loaded, pair_k, loaded_notes = _load(a, params, None)
+    for w in loaded.warnings:
+        output.warning(w)
     writer = None
     events: Any = None  # a generator: closed below while the engines exist
     try:
@@ -275,6 +277,8 @@ def execute(a: RunArgs) -> int:
         )
         policy = make_policy(draft_max, k_init=pair_k)
         events = generate(loaded.target, loaded.drafter, prompt, config, policy)
+        if not loaded.warnings:  # one warning about the pair at most
+            events = _warn_slow_draft(events)
         if a.trace is not None:  # --trace: one JSON line per round, written as it goes
             from specgen.trace import TraceWriter, tee, token_text_of
 
@@ -319,6 +323,23 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
         f"the prompt ({n_prompt} tokens) plus -n {max_tokens} do not fit the context of"
         f" {n_ctx}: generation stops after at most {room} tokens (raise -c to go further)"
     ]
+
+
+def _warn_slow_draft(events):
+    """Pass the events through; warn when the draft's pass, timed after the prompt, is
+    slower than the target's. Closing this generator closes `events`."""
+    from specgen.events import Prefilled
+    from specgen.session import slow_draft_warning
+
+    try:
+        for ev in events:
+            if isinstance(ev, Prefilled):
+                w = slow_draft_warning(ev.ordinary_token_s, ev.draft_token_s)
+                if w is not None:
+                    output.warning(w)
+            yield ev
+    finally:
+        events.close()
 
 
 def _load(a: RunArgs, params: SamplingParams, status):

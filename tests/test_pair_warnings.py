@@ -1,0 +1,73 @@
+"""Warnings about the pair and the seed (issue 15): a draft larger or slower than its
+target ("did you swap -m and -md?"), and a seed that `--draft-max auto` cannot honour."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specgen.events import Prefilled
+from specgen.models import gguf as gguf_tools
+from specgen.session import SWAP_HINT, slow_draft_warning, swap_warning
+
+SPECGEN = [sys.executable, "-m", "specgen"]
+
+
+def specgen(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*SPECGEN, *args], capture_output=True, env=dict(os.environ), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny target's vocabulary and first layers, with 6 layers instead of 2: a larger
+    file with more parameters."""
+    path = tmp_path_factory.mktemp("big") / "tiny-big.gguf"
+    gguf_tools.write_tiny_llama(path, seed=0, n_layer=6)
+    return path
+
+
+def test_swapped_models_warn_once_on_stderr(tiny_target: Path, tiny_big: Path) -> None:
+    args = ["run", "-n", "4", "--temp", "0", "-c", "256", "the cat"]
+    swapped = specgen(*args, "-m", str(tiny_target), "-md", str(tiny_big))
+    assert swapped.returncode == 0, swapped.stderr.decode()
+    err = swapped.stderr.decode()
+    assert err.count(SWAP_HINT) == 1, err
+    assert "specgen: warning: the draft tiny-big.gguf is larger than the target" in err
+    assert SWAP_HINT.encode() not in swapped.stdout
+    right = specgen(*args, "-m", str(tiny_big), "-md", str(tiny_target))
+    assert right.returncode == 0, right.stderr.decode()
+    assert SWAP_HINT not in right.stderr.decode()
+
+
+def test_swap_warning_compares_size_then_parameters() -> None:
+    assert swap_warning("t.gguf", 10, 100, "d.gguf", 9, 90) is None
+    assert swap_warning("t.gguf", 10, 100, "d.gguf", 10, 100) is None
+    by_size = swap_warning("t.gguf", 253_113_024, 268, "d.gguf", 1_078_917_824, 268)
+    assert by_size is not None and "1.08 GB against 0.25 GB" in by_size
+    # a more heavily quantized but larger model: smaller file, more parameters
+    by_params = swap_warning("t.gguf", 6_000_000_000, 3_000_000_000, "d.gguf", 5e9, 7e9)
+    assert by_params is not None and "7.00B against 3.00B parameters" in by_params
+
+
+def test_slow_draft_warning_from_the_timed_passes() -> None:
+    assert slow_draft_warning(0.010, 0.004) is None
+    assert slow_draft_warning(None, 0.02) is None and slow_draft_warning(0.01, None) is None
+    w = slow_draft_warning(0.0102, 0.0251)
+    assert w is not None and "25.1 ms against 10.2 ms" in w and SWAP_HINT in w
+
+
+def test_run_warns_when_the_draft_measures_slower(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's pass-through of the loop's events warns at the timed passes, once."""
+    from specgen.cli.run import _warn_slow_draft
+
+    def events():
+        yield Prefilled(5, 0.1, ordinary_token_s=0.01, draft_token_s=0.03)
+        yield Prefilled(5, 0.1, ordinary_token_s=0.01, draft_token_s=0.003)
+
+    assert len(list(_warn_slow_draft(events()))) == 2
+    err = capsys.readouterr().err
+    assert err.count(SWAP_HINT) == 1 and "30.0 ms against 10.0 ms" in err
