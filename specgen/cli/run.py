@@ -52,6 +52,12 @@ if TYPE_CHECKING:
     from specgen.sampling import SamplingParams
 
 EXIT_INTERRUPTED = 130
+# why a seeded `auto` run is not reproducible (issue 15): K follows measured timings, and
+# each block size draws a different number of random numbers
+SEED_NOTE = (
+    "with --draft-max auto the block sizes follow measured timings, so at --temp > 0 the"
+    " text can differ between runs with the same --seed; a fixed --draft-max reproduces it"
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class RunArgs:
     raw: bool = False  # --raw: no chat template
     system: str | None = None  # --system TEXT
     chat_template: Path | None = None  # --chat-template FILE
+    seed_given: bool = False  # --seed was on the command line (not a random one)
     swa_full: bool = False  # --swa-full
 
 
@@ -187,6 +194,7 @@ def run(
 
     SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)  # checks --top-p, --min-p
     parse_draft_max(draft_max)
+    seed_given = seed is not None and seed != -1
     seed = seed_or_random(seed)
     if trace is not None:
         check_output_path("--trace", trace)
@@ -203,6 +211,7 @@ def run(
             top_p=top_p,
             min_p=min_p,
             seed=seed,
+            seed_given=seed_given,
             draft_max=draft_max,
             draft_p_min=draft_p_min,
             stop=tuple(stop or ()),
@@ -250,6 +259,8 @@ def execute(a: RunArgs) -> int:
         loaded, pair_k, loaded_notes = _load(a, params, None)
     for w in loaded.warnings:
         output.warning(w)
+    if a.seed_given and draft_max is None and params.temp > 0 and loaded.drafter is not None:
+        output.notice(SEED_NOTE)
     writer = None
     events: Any = None  # a generator: closed below while the engines exist
     try:

@@ -22,6 +22,11 @@ def specgen(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 @pytest.fixture(scope="module")
+def tiny(tiny_target: Path, tiny_draft: Path) -> list[str]:
+    return ["-m", str(tiny_target), "-md", str(tiny_draft), "-c", "256"]
+
+
+@pytest.fixture(scope="module")
 def tiny_big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target's vocabulary and first layers, with 6 layers instead of 2: a larger
     file with more parameters."""
@@ -71,3 +76,29 @@ def test_run_warns_when_the_draft_measures_slower(capsys: pytest.CaptureFixture[
     assert len(list(_warn_slow_draft(events()))) == 2
     err = capsys.readouterr().err
     assert err.count(SWAP_HINT) == 1 and "30.0 ms against 10.0 ms" in err
+
+
+def test_a_seed_under_auto_at_temperature_is_said_to_depend_on_timing(tiny) -> None:
+    from specgen.commands import SEED_NOTE
+
+    sampled = ["run", *tiny, "-n", "6", "--temp", "0.8", "the cat"]
+    r = specgen(*sampled, "--seed", "42")  # --draft-max auto is the default
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stderr.decode().count(SEED_NOTE) == 1
+    for quiet in (
+        [*sampled, "--seed", "42", "--draft-max", "4"],  # reproducible: nothing to say
+        sampled,  # no seed asked for
+        ["run", *tiny, "-n", "6", "--temp", "0", "--seed", "42", "the cat"],  # greedy
+        ["run", *tiny, "--draft", "none", "-n", "6", "--temp", "0.8", "--seed", "42", "x"],
+    ):
+        r = specgen(*quiet)
+        assert r.returncode == 0, r.stderr.decode()
+        assert SEED_NOTE not in r.stderr.decode(), quiet
+
+
+def test_a_seed_with_a_fixed_block_size_reproduces_the_text(tiny) -> None:
+    args = ["run", *tiny, "-n", "24", "--temp", "0.8", "--draft-max", "3", "--ignore-eos"]
+    first, second, other = (specgen(*args, "--seed", s, "the cat") for s in ("42", "42", "7"))
+    assert first.returncode == second.returncode == other.returncode == 0
+    assert first.stdout == second.stdout
+    assert first.stdout != other.stdout  # the seed is used, not ignored
