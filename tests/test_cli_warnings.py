@@ -79,7 +79,7 @@ def test_run_warns_when_the_draft_measures_slower(capsys: pytest.CaptureFixture[
 
 
 def test_a_seed_under_auto_at_temperature_is_said_to_depend_on_timing(tiny) -> None:
-    from specgen.commands import SEED_NOTE
+    from specgen.cli.run import SEED_NOTE
 
     sampled = ["run", *tiny, "-n", "6", "--temp", "0.8", "the cat"]
     r = specgen(*sampled, "--seed", "42")  # --draft-max auto is the default
