@@ -211,7 +211,8 @@ def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | No
     return (
         f"the draft measured slower than the target ({draft_token_s * 1e3:.1f} ms against"
         f" {ordinary_token_s * 1e3:.1f} ms per token): speculation cannot pay, so"
-        f" --draft-max auto decodes ordinarily; {SWAP_HINT}"
+        f" --draft-max auto decodes ordinarily; {SWAP_HINT} (or is the draft on the CPU"
+        " while the target is on a GPU? see -ngld)"
     )
 
 
