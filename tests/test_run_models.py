@@ -245,5 +245,7 @@ def test_swapped_demo_pair_with_auto_is_ordinary_decoding(demo):
     config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
     done = list(generate(q4, ModelDrafter(f32, GREEDY, q4.n_vocab), ids, config, policy))[-1]
     assert policy.hopeless, policy.summary()
-    assert done.stats.k_history == [0] * 40
+    assert done.stats.k_history[:8] == [0] * 8  # no blind first round
+    # (a machine busy enough to triple the target's pass mid-run could make it try again)
+    assert done.stats.k_history.count(0) >= 36, done.stats.k_history
     assert done.stats.n_generated == 40
