@@ -292,8 +292,13 @@ class Controller:
     Usage by the loop (one call of each per round, in this order):
 
         k = controller.choose_k(max_k)      # max_k: largest block allowed this round
+        if k == 0 and controller.retime_draft():
+            controller.observe_draft_pass(seconds of one timed draft pass)
         ... draft (may return m <= k tokens), verify, accept n ...
         controller.observe(k, n, draft_s, verify_s, n_drafted=m)
+
+    Before the first round the loop may feed a separately timed ordinary pass
+    (`observe` with k = 0) and draft pass (`observe_draft_pass`).
 
     Args:
         k_max: largest block size considered (>= 0).
