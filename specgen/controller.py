@@ -335,7 +335,7 @@ class Controller:
         fixed_k: int | None = None,
         probe_every: int = 4,
         probe_every_max: int = 64,
-        probe_budget: float = 0.03,
+        probe_budget: float = 0.02,
         probe_k: int = 1,
         probe_bonus: bool = False,
         k_init: int = 4,

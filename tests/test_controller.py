@@ -212,8 +212,9 @@ def test_probes_are_rarer_when_catching_up_is_costly() -> None:
             c.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_drafted=k, catchup_s=late)
         return sum(d.reason == "probe" for d in c.decisions)
 
-    # loss per failed probe: 0.048 / 0.034 - 1 = 0.41 passes (gap cap 14) without
-    # catch-up, (0.05 + 0.048) / 0.034 - 1 = 1.9 passes (gap cap 63) with 50 ms of it
+    # loss per failed probe: 0.048 / 0.034 - 1 = 0.41 passes (gap cap 21 at the 2% budget)
+    # without catch-up, (0.05 + 0.048) / 0.034 - 1 = 1.9 passes (gap cap 64, the longest)
+    # with 50 ms of it
     cheap, costly = probes(0.0), probes(0.05)
     assert costly < cheap / 2, (cheap, costly)
     assert costly >= 400 // 64  # still probing now and then
