@@ -223,6 +223,11 @@ class _CostModel:
         if not math.isfinite(seconds) or seconds < 0.0:
             return
         if n in self._mean:
+            # one slow outlier (a garbage-collector pause, another process) raises the
+            # average by at most a quarter: on a draft slower than its target, one such
+            # ordinary round used to make speculation look possible again (`hopeless`).
+            # A lasting slow-down still shows within a few rounds; speed-ups at once.
+            seconds = min(seconds, 2.0 * self._mean[n])
             self._mean[n] += self._ema * (seconds - self._mean[n])
             self._count[n] += 1.0
         else:

@@ -460,3 +460,17 @@ def test_a_stale_ordinary_cost_cannot_keep_a_useless_draft_going() -> None:
         ks.append(k)
     assert sum(k > 0 for k in ks[10:]) <= 2, ks
     assert c.ordinary_token_s == pytest.approx(0.028, rel=0.01)
+
+
+def test_one_slow_ordinary_round_does_not_revive_a_hopeless_draft() -> None:
+    """A pause of 10 ordinary passes in one K = 0 round (garbage collection, another
+    process) used to lift the ordinary cost above the slow draft's, and the controller
+    drafted again for many rounds (seen on the swapped demo pair, 0.53x in one run)."""
+    c = Controller(k_max=16)
+    c.observe(0, 0, 0.0, q4_verify(1), 0)
+    c.observe_draft_pass(SLOW_DRAFT_S)
+    for r in range(40):
+        k = c.choose_k(100)
+        c.observe(k, k, SLOW_DRAFT_S * k, q4_verify(1) * (10.0 if r == 5 else 1.0), n_drafted=k)
+    assert c.k_history == [0] * 40
+    assert c.hopeless
