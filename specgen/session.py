@@ -176,6 +176,7 @@ def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:
 
 
 SWAP_HINT = "did you swap -m and -md?"
+_SLOW_DRAFT_MARGIN = 1.5
 
 
 def _gb(n_bytes: int) -> str:
@@ -204,9 +205,12 @@ def swap_warning(
 
 def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | None) -> str | None:
     """The warning for a draft measured slower per token than its target's ordinary pass
-    (`specgen.events.Prefilled`'s timings), else None: no block size can then pay, and
-    `--draft-max auto` decodes ordinarily."""
-    if ordinary_token_s is None or draft_token_s is None or draft_token_s < ordinary_token_s:
+    (`specgen.events.Prefilled`'s timings) by a clear margin, else None: no block size can
+    then pay, and `--draft-max auto` decodes ordinarily. The margin (1.5x) keeps two models
+    of the same size, whose timings differ only by noise, from being called swapped."""
+    if ordinary_token_s is None or draft_token_s is None:
+        return None
+    if draft_token_s < _SLOW_DRAFT_MARGIN * ordinary_token_s:
         return None
     return (
         f"the draft measured slower than the target ({draft_token_s * 1e3:.1f} ms against"
