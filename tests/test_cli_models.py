@@ -119,6 +119,7 @@ def test_dry_run_without_a_network_shows_the_registry_then_says_so(tmp_path):
     result = invoke("download", "m", "--dry-run", "--models", str(reg))
     assert result.exit_code == 1 and result.message.startswith("cannot reach http://127.0.0.1:9")
     assert result.stdout == "m\torg/m-GGUF/m-q8_0.gguf\t~4.7 GB\tnot checked\n"
+    assert "nothing was downloaded" in result.message and "HF_HUB_OFFLINE" not in result.message
 
 
 def test_embedded_pair_dry_run_downloads_nothing():

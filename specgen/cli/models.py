@@ -86,7 +86,14 @@ def download(
                 result = dl.download_model(entry, revision=revision, force=force, progress=hook)
             output.write_line(f"{entry.name}\t{result.path}")
     if unreachable is not None:
-        raise unreachable
+        message = str(unreachable)
+        if message.startswith("cannot reach"):
+            # the download's hints (HF_HUB_OFFLINE, resuming) do not fit a dry run
+            message = (
+                message.split(" (")[0] + ": the sizes and cache state above were not checked"
+                " and nothing was downloaded; run it again with the network up"
+            )
+        raise NetworkError(message) from unreachable
 
 
 def models(
