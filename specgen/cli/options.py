@@ -55,7 +55,9 @@ CtxOpt = Annotated[
 TempOpt = Annotated[
     float, typer.Option("--temp", help="Temperature; 0 or below = greedy (as in llama.cpp).")
 ]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0 or negative = off, as in llama.cpp).")]
+TopKOpt = Annotated[
+    int, typer.Option("--top-k", help="Top-k (0 or negative = off, as in llama.cpp).")
+]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")]
 MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")]
 SeedOpt = Annotated[
