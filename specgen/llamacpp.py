@@ -10,12 +10,15 @@ Gemma 3 at n_ctx 4096).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
+import signal
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,21 +40,77 @@ from specgen.models.gguf import GGUF_MAGIC, implied_size, read_magic
 _log: Callable[[str], None] | None = None  # where --verbose sends llama.cpp's log lines
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
 
+# Ctrl-C seen while llama.cpp was running: by the SIGINT handler of `_sigint_deferred`, or
+# caught inside a ctypes callback. An exception must never escape a ctypes callback: Python
+# prints "Exception ignored on calling ctypes callback function" and drops it, and the C
+# code carries on as if nothing happened. It is raised as KeyboardInterrupt once the C
+# call has returned (`_raise_if_interrupted`).
+_interrupted = threading.Event()
+
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Keep the tail of llama.cpp's log so a failure can say why; print only when asked.
-    line = text.decode("utf-8", errors="replace")
-    _recent_log.append(line)
-    if _log is not None:
-        _log(line)
+    try:
+        line = text.decode("utf-8", errors="replace")
+        _recent_log.append(line)
+        if _log is not None:
+            _log(line)
+    except KeyboardInterrupt:  # Ctrl-C landed here, in C's call stack: deliver it later
+        _interrupted.set()
+    except Exception:  # noqa: BLE001 - a log line is not worth a crash (stderr closed, ...)
+        pass
 
 
-# The ctypes callback must stay referenced for the life of the process: llama.cpp keeps
-# the raw pointer, and a collected callback crashes at the next log line.
+@llama_cpp.llama_progress_callback
+def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
+    # Called between tensors while a model loads; returning False cancels the load, and
+    # llama_model_load_from_file then returns NULL.
+    try:
+        return not _interrupted.is_set()
+    except KeyboardInterrupt:
+        _interrupted.set()
+        return False
+
+
+# The ctypes callbacks must stay referenced for the life of the process: llama.cpp keeps
+# the raw pointers, and a collected callback crashes at its next call.
 _LOG_CALLBACK_REF = _log_callback
+_PROGRESS_CALLBACK_REF = _progress_callback
 llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _interrupted.set()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Around a long llama.cpp call (loading a model, creating a context): Ctrl-C only sets
+    `_interrupted`, which cancels a model load at its next progress callback; the caller
+    raises it with `_raise_if_interrupted` once the call has returned and what it made is
+    owned. Python's default handler would raise KeyboardInterrupt inside llama.cpp's log
+    callback instead, where it is lost. SIGINT is left alone outside the main thread or
+    when someone else handles it (an embedding application, or ignored by the parent)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raise_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt that arrived during a llama.cpp call (then forget it)."""
+    if _interrupted.is_set():
+        _interrupted.clear()
+        raise KeyboardInterrupt
 
 
 def set_verbose(verbose: bool, log: Callable[[str], None]) -> None:
@@ -162,6 +221,8 @@ class LlamaEngine:
     Raises (constructor):
         ModelFileError: missing, non-GGUF or truncated file (llama.cpp returns NULL).
         ModelLoadError: the context could not be created (memory, n_ctx).
+        KeyboardInterrupt: Ctrl-C while loading: llama.cpp's load is cancelled at its next
+            tensor (context creation is waited for), everything made so far is freed.
     """
 
     def __init__(self, path: Path | str, config: EngineConfig = EngineConfig()) -> None:
@@ -171,16 +232,28 @@ class LlamaEngine:
         self.path = Path(path)
         self.name = self.path.name
         check_gguf_file(self.path)
+        try:
+            self._open(config)
+        except BaseException:  # Ctrl-C included: free what was made, then pass it on
+            self.close()
+            raise
+
+    def _open(self, config: EngineConfig) -> None:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        mparams.progress_callback = _PROGRESS_CALLBACK_REF
         _recent_log.clear()  # what llama.cpp logs from here explains a failure
         devices, self.devices = _offload_devices(config)
         if devices is not None:  # read during the load only
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        _raise_if_interrupted()  # one caught in a log line since the last check
+        with _sigint_deferred():
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if model:
+            self._model = model
+        _raise_if_interrupted()  # the load was cancelled (NULL) or has just finished
         if not model:  # NULL: truncated, corrupt or unsupported
             raise _load_failure(self.path)
-        self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
 
         cparams = llama_cpp.llama_context_default_params()
@@ -198,14 +271,16 @@ class LlamaEngine:
         # still has the window it needs (see `_window_intact`).
         cparams.swa_full = config.swa_full
         cparams.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        with _sigint_deferred():  # no cancel hook here: Ctrl-C is raised once it returns
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if ctx:
+            self._ctx = ctx
+        _raise_if_interrupted()
         if not ctx:
-            self.close()
             raise ModelLoadError(
                 f"llama.cpp could not create a context for {self.name} (n_ctx={config.n_ctx}):"
                 f" {_last_error()}"
             )
-        self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         # llama.cpp may round n_ctx up and clamps n_batch to it: use what it chose
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
@@ -321,6 +396,7 @@ class LlamaEngine:
                 # counted as evaluation and not as the host work that reads the logits
                 llama_cpp.llama_synchronize(self._ctx)
             self.decode_s += time.perf_counter() - t0
+            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
             if rc != 0:
                 # A failed decode may leave part of this chunk in the cache: drop it so
                 # the cache matches `tokens` again.
