@@ -73,10 +73,27 @@ def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
         return False
 
 
+@llama_cpp.ggml_abort_callback
+def _abort_callback(user_data: ctypes.c_void_p) -> bool:
+    # Called by the CPU backend between graph nodes of a decode; True aborts it (code 2).
+    try:
+        return _interrupted.is_set()
+    except KeyboardInterrupt:
+        _interrupted.set()
+        return True
+
+
+# Decodes of at least this many tokens (prompt chunks) can be aborted by Ctrl-C. The abort
+# callback runs once per graph node (about 400 per pass of the demo target): noise for a
+# prompt chunk, but a cost the loop's short decodes (K + 1 tokens) need not pay.
+_ABORTABLE_TOKENS = 64
+
 # The ctypes callbacks must stay referenced for the life of the process: llama.cpp keeps
 # the raw pointers, and a collected callback crashes at its next call.
 _LOG_CALLBACK_REF = _log_callback
 _PROGRESS_CALLBACK_REF = _progress_callback
+_ABORT_CALLBACK_REF = _abort_callback
+_NO_ABORT_CALLBACK = llama_cpp.ggml_abort_callback()  # NULL
 llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
@@ -87,12 +104,13 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Around a long llama.cpp call (loading a model, creating a context): Ctrl-C only sets
-    `_interrupted`, which cancels a model load at its next progress callback; the caller
-    raises it with `_raise_if_interrupted` once the call has returned and what it made is
-    owned. Python's default handler would raise KeyboardInterrupt inside llama.cpp's log
-    callback instead, where it is lost. SIGINT is left alone outside the main thread or
-    when someone else handles it (an embedding application, or ignored by the parent)."""
+    """Around a long llama.cpp call (loading a model, creating a context, a prompt chunk):
+    Ctrl-C only sets `_interrupted`, which cancels a model load at its next progress
+    callback and aborts a decode at its next graph node; the caller raises it with
+    `_raise_if_interrupted` once the call has returned and what it made is owned.
+    Python's default handler would raise KeyboardInterrupt inside llama.cpp's log callback
+    instead, where it is lost. SIGINT is left alone outside the main thread or when someone
+    else handles it (an embedding application, or ignored by the parent)."""
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
@@ -362,6 +380,8 @@ class LlamaEngine:
 
         Raises:
             EngineError: the tokens do not fit in the context, or llama_decode failed.
+            KeyboardInterrupt: Ctrl-C; a chunk of 64 tokens or more is aborted at once and
+                dropped from the cache (the caller rolls back to `tokens` either way).
         """
         if self._ctx is None:
             raise EngineError(f"{self.name}: the model is closed")
@@ -390,21 +410,34 @@ class LlamaEngine:
                 batch.logits[i] = 1 if want else 0
             batch.n_tokens = len(chunk)
             t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc = self._decode_batch(batch, len(chunk))
             if rc == 0:
                 # a GPU backend may still be computing: wait here, so the wait is
                 # counted as evaluation and not as the host work that reads the logits
                 llama_cpp.llama_synchronize(self._ctx)
             self.decode_s += time.perf_counter() - t0
-            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
             if rc != 0:
-                # A failed decode may leave part of this chunk in the cache: drop it so
-                # the cache matches `tokens` again.
+                # A failed or aborted decode may leave part of this chunk in the cache: drop
+                # it so the cache matches `tokens` again.
                 llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                _raise_if_interrupted()  # code 2: aborted by Ctrl-C
                 raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
+            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
             self.tokens.extend(chunk)
             n_out = len(chunk) if all_logits else 1
         return self._logits(n_out)
+
+    def _decode_batch(self, batch: llama_cpp.llama_batch, n_tokens: int) -> int:
+        """`llama_decode`; a long batch (a prompt chunk, which can take seconds on a large
+        model) is aborted by Ctrl-C through llama.cpp's abort callback (return code 2)."""
+        if n_tokens < _ABORTABLE_TOKENS:
+            return int(llama_cpp.llama_decode(self._ctx, batch))
+        llama_cpp.llama_set_abort_callback(self._ctx, _ABORT_CALLBACK_REF, None)
+        try:
+            with _sigint_deferred():
+                return int(llama_cpp.llama_decode(self._ctx, batch))
+        finally:
+            llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT_CALLBACK, None)
 
     def _logits(self, n_rows: int) -> Logits:
         # Outputs are stored contiguously in batch order (llama.h, llama_get_logits), so

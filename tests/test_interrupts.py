@@ -227,3 +227,23 @@ def test_ctrl_c_mid_verify_exits_130(tiny_target, tiny_draft):
     code, out, err = child.interrupt()
     assert_clean_interrupt(code, err)
     assert out == ""  # no report of a check that did not finish
+
+
+# -- a long decode --------------------------------------------------------------------------
+
+
+def test_ctrl_c_aborts_a_long_decode_and_leaves_the_cache_as_it_was(tiny_target):
+    from specgen import llamacpp
+
+    with llamacpp.LlamaEngine(tiny_target, llamacpp.EngineConfig(n_ctx=512)) as engine:
+        engine.decode([1, 20, 30])
+        # as the SIGINT handler of a long call does: the abort callback sees it at once
+        llamacpp._interrupted.set()
+        with pytest.raises(KeyboardInterrupt):
+            engine.decode(list(range(10, 10 + 200)))  # a prompt chunk: abortable
+        assert any("ret = 2" in line for line in llamacpp._recent_log)  # llama.cpp aborted
+        assert engine.tokens == [1, 20, 30]
+        engine.truncate(3)  # raises if the cache holds anything past the 3 tokens
+        # the interrupt was delivered once: the engine goes on working
+        assert engine.decode(list(range(10, 10 + 200))).shape == (1, engine.n_vocab)
+        assert len(engine.tokens) == 203
