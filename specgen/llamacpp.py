@@ -74,7 +74,7 @@ def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
 
 
 @llama_cpp.ggml_abort_callback
-def _abort_callback(user_data: ctypes.c_void_p) -> bool:
+def _decode_abort_callback(user_data: ctypes.c_void_p) -> bool:
     # Called by the CPU backend between graph nodes of a decode; True aborts it (code 2).
     try:
         return _interrupted.is_set()
@@ -92,8 +92,8 @@ _ABORTABLE_TOKENS = 64
 # the raw pointers, and a collected callback crashes at its next call.
 _LOG_CALLBACK_REF = _log_callback
 _PROGRESS_CALLBACK_REF = _progress_callback
-_ABORT_CALLBACK_REF = _abort_callback
-_NO_ABORT_CALLBACK = llama_cpp.ggml_abort_callback()  # NULL
+_DECODE_ABORT_REF = _decode_abort_callback
+_NO_DECODE_ABORT = llama_cpp.ggml_abort_callback()  # NULL
 llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
@@ -432,12 +432,12 @@ class LlamaEngine:
         model) is aborted by Ctrl-C through llama.cpp's abort callback (return code 2)."""
         if n_tokens < _ABORTABLE_TOKENS:
             return int(llama_cpp.llama_decode(self._ctx, batch))
-        llama_cpp.llama_set_abort_callback(self._ctx, _ABORT_CALLBACK_REF, None)
+        llama_cpp.llama_set_abort_callback(self._ctx, _DECODE_ABORT_REF, None)
         try:
             with _sigint_deferred():
                 return int(llama_cpp.llama_decode(self._ctx, batch))
         finally:
-            llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT_CALLBACK, None)
+            llama_cpp.llama_set_abort_callback(self._ctx, _NO_DECODE_ABORT, None)
 
     def _logits(self, n_rows: int) -> Logits:
         # Outputs are stored contiguously in batch order (llama.h, llama_get_logits), so
