@@ -358,13 +358,24 @@ class ChatSession:
             config = replace(config, seed=config.seed + self.totals.turns)
         done: Done | None = None
         ordinary_s: float | None = None
-        for ev in generate(self.target, self.drafter, ids, config, self.policy()):
-            if isinstance(ev, Prefilled):
-                ordinary_s = ev.ordinary_token_s
-            elif isinstance(ev, Done):
-                done = ev
-            yield ev
+        try:
+            for ev in generate(self.target, self.drafter, ids, config, self.policy()):
+                if isinstance(ev, Prefilled):
+                    ordinary_s = ev.ordinary_token_s
+                elif isinstance(ev, Done):
+                    done = ev
+                yield ev
+        except KeyboardInterrupt:
+            if done is None:
+                raise
+            # Ctrl-C inside the loop: it closed the reply first (finish reason
+            # "interrupted"), which is kept; then the interrupt goes on to the caller
+            self._keep(user, done, ordinary_s)
+            raise
         assert done is not None
+        self._keep(user, done, ordinary_s)
+
+    def _keep(self, user: str, done: Done, ordinary_s: float | None) -> None:
         self.conversation.add("user", user)
         self.conversation.add("assistant", done.text)
         self.totals.add(done.stats, ordinary_s)

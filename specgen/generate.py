@@ -318,6 +318,8 @@ def generate(
     Raises:
         PromptError: empty prompt, or no room in the context.
         EngineError: llama.cpp failed.
+        KeyboardInterrupt: Ctrl-C during the generation, raised on the next iteration
+            after the Done with finish reason "interrupted" (the text so far).
     """
     check_prompt(prompt, target.n_ctx)
     params = config.params
@@ -439,3 +441,8 @@ def generate(
     stats.n_generated = len(emitter.tokens)
     assert emitter.finish is not None
     yield Done(emitter.finish, emitter.text, tuple(emitter.tokens), stats)
+    if emitter.finish == "interrupted":
+        # Ctrl-C is never swallowed: the consumer gets the partial Done (`run` shows the
+        # text), then the interrupt itself, so a caller looping over generations (bench,
+        # verify) stops instead of carrying on with the next one.
+        raise KeyboardInterrupt

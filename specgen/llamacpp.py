@@ -10,12 +10,15 @@ Gemma 3 at n_ctx 4096).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
+import signal
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,21 +40,95 @@ from specgen.models.gguf import GGUF_MAGIC, implied_size, read_magic
 _log: Callable[[str], None] | None = None  # where --verbose sends llama.cpp's log lines
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
 
+# Ctrl-C seen while llama.cpp was running: by the SIGINT handler of `_sigint_deferred`, or
+# caught inside a ctypes callback. An exception must never escape a ctypes callback: Python
+# prints "Exception ignored on calling ctypes callback function" and drops it, and the C
+# code carries on as if nothing happened. It is raised as KeyboardInterrupt once the C
+# call has returned (`_raise_if_interrupted`).
+_interrupted = threading.Event()
+
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Keep the tail of llama.cpp's log so a failure can say why; print only when asked.
-    line = text.decode("utf-8", errors="replace")
-    _recent_log.append(line)
-    if _log is not None:
-        _log(line)
+    try:
+        line = text.decode("utf-8", errors="replace")
+        _recent_log.append(line)
+        if _log is not None:
+            _log(line)
+    except KeyboardInterrupt:  # Ctrl-C landed here, in C's call stack: deliver it later
+        _interrupted.set()
+    except Exception:  # noqa: BLE001 - a log line is not worth a crash (stderr closed, ...)
+        pass
 
 
-# The ctypes callback must stay referenced for the life of the process: llama.cpp keeps
-# the raw pointer, and a collected callback crashes at the next log line.
+@llama_cpp.llama_progress_callback
+def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
+    # Called between tensors while a model loads; returning False cancels the load, and
+    # llama_model_load_from_file then returns NULL.
+    try:
+        return not _interrupted.is_set()
+    except KeyboardInterrupt:
+        _interrupted.set()
+        return False
+
+
+@llama_cpp.ggml_abort_callback
+def _decode_abort_callback(user_data: ctypes.c_void_p) -> bool:
+    # Called by the CPU backend between graph nodes of a decode; True aborts it (code 2).
+    try:
+        return _interrupted.is_set()
+    except KeyboardInterrupt:
+        _interrupted.set()
+        return True
+
+
+# Decodes of at least this many tokens (prompt chunks) can be aborted by Ctrl-C. The abort
+# callback runs once per graph node (about 400 per pass of the demo target): noise for a
+# prompt chunk, but a cost the loop's short decodes (K + 1 tokens) need not pay.
+_ABORTABLE_TOKENS = 64
+
+# The ctypes callbacks must stay referenced for the life of the process: llama.cpp keeps
+# the raw pointers, and a collected callback crashes at its next call.
 _LOG_CALLBACK_REF = _log_callback
+_PROGRESS_CALLBACK_REF = _progress_callback
+_DECODE_ABORT_REF = _decode_abort_callback
+_NO_DECODE_ABORT = llama_cpp.ggml_abort_callback()  # NULL
 llama_cpp.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _interrupted.set()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Around a long llama.cpp call (loading a model, creating a context, a prompt chunk):
+    Ctrl-C only sets `_interrupted`, which cancels a model load at its next progress
+    callback and aborts a decode at its next graph node; the caller raises it with
+    `_raise_if_interrupted` once the call has returned and what it made is owned.
+    Python's default handler would raise KeyboardInterrupt inside llama.cpp's log callback
+    instead, where it is lost. SIGINT is left alone outside the main thread or when someone
+    else handles it (an embedding application, or ignored by the parent)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raise_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt that arrived during a llama.cpp call (then forget it)."""
+    if _interrupted.is_set():
+        _interrupted.clear()
+        raise KeyboardInterrupt
 
 
 def set_verbose(verbose: bool, log: Callable[[str], None]) -> None:
@@ -162,6 +239,8 @@ class LlamaEngine:
     Raises (constructor):
         ModelFileError: missing, non-GGUF or truncated file (llama.cpp returns NULL).
         ModelLoadError: the context could not be created (memory, n_ctx).
+        KeyboardInterrupt: Ctrl-C while loading: llama.cpp's load is cancelled at its next
+            tensor (context creation is waited for), everything made so far is freed.
     """
 
     def __init__(self, path: Path | str, config: EngineConfig = EngineConfig()) -> None:
@@ -171,16 +250,28 @@ class LlamaEngine:
         self.path = Path(path)
         self.name = self.path.name
         check_gguf_file(self.path)
+        try:
+            self._open(config)
+        except BaseException:  # Ctrl-C included: free what was made, then pass it on
+            self.close()
+            raise
+
+    def _open(self, config: EngineConfig) -> None:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        mparams.progress_callback = _PROGRESS_CALLBACK_REF
         _recent_log.clear()  # what llama.cpp logs from here explains a failure
         devices, self.devices = _offload_devices(config)
         if devices is not None:  # read during the load only
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        _raise_if_interrupted()  # one caught in a log line since the last check
+        with _sigint_deferred():
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if model:
+            self._model = model
+        _raise_if_interrupted()  # the load was cancelled (NULL) or has just finished
         if not model:  # NULL: truncated, corrupt or unsupported
             raise _load_failure(self.path)
-        self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
 
         cparams = llama_cpp.llama_context_default_params()
@@ -198,14 +289,16 @@ class LlamaEngine:
         # still has the window it needs (see `_window_intact`).
         cparams.swa_full = config.swa_full
         cparams.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        with _sigint_deferred():  # no cancel hook here: Ctrl-C is raised once it returns
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if ctx:
+            self._ctx = ctx
+        _raise_if_interrupted()
         if not ctx:
-            self.close()
             raise ModelLoadError(
                 f"llama.cpp could not create a context for {self.name} (n_ctx={config.n_ctx}):"
                 f" {_last_error()}"
             )
-        self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         # llama.cpp may round n_ctx up and clamps n_batch to it: use what it chose
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
@@ -288,6 +381,8 @@ class LlamaEngine:
 
         Raises:
             EngineError: the tokens do not fit in the context, or llama_decode failed.
+            KeyboardInterrupt: Ctrl-C; a chunk of 64 tokens or more is aborted at once and
+                dropped from the cache (the caller rolls back to `tokens` either way).
         """
         if self._ctx is None:
             raise EngineError(f"{self.name}: the model is closed")
@@ -316,20 +411,34 @@ class LlamaEngine:
                 batch.logits[i] = 1 if want else 0
             batch.n_tokens = len(chunk)
             t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc = self._decode_batch(batch, len(chunk))
             if rc == 0:
                 # a GPU backend may still be computing: wait here, so the wait is
                 # counted as evaluation and not as the host work that reads the logits
                 llama_cpp.llama_synchronize(self._ctx)
             self.decode_s += time.perf_counter() - t0
             if rc != 0:
-                # A failed decode may leave part of this chunk in the cache: drop it so
-                # the cache matches `tokens` again.
+                # A failed or aborted decode may leave part of this chunk in the cache: drop
+                # it so the cache matches `tokens` again.
                 llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                _raise_if_interrupted()  # code 2: aborted by Ctrl-C
                 raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
+            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
             self.tokens.extend(chunk)
             n_out = len(chunk) if all_logits else 1
         return self._logits(n_out)
+
+    def _decode_batch(self, batch: llama_cpp.llama_batch, n_tokens: int) -> int:
+        """`llama_decode`; a long batch (a prompt chunk, which can take seconds on a large
+        model) is aborted by Ctrl-C through llama.cpp's abort callback (return code 2)."""
+        if n_tokens < _ABORTABLE_TOKENS:
+            return int(llama_cpp.llama_decode(self._ctx, batch))
+        llama_cpp.llama_set_abort_callback(self._ctx, _DECODE_ABORT_REF, None)
+        try:
+            with _sigint_deferred():
+                return int(llama_cpp.llama_decode(self._ctx, batch))
+        finally:
+            llama_cpp.llama_set_abort_callback(self._ctx, _NO_DECODE_ABORT, None)
 
     def _logits(self, n_rows: int) -> Logits:
         # Outputs are stored contiguously in batch order (llama.h, llama_get_logits), so

@@ -241,3 +241,31 @@ def test_build_prompt_raw_and_chat(smol):
     assert template is not None and ids[0] == IM_START and len(ids) > len(raw)
     with pytest.raises(ConfigError, match="--raw"):
         chat.build_prompt(target, b"x", raw=True, system="s")
+
+
+def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol, fmt):
+    target, draft = smol
+    target.truncate(0)
+    cfg = GenerateConfig(max_tokens=40, params=GREEDY)
+    s = chat.ChatSession(target, ModelDrafter(draft, GREEDY, target.n_vocab), fmt, cfg,
+                         lambda: FixedK(2))  # fmt: skip
+    real, calls = target.decode, [0]
+
+    def ctrl_c_on_the_fourth_pass(tokens, all_logits=False):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyboardInterrupt  # as llamacpp raises a Ctrl-C that came during a decode
+        return real(tokens, all_logits)
+
+    target.decode = ctrl_c_on_the_fourth_pass
+    events = []
+    try:
+        with pytest.raises(KeyboardInterrupt):  # passed on, for the command to stop the reply
+            for ev in s.reply("Tell me a long story about a dragon."):
+                events.append(ev)
+    finally:
+        del target.decode
+    done = events[-1]
+    assert done.finish_reason == "interrupted" and done.text
+    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
+    assert s.totals.turns == 1

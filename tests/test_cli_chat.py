@@ -154,7 +154,10 @@ def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args)
 def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
     import signal
 
-    proc, master = spawn(["chat", *smol_args, "-n", "2000", "--temp", "0.9", "--seed", "1"])
+    # -c 2048: how far the reply gets before the signal lands depends on the machine's
+    # speed, and it must not fill the context of the next turn
+    args = [*smol_args, "-c", "2048"]
+    proc, master = spawn(["chat", *args, "-n", "2000", "--temp", "0.9", "--seed", "1"])
     try:
         read_until(master, proc, 120, b"> ")
         os.write(master, b"Tell me a very long story about a dragon and a knight.\r")

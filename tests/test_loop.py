@@ -129,10 +129,28 @@ def test_interrupt_inside_a_decode_ends_cleanly():
         return out
 
     target.decode = flaky
-    events = list(generate(target, None, [1], GenerateConfig(max_tokens=50, params=GREEDY)))
-    done = events[-1]
+    events = []
+    with pytest.raises(KeyboardInterrupt):  # never swallowed: callers that loop must stop
+        for ev in generate(target, None, [1], GenerateConfig(max_tokens=50, params=GREEDY)):
+            events.append(ev)
+    done = events[-1]  # the text so far comes first, for `run` to show
+    assert isinstance(done, Done)
     assert done.finish_reason == "interrupted" and 0 < len(done.tokens) < 50
     assert target.tokens == ([1] + list(done.tokens))[:-1]
+
+
+def test_interrupt_during_the_prefill_is_raised_after_an_empty_done():
+    target = FakeEngine(n_vocab=9, seed=0)
+
+    def ctrl_c(tokens, all_logits=False):
+        raise KeyboardInterrupt
+
+    target.decode = ctrl_c
+    gen = generate(target, None, [1, 2, 3], GenerateConfig(max_tokens=5, params=GREEDY))
+    done = next(gen)
+    assert isinstance(done, Done) and done.finish_reason == "interrupted" and not done.tokens
+    with pytest.raises(KeyboardInterrupt):
+        next(gen)
 
 
 def test_eos_inside_an_accepted_block_ends_there():

@@ -36,7 +36,13 @@ Markdown, plot). The names used as `bench.NAME` are re-exported here.
 
 from __future__ import annotations
 
-from specgen.bench.method import bench, cpu_snapshot, other_cpu_load, run_bench
+from specgen.bench.method import (
+    BenchInterrupted,
+    bench,
+    cpu_snapshot,
+    other_cpu_load,
+    run_bench,
+)
 from specgen.bench.prompts import (
     BenchPrompt,
     builtin_prompts,
@@ -85,6 +91,7 @@ __all__ = [
     "ORDINARY",
     "SPECULATIVE",
     "AutoVsBest",
+    "BenchInterrupted",
     "BenchPrompt",
     "BenchResult",
     "BenchSettings",

@@ -78,6 +78,16 @@ def measure(
 # -- the benchmark --------------------------------------------------------------------------
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the measurement. Still a KeyboardInterrupt (exit 130 when not
+    handled); `result` holds the generations finished before it, summarized, its first
+    warning saying the figures are incomplete (`record` is filled by `bench`)."""
+
+    def __init__(self, result: BenchResult) -> None:
+        super().__init__()
+        self.result = result
+
+
 def bench(
     spec: Any,
     prompts: Sequence[BenchPrompt],
@@ -122,7 +132,11 @@ def bench(
         record["target"]["devices"] = list(loaded.target.devices)
         draft_engine = getattr(loaded.drafter, "engine", None)
         record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
-        result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
+        try:
+            result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
+        except BenchInterrupted as e:
+            e.result.record = record
+            raise
         result.warnings.extend(loaded.warnings)  # a draft larger than its target
     finally:
         loaded.close()
@@ -195,6 +209,7 @@ def run_bench(
     Raises:
         ConfigError: a prompt plus `n_tokens` and the block does not fit in the context.
         PromptError, EngineError: from the loop.
+        BenchInterrupted: Ctrl-C; it carries what was measured until then.
     """
     ids = [target.tokenize(p.text.encode("utf-8")) for p in prompts]
     k_auto = max(16, settings.k_init or 0)  # make_policy's k_max for auto
@@ -256,17 +271,30 @@ def run_bench(
             one(mode, settings.temps[0], settings.draft_max[0], 0, -1, settings.seed, warm=True)
             done += 1
     results: list[RunResult] = []
-    # every configuration is measured on each prompt before the next prompt, so slow drift
-    # of a shared machine affects all of them alike (comparisons across K stay fair)
-    for temp in settings.temps:
-        for run in range(settings.runs):
-            for i, p in enumerate(prompts):
-                seed = settings.seed + 1000 * run + i
-                for k in settings.draft_max:
-                    for mode in (ORDINARY, SPECULATIVE):
-                        tick(f"temp {temp:g} K {k_label(k)} · {p.id} · {mode}")
-                        results.append(one(mode, temp, k, i, run, seed))
-                        done += 1
+    try:
+        # every configuration is measured on each prompt before the next prompt, so slow
+        # drift of a shared machine affects all of them alike (comparisons across K stay fair)
+        for temp in settings.temps:
+            for run in range(settings.runs):
+                for i, p in enumerate(prompts):
+                    seed = settings.seed + 1000 * run + i
+                    for k in settings.draft_max:
+                        for mode in (ORDINARY, SPECULATIVE):
+                            tick(f"temp {temp:g} K {k_label(k)} · {p.id} · {mode}")
+                            results.append(one(mode, temp, k, i, run, seed))
+                            done += 1
+    except KeyboardInterrupt:
+        # only whole generations count (an ordinary run without its speculative partner is
+        # left out of every figure by the pairing)
+        partial = BenchResult(settings=settings, prompts=list(prompts), runs=results)
+        summarize(partial)
+        n_main = total - (2 if settings.warmup else 0)
+        partial.warnings.insert(
+            0,
+            f"interrupted (Ctrl-C) after {len(results)} of {n_main} generations: incomplete"
+            " figures, from the configurations measured so far",
+        )
+        raise BenchInterrupted(partial) from None
     tick("done")
     result = BenchResult(settings=settings, prompts=list(prompts), runs=results)
     summarize(result)

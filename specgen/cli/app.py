@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
     except SpecgenError as e:
         code = _fail(str(e), e.exit_code, debug)
-    except typer.Abort:
-        code = 130
-    except KeyboardInterrupt:
-        code = 130
+    except (KeyboardInterrupt, typer.Abort):
+        # Ctrl-C anywhere (Click turns KeyboardInterrupt into Abort): 128 + SIGINT, as a
+        # shell reports it, and no message; the command has shown what it finished.
+        if debug:
+            output.debug_traceback()
+        code = run.EXIT_INTERRUPTED
     except _USAGE_ERRORS as e:
         code = _show_usage_error(e)
     except OSError as e:

@@ -188,6 +188,15 @@ def run_bench_command(**a: Any) -> None:
         )  # fmt: skip
     try:
         result = _measure(bench, spec, prompts, settings, a["draft_p_min"], writer)
+    except bench.BenchInterrupted as e:
+        # Ctrl-C: the tables of what was finished, marked incomplete; no file is written
+        # (--json, --markdown and --plot hold complete results only), then exit 130
+        if e.result.configs:
+            why = "interrupted (Ctrl-C); no file written"
+            tables, notes = reports.render_bench(e.result, incomplete=why)
+            output.show(*tables, width_when_piped=130)
+            output.note(*notes)
+        raise KeyboardInterrupt from None
     finally:
         if writer is not None:
             writer.close()

@@ -439,11 +439,16 @@ def _run_json(
 
     done: Done | None = None
     prefilled: Prefilled | None = None
-    for ev in events:
-        if isinstance(ev, Done):
-            done = ev
-        elif isinstance(ev, Prefilled):
-            prefilled = ev
+    try:
+        for ev in events:
+            if isinstance(ev, Done):
+                done = ev
+            elif isinstance(ev, Prefilled):
+                prefilled = ev
+    except KeyboardInterrupt:
+        if done is None:  # Ctrl-C outside the loop's own handling: nothing to report
+            raise
+        # the loop closed the generation first (finish reason "interrupted"): report it
     assert done is not None
     stats = done.stats.to_dict()
     stats["wall_s"] = round(done.stats.prefill_s + done.stats.decode_s, 6)

@@ -133,6 +133,7 @@ def _verify(
     from specgen.sampling import SamplingParams
     from specgen.session import ModelSpec, load, load_notes
     from specgen.ui import reports
+    from specgen.ui.progress import stage_status
     from specgen.verify import VerifyConfig, drafter_factory, verify
 
     if check not in ("all", "greedy", "sampling"):
@@ -162,8 +163,8 @@ def _verify(
         for note in load_notes(spec, loaded):
             output.notice(note)
         make = drafter_factory(loaded.drafter)
-        with output.spinner("verifying") as spinner:
-            report = verify(loaded.target, make, config, loaded.draft_name, spinner.update)
+        with stage_status(output.err_console(), "verifying") as say:
+            report = verify(loaded.target, make, config, loaded.draft_name, say)
     finally:
         loaded.close()
     if json_out:

@@ -48,6 +48,24 @@ def bench_progress(err: Any) -> Iterator[tuple[Callable[[Any], None], Callable[[
 
 
 @contextmanager
+def stage_status(err: Any, message: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on ``err`` while the block runs; yields its update hook. Where ``err`` is
+    not a terminal (a spinner shows nothing there), each new stage is printed as a line
+    instead: the message up to its first ", ", so per-sample counters do not flood a log."""
+    last = [""]
+    with err.status(message) as spinner:
+
+        def update(msg: str) -> None:
+            spinner.update(msg)
+            stage = msg.split(", ")[0]
+            if not err.is_terminal and stage != last[0]:
+                last[0] = stage
+                err.print(stage, highlight=False, markup=False)
+
+        yield update
+
+
+@contextmanager
 def download_bars(console: Any) -> Iterator[Callable[[str, int, int | None], None]]:
     """Rich progress bars on ``console`` (stderr), one per file; yields the progress hook."""
     tasks: dict[str, Any] = {}

@@ -119,10 +119,18 @@ def render_bench_kinds(result: BenchResult) -> Table:
     return t
 
 
-def render_bench(result: BenchResult) -> tuple[list[RenderableType], list[RenderableType]]:
+def render_bench(
+    result: BenchResult, incomplete: str | None = None
+) -> tuple[list[RenderableType], list[RenderableType]]:
     """`specgen bench`'s report (pure): the tables and the auto-against-best lines for
-    stdout, then the notes, the comparison and the record for stderr."""
-    out: list[RenderableType] = [
+    stdout, then the notes, the comparison and the record for stderr. `incomplete` (why
+    the figures are partial) heads the tables."""
+    out: list[RenderableType] = (
+        []
+        if incomplete is None
+        else [Text.from_markup(f"[bold yellow]incomplete:[/] {incomplete}")]
+    )
+    out += [
         render_bench_table(result),
         render_bench_costs(result),
         render_bench_kinds(result),
