@@ -23,8 +23,10 @@ from specgen.cli.options import (
     ModelsOpt,
     NgldOpt,
     NglOpt,
+    NoLiveOpt,
     PairOpt,
     SeedOpt,
+    ShowRejectedOpt,
     SystemOpt,
     TargetOpt,
     TempOpt,
@@ -76,10 +78,8 @@ def chat(
     draft_p_min: DraftPMinOpt = 0.0,
     system: SystemOpt = None,
     chat_template: ChatTemplateOpt = None,
-    no_live: Annotated[bool, typer.Option("--no-live", help="Plain text even on a TTY.")] = False,
-    show_rejected: Annotated[
-        bool, typer.Option("--show-rejected", help="Show rejected proposals struck through.")
-    ] = False,
+    no_live: NoLiveOpt = False,
+    show_rejected: ShowRejectedOpt = False,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
     threads: ThreadsOpt = 0,

@@ -55,6 +55,10 @@ CtxOpt = Annotated[
 TempOpt = Annotated[
     float, typer.Option("--temp", help="Temperature; 0 or below = greedy (as in llama.cpp).")
 ]
+NoLiveOpt = Annotated[bool, typer.Option("--no-live", help="Plain text even on a TTY.")]
+ShowRejectedOpt = Annotated[
+    bool, typer.Option("--show-rejected", help="Show rejected proposals struck through.")
+]
 TopKOpt = Annotated[
     int, typer.Option("--top-k", help="Top-k (0 or negative = off, as in llama.cpp).")
 ]
