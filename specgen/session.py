@@ -12,7 +12,7 @@ from specgen.compat import check_compatible
 from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, ModelLoadFailure
 from specgen.generate import FixedK, KPolicy
 from specgen.llamacpp import (
     EngineConfig,
@@ -21,6 +21,7 @@ from specgen.llamacpp import (
     parse_rpc_endpoints,
     supports_gpu_offload,
 )
+from specgen.models.gguf import check_gguf_file, explain_load_failure
 from specgen.models.resolve import DRAFT_NGRAM, DRAFT_NONE
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
@@ -99,6 +100,21 @@ class Loaded:
 Status = Callable[[str], None]
 
 
+def open_engine(path: Path, config: EngineConfig) -> LlamaEngine:
+    """`LlamaEngine(path, config)` after checking the file's GGUF magic, and with the size
+    its header implies when llama.cpp cannot load it.
+
+    Raises:
+        ModelFileError: missing, not GGUF, truncated or otherwise unloadable.
+        ModelLoadError: the context could not be created.
+    """
+    check_gguf_file(path)
+    try:
+        return LlamaEngine(path, config)
+    except ModelLoadFailure as e:
+        raise explain_load_failure(e) from e
+
+
 def load(
     spec: ModelSpec,
     params: SamplingParams,
@@ -118,7 +134,7 @@ def load(
         say(f"connecting to RPC server {', '.join(spec.rpc)}")
         add_rpc_servers(spec.rpc)
     say(f"loading target {spec.target.name}")
-    target = LlamaEngine(spec.target, spec.target_cfg)
+    target = open_engine(spec.target, spec.target_cfg)
     try:
         if spec.draft == DRAFT_NONE:
             return Loaded(target, None, DRAFT_NONE)
@@ -126,7 +142,7 @@ def load(
             return Loaded(target, NgramDrafter(target.n_vocab, n_max=ngram_n), DRAFT_NGRAM)
         path = Path(spec.draft)
         say(f"loading draft {path.name}")
-        draft = LlamaEngine(path, spec.draft_cfg)
+        draft = open_engine(path, spec.draft_cfg)
         try:
             say("checking vocabularies")
             check_compatible(target.vocab, draft.vocab, target.token_text, draft.token_text)
