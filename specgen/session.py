@@ -90,6 +90,7 @@ class Loaded:
     drafter: Drafter | None
     draft_name: str
     warnings: tuple[str, ...] = ()
+    draft_engine: LlamaEngine | None = None  # a model drafter's (for its devices)
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -154,7 +155,7 @@ def load(
             target.name, target.path.stat().st_size, target.n_params,
             draft.name, draft.path.stat().st_size, draft.n_params,
         )  # fmt: skip
-        return Loaded(target, drafter, path.name, (warning,) if warning else ())
+        return Loaded(target, drafter, path.name, (warning,) if warning else (), draft)
     except BaseException:
         target.close()
         raise

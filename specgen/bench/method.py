@@ -128,10 +128,10 @@ def bench(
         )  # fmt: skip
         record["load_s"] = round(load_s, 3)
         # where the layers went: --rpc servers, and the devices each model could use
-        record["rpc"] = list(getattr(spec, "rpc", ()))
+        record["rpc"] = list(spec.rpc)
         record["target"]["devices"] = list(loaded.target.devices)
-        draft_engine = getattr(loaded.drafter, "engine", None)
-        record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
+        draft = loaded.draft_engine
+        record["draft"]["devices"] = list(draft.devices) if draft is not None else []
         try:
             result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
         except BenchInterrupted as e:
