@@ -56,7 +56,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            self._send_json(200, {"object": "list", "data": [{"id": "stub-model", "sha256": "00" * 32}]})
+            self._send_json(
+                200, {"object": "list", "data": [{"id": "stub-model", "sha256": "00" * 32}]}
+            )
         else:
             self._send_json(404, {"error": {"message": "not found"}})
 
@@ -98,9 +100,16 @@ class _Handler(BaseHTTPRequestHandler):
         final: dict[str, Any] = {"id": "x", "object": "chunk", "choices": []}
         tokens = cfg.n_chunks * cfg.tokens_per_chunk
         if cfg.usage:
-            final["usage"] = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": tokens + 5}
+            final["usage"] = {
+                "prompt_tokens": 5,
+                "completion_tokens": tokens,
+                "total_tokens": tokens + 5,
+            }
         if cfg.spec == "speculative":
-            final["speculative"] = {"num_draft_tokens": 3 * cfg.n_chunks, "num_accepted_draft_tokens": 2 * cfg.n_chunks}
+            final["speculative"] = {
+                "num_draft_tokens": 3 * cfg.n_chunks,
+                "num_accepted_draft_tokens": 2 * cfg.n_chunks,
+            }
         elif cfg.spec == "timings":
             final["timings"] = {"draft_n": 4 * cfg.n_chunks, "draft_n_accepted": cfg.n_chunks}
         self._event(final)
@@ -180,7 +189,7 @@ def main() -> None:
     stub = Stub(StubConfig(a.chunks, a.tokens_per_chunk, a.delay_ms / 1000, a.delay_ms / 1000))
     print(stub.url, flush=True)
     try:
-        for line in iter(input, "durations"):
+        for _ in iter(input, "durations"):
             pass
         print(json.dumps(stub.server.durations_s), flush=True)
         threading.Event().wait()

@@ -102,7 +102,9 @@ PROMPTS = [load.LoadPrompt(f"p{i}", "k", prompt=f"prompt {i}") for i in range(3)
 
 
 def test_a_level_against_the_stub_server() -> None:
-    cfg = StubConfig(n_chunks=4, tokens_per_chunk=2, first_delay_s=0.02, delay_s=0.01, spec="speculative")
+    cfg = StubConfig(
+        n_chunks=4, tokens_per_chunk=2, first_delay_s=0.02, delay_s=0.01, spec="speculative"
+    )
     with Stub(cfg) as stub:
         servers = load.parse_servers([stub.url + "/v1/"], ["stub"])
         seen: list[load.LoadProgress] = []
@@ -138,7 +140,9 @@ def test_failures_are_counted_by_kind_and_never_stop_the_run(tmp_path: Path) -> 
         res = load.run_load(
             load.parse_servers([stub.url], []),
             prompts,
-            _settings(num_prompts=5, warmup=0, timeout_s=0.5, levels=(LoadLevel(0.0, concurrency=5),)),
+            _settings(
+                num_prompts=5, warmup=0, timeout_s=0.5, levels=(LoadLevel(0.0, concurrency=5),)
+            ),
         )
         assert all("messages" in b for b in stub.bodies)  # messages: the chat endpoint
     s = res.runs[0].summary
@@ -150,15 +154,23 @@ def test_failures_are_counted_by_kind_and_never_stop_the_run(tmp_path: Path) -> 
 
 
 def test_servers_get_the_same_schedule_alternating_level_by_level() -> None:
-    levels = (LoadLevel(0.0, concurrency=1), LoadLevel(0.8, request_rate=math.inf, max_concurrency=2))
+    levels = (
+        LoadLevel(0.0, concurrency=1),
+        LoadLevel(0.8, request_rate=math.inf, max_concurrency=2),
+    )
     with Stub(StubConfig(usage=False, spec="timings")) as a, Stub(StubConfig(usage=False)) as b:
         res = load.run_load(
-            load.parse_servers([a.url, b.url], ["A", "B"]), PROMPTS, _settings(levels=levels, warmup=0)
+            load.parse_servers([a.url, b.url], ["A", "B"]),
+            PROMPTS,
+            _settings(levels=levels, warmup=0),
         )
         assert [x["prompt"] for x in a.bodies[:6]] == [x["prompt"] for x in b.bodies[:6]]
         assert [x["temperature"] for x in a.bodies] == [0.0] * 6 + [0.8] * 6
     assert [(r.label, r.level) for r in res.runs] == [
-        ("A", levels[0]), ("B", levels[0]), ("A", levels[1]), ("B", levels[1])
+        ("A", levels[0]),
+        ("B", levels[0]),
+        ("A", levels[1]),
+        ("B", levels[1]),
     ]
     s = res.runs[2].summary
     assert s.max_in_flight <= 2 and s.n_completed == 6
@@ -193,7 +205,11 @@ def test_bad_servers_and_inputs_are_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="completions"):
         load.endpoint_of(_settings(endpoint="completions"), msgs)
     bad = tmp_path / "bad.jsonl"
-    for text, match in [("{nope\n", "not JSON"), ('{"messages": [{"role": 1}]}\n', "messages"), ("", "no prompts")]:
+    for text, match in [
+        ("{nope\n", "not JSON"),
+        ('{"messages": [{"role": 1}]}\n', "messages"),
+        ("", "no prompts"),
+    ]:
         bad.write_text(text)
         with pytest.raises(ConfigError, match=match):
             load.load_prompts(bad)
