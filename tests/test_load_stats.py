@@ -120,6 +120,7 @@ def test_option_parsers() -> None:
         with pytest.raises(ConfigError, match="--request-rate"):
             parse_rate_list(bad)
     assert LoadLevel(0.0, concurrency=4).name == "4 streams"
+    assert LoadLevel(0.0, concurrency=1).name == "1 stream"
     assert LoadLevel(0.0, request_rate=math.inf, max_concurrency=2).name == "inf req/s, ≤2 streams"
 
 

@@ -187,7 +187,7 @@ class LoadLevel:
     @property
     def name(self) -> str:
         if self.concurrency is not None:
-            return f"{self.concurrency} streams"
+            return f"{self.concurrency} stream{'s' if self.concurrency != 1 else ''}"
         rate = "inf" if self.request_rate == math.inf else f"{self.request_rate:g}"
         cap = f", ≤{self.max_concurrency} streams" if self.max_concurrency else ""
         return f"{rate} req/s{cap}"

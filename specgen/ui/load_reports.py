@@ -65,7 +65,7 @@ def render_latency(result: LoadResult) -> Table:
         s, lv = sb.run.summary, sb.run.level
         tpot = " / ".join(_fmt(x, ".1f") for x in (s.tpot.p50, s.tpot.p90, s.tpot.p99))
         t.add_row(f"{lv.temp:g}", lv.name, sb.run.label, pair_text(s.ttft), tpot,
-                  pair_text(s.itl), pair_text(s.e2el))  # fmt: skip
+                  pair_text(s.itl, fmt=".1f"), pair_text(s.e2el))  # fmt: skip
     return t
 
 

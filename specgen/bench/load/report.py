@@ -90,7 +90,7 @@ def build_record(result: LoadResult) -> dict[str, Any]:
             "os": f"{platform.system()} {platform.release()}",
             "gpus": gpus(),
         },  # fmt: skip
-        "settings": result.settings.to_dict(),
+        "settings": result.settings.to_dict() | {"endpoint": result.endpoint},
         "prompt_ids": list(result.prompt_ids),
         "prompt_ids_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
         "servers": [
@@ -148,8 +148,8 @@ def _f(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def pair_text(d: Dist, a: str = "p50", b: str = "p99") -> str:
-    return f"{_f(getattr(d, a), '.0f')} / {_f(getattr(d, b), '.0f')}"
+def pair_text(d: Dist, a: str = "p50", b: str = "p99", fmt: str = ".0f") -> str:
+    return f"{_f(getattr(d, a), fmt)} / {_f(getattr(d, b), fmt)}"
 
 
 def ratio_text(r: Ratio | None) -> str:
@@ -187,7 +187,8 @@ def render_markdown(result: LoadResult) -> str:
         lines.append(
             f"| {lv.temp:g} | {lv.name} | {sb.run.label} | {s.request_throughput:.2f}"
             f" | {s.output_throughput:.1f} | {ratio_text(sb.ratio)} | {pair_text(s.ttft)}"
-            f" | {pair_text(s.tpot)} | {pair_text(s.itl)} | {pair_text(s.e2el)}"
+            f" | {pair_text(s.tpot, fmt='.1f')} | {pair_text(s.itl, fmt='.1f')}"
+            f" | {pair_text(s.e2el)}"
             f" | {_f(s.tokens_per_chunk, '.2f')} | {accept_text(s)}"
             + (f" | {_f(s.slo_goodput, '.2f')}" if slo else "")
             + f" | {failures_text(s)} |"

@@ -119,6 +119,7 @@ class LoadResult:
     runs: tuple[LevelRun, ...]
     prompt_ids: tuple[str, ...]
     date: str = ""
+    endpoint: str = ""  # the route used: chat or completions
 
 
 class LoadInterrupted(Exception):

@@ -211,7 +211,8 @@ def run_load(
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     def result() -> LoadResult:
-        return LoadResult(settings, tuple(infos), tuple(runs), tuple(p.id for p in prompts), date)
+        ids = tuple(p.id for p in prompts)
+        return LoadResult(settings, tuple(infos), tuple(runs), ids, date, endpoint)
 
     try:
         asyncio.run(_sweep(servers, prompts, settings, endpoint, progress, clock, runs, infos))
