@@ -6,7 +6,7 @@ A prompt (or last message) containing a marker misbehaves: `FAIL500` answers HTT
 `DROP` closes the connection after the first chunk, `HANG` never answers (until `close`).
 `hold_after=N` makes every request after the N-th wait until `release()`: a test can then
 act while the client is provably in the middle of a level. `served` counts requests begun;
-`durations_s` holds, per completed stream, the server's time from the request read to its
+`durations_s` holds, per completed stream (by its seed), the server's time from the request read to its
 last byte written. Run as a script it serves until killed and prints its port.
 """
 
@@ -116,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._write(b"data: [DONE]\n\n")
         self._write(b"")  # the last chunk of the chunked body
         with srv.lock:
-            srv.durations_s.append(time.perf_counter() - t0)
+            srv.durations_s[body.get("seed")] = time.perf_counter() - t0
 
     def _event(self, obj: Any) -> None:
         self._write(f"data: {json.dumps(obj)}\n\n".encode())
@@ -128,6 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the default backlog (5) drops connects of 8 streams at once
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that closes its kept-alive connection is not news
 
     def __init__(self, config: StubConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -137,7 +141,7 @@ class _Server(ThreadingHTTPServer):
         self.release_event = threading.Event()
         self.served = 0
         self.bodies: list[Any] = []
-        self.durations_s: list[float] = []
+        self.durations_s: dict[Any, float] = {}  # by the request's seed (the last one wins)
 
 
 class Stub:
@@ -191,7 +195,7 @@ def main() -> None:
     try:
         for _ in iter(input, "durations"):
             pass
-        print(json.dumps(stub.server.durations_s), flush=True)
+        print(json.dumps(list(stub.server.durations_s.items())), flush=True)
         threading.Event().wait()
     except (EOFError, KeyboardInterrupt):
         pass

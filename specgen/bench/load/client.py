@@ -57,13 +57,14 @@ class StreamState:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.done = False
+        self.done_s: float | None = None  # when `data: [DONE]` came
 
     def feed(self, line: str, t: float) -> None:
         if not line.startswith("data:"):
             return  # comments, `event:` lines, blank separators
         payload = line[5:].strip()
         if payload == "[DONE]":
-            self.done = True
+            self.done, self.done_s = True, t
             return
         try:
             obj = json.loads(payload)
@@ -122,10 +123,10 @@ async def send_one(
             if resp.status_code != 200:
                 await resp.aread()
                 return f"http {resp.status_code}"
+            # read on past [DONE] to the end of the body: a response left unread closes
+            # its connection, and the next request would pay a new one
             async for line in resp.aiter_lines():
                 st.feed(line, clock())
-                if st.done:
-                    break
         return st.error or (None if st.done else "disconnect")
 
     try:
@@ -136,7 +137,9 @@ async def send_one(
         failure = "connect"
     except (httpx.TransportError, httpx.StreamError):
         failure = "disconnect"
-    end = clock()
+    if st.done and failure in ("timeout", "disconnect"):
+        failure = st.error  # the stream was whole; only what came after [DONE] went wrong
+    end = st.done_s if st.done_s is not None else clock()  # E2EL ends at [DONE]
     tokens = st.usage_tokens if st.usage_tokens is not None else len(st.chunk_s)
     return RequestRecord(
         index=index, prompt_id=p.id, kind=p.kind, start_s=start, chunk_s=tuple(st.chunk_s),
