@@ -6,8 +6,9 @@ A prompt (or last message) containing a marker misbehaves: `FAIL500` answers HTT
 `DROP` closes the connection after the first chunk, `HANG` never answers (until `close`).
 `hold_after=N` makes every request after the N-th wait until `release()`: a test can then
 act while the client is provably in the middle of a level. `served` counts requests begun;
-`durations_s` holds, per completed stream (by its seed), the server's time from the request read to its
-last byte written. Run as a script it serves until killed and prints its port.
+`times_s` holds, per completed stream (by its seed), the server's `time.perf_counter()` when
+it began reading the request and when it wrote `data: [DONE]` (on Linux a system-wide
+monotonic clock, so a client in another process can compare its own stamps). Run as a script it serves until killed and prints its port.
 """
 
 from __future__ import annotations
@@ -113,10 +114,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif cfg.spec == "timings":
             final["timings"] = {"draft_n": 4 * cfg.n_chunks, "draft_n_accepted": cfg.n_chunks}
         self._event(final)
+        t_done = time.perf_counter()
         self._write(b"data: [DONE]\n\n")
         self._write(b"")  # the last chunk of the chunked body
         with srv.lock:
-            srv.durations_s[body.get("seed")] = time.perf_counter() - t0
+            srv.times_s[body.get("seed")] = (t0, t_done)
 
     def _event(self, obj: Any) -> None:
         self._write(f"data: {json.dumps(obj)}\n\n".encode())
@@ -141,7 +143,7 @@ class _Server(ThreadingHTTPServer):
         self.release_event = threading.Event()
         self.served = 0
         self.bodies: list[Any] = []
-        self.durations_s: dict[Any, float] = {}  # by the request's seed (the last one wins)
+        self.times_s: dict[Any, tuple[float, float]] = {}  # by seed (the last one wins)
 
 
 class Stub:
@@ -195,7 +197,7 @@ def main() -> None:
     try:
         for _ in iter(input, "durations"):
             pass
-        print(json.dumps(list(stub.server.durations_s.items())), flush=True)
+        print(json.dumps(list(stub.server.times_s.items())), flush=True)
         threading.Event().wait()
     except (EOFError, KeyboardInterrupt):
         pass

@@ -216,3 +216,18 @@ def test_bad_servers_and_inputs_are_one_clear_error(tmp_path: Path) -> None:
     assert [p.kind for p in load.load_prompts(None, ["code"])] == ["code"]
     with pytest.raises(ConfigError, match="--kind"):
         load.load_prompts(None, ["nonsense"])
+
+
+def test_open_loop_levels_share_one_seeded_schedule() -> None:
+    s = _settings(levels=(LoadLevel(0.0, request_rate=200.0), LoadLevel(0.0, request_rate=200.0)))
+    order0, off0 = load.level_schedule(s, 0, s.levels[0], 3)
+    again = load.level_schedule(s, 0, s.levels[0], 3)
+    order1, off1 = load.level_schedule(s, 1, s.levels[1], 3)
+    assert off0 is not None and off1 is not None and again[1] is not None
+    assert order0 == again[0] and (off0 == again[1]).all() and not (off0 == off1).all()
+    with Stub() as stub:
+        res = load.run_load(load.parse_servers([stub.url], []), PROMPTS, s)
+    for run in res.runs:
+        assert run.summary.n_completed == 6 and [r.index for r in run.records] == list(range(6))
+        starts = [r.start_s for r in run.records]
+        assert starts == sorted(starts)  # sent in schedule order
