@@ -37,6 +37,7 @@ ONE_DOOR = {
     "llama_cpp": "specgen.llamacpp",
     "huggingface_hub": "specgen.models.hub",
     "httpx2": "specgen.models.hub",  # huggingface_hub's HTTP client (its get_session())
+    "httpx": "specgen.bench.load",  # the load client of `bench --url`
 }
 
 
