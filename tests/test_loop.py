@@ -432,3 +432,48 @@ def test_a_ctrl_c_after_the_final_token_is_not_swallowed() -> None:
     assert isinstance(done, Done) and len(done.tokens) == 9
     assert done.finish_reason == "length"  # the emitter had already finished
     assert target.tokens == [1, 2, *done.tokens][:-1]  # the caches stayed consistent
+
+
+def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weak demo draft's case on a clock the test controls (the real-model test checks
+    only what holds at any speed): a cheap draft that rarely agrees with its target. A
+    fake clock: a target pass costs 10 ms + 1 ms per scored token, a draft pass 3 ms (a
+    third of the target's layers); the draft is an unrelated model (greedy agreement near
+    1 / n_vocab). The controller falls back to ordinary decoding and stays there but for
+    rare probes, and the output is ordinary decoding's."""
+    import time
+
+    from specgen.controller import Controller
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=5)
+
+    def timed(engine: FakeEngine, fixed: float, per_token: float) -> None:
+        real = engine.decode
+
+        def decode(tokens: list[int], all_logits: bool = False) -> np.ndarray:
+            clock[0] += fixed + per_token * len(tokens)
+            return real(tokens, all_logits)
+
+        monkeypatch.setattr(engine, "decode", decode)
+
+    timed(target, 0.010, 0.001)
+    timed(draft, 0.003, 0.0)
+    policy = Controller(k_max=16)
+    config = GenerateConfig(max_tokens=120, params=GREEDY, measure_ordinary=3, ignore_eos=True)
+    done = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, policy))[-1]
+    base = ordinary(FakeEngine(n_vocab=9, seed=0), [1, 2], max_tokens=120, params=GREEDY,
+                    ignore_eos=True)  # fmt: skip
+    assert done.tokens == base.tokens
+    assert done.stats.acceptance_rate < 0.2  # 0.08 with these seeds
+    assert policy.fallback_episodes, policy.summary()
+    history = done.stats.k_history
+    assert history.count(0) > 0.8 * len(history), history  # 107 of 120 with these seeds
+    # power: the same rounds with a draft that agrees are not spent in fallback
+    policy = Controller(k_max=16)
+    same = FakeEngine(n_vocab=9, seed=0)
+    timed(same, 0.003, 0.0)
+    good = list(generate(target, ModelDrafter(same, GREEDY, 9), [1, 2], config, policy))[-1]
+    assert good.tokens == base.tokens and 0 not in good.stats.k_history
