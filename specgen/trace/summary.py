@@ -77,7 +77,9 @@ class TraceSummary:
         ordinary_token_s: the ordinary-decoding pass time used for `lost` (each
             generation's measurement at prefill, else the median of the file's K = 0
             rounds; the median over generations is shown), or None.
-        baseline_source: "measured", "k0-rounds", both joined by "+", or None.
+        baseline_source: "run" (a generation's own baseline at its end, kept current by its
+            ordinary rounds), "measured" (only its passes after the prompt), "k0-rounds"
+            (the file's K = 0 rounds), several joined by "+", or None.
         lost: the rounds that lost time, worst first (up to `top`); n_lost and lost_s
             count all of them.
     """
@@ -213,19 +215,22 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     )
 
     # the ordinary-decoding time per token each generation is judged against: its own
-    # measurement at prefill, else the median of the file's K = 0 rounds
+    # baseline, else the median of the file's K = 0 rounds
     k0 = [r.round_s for r in rounds if r.k == 0]
     k0_median = statistics.median(k0) if k0 else None
     used: list[float] = []
     sources: set[str] = set()
     lost: list[LostRound] = []
     for gen, emitted in zip(tf.generations, emitted_by_gen, strict=True):
-        measured = gen.prefill.ordinary_token_s if gen.prefill is not None else None
+        # the run's own baseline at its end (the passes after the prompt, then its K = 0
+        # rounds: `specgen.controller.Baseline`), as the summary and --json show it
+        at_end = gen.end.stats.get("ordinary_token_s") if gen.end is not None else None
+        measured = at_end or (gen.prefill.ordinary_token_s if gen.prefill is not None else None)
         baseline = measured if measured else k0_median
         if baseline is None:
             continue
         used.append(baseline)
-        sources.add("measured" if measured else "k0-rounds")
+        sources.add("run" if at_end else "measured" if measured else "k0-rounds")
         for r, n_em in zip(gen.rounds, emitted, strict=True):
             ordinary_s = n_em * baseline
             if r.k == 0 or n_em == 0 or r.round_s <= ordinary_s:
