@@ -290,12 +290,16 @@ class Baseline:
     Args:
         window: ordinary rounds kept (the newest).
         settle: ordinary rounds after which the initial passes no longer count.
+        disagree: the ratio of the two medians beyond which they are said to disagree
+            (a round costs a little more than a bare pass: the host's work and the
+            consumer's between rounds).
     """
 
-    def __init__(self, window: int = 32, settle: int = 3) -> None:
+    def __init__(self, window: int = 32, settle: int = 3, disagree: float = 1.5) -> None:
         self._initial: list[float] = []
         self._rounds: collections.deque[float] = collections.deque(maxlen=window)
         self._settle = settle
+        self._disagree = disagree
 
     def add_initial(self, seconds: Sequence[float]) -> None:
         """The passes timed after the prompt, seconds each."""
@@ -323,14 +327,16 @@ class Baseline:
 
     def disagreement(self) -> float | None:
         """initial median / rounds' median when the two sets of passes disagree by more
-        than their noise (at least `settle` of each and their [min, max] ranges do not
-        overlap), else None. > 1: the first passes were slower (a busy machine)."""
+        than their noise (at least `settle` of each, their [min, max] ranges do not
+        overlap, and the medians differ by more than `disagree`), else None. > 1: the first
+        passes were slower (a busy machine)."""
         a, b = self._initial, list(self._rounds)
         if len(a) < self._settle or len(b) < self._settle:
             return None
         if min(a) <= max(b) and min(b) <= max(a):
             return None
-        return statistics.median(a) / statistics.median(b)
+        r = statistics.median(a) / statistics.median(b)
+        return r if max(r, 1.0 / r) > self._disagree else None
 
     def disagreement_note(self) -> str | None:
         """One line for the summary and --json when `disagreement` is not None."""

@@ -132,7 +132,7 @@ class Sequence:
         self.committed = list(prompt)
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
-        self._t_decode = self.clock()
+        self._t_decode = self._t_last = self.clock()
 
     @property
     def _draft_engine(self) -> Engine | None:
@@ -168,7 +168,7 @@ class Sequence:
             draft = self._draft_engine
             if draft is not None and self.policy.measures_draft:
                 draft_pass_s = self._time_draft(n)
-        self._t_decode = self.clock()
+        self._t_decode = self._t_last = self.clock()
         return Prefilled(len(self.committed), prefill_s, ordinary_s, draft_pass_s)
 
     def _time_draft(self, n: int) -> float | None:
@@ -247,14 +247,18 @@ class Sequence:
         self.committed.extend(new)
         rollback(self.target, self.drafter, self.committed)
         m = int(p.block.tokens.size)
-        if p.k == 0:
-            self.baseline.add_round(verify_s)
         # the policy's verify cost is the whole rest of the round: all of it grows with the
         # block; catching up after ordinary rounds is a cost of the probe, passed apart
         self.policy.observe(
             p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m, p.catchup_s
         )
         t_end = self.clock()
+        if p.k == 0 and new:
+            # an ordinary pass as this run pays for it, since the previous round ended
+            # (the consumer's time between rounds included, as in tokens/s): an all-ordinary
+            # run then shows a speedup of 1
+            self.baseline.add_round(t_end - self._t_last)
+        self._t_last = t_end
         rejected = None
         if n < m and n < len(new):
             rejected = self.target.token_bytes(int(p.block.tokens[n])).decode("utf-8", "replace")
