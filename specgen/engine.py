@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from specgen.events import Source
 from specgen.sampling import Dists
 
 Logits = npt.NDArray[np.float32]
@@ -109,6 +110,13 @@ class Block:
     """Seconds the drafter spent catching up on committed tokens it had not seen (after
     ordinary-decoding rounds), beyond the single-token pass that yields x_1's row anyway:
     a cost of the round that follows a fallback, not a per-proposal one."""
+    sources: tuple[Source, ...] = ()
+    """Who proposed each token, "draft" (a draft model) or "lookup" (prompt lookup);
+    empty means all "draft"."""
+
+    def source(self, i: int) -> Source:
+        """The proposer of x_{i+1} (see `sources`)."""
+        return self.sources[i] if self.sources else "draft"
 
 
 class Drafter(Protocol):

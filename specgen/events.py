@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+Source = Literal["draft", "lookup", "target"]
+"""Who proposed a committed token: the draft model, prompt lookup (n-gram), or the
+target itself (residual, bonus or ordinary token)."""
+SOURCES: tuple[Source, ...] = ("draft", "lookup", "target")
+
 FinishReason = Literal["length", "context", "stop", "eos", "interrupted"]
 """Why generation ended: -n reached, the context (-c) full, a stop string, an
 end-of-generation token, or Ctrl-C."""
@@ -22,13 +27,22 @@ class Span:
         text: the characters this token completed (may be '' while a multi-byte
             character is still incomplete, or hold the tail of earlier tokens' bytes).
         token: the token id.
-        from_draft: True when the draft proposed it and the target accepted it; False
+        from_draft: True when a drafter proposed it and the target accepted it; False
             when the target produced it (residual resample, bonus token, or ordinary decoding).
+        source: which drafter proposed it (`Source`): "draft" (the draft model),
+            "lookup" (prompt lookup), or "target"; defaults from `from_draft` ("draft" or
+            "target").
     """
 
     text: str
     token: int
     from_draft: bool
+    source: Source | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            object.__setattr__(self, "source", "draft" if self.from_draft else "target")
+        assert self.from_draft == (self.source != "target"), "source and from_draft disagree"
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,10 @@ class RoundTrace:
         top: the target's 3 most likely tokens with p at the position of `next_token`.
         target_cache, draft_cache: cached tokens in each model after the round's rollback
             (draft_cache is -1 without a model drafter).
+        verify_rule: "token" (token-wise rejection) or "block" (block verification; `u`
+            then holds its eta and `h` its pass probabilities h_1..h_K).
+        sources: the proposer of each drafted token ("draft" or "lookup").
+        h: block verification's h_i per position (empty under token-wise).
     """
 
     position: int
@@ -75,6 +93,9 @@ class RoundTrace:
     top: tuple[tuple[int, float], ...]
     target_cache: int
     draft_cache: int
+    verify_rule: str = "token"
+    sources: tuple[str, ...] = ()
+    h: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,8 @@ class Step:
         draft_host_s: the part of host_s spent while drafting (the draft rows' warps
             and draws).
         n_rows: logits rows the target scored (K + 1, or K without the bonus row).
+        n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
+            ("draft", "lookup"), only sources with a count.
     """
 
     k: int
@@ -116,6 +139,8 @@ class Step:
     host_s: float = 0.0
     draft_host_s: float = 0.0
     n_rows: int = 0
+    n_drafted_by: dict[str, int] = field(default_factory=dict)
+    n_accepted_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -146,6 +171,9 @@ class Stats:
         n_rows: logits rows the target scored (one per position it verified).
         ttft_s: time to first token: prefill plus the first round, seconds.
         k_history: block size chosen each round.
+        n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
+            ("draft" for the draft model, "lookup" for prompt lookup).
+        verify_rule: the acceptance rule, "token" or "block".
     """
 
     n_prompt: int = 0
@@ -164,6 +192,9 @@ class Stats:
     n_rows: int = 0
     ttft_s: float = 0.0
     k_history: list[int] = field(default_factory=list)
+    n_drafted_by: dict[str, int] = field(default_factory=dict)
+    n_accepted_by: dict[str, int] = field(default_factory=dict)
+    verify_rule: str = "token"
 
     def add(self, step: Step, decode_s: float | None = None) -> None:
         """Fold one round into the totals.
@@ -186,6 +217,12 @@ class Stats:
         self.n_rows += step.n_rows
         self.decode_s = self.decode_s + step.round_s if decode_s is None else decode_s
         self.k_history.append(step.k)
+        for total, part in (
+            (self.n_drafted_by, step.n_drafted_by),
+            (self.n_accepted_by, step.n_accepted_by),
+        ):
+            for source, n in part.items():
+                total[source] = total.get(source, 0) + n
         if self.ttft_s == 0.0 and step.spans:
             self.ttft_s = self.prefill_s + self.decode_s
 
@@ -238,6 +275,9 @@ class Stats:
             "host_s_per_round": round(self.host_s_per_round, 9),
             "host_s_per_row": round(self.host_s_per_row, 9),
             "ttft_s": round(self.ttft_s, 6),
+            "n_drafted_by": dict(sorted(self.n_drafted_by.items())),
+            "n_accepted_by": dict(sorted(self.n_accepted_by.items())),
+            "verify_rule": self.verify_rule,
         }
 
 

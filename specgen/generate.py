@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from specgen.events import Done, Prefilled, RoundTrace, Span, Stats, Step
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
 Event = Prefilled | Step | Done
+VerifyRule = Literal["token", "block"]
+VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
 
 
 class KPolicy(Protocol):
@@ -103,6 +105,8 @@ class GenerateConfig:
         reuse_cache: keep the target's cached common prefix with the prompt (a chat's
             earlier turns) instead of evaluating the whole prompt again. Off by default so
             that measurements (bench, verify) always pay a full prefill.
+        verify_rule: `--verify`: "token" (token-wise rejection, Leviathan et al.) or
+            "block" (block verification, Sun et al. 2025); both are exact.
     """
 
     max_tokens: int = 256
@@ -113,6 +117,7 @@ class GenerateConfig:
     measure_ordinary: int = 0
     trace: bool = False
     reuse_cache: bool = False
+    verify_rule: VerifyRule = "token"
 
 
 @dataclass
@@ -184,6 +189,37 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
     return rejection.correct(n, block.q, v.p, rng)
 
 
+class Verdict(NamedTuple):
+    """Stages 3-4's outcome: n accepted, the token after them (None: see `next_token`),
+    the (K,) float64 uniforms drawn (u, or block verification's eta) and h_1..h_K
+    (block verification only, else empty)."""
+
+    n: int
+    x_next: int | None
+    u: np.ndarray
+    h: np.ndarray
+
+
+def verify_block(
+    block: Block, v: Verified, rng: np.random.Generator, rule: VerifyRule = "token"
+) -> Verdict:
+    """Stages 3-4 under `rule`: K uniforms then one draw for the correction, from `rng`.
+
+    "block" is block verification (`rejection.block_weights`, Sun et al. 2025), used
+    where it can differ from token-wise: a sampled p (greedy rows are one-hot, where the
+    two rules coincide exactly) and K >= 2 (at K = 1 they coincide exactly). A round
+    without its bonus row stays exact under either rule (see `rejection`'s proof sketch:
+    the bonus is one more independent draw from p_{K+1}, which the next round makes).
+    """
+    u = rng.random(block.tokens.size)
+    if rule == "block" and v.p is not None and block.tokens.size > 1:
+        big_p, h = rejection.block_weights(block.tokens, block.q, v.p)
+        n = rejection.last_passing(u, h)
+        return Verdict(n, rejection.block_correct(n, float(big_p[n]), block.q, v.p, rng), u, h)
+    n = accept_prefix(block, v, u)
+    return Verdict(n, next_token(n, block, v, rng), u, np.zeros(0))
+
+
 def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
     """Stage 5: both caches back to the committed tokens except the last."""
     target.truncate(len(committed) - 1)
@@ -191,8 +227,9 @@ def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> N
         drafter.rollback(committed)
 
 
-def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> RoundTrace:
+def _trace(target, drafter, committed, new, block, logits, v, verdict, rule) -> RoundTrace:
     """Build the round's RoundTrace (after rollback; `logits` is still this round's)."""
+    n, x_next, u = verdict.n, verdict.x_next, verdict.u
     x = block.tokens.tolist()
     k = len(x)
     row = min(n, logits.shape[0] - 1)  # no bonus row: show the last scored position
@@ -232,6 +269,9 @@ def _trace(target, drafter, committed, new, block, logits, v, u, n, x_next) -> R
         top=top,
         target_cache=len(target.tokens),
         draft_cache=drafter.cached_tokens if drafter is not None else -1,
+        verify_rule=rule,
+        sources=tuple(block.source(i) for i in range(k)),
+        h=tuple(float(a) for a in verdict.h),
     )
 
 
@@ -330,7 +370,7 @@ def generate(
     emitter = Emitter(
         target.token_bytes, target.is_eog, config.stop, config.ignore_eos, config.max_tokens
     )
-    stats = Stats(n_prompt=len(prompt))
+    stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
     committed = list(prompt)
     draft_engine = getattr(drafter, "engine", None)  # a model drafter's, to time its passes
     t_start = time.perf_counter()
@@ -370,15 +410,15 @@ def generate(
             logits = score_block(target, committed[-1], block, bonus)
             t2 = time.perf_counter()
             v = target_distributions(logits, params)
-            u = target_rng.random(block.tokens.size)
-            n = accept_prefix(block, v, u)
-            x_next = next_token(n, block, v, target_rng)
+            verdict = verify_block(block, v, target_rng, config.verify_rule)
+            n, x_next = verdict.n, verdict.x_next
             t3 = time.perf_counter()
 
             new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
             spans: list[Span] = []
             for i, tok in enumerate(new):
-                span = emitter.push(tok, from_draft=i < n)
+                source = block.source(i) if i < n else "target"
+                span = emitter.push(tok, from_draft=i < n, source=source)
                 if span is not None:
                     spans.append(span)
                 if emitter.finish is not None:
@@ -390,6 +430,13 @@ def generate(
             # x_{n+1} counts once its correction token was reached.
             n_drafted = min(int(block.tokens.size), len(new))
             n_acc = min(n, len(new))
+            by_drafted: dict[str, int] = {}  # by proposer, as n_drafted and n_acc count
+            by_accepted: dict[str, int] = {}
+            for i in range(n_drafted):
+                src = block.source(i)
+                by_drafted[src] = by_drafted.get(src, 0) + 1
+                if i < n_acc:
+                    by_accepted[src] = by_accepted.get(src, 0) + 1
             now = time.perf_counter()
             # the controller's verify cost is the whole rest of the round: all of it grows
             # with the block; catching up after ordinary rounds is a cost of the probe,
@@ -425,7 +472,11 @@ def generate(
                 host_s=host_s,
                 draft_host_s=draft_host_s,
                 n_rows=int(logits.shape[0]),
-                trace=_trace(target, drafter, committed, new, block, logits, v, u, n, x_next)
+                n_drafted_by=by_drafted,
+                n_accepted_by=by_accepted,
+                trace=_trace(
+                    target, drafter, committed, new, block, logits, v, verdict, config.verify_rule
+                )
                 if config.trace
                 else None,
             )

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specgen.engine import Block
+from specgen.events import Source
 from specgen.sampling import Dists
 
 
@@ -154,7 +155,8 @@ class NgramDrafter:
             {0, k}.
         """
         tokens = np.array(self.index.lookup(context, k), dtype=np.int64)
-        return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab))
+        sources: tuple[Source, ...] = tuple("lookup" for _ in range(tokens.size))
+        return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab), sources=sources)
 
     def rollback(self, context: list[int]) -> None:
         """Nothing to roll back: the index re-syncs with the context at the next lookup."""
