@@ -12,10 +12,10 @@ from fakes import FakeEngine
 from scipy import stats
 
 from specgen.drafters import ModelDrafter
+from specgen.engine import Block
 from specgen.events import Done
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, LookupRecord, Rate
-from specgen.engine import Block
 from specgen.sampling import Dists, SamplingParams, probs, warp_rows
 
 GREEDY = SamplingParams(temp=0.0)
