@@ -13,7 +13,8 @@ from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
-from specgen.generate import FixedK, KPolicy
+from specgen.generate import FixedK, KPolicy, VerifyRule
+from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import (
     EngineConfig,
     LlamaEngine,
@@ -105,8 +106,11 @@ def load(
     draft_p_min: float = 0.0,
     ngram_n: int = 4,
     status: Status | None = None,
+    lookup: bool = False,
 ) -> Loaded:
-    """Open both models and check the draft's vocabulary against the target's.
+    """Open both models and check the draft's vocabulary against the target's. With
+    `lookup` (`resolve_lookup`) a draft model drafts with prompt lookup beside it
+    (`specgen.hybrid.HybridDrafter`).
 
     Raises:
         ModelFileError, ModelLoadError: a model cannot be opened.
@@ -133,7 +137,8 @@ def load(
         except BaseException:
             draft.close()
             raise
-        drafter = ModelDrafter(draft, params, target.n_vocab, draft_p_min)
+        model = ModelDrafter(draft, params, target.n_vocab, draft_p_min)
+        drafter: Drafter = HybridDrafter(model, n_max=ngram_n) if lookup else model
         warning = swap_warning(
             target.name, target.path.stat().st_size, target.n_params,
             draft.name, draft.path.stat().st_size, draft.n_params,
@@ -142,6 +147,49 @@ def load(
     except BaseException:
         target.close()
         raise
+
+
+LOOKUP_VALUES = ("on", "off", "auto")
+VERIFY_VALUES = ("block", "token", "auto")
+
+
+def resolve_lookup(lookup: str | None, draft: Path | str, params: SamplingParams) -> bool:
+    """`--lookup on|off|auto` (None = auto) beside `--draft`: whether the draft model
+    drafts with prompt lookup (hybrid drafting).
+
+    auto is on: measured no worse than the model alone on prose and better on text that
+    quotes its context (scripts/hybrid_bench.py, README).
+
+    Raises:
+        ConfigError: an unknown value, or --lookup given with --draft ngram or none
+            (prompt lookup needs a draft model beside it; ngram is lookup alone).
+    """
+    if lookup is not None and lookup not in LOOKUP_VALUES:
+        raise ConfigError(f"--lookup must be on, off or auto, got {lookup!r}")
+    if draft in (DRAFT_NGRAM, DRAFT_NONE):
+        if lookup is not None:
+            raise ConfigError(
+                f"--lookup needs a draft model (-md FILE), not --draft {draft}"
+                + (": --draft ngram is prompt lookup alone" if draft == DRAFT_NGRAM else "")
+            )
+        return False
+    del params  # auto does not depend on the sampling settings (see the measurements)
+    return lookup != "off"
+
+
+def resolve_verify(verify: str | None, params: SamplingParams) -> VerifyRule:
+    """`--verify block|token|auto` (None = auto): the acceptance rule. At temperature 0
+    the two coincide exactly, so auto is token there; at temperature > 0 auto is block
+    (measured: more tokens per target pass, scripts/hybrid_bench.py, README).
+
+    Raises:
+        ConfigError: an unknown value.
+    """
+    if verify is not None and verify not in VERIFY_VALUES:
+        raise ConfigError(f"--verify must be block, token or auto, got {verify!r}")
+    if verify in ("block", "token"):
+        return verify  # type: ignore[return-value]
+    return "token" if params.greedy else "block"
 
 
 # The README's rebuild command (section "GPU builds").

@@ -27,11 +27,10 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
-from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.generate import FixedK, GenerateConfig, KPolicy, VerifyRule, generate
 from specgen.models.resolve import DRAFT_NONE
 from specgen.sampling import SamplingParams
 
@@ -105,7 +104,7 @@ def bench(
         ConfigError: `--draft none` (nothing to compare with).
         ModelFileError, ModelLoadError, VocabMismatchError: from loading.
     """
-    from specgen.session import load
+    from specgen.session import load, resolve_lookup
 
     if spec.draft == DRAFT_NONE:
         raise ConfigError(
@@ -114,7 +113,9 @@ def bench(
         )
     busy0 = cpu_snapshot()
     t0 = time.perf_counter()
-    loaded = load(spec, settings.params(settings.temps[0]), draft_p_min, status=status)
+    params0 = settings.params(settings.temps[0])
+    lookup = resolve_lookup(settings.lookup, spec.draft, params0)
+    loaded = load(spec, params0, draft_p_min, status=status, lookup=lookup)
     load_s = time.perf_counter() - t0
     try:
         assert loaded.drafter is not None
@@ -180,7 +181,14 @@ def other_cpu_load(
 
 def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
-    return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
+    with_params = getattr(drafter, "with_params", None)  # a model drafter, maybe hybrid
+    return with_params(params) if with_params is not None else drafter
+
+
+def _verify_rule(settings: BenchSettings, params: SamplingParams) -> VerifyRule:
+    from specgen.session import resolve_verify
+
+    return resolve_verify(settings.verify, params)
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
@@ -238,6 +246,7 @@ def run_bench(
             trace=settings.trace,
             # as `specgen run` does: the baseline for the controller, timed after the prompt
             measure_ordinary=0 if mode == ORDINARY else 3,
+            verify_rule=_verify_rule(settings, params),
         )
         p = prompts[prompt_i]
         info = {

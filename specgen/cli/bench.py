@@ -14,6 +14,7 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
+    LookupOpt,
     MinPOpt,
     ModelsOpt,
     NgldOpt,
@@ -27,9 +28,11 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    VerifyOpt,
     check_model_flags,
     check_output_path,
     check_sampling_flags,
+    check_spec_flags,
     seed_or_random,
 )
 from specgen.errors import ConfigError
@@ -102,6 +105,8 @@ def bench(
     ] = None,
     trace: TraceOpt = None,
     verbose: VerboseOpt = False,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
     run_bench_command(
@@ -111,7 +116,7 @@ def bench(
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc,
         threads=threads, ctx_size=ctx_size, swa_full=swa_full, json_path=json_path,
         markdown_path=markdown_path, plot_path=plot_path, compare=compare,
-        trace=trace, verbose=verbose,
+        trace=trace, verbose=verbose, verify=verify, lookup=lookup,
     )  # fmt: skip
 
 
@@ -138,6 +143,7 @@ def run_bench_command(**a: Any) -> None:
         n_gpu_layers=a["n_gpu_layers"], n_gpu_layers_draft=a["n_gpu_layers_draft"],
     )  # fmt: skip
     check_sampling_flags(temp=0.0, draft_p_min=a["draft_p_min"])  # --temp: a list, below
+    check_spec_flags(verify=a.get("verify"), lookup=a.get("lookup"), draft=a["draft"])
     if a["plot_path"] is not None:
         bench.check_plot_available()
     # every input and output path now: a wrong one must not cost a benchmark of minutes
@@ -156,6 +162,8 @@ def run_bench_command(**a: Any) -> None:
         top_p=a["top_p"],
         min_p=a["min_p"],
         trace=a["trace"] is not None,
+        verify=a.get("verify"),
+        lookup=a.get("lookup"),
     )
     settings.params(settings.temps[0])  # validates top-p / min-p now
     prompts = bench.load_prompts(a["prompts"])

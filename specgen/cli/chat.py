@@ -19,6 +19,7 @@ from specgen.cli.options import (
     DraftMaxOpt,
     DraftOpt,
     DraftPMinOpt,
+    LookupOpt,
     MinPOpt,
     ModelsOpt,
     NgldOpt,
@@ -34,8 +35,10 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    VerifyOpt,
     check_model_flags,
     check_sampling_flags,
+    check_spec_flags,
     seed_or_random,
 )
 from specgen.errors import ConfigError
@@ -85,6 +88,8 @@ def chat(
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Chat with an instruct model (its chat template applied), replies drafted and verified.
 
@@ -95,7 +100,14 @@ def chat(
     from specgen.llamacpp import set_verbose
     from specgen.models.resolve import resolve_models
     from specgen.sampling import SamplingParams
-    from specgen.session import ModelSpec, load, make_policy, parse_draft_max
+    from specgen.session import (
+        ModelSpec,
+        load,
+        make_policy,
+        parse_draft_max,
+        resolve_lookup,
+        resolve_verify,
+    )
 
     if max_tokens < 1:
         raise ConfigError(f"-n must be at least 1, got {max_tokens}")
@@ -108,6 +120,7 @@ def chat(
         n_gpu_layers_draft=n_gpu_layers_draft,
     )
     check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
+    check_spec_flags(verify=verify, lookup=lookup, draft=draft)
     seed = seed_or_random(seed)
     set_verbose(verbose, output.log)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -116,6 +129,7 @@ def chat(
     spec = ModelSpec.from_flags(
         target_path, draft_path, ctx_size, n_gpu_layers, n_gpu_layers_draft, threads
     )
+    hybrid = resolve_lookup(lookup, draft_path, params)
     live = output.stdout_is_terminal() and not no_live
     if live:
         from specgen.ui import live as view
@@ -123,9 +137,11 @@ def chat(
         with view.loading_status(
             output.err_console(), "preparing models", "models ready"
         ) as spinner:
-            loaded = load(spec, params, draft_p_min=draft_p_min, status=spinner.update)
+            loaded = load(
+                spec, params, draft_p_min=draft_p_min, status=spinner.update, lookup=hybrid
+            )
     else:
-        loaded = load(spec, params, draft_p_min=draft_p_min)
+        loaded = load(spec, params, draft_p_min=draft_p_min, lookup=hybrid)
     try:
         template = load_template(loaded.target, chat_template)
         if template is None:
@@ -138,6 +154,7 @@ def chat(
             params=params,
             seed=seed,
             measure_ordinary=3 if loaded.drafter is not None else 0,
+            verify_rule=resolve_verify(verify, params),
         )
         session = ChatSession(
             loaded.target,

@@ -76,6 +76,23 @@ DraftPMinOpt = Annotated[
     float,
     typer.Option("--draft-p-min", help="Stop a block when the draft's top p < P (0 to 1)."),
 ]
+VerifyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--verify",
+        help="Acceptance rule: 'block' (block verification), 'token' (token by token) or"
+        " 'auto' (default: block at --temp > 0, where it accepts more; the two are equal"
+        " when greedy). Both keep the target's distribution exactly.",
+    ),
+]
+LookupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookup",
+        help="With a draft model: propose tokens by prompt lookup where the text copies"
+        " its context and the model elsewhere: 'on', 'off' or 'auto' (default: on).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 TraceOpt = Annotated[
     Path | None,
@@ -160,6 +177,25 @@ def check_sampling_flags(*, temp: float, draft_p_min: float = 0.0) -> None:
         raise ConfigError(f"--temp must be a number (0 or below = greedy), got {temp}")
     if not 0.0 <= draft_p_min <= 1.0:
         raise ConfigError(f"--draft-p-min must be in [0, 1] (a probability), got {draft_p_min}")
+
+
+def check_spec_flags(*, verify: str | None, lookup: str | None, draft: str | None) -> None:
+    """Refuse --verify and --lookup values before anything loads (the same rules as
+    `specgen.session.resolve_verify` / `resolve_lookup`, said early).
+
+    Raises:
+        ConfigError: naming the flag: an unknown value, or --lookup with --draft ngram or
+            none (prompt lookup needs a draft model beside it).
+    """
+    if verify is not None and verify not in ("block", "token", "auto"):
+        raise ConfigError(f"--verify must be block, token or auto, got {verify!r}")
+    if lookup is not None and lookup not in ("on", "off", "auto"):
+        raise ConfigError(f"--lookup must be on, off or auto, got {lookup!r}")
+    if lookup is not None and draft in _MODEL_FREE_DRAFTS:
+        raise ConfigError(
+            f"--lookup needs a draft model (-md FILE), not --draft {draft}"
+            + (": --draft ngram is prompt lookup alone" if draft == "ngram" else "")
+        )
 
 
 def seed_or_random(seed: int | None) -> int:

@@ -21,6 +21,7 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     JsonOpt,
+    LookupOpt,
     MinPOpt,
     ModelsOpt,
     NgldOpt,
@@ -40,9 +41,11 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    VerifyOpt,
     check_model_flags,
     check_output_path,
     check_sampling_flags,
+    check_spec_flags,
     seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
@@ -94,6 +97,8 @@ class RunArgs:
     chat_template: Path | None = None  # --chat-template FILE
     seed_given: bool = False  # --seed was on the command line (not a random one)
     swa_full: bool = False  # --swa-full
+    verify: str | None = None  # --verify block|token|auto (None = auto)
+    lookup: str | None = None  # --lookup on|off|auto (None = auto)
 
 
 EPILOG = (
@@ -171,6 +176,8 @@ def run(
     raw: RawOpt = False,
     system: SystemOpt = None,
     chat_template: ChatTemplateOpt = None,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Generate text with a draft and a target model (or the target alone).
 
@@ -194,6 +201,7 @@ def run(
 
     SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)  # checks --top-p, --min-p
     parse_draft_max(draft_max)
+    check_spec_flags(verify=verify, lookup=lookup, draft=draft)
     seed_given = seed is not None and seed != -1
     seed = seed_or_random(seed)
     if trace is not None:
@@ -230,6 +238,8 @@ def run(
             system=system,
             chat_template=chat_template,
             swa_full=swa_full,
+            verify=verify,
+            lookup=lookup,
         )
     )
     raise typer.Exit(code)
@@ -241,7 +251,7 @@ def execute(a: RunArgs) -> int:
     from specgen.generate import GenerateConfig, check_prompt, generate
     from specgen.llamacpp import set_verbose
     from specgen.sampling import SamplingParams
-    from specgen.session import make_policy, parse_draft_max
+    from specgen.session import make_policy, parse_draft_max, resolve_verify
 
     set_verbose(a.verbose, output.log)
     if not a.prompt:
@@ -285,6 +295,7 @@ def execute(a: RunArgs) -> int:
             # the baseline for the live view's speedup and the controller's choices
             measure_ordinary=3 if loaded.drafter is not None else 0,
             trace=a.trace is not None,
+            verify_rule=resolve_verify(a.verify, params),
         )
         policy = make_policy(draft_max, k_init=pair_k)
         events = generate(loaded.target, loaded.drafter, prompt, config, policy)
@@ -354,7 +365,7 @@ def _warn_slow_draft(events):
 
 
 def _load(a: RunArgs, params: SamplingParams, status):
-    from specgen.session import ModelSpec, load, load_notes
+    from specgen.session import ModelSpec, load, load_notes, resolve_lookup
 
     target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
     spec = ModelSpec.from_flags(
@@ -367,7 +378,8 @@ def _load(a: RunArgs, params: SamplingParams, status):
         a.rpc,
         swa_full=a.swa_full,
     )
-    loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status)
+    lookup = resolve_lookup(a.lookup, draft_path, params)
+    loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status, lookup=lookup)
     return loaded, pair_k, load_notes(spec, loaded)
 
 

@@ -13,6 +13,7 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     JsonOpt,
+    LookupOpt,
     ModelsOpt,
     NgldOpt,
     NglOpt,
@@ -21,8 +22,10 @@ from specgen.cli.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    VerifyOpt,
     check_model_flags,
     check_sampling_flags,
+    check_spec_flags,
     seed_or_random,
 )
 from specgen.errors import ConfigError
@@ -89,6 +92,8 @@ def verify(
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 1024,
     verbose: VerboseOpt = False,
+    verify_rule: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Check that speculation leaves the target's output unchanged on your pair.
 
@@ -103,7 +108,7 @@ def verify(
     code = _verify(
         target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
         min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
-        threads, ctx_size, verbose, rpc,
+        threads, ctx_size, verbose, rpc, verify_rule, lookup,
     )  # fmt: skip
     raise typer.Exit(code)
 
@@ -128,10 +133,11 @@ def summarize(
 def _verify(
     target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
     seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose, rpc=None,
+    verify_rule=None, lookup=None,
 ) -> int:  # fmt: skip
     from specgen.llamacpp import set_verbose
     from specgen.sampling import SamplingParams
-    from specgen.session import ModelSpec, load, load_notes
+    from specgen.session import ModelSpec, load, load_notes, resolve_lookup, resolve_verify
     from specgen.ui import reports
     from specgen.ui.progress import stage_status
     from specgen.verify import VerifyConfig, drafter_factory, verify
@@ -143,6 +149,7 @@ def _verify(
         n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
     )  # fmt: skip
     check_sampling_flags(temp=temp)
+    check_spec_flags(verify=verify_rule, lookup=lookup, draft=draft)
     seed = seed_or_random(seed)
     set_verbose(verbose, output.log)
     params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -153,12 +160,13 @@ def _verify(
     config = VerifyConfig(
         samples=samples, positions=positions, k=draft_max, params=params, seed=seed,
         alpha=alpha, greedy=check in ("all", "greedy"), sampling=check in ("all", "sampling"),
-        **extra,
+        verify_rule=resolve_verify(verify_rule, params), **extra,
     )  # fmt: skip
     with output.spinner("preparing models") as spinner:
         t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
         spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads, rpc)
-        loaded = load(spec, params, status=spinner.update)
+        hybrid = resolve_lookup(lookup, d_path, params)
+        loaded = load(spec, params, status=spinner.update, lookup=hybrid)
     try:
         for note in load_notes(spec, loaded):
             output.notice(note)
