@@ -21,7 +21,12 @@ with a ``type``:
   [{token, text, p}: the target's 3 most likely tokens where ``next_token`` was drawn,
   i.e. at the rejection point, empty for "none"; when greedy, p is the softmax at
   temperature 1], ``emitted_text``, ``draft_s``,
-  ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``.
+  ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``,
+  ``verify_rule`` ("token" or "block": under block verification ``u`` holds the uniforms
+  eta_i of the test eta_i < h_i, ``h`` the h_i, and ``accepted`` is true for x_1..x_tau),
+  ``sources`` [the proposer of each drafted token: "draft" (the draft model) or "lookup"
+  (prompt lookup)], ``n_drafted_by`` and ``n_accepted_by`` ({source: count}, counted as
+  the stats are).
 - ``end`` (last line of a finished generation): ``generation``, ``finish_reason``,
   ``n_generated``, ``stats``.
 
@@ -214,6 +219,11 @@ class TraceWriter:
             "round_s": _r(step.round_s),
             "target_cache": tr.target_cache,
             "draft_cache": tr.draft_cache,
+            "verify_rule": tr.verify_rule,
+            "h": [_r(v) for v in tr.h],
+            "sources": list(tr.sources),
+            "n_drafted_by": dict(step.n_drafted_by),
+            "n_accepted_by": dict(step.n_accepted_by),
         }
         if self._text is not None:
             obj["drafted_text"] = [self._text(t) for t in tr.drafted]
