@@ -198,3 +198,31 @@ def test_spans_and_stats_say_which_source_proposed_each_token():
     assert sum(stats_.n_drafted_by.values()) == stats_.n_drafted
     assert all(st.trace.sources == tuple(st.trace.sources) for st in steps)
     assert stats_.to_dict()["n_accepted_by"] == stats_.n_accepted_by
+
+
+# -- the flags: values, defaults and the one-line refusals ---------------------------------
+
+
+def test_resolve_verify_and_lookup_defaults_and_refusals():
+    from pathlib import Path
+
+    from specgen.cli.options import check_spec_flags
+    from specgen.errors import ConfigError
+    from specgen.session import resolve_lookup, resolve_verify
+
+    assert resolve_verify(None, GREEDY) == "token"  # the rules coincide when greedy
+    assert resolve_verify(None, SAMPLED) == "block"
+    assert resolve_verify("token", SAMPLED) == "token"
+    assert resolve_verify("block", GREEDY) == "block"
+    draft = Path("small.gguf")
+    assert resolve_lookup(None, draft, SAMPLED) and not resolve_lookup("off", draft, SAMPLED)
+    assert resolve_lookup(None, "ngram", SAMPLED) is False  # the default says nothing there
+    for draft_name in ("ngram", "none"):
+        with pytest.raises(ConfigError, match="--lookup needs a draft model"):
+            resolve_lookup("on", draft_name, SAMPLED)
+        with pytest.raises(ConfigError, match="--lookup needs a draft model"):
+            check_spec_flags(verify=None, lookup="on", draft=draft_name)
+    with pytest.raises(ConfigError, match="--verify must be"):
+        check_spec_flags(verify="fast", lookup=None, draft=None)
+    with pytest.raises(ConfigError, match="--lookup must be"):
+        resolve_lookup("yes", draft, SAMPLED)
