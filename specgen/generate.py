@@ -55,6 +55,7 @@ class KPolicy(Protocol):
         verify_s: float,
         n_drafted: int,
         catchup_s: float = 0.0,
+        n_lookup: int = 0,
     ) -> None: ...
 
     def observe_draft_pass(self, draft_s: float) -> None:
@@ -448,6 +449,7 @@ def generate(
                 now - t1,
                 int(block.tokens.size),
                 catchup_s=block.catchup_s,
+                n_lookup=block.sources.count("lookup"),
             )
             t_end = time.perf_counter()
             # host time: the round's wall time outside llama_decode (both models)
