@@ -212,7 +212,8 @@ def _block_residual(
 ) -> tuple[npt.NDArray[np.int64], Probs]:
     """max(P_i p_{i+1} - q_{i+1}, 0) on supp(p_{i+1}) (rows i of p and q), unnormalized."""
     ids, p_row = p.row(i)
-    return ids, np.maximum(big_p_i * p_row - q.on(i, ids), 0.0)
+    q_row = q.probs[i] if p.dense and q.dense else q.on(i, ids)  # whole rows: no gather
+    return ids, np.maximum(big_p_i * p_row - q_row, 0.0)
 
 
 def _residual_mass(q: Dists, p: Dists, i: int, big_p_i: float) -> float:
