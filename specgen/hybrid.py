@@ -23,7 +23,9 @@ meets a committed prefix is matched with probability p(x), exactly its acceptanc
 probability with a one-hot q: the match rate is an unbiased estimate of the lookup's
 acceptance rate, measured also in rounds where the model drafted. The model's own
 acceptance is estimated from the rounds where it drafted. Lookup is trusted for a match
-length when its rate is at least the model's: a lookup token costs no draft pass.
+length when its rate is at least the model's less a margin (`MARGIN`): a lookup token
+costs no draft pass, so where both are nearly always right (a model copying a passage
+it can see) the free one wins.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from specgen.sampling import Dists, SamplingParams
 
 LOOKUP: Source = "lookup"
 DRAFT: Source = "draft"
+MARGIN = 0.15
+"""How much lower than the model's a lookup's acceptance rate may be and still be used:
+a model token costs a draft pass (a third to a half of a target pass on CPU), a lookup
+token nothing, so a slightly lower rate still pays."""
 _DECAY = 0.9
 """Weight of the past in the rate estimates per update: about the last ten rounds."""
 _PRIOR_RATE = 0.6
@@ -75,8 +81,9 @@ class LookupRecord:
     model: Rate = field(default_factory=Rate)
 
     def trusts(self, n: int) -> bool:
-        """Propose lookup tokens after an n-token match: its rate is at least the model's."""
-        return self.lookup.get(n, Rate()).value >= self.model.value
+        """Propose lookup tokens after an n-token match: its rate is at least the model's
+        less `MARGIN`."""
+        return self.lookup.get(n, Rate()).value >= self.model.value - MARGIN
 
 
 @dataclass
