@@ -92,7 +92,7 @@ def test_record_trusts_lookup_at_least_as_good_as_the_model():
     r = LookupRecord()
     for _ in range(20):
         r.model.add(8, 8)
-        r.lookup.setdefault(4, Rate()).add(4, 5)
+        r.lookup.setdefault(4, Rate()).add(9, 10)
     assert r.lookup[4].value < r.model.value and r.trusts(4)
 
 
