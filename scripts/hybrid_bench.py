@@ -26,6 +26,7 @@ from pathlib import Path
 from specgen.bench.prompts import builtin_prompts
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
+from specgen.events import Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.models.demo import ensure_demo_pair, ensure_weak_draft
@@ -74,12 +75,39 @@ def prompts() -> tuple[dict[str, str], dict[str, str]]:
     return quoting, stories  # type: ignore[return-value]
 
 
+def paired(step) -> tuple[float, float] | None:
+    """Expected accepted tokens of this round's drafted block under each rule, exactly
+    given the block: token-wise sum_i prod_{j<=i} min(1, p_j/q_j), block verification
+    sum_i P(tau >= i | x) = sum_i (1 - prod_{j>=i} (1 - h_j)). None without h (greedy,
+    K < 2, or a token-wise round)."""
+    tr = step.trace
+    if tr is None or len(tr.h) < 2:
+        return None
+    ratios = [min(1.0, p / q) for p, q in zip(tr.p_x, tr.q_x, strict=True)]
+    token = block = 0.0
+    run = 1.0
+    for i, r in enumerate(ratios):
+        run *= r
+        token += run
+        miss = 1.0
+        for h in tr.h[i:]:
+            miss *= 1.0 - h
+        block += 1.0 - miss
+    return token, block
+
+
 def one(target, drafter: Drafter, text: str, params, k: int, n: int, seed: int, rule: str):
     prompt = target.tokenize(text.encode("utf-8"))
-    cfg = GenerateConfig(max_tokens=n, params=params, ignore_eos=True, seed=seed, verify_rule=rule)
-    done = list(generate(target, drafter, prompt, cfg, FixedK(k)))[-1]
-    s = done.stats
+    cfg = GenerateConfig(
+        max_tokens=n, params=params, ignore_eos=True, seed=seed, verify_rule=rule, trace=True
+    )
+    events = list(generate(target, drafter, prompt, cfg, FixedK(k)))
+    pairs = [x for x in (paired(e) for e in events if isinstance(e, Step)) if x is not None]
+    s = events[-1].stats
     return {
+        "paired_rounds": len(pairs),
+        "expected_accepted_token": sum(t for t, _ in pairs),
+        "expected_accepted_block": sum(b for _, b in pairs),
         "tokens_per_s": s.tokens_per_s,
         "tokens_per_pass": s.tokens_per_pass,
         "acceptance_rate": s.acceptance_rate,
@@ -170,10 +198,20 @@ def main() -> int:
 
         print("part 2: temperature 1, 15-layer draft, K", a.k, file=sys.stderr)
         texts = dict(stories)
-        runs2 = interleaved({"block": rule("block"), "token": rule("token")}, texts, a.reps + 1)
+        runs2 = interleaved({"block": rule("block"), "token": rule("token")}, texts, a.reps)
     finally:
         loaded.close()
     pids = list(texts)
+    rows = [r for by in runs2["block"].values() for r in by]
+    n_rounds = sum(r["paired_rounds"] for r in rows)
+    e_token = sum(r["expected_accepted_token"] for r in rows) / n_rounds
+    e_block = sum(r["expected_accepted_block"] for r in rows) / n_rounds
+    out["part2_paired"] = {
+        "rounds": n_rounds,
+        "tokens_per_pass_token": 1 + e_token,
+        "tokens_per_pass_block": 1 + e_block,
+        "ratio": (1 + e_block) / (1 + e_token),
+    }
     out["part2"] = {
         "tokens_per_s": medians(runs2, "tokens_per_s", pids),
         "tokens_per_pass": medians(runs2, "tokens_per_pass", pids),
@@ -196,6 +234,12 @@ def main() -> int:
         f" {p2['tokens_per_pass']['block'] / p2['tokens_per_pass']['token']:.3f};"
         f" tok/s block {p2['tokens_per_s']['block']:.1f} token {p2['tokens_per_s']['token']:.1f}"
         f" ratio {p2['tokens_per_s']['block'] / p2['tokens_per_s']['token']:.3f}"
+    )
+    pp = out["part2_paired"]
+    print(
+        f"paired, same {pp['rounds']} drafted blocks: expected tok/pass block"
+        f" {pp['tokens_per_pass_block']:.3f} token {pp['tokens_per_pass_token']:.3f}"
+        f" ratio {pp['ratio']:.3f}"
     )
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
