@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from specgen.events import Source
 from specgen.sampling import Dists
 
 Logits = npt.NDArray[np.float32]
@@ -105,6 +106,13 @@ class Block:
 
     tokens: TokenIds
     q: Dists
+    sources: tuple[Source, ...] = ()
+    """Who proposed each token, "draft" (a draft model) or "lookup" (prompt lookup);
+    empty means all "draft"."""
+
+    def source(self, i: int) -> Source:
+        """The proposer of x_{i+1} (see `sources`)."""
+        return self.sources[i] if self.sources else "draft"
 
 
 class Drafter(Protocol):
