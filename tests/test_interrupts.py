@@ -228,11 +228,9 @@ def test_ctrl_c_mid_verify_exits_130(tiny_target, tiny_draft):
         ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-c", "512",
          "--samples", "20000", "--json"]
     )  # fmt: skip
+    # the stage line is printed as the sampling check starts, which then runs 20,000
+    # generations: the signal lands inside it whatever the machine's speed
     child.wait_for(lambda: b"sampling: prompt 1/" in child.err, "the sampling check starting")
-    # Not at the instant the stage line is printed: a SIGINT there was lost about 1 time in
-    # 8 (exit 0, no trace of it in specgen's handlers; not understood yet, see the report).
-    # The sampling stage runs for many seconds, so this is still mid-run.
-    time.sleep(0.3)
     code, out, err = child.interrupt()
     assert_clean_interrupt(code, err)
     assert out == ""  # no report of a check that did not finish
