@@ -213,6 +213,9 @@ class BatchController:
         target_prior, draft_prior: the cost lines used before measurements exist.
         probe_every: a slot that could draft but got K = 0 for this many of its steps
             gets K = 1 once, so a low estimate can recover (0 = never).
+        draft_batched: one draft decode per depth serves every slot (fit S(n) = c0 +
+            c1 n from `observe_draft`); False when each slot drafts in its own decodes,
+            so a depth drafted by n slots costs n single-slot passes (S(n) = S(1) n).
     """
 
     def __init__(
@@ -221,7 +224,9 @@ class BatchController:
         target_prior: Line = Line(0.040, 0.005),
         draft_prior: Line = Line(0.0, 0.020),
         probe_every: int = 32,
+        draft_batched: bool = False,
     ) -> None:
+        self.draft_batched = draft_batched
         self.k_max = k_max
         self.target = LineFit(target_prior)
         self.draft = LineFit(draft_prior)
@@ -236,6 +241,11 @@ class BatchController:
     def observe_draft(self, n_slots: int, seconds: float) -> None:
         """One draft depth for `n_slots` slots took `seconds`."""
         self.draft.add(n_slots, seconds)
+
+    def draft_line(self) -> Line:
+        """Seconds of one draft depth as a function of the slots drafting it."""
+        line = self.draft.line()
+        return line if self.draft_batched else Line(0.0, line(1))
 
     def observe_round(self, acceptance: Acceptance, k: int, n_accepted: int) -> None:
         """A slot's round: its own estimate and the pooled one."""
@@ -268,7 +278,8 @@ class BatchController:
         """
         caps = [max(0, min(self.k_max, c)) for c in k_caps]
         slots = [SlotInput(a.alpha_by_pos(c), c) for a, c in zip(acceptances, caps, strict=True)]
-        got = choose(slots, self.target.line(), self.draft.line(), fixed_s)
+        t, c = self.target.line(), self.draft_line()
+        got = choose(slots, t, c, fixed_s)
         if not self.probe_every or not idle_steps:
             return got
         ks = tuple(
@@ -277,7 +288,6 @@ class BatchController:
         )
         if ks == got.k:
             return got
-        t, c = self.target.line(), self.draft.line()
         n = sum(expected_tokens(s.alpha_by_pos, k) for s, k in zip(slots, ks, strict=True))
         sec = step_seconds(ks, t, c, fixed_s)
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)

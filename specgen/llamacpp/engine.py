@@ -103,8 +103,9 @@ class EngineConfig:
             positions that cache no longer holds.
         n_seq_max: sequences the cache holds (the server's slots, llama-server's -np).
             With N > 1 the cache is unified (`kv_unified`: one buffer for all sequences)
-            and holds N x n_ctx cells: n_ctx is each sequence's context, and a sequence
-            never holds more. 1 (the default) is the single-stream engine.
+            of n_ctx cells (the server passes N x -c), and each sequence's context is
+            n_ctx // N: N sequences at their limit always fit together. 1 (the default)
+            is the single-stream engine.
     """
 
     n_ctx: int = 4096
@@ -164,7 +165,7 @@ class LlamaEngine:
 
         cparams = llama_cpp.llama_context_default_params()
         n_seq = max(1, config.n_seq_max)
-        cparams.n_ctx = config.n_ctx * n_seq
+        cparams.n_ctx = config.n_ctx
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = n_seq
