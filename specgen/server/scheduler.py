@@ -41,13 +41,7 @@ from specgen.generate import FixedK, GenerateConfig
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
 
-try:
-    from specgen.round import Proposal, Sequence  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # until the round unit lands on main
-    from specgen.server._round_stub import (  # type: ignore[assignment,unused-ignore]
-        Proposal,
-        Sequence,
-    )
+from specgen.round import Proposal, Sequence
 
 Clock = Callable[[], float]
 
@@ -477,7 +471,7 @@ class Scheduler:
                 self.controller.observe_draft(1, prop.draft_s / prop.k)
         assert slot.ticket is not None
         _send(slot.ticket, step)
-        if seq.finished:
+        if seq.ended():
             self._end(slot, None)
 
     def _end(self, slot: _Slot, event: JobEvent | None, reason: str | None = None) -> None:
@@ -487,7 +481,11 @@ class Scheduler:
         done: JobEvent | None = None
         if seq is not None:
             try:
-                done = seq.finish(reason)  # type: ignore[arg-type,unused-ignore]
+                seq.rollback()
+                if not seq.ended():  # a cancel, a failure or shutdown ends it here
+                    done = seq.finish(reason or "interrupted")  # type: ignore[arg-type]
+                else:
+                    done = seq.finish()
             except Exception:  # noqa: BLE001 - the cache may be broken: start it afresh
                 _clear(slot)
         slot.ticket = slot.seq = slot.drafter = None
