@@ -39,9 +39,8 @@ from specgen.errors import EngineError
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig
 from specgen.ngram import NgramDrafter
-from specgen.sampling import SamplingParams
-
 from specgen.round import Proposal, Sequence
+from specgen.sampling import SamplingParams
 
 Clock = Callable[[], float]
 
