@@ -26,6 +26,7 @@ PURE = frozenset(
         "engine",
         "events",
         "fileio",
+        "batchctl",
     )
 )
 
