@@ -54,6 +54,7 @@ class _Generation(_Request):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
+    return_tokens: bool | None = None  # llama-server's: the generated token ids too
 
     @field_validator("n")
     @classmethod
@@ -170,6 +171,7 @@ class _Response(BaseModel):
     timings: Timings | None = None
     speculative: Speculative | None = None
     error: ErrorInfo | None = None
+    tokens: list[int] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The JSON object sent: fields left None are omitted, except a choice's

@@ -172,14 +172,15 @@ class Outcome:
     """How a request ended, as the response reports it."""
 
     text: str
-    finish: str  # specgen's reason, or "failed"
+    finish: str  # specgen's reason, "failed" or "cancelled"
     stats: Stats | None
     error: ErrorInfo | None
+    tokens: tuple[int, ...] = ()
 
     @classmethod
     def of_done(cls, done: Done) -> Outcome:
         error = SHUTDOWN_ERROR if done.finish_reason == "interrupted" else None
-        return cls(done.text, done.finish_reason, done.stats, error)
+        return cls(done.text, done.finish_reason, done.stats, error, done.tokens)
 
 
 @dataclass
@@ -191,6 +192,7 @@ class Shape:
     model: str
     created: int
     n_prompt: int
+    return_tokens: bool = False
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -207,6 +209,7 @@ class Shape:
             "timings": request_stats.timings(steps, outcome.stats),
             "speculative": request_stats.speculative(steps, outcome.finish),
             "error": outcome.error,
+            "tokens": list(outcome.tokens) if self.return_tokens else None,
         }
 
     def full(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
