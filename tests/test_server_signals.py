@@ -133,3 +133,17 @@ def test_health_is_503_until_the_models_are_loaded(tmp_path: Path) -> None:
     finally:
         if c.proc.poll() is None:
             c.proc.kill()
+
+
+def test_sigterm_while_loading_waits_for_the_load_then_exits_0(tmp_path: Path) -> None:
+    gate = tmp_path / "loaded"
+    c = Child("--load-gate", str(gate))
+    try:
+        assert httpx.get(c.url + "/health").status_code == 503
+        c.proc.send_signal(signal.SIGTERM)
+        assert "stopping" in c.proc.stderr.readline()  # type: ignore[union-attr]
+        gate.touch()  # it stopped listening at once; the load is waited for, then freed
+        assert c.wait() == 0
+    finally:
+        if c.proc.poll() is None:
+            c.proc.kill()

@@ -79,7 +79,6 @@ def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> 
     """
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.models.resolve import resolve_models
-    from specgen.server.scheduler import Scheduler  # type: ignore[attr-defined]
     from specgen.session import ModelSpec, load, load_notes, parse_draft_max
 
     draft_max = parse_draft_max(a.draft_max)
@@ -99,6 +98,8 @@ def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> 
         target_cfg=_slots(spec.target_cfg, a.ctx_size, a.parallel),
         draft_cfg=_slots(spec.draft_cfg, a.ctx_size, a.parallel),
     )
+    from specgen.server.scheduler import Scheduler  # type: ignore[attr-defined]
+
     loaded = load(spec, a.defaults.params, draft_p_min=a.draft_p_min)
     try:
         for line in (*loaded.warnings, *load_notes(spec, loaded)):

@@ -95,6 +95,7 @@ class _Stopper:
         self.code = 0
         self.signals = 0
         self.task: asyncio.Task[None] | None = None
+        self.drained = False  # the scheduler was shut down by `drain`
 
     def __call__(self, name: str) -> None:
         self.signals += 1
@@ -112,6 +113,7 @@ class _Stopper:
         if b is not None:
             # the scheduler ends every job (Done "interrupted" or Failed "shutdown"); the
             # responses then write their final chunk
+            self.drained = True
             await asyncio.to_thread(b.scheduler.shutdown)
             while self.state.in_flight and not self.server.force_exit:
                 await asyncio.sleep(0.02)
@@ -170,7 +172,7 @@ async def _main(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if backend is not None:
-            if stopper.task is None:  # not drained by a signal (uvicorn stopped by itself)
+            if not stopper.drained:  # loaded after a signal, or uvicorn stopped by itself
                 backend.scheduler.shutdown()
             backend.close()
         sock.close()
