@@ -61,13 +61,13 @@ def build_info() -> dict[str, str]:
     return {"specgen": __version__, "llama_cpp_python": bindings, "backend": backend()}
 
 
-def _slots(cfg: Any, n_ctx: int, n_parallel: int) -> Any:
-    """The engine settings for `n_parallel` sequences of `n_ctx` cells each, once the
-    engine has sequences (llama.cpp's ``n_seq_max``, a unified cache of N x -c cells);
-    unchanged before that."""
+def _slots(cfg: Any, n_parallel: int) -> Any:
+    """The engine settings for `n_parallel` sequences (llama.cpp's ``n_seq_max``): -c stays
+    each sequence's context, and the unified cache holds N x -c cells. Unchanged for an
+    engine without sequences."""
     if "n_seq_max" not in {f.name for f in fields(cfg)}:
         return cfg
-    return replace(cfg, n_ctx=n_ctx * n_parallel, n_seq_max=n_parallel)
+    return replace(cfg, n_seq_max=n_parallel)
 
 
 def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> Backend:
@@ -95,8 +95,8 @@ def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> 
     )
     spec = replace(
         spec,
-        target_cfg=_slots(spec.target_cfg, a.ctx_size, a.parallel),
-        draft_cfg=_slots(spec.draft_cfg, a.ctx_size, a.parallel),
+        target_cfg=_slots(spec.target_cfg, a.parallel),
+        draft_cfg=_slots(spec.draft_cfg, a.parallel),
     )
     from specgen.server.scheduler import Scheduler  # type: ignore[attr-defined]
 
