@@ -202,9 +202,9 @@ def test_queue_full_and_a_disconnect_that_frees_the_slot(smol_pair) -> None:
 
 
 def test_sigterm_during_a_stream_sends_a_final_chunk_and_exits_0(smol_pair) -> None:
-    s = start(smol_pair, "-np", "2", "--draft-max", "4")
+    s = start(smol_pair, "-np", "2", "--draft-max", "4", "-c", "2048")
     with httpx.Client(timeout=120) as client:
-        body = {"prompt": PROMPTS[1], "stream": True, "max_tokens": 400, "ignore_eos": True}
+        body = {"prompt": PROMPTS[1], "stream": True, "max_tokens": 1000, "ignore_eos": True}
         with client.stream("POST", s.url + "/v1/completions", json=body) as r:
             lines = (line for line in r.iter_lines() if line.startswith("data: "))
             next(lines)
