@@ -351,13 +351,10 @@ def _run_json(
     from specgen.llamacpp import backend
 
     done: Done | None = None
-    prefilled: Prefilled | None = None
     try:
         for ev in events:
             if isinstance(ev, Done):
                 done = ev
-            elif isinstance(ev, Prefilled):
-                prefilled = ev
     except KeyboardInterrupt:
         if done is None:  # Ctrl-C outside the loop's own handling: nothing to report
             raise
@@ -379,6 +376,5 @@ def _run_json(
     }
     if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
         obj["controller"] = policy.summary()
-    del prefilled
     output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0
