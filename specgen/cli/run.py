@@ -218,23 +218,12 @@ def _events(
 ):
     """The loop's events, passed through the slow-draft check and the --trace writer (each
     generator closed by `stack`), and the block-size policy that drives them."""
-    from specgen.generate import GenerateConfig, generate
+    from specgen import api  # start-up time: the loop loads numpy and llama.cpp
 
-    params = sampling.params()
-    config = GenerateConfig(
-        max_tokens=sampling.max_tokens,
-        params=params,
-        stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
-        seed=seed,
-        # the baseline for the live view's speedup and the controller's choices
-        measure_ordinary=3 if opened.drafter is not None else 0,
-        trace=out.trace is not None,
-    )
-    policy = opened.policy(sampling.k)
+    events: Any
+    events, policy = api.events(opened, ids, sampling, seed, trace=out.trace is not None)
     # each wrapper closes the one inside it, and one never started holds nothing: so
     # closing the outermost restores the caches
-    events: Any = generate(opened.target, opened.drafter, ids, config, policy)
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
@@ -244,7 +233,7 @@ def _events(
             out.trace,
             target=opened.target.name,
             draft=opened.draft_name,
-            params=params,
+            params=sampling.params(),
             seed=seed,
             max_tokens=sampling.max_tokens,
             token_text=token_text_of(opened.target),
