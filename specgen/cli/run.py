@@ -81,15 +81,15 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_prompt(prompt: str | None) -> bytes:
-    from specgen.ui.output import notice
-
     if prompt is None or prompt == "-":
         if sys.stdin.isatty():  # otherwise the command seems to hang
-            notice("reading the prompt from stdin: type it, then Ctrl-D on a new line to end")
+            output.notice(
+                "reading the prompt from stdin: type it, then Ctrl-D on a new line to end"
+            )
         # byte for byte: a trailing newline is part of the prompt
         return sys.stdin.buffer.read()
     if "\n" not in prompt and len(prompt) < 4096 and _is_file(prompt):
-        notice(
+        output.notice(
             f"the prompt is the text {prompt!r}, not the file's contents:"
             f" to generate from the file, run `specgen run ... < {prompt}`"
         )
@@ -193,6 +193,7 @@ def run_command(
 def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: PromptFlags):
     """The prompt's token ids (through the chat template unless --raw) and the template,
     checked against the context; then the notes about the seed and the fit."""
+    # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
     from specgen.chat import build_prompt
     from specgen.generate import check_prompt
 
@@ -227,7 +228,7 @@ def _events(
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
-        from specgen.trace import TraceWriter, tee, token_text_of
+        from specgen.trace import TraceWriter, tee, token_text_of  # start-up time: numpy
 
         writer = TraceWriter(
             out.trace,
@@ -260,7 +261,7 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
 def _warn_slow_draft(events):
     """Pass the events through; warn when the draft's pass, timed after the prompt, is
     slower than the target's. Closing this generator closes `events`."""
-    from specgen.session import slow_draft_warning
+    from specgen.session import slow_draft_warning  # start-up time: session loads llama.cpp
 
     try:
         for ev in events:
@@ -276,6 +277,7 @@ def _warn_slow_draft(events):
 def _run_live(
     events, target_name: str, draft_name: str, show_rejected: bool, prompt: str = ""
 ) -> int:
+    # start-up time: llama.cpp and the live view (rich.live), which `specgen --help` must not load
     from specgen.llamacpp import backend
     from specgen.ui import live as view
 
@@ -337,7 +339,7 @@ def _run_json(
     policy,
     chat_template: dict[str, str] | None = None,
 ) -> int:
-    from specgen.llamacpp import backend
+    from specgen.llamacpp import backend  # start-up time: llama.cpp
 
     done: Done | None = None
     try:
