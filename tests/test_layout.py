@@ -418,3 +418,37 @@ def test_no_cli_function_is_longer_than_a_screen() -> None:
                 if n > CLI_BODY_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not long, "\n".join(long)
+
+
+def _unexplained_local_imports(module: str, path: Path) -> list[str]:
+    """Function-local imports with no comment on their line or the few lines above
+    (the block's first import carries the reason, usually start-up time)."""
+    lines = path.read_text("utf-8").splitlines()
+    bad = []
+    for i in imports_of(module, path):
+        if i.top_level or i.type_only:
+            continue
+        above = lines[max(0, i.line - 4) : i.line]
+        if not any("#" in ln for ln in above):
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            bad.append(f"{where}:{i.line} imports {i.target}")
+    return bad
+
+
+def test_each_local_import_in_cli_says_why() -> None:
+    bad = [
+        b
+        for name, path in MODULES.items()
+        if _within(name, "specgen.cli")
+        for b in _unexplained_local_imports(name, path)
+    ]
+    assert not bad, "say why each import is local (start-up time?):\n" + "\n".join(bad)
+
+
+def test_the_reason_check_finds_a_bare_local_import(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text(
+        "def f():\n    import json\n\n\n\n\ndef g():\n    # start-up time\n    import csv\n",
+        "utf-8",
+    )
+    assert _unexplained_local_imports("specgen.cli.x", src) == [f"{src}:2 imports json"]
