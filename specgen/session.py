@@ -5,7 +5,6 @@ a load spec -> an open target and drafter, with the warnings and notes about the
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from specgen.compat import check_compatible
 from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
-from specgen.errors import ModelFileError
+from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags
 from specgen.generate import FixedK, KPolicy
 from specgen.llamacpp import (
@@ -29,7 +28,7 @@ from specgen.llamacpp import (
     parse_rpc_endpoints,
     supports_gpu_offload,
 )
-from specgen.models.gguf import header_fields
+from specgen.models.gguf import check_gguf_file, explain_load_failure, header_fields
 from specgen.models.hub import sha256_file
 from specgen.models.resolve import resolve_models
 from specgen.ngram import NgramDrafter
@@ -99,6 +98,7 @@ class Loaded:
     drafter: Drafter | None
     draft_name: str
     warnings: tuple[str, ...] = ()
+    draft_engine: LlamaEngine | None = None  # a model drafter's (for its devices)
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -107,6 +107,21 @@ class Loaded:
 
 
 Status = Callable[[str], None]
+
+
+def open_engine(path: Path, config: EngineConfig) -> LlamaEngine:
+    """`LlamaEngine(path, config)` after checking the file's GGUF magic, and with the size
+    its header implies when llama.cpp cannot load it.
+
+    Raises:
+        ModelFileError: missing, not GGUF, truncated or otherwise unloadable.
+        ModelLoadError: the context could not be created.
+    """
+    check_gguf_file(path)
+    try:
+        return LlamaEngine(path, config)
+    except ModelLoadFailure as e:
+        raise explain_load_failure(e) from e
 
 
 @dataclass
@@ -125,6 +140,7 @@ class Session:
         warnings: one line each, about the pair (a draft larger than its target).
         notes: one line each, what llama.cpp does otherwise than asked (see `load_notes`).
         load_s: seconds spent resolving and loading, wall clock.
+        draft_engine: a model drafter's engine (for its devices), else None.
     """
 
     target: LlamaEngine
@@ -136,6 +152,7 @@ class Session:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     load_s: float = field(default=0.0, compare=False)
+    draft_engine: LlamaEngine | None = None
 
     def policy(self, draft_max: int | None) -> KPolicy:
         """The block-size policy for ``--draft-max`` (None = auto, from `k_init`)."""
@@ -199,6 +216,7 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         warnings=loaded.warnings,
         notes=tuple(load_notes(spec, loaded)),
         load_s=time.perf_counter() - t0,
+        draft_engine=loaded.draft_engine,
     )
 
 
@@ -221,7 +239,7 @@ def load(
         say(f"connecting to RPC server {', '.join(spec.rpc)}")
         add_rpc_servers(spec.rpc)
     say(f"loading target {spec.target.name}")
-    target = LlamaEngine(spec.target, spec.target_cfg)
+    target = open_engine(spec.target, spec.target_cfg)
     try:
         if spec.draft == DRAFT_NONE:
             return Loaded(target, None, DRAFT_NONE)
@@ -229,7 +247,7 @@ def load(
             return Loaded(target, NgramDrafter(target.n_vocab, n_max=ngram_n), DRAFT_NGRAM)
         path = Path(spec.draft)
         say(f"loading draft {path.name}")
-        draft = LlamaEngine(path, spec.draft_cfg)
+        draft = open_engine(path, spec.draft_cfg)
         try:
             say("checking vocabularies")
             check_compatible(target.vocab, draft.vocab, target.token_text, draft.token_text)
@@ -241,7 +259,7 @@ def load(
             target.name, target.path.stat().st_size, target.n_params,
             draft.name, draft.path.stat().st_size, draft.n_params,
         )  # fmt: skip
-        return Loaded(target, drafter, path.name, (warning,) if warning else ())
+        return Loaded(target, drafter, path.name, (warning,) if warning else (), draft)
     except BaseException:
         target.close()
         raise
@@ -346,14 +364,9 @@ def software_facts() -> dict[str, Any]:
     """The llama.cpp build: bindings and library versions, backend, GPU offload, ggml's
     system_info line."""
     info = llamacpp.system_info()
-    llama_version = info.get("llama_cpp")
-    if llama_version is None:  # not in system_info(): ask the bindings directly
-        # TODO(lead): the llamacpp package's devices.py could offer llama_version()
-        with contextlib.suppress(Exception):
-            llama_version = llamacpp.llama_cpp.llama_version().decode()
     return {
         "llama_cpp_python": info.get("llama_cpp_python"),
-        "llama_cpp": llama_version,
+        "llama_cpp": info.get("llama_cpp"),
         "backend": backend_of(info.get("system_info", "")),
         "gpu_offload": info.get("gpu_offload") == "True",
         "system_info": info.get("system_info"),

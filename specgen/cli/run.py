@@ -365,7 +365,8 @@ def _run_json(
         "chat_template": chat_template,
         "stats": {**stats, "k_history": done.stats.k_history},
     }
-    if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
-        obj["controller"] = policy.summary()
+    summary = policy.summary()  # the adaptive controller: its decisions, visible
+    if summary is not None:
+        obj["controller"] = summary
     output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0

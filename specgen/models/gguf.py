@@ -17,8 +17,8 @@ Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, th
 ``tensor.data`` and ``gguf.quants.dequantize`` use numpy order (row length last).
 ``GGUFWriter.add_tensor_info`` takes numpy order (it reverses when writing).
 
-The ``gguf`` package is imported inside the functions that parse or write a file: llamacpp.py
-and models/hub.py import this module for :func:`read_magic` alone.
+The ``gguf`` package is imported inside the functions that parse or write a file: session.py
+and models/hub.py import this module for its header checks alone.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from specgen.errors import ModelFileError
+from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.fileio import atomic_path
 
 __all__ = [
+    "check_gguf_file",
+    "explain_load_failure",
     "GGUF_MAGIC",
     "dequantize_to_f32",
     "header_fields",
@@ -152,6 +154,43 @@ def header_fields(path: Path | str, keys: Sequence[str]) -> dict[str, Any]:
         except (struct.error, ValueError, KeyError) as exc:  # cut short, or an unknown type
             raise ModelFileError(f"GGUF header of {path} is truncated or corrupt ({exc})") from exc
     return out
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse a path that cannot be a GGUF model before llama.cpp sees it.
+
+    Raises:
+        ModelFileError: missing, a directory, unreadable, empty, or without the GGUF magic.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+    try:
+        magic = read_magic(path)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {path}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+def explain_load_failure(error: ModelLoadFailure) -> ModelFileError:
+    """`error` with the file's size set against the size its header implies, when the file
+    is shorter: the likeliest cause of a NULL from llama.cpp is a download cut short."""
+    path = error.path
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return error
+    expected = implied_size(path)
+    if expected is not None and expected > size:
+        return ModelFileError(
+            f"{path} is truncated: {size:,} bytes, its header implies {expected:,}"
+            f" (llama.cpp: {error.reason}): download or build it again"
+        )
+    return error
 
 
 def implied_size(path: Path | str) -> int | None:

@@ -77,7 +77,9 @@ class TraceSummary:
         ordinary_token_s: the ordinary-decoding pass time used for `lost` (each
             generation's measurement at prefill, else the median of the file's K = 0
             rounds; the median over generations is shown), or None.
-        baseline_source: "measured", "k0-rounds", both joined by "+", or None.
+        baseline_source: "run" (a generation's own baseline at its end, kept current by its
+            ordinary rounds), "measured" (only its passes after the prompt), "k0-rounds"
+            (the file's K = 0 rounds), several joined by "+", or None.
         lost: the rounds that lost time, worst first (up to `top`); n_lost and lost_s
             count all of them.
     """
@@ -252,18 +254,22 @@ def lost_rounds(
     worst first, and the baselines used ({source: seconds per token, one per generation};
     empty when the trace has no ordinary-pass timing).
 
-    Each generation is judged against its own measurement at prefill ("measured"), else the
-    median of the file's K = 0 rounds ("k0-rounds")."""
+    Each generation is judged against its own baseline at its end ("run"), else its
+    measurement at prefill ("measured"), else the median of the file's K = 0 rounds
+    ("k0-rounds")."""
     k0 = [r.round_s for g in generations for r in g.rounds if r.k == 0]
     k0_median = statistics.median(k0) if k0 else None
     baselines: dict[str, list[float]] = defaultdict(list)
     lost: list[LostRound] = []
     for gen, emitted in zip(generations, emitted_by_gen, strict=True):
-        measured = gen.prefill.ordinary_token_s if gen.prefill is not None else None
+        # the run's own baseline at its end (the passes after the prompt, then its K = 0
+        # rounds: `specgen.controller.Baseline`), as the summary and --json show it
+        at_end = gen.end.stats.get("ordinary_token_s") if gen.end is not None else None
+        measured = at_end or (gen.prefill.ordinary_token_s if gen.prefill is not None else None)
         baseline = measured if measured else k0_median
         if baseline is None:
             continue
-        baselines["measured" if measured else "k0-rounds"].append(baseline)
+        baselines["run" if at_end else "measured" if measured else "k0-rounds"].append(baseline)
         for r, n_em in zip(gen.rounds, emitted, strict=True):
             ordinary_s = n_em * baseline
             if r.k == 0 or n_em == 0 or r.round_s <= ordinary_s:
