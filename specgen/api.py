@@ -185,6 +185,7 @@ def events(
         # the baseline for the speedup and the controller's choices
         measure_ordinary=3 if opened.drafter is not None else 0,
         trace=trace,
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
     )
     policy = opened.policy(sampling.k)
     return generate(opened.target, opened.drafter, ids, config, policy), policy

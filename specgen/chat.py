@@ -366,8 +366,10 @@ class ChatSession:
                     ordinary_s = ev.ordinary_token_s
                 elif isinstance(ev, Done):
                     done = ev
-                    # the reply's own baseline, kept current by its ordinary rounds
-                    ordinary_s = ev.stats.ordinary_token_s or ordinary_s
+                    # the reply's own baseline, kept current by its ordinary rounds (none
+                    # without a draft: ordinary decoding is the baseline itself)
+                    if self.drafter is not None:
+                        ordinary_s = ev.stats.ordinary_token_s or ordinary_s
                 yield ev
         except KeyboardInterrupt:
             if done is None:

@@ -290,12 +290,16 @@ class Baseline:
     Args:
         window: ordinary rounds kept (the newest).
         settle: ordinary rounds after which the initial passes no longer count.
+        disagree: the ratio of the two medians beyond which they are said to disagree
+            (a round costs a little more than a bare pass: the host's work and the
+            consumer's between rounds).
     """
 
-    def __init__(self, window: int = 32, settle: int = 3) -> None:
+    def __init__(self, window: int = 32, settle: int = 3, disagree: float = 1.5) -> None:
         self._initial: list[float] = []
         self._rounds: collections.deque[float] = collections.deque(maxlen=window)
         self._settle = settle
+        self._disagree = disagree
 
     def add_initial(self, seconds: Sequence[float]) -> None:
         """The passes timed after the prompt, seconds each."""
@@ -323,14 +327,16 @@ class Baseline:
 
     def disagreement(self) -> float | None:
         """initial median / rounds' median when the two sets of passes disagree by more
-        than their noise (at least `settle` of each and their [min, max] ranges do not
-        overlap), else None. > 1: the first passes were slower (a busy machine)."""
+        than their noise (at least `settle` of each, their [min, max] ranges do not
+        overlap, and the medians differ by more than `disagree`), else None. > 1: the first
+        passes were slower (a busy machine)."""
         a, b = self._initial, list(self._rounds)
         if len(a) < self._settle or len(b) < self._settle:
             return None
         if min(a) <= max(b) and min(b) <= max(a):
             return None
-        return statistics.median(a) / statistics.median(b)
+        r = statistics.median(a) / statistics.median(b)
+        return r if max(r, 1.0 / r) > self._disagree else None
 
     def disagreement_note(self) -> str | None:
         """One line for the summary and --json when `disagreement` is not None."""
@@ -450,6 +456,7 @@ class Controller:
         # CPU F32 figure, 8 tokens ~ 2 passes) until a second size is measured
         self._verify = _CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
         # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
+        self._model_drafted = False  # a draft model proposed a token (see `observe`)
         self._draft = _CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
         self._n_spec = 0  # rounds that drafted at least one token
         self._catchup_s: float | None = None  # moving average, rounds that caught up
@@ -631,6 +638,7 @@ class Controller:
         verify_s: float,
         n_proposed: int | None = None,
         catchup_s: float = 0.0,
+        n_lookup: int = 0,
     ) -> None:
         """Record the outcome of a round.
 
@@ -647,6 +655,11 @@ class Controller:
             catchup_s: seconds the drafter spent first evaluating the tokens committed
                 while it was idle (after ordinary rounds), not included in draft_s: a
                 cost of probing, not of drafting per token (see `_gap_cap`).
+            n_lookup: of the n_drafted tokens, those proposed by prompt lookup (hybrid
+                drafting): they cost microseconds, not a draft pass, so once a draft
+                model has drafted, its cost per token is fitted on its own tokens alone
+                and blocks of lookup tokens only leave the fit alone (a drafter that is
+                lookup alone, `--draft ngram`, is fitted on its tokens as before).
 
         A call with k = 0 and no preceding `choose_k` is allowed: it feeds a separately
         timed ordinary pass into the cost model.
@@ -655,7 +668,12 @@ class Controller:
         n = max(0, min(n_accepted, m))
         self._verify.add(max(m, 1) if not self.bonus() else m + 1, verify_s)
         if k > 0:
-            self._draft.add(m, draft_s)
+            n_model = max(0, m - n_lookup)
+            self._model_drafted = self._model_drafted or n_model > 0
+            if n_model > 0:
+                self._draft.add(n_model, draft_s)
+            elif not self._model_drafted:
+                self._draft.add(m, draft_s)
             if catchup_s > 0.0 and math.isfinite(catchup_s):
                 c = self._catchup_s
                 self._catchup_s = catchup_s if c is None else c + 0.25 * (catchup_s - c)

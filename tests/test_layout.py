@@ -28,6 +28,7 @@ PURE = frozenset(
         "engine",
         "events",
         "fileio",
+        "batchctl",
     )
 )
 
@@ -58,9 +59,9 @@ ONE_DOOR = {
 RANKS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio"),
     # the math, the protocols and the typed flags (flags.params() reaches sampling lazily)
-    ("sampling", "rejection", "cutoff", "controller", "engine", "events", "flags"),
+    ("sampling", "rejection", "cutoff", "controller", "batchctl", "engine", "events", "flags"),
     ("llamacpp", "models"),  # the two doors: llama.cpp, and files/registry/Hub
-    ("drafters", "ngram", "compat", "emit"),
+    ("drafters", "hybrid", "ngram", "compat", "emit"),
     ("round", "stages", "generate", "chat"),  # the round unit and what drives it
     ("session",),  # the one loader
     ("api", "bench", "verify", "trace", "server"),  # the public API and what uses the loop

@@ -22,6 +22,7 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     JsonOpt,
+    LookupOpt,
     MinPOpt,
     ModelFlags,
     ModelsOpt,
@@ -45,6 +46,7 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    VerifyOpt,
     seed_or_random,
 )
 from specgen.errors import PromptError
@@ -139,6 +141,8 @@ def run(
     raw: RawOpt = False,
     system: SystemOpt = None,
     chat_template: ChatTemplateOpt = None,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Generate text with a draft and a target model (or the target alone).
 
