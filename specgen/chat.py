@@ -109,6 +109,7 @@ class ChatFormatter:
     """
 
     def __init__(self, template: ChatTemplate, target: Engine) -> None:
+        # start-up time: llama.cpp, which the CLI's chat module must not load at --help
         from specgen.llamacpp import compile_chat_template
 
         self.template = template

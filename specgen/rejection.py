@@ -101,17 +101,6 @@ def correct(n: int, q: Rows, p: Rows, rng: np.random.Generator) -> int:
     return draw(ids, row, rng)
 
 
-def verify(x: npt.NDArray[np.int64], q: Rows, p: Rows, rng: np.random.Generator) -> tuple[int, int]:
-    """One whole round: (n_accepted, next_token). See `accept` and `correct` for shapes.
-
-    Draws exactly K uniforms for acceptance then one for the correction, so a seed
-    fixes the outcome.
-    """
-    u = rng.random(x.shape[0])
-    n = accept(x, q, p, u)
-    return n, correct(n, q, p, rng)
-
-
 def accept_greedy(x: npt.NDArray[np.int64], argmax_p: npt.NDArray[np.int64]) -> int:
     """Temperature 0: accept while x_i equals the target's argmax at position i.
 

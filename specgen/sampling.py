@@ -427,20 +427,6 @@ def warp(
     return warp_rows(np.asarray(logits)[None, :], params).row(0)
 
 
-def dense(
-    ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], n_vocab: int
-) -> npt.NDArray[np.float64]:
-    """Scatter a sparse distribution into a (n_vocab,) float64 row."""
-    row = np.zeros(n_vocab, dtype=np.float64)
-    row[ids] = probs
-    return row
-
-
-def probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> npt.NDArray[np.float64]:
-    """(n_vocab,) float64 probability row of `logits` under `params` (see `warp`)."""
-    return warp_rows(np.asarray(logits)[None, :], params).to_dense()[0]
-
-
 # -- drawing ----------------------------------------------------------------------------
 
 
@@ -478,8 +464,3 @@ def draw(
     before = float(np.cumsum(sums[:b])[-1]) if b else 0.0
     inside = probs[starts[b] : starts[b] + _DRAW_BLOCK]
     return int(ids[starts[b] + _inverse_cdf(inside, max(0.0, target - before))])
-
-
-def draw_dense(row: npt.NDArray[np.float64], rng: np.random.Generator) -> int:
-    """Draw one token id from a (n_vocab,) row of non-negative weights (need not sum to 1)."""
-    return draw(_arange(row.shape[0]), row, rng)

@@ -10,12 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from specgen import llamacpp
 from specgen.compat import check_compatible
 from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
-from specgen.errors import ModelLoadFailure
+from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
 from specgen.generate import FixedK, KPolicy, VerifyRule
 from specgen.hybrid import HybridDrafter
@@ -23,10 +25,12 @@ from specgen.llamacpp import (
     EngineConfig,
     LlamaEngine,
     add_rpc_servers,
+    backend_of,
     parse_rpc_endpoints,
     supports_gpu_offload,
 )
-from specgen.models.gguf import check_gguf_file, explain_load_failure
+from specgen.models.gguf import check_gguf_file, explain_load_failure, header_fields
+from specgen.models.hub import sha256_file
 from specgen.models.resolve import resolve_models
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
@@ -370,3 +374,39 @@ def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = Non
     if k_init is None:
         return Controller(k_max=k_max)
     return Controller(k_max=max(k_max, k_init), k_init=k_init)
+
+
+# -- facts for a measurement's record (bench reaches llama.cpp and the model files only
+# through here)
+
+
+def default_threads() -> int:
+    """The CPU threads llama.cpp uses for ``-t 0`` (the CPUs this process may run on)."""
+    return llamacpp.default_threads()
+
+
+def software_facts() -> dict[str, Any]:
+    """The llama.cpp build: bindings and library versions, backend, GPU offload, ggml's
+    system_info line."""
+    info = llamacpp.system_info()
+    return {
+        "llama_cpp_python": info.get("llama_cpp_python"),
+        "llama_cpp": info.get("llama_cpp"),
+        "backend": backend_of(info.get("system_info", "")),
+        "gpu_offload": info.get("gpu_offload") == "True",
+        "system_info": info.get("system_info"),
+    }
+
+
+def model_file_facts(path: Path) -> dict[str, Any]:
+    """SHA-256, architecture and file type (llama.cpp's ``general.file_type``, or None) of
+    one model file; the header keys are None when the header cannot be read."""
+    try:
+        meta = header_fields(path, ("general.architecture", "general.file_type"))
+    except (ModelFileError, OSError):
+        meta = {}
+    return {
+        "sha256": sha256_file(path),
+        "architecture": meta.get("general.architecture"),
+        "file_type": meta.get("general.file_type"),
+    }

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from specgen.models import gguf as gguf_tools
+import tinymodels
 
 # Weight noise of the tiny draft relative to the tiny target (same seed). Measured with
 # llama-cpp-python 0.3.36 over 256 positions of random token sequences: mean sum(min(p, q))
@@ -60,7 +59,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_target(model_dir: Path) -> Path:
     """Tiny llama target: seed 0, no noise."""
     path = model_dir / "tiny-target.gguf"
-    gguf_tools.write_tiny_llama(path, seed=0)
+    tinymodels.write_tiny_llama(path, seed=0)
     return path
 
 
@@ -68,7 +67,7 @@ def tiny_target(model_dir: Path) -> Path:
 def tiny_draft(model_dir: Path) -> Path:
     """Tiny draft: the target's weights plus noise ``TINY_DRAFT_NOISE`` (acceptance ~0.67)."""
     path = model_dir / "tiny-draft.gguf"
-    gguf_tools.write_tiny_llama(path, seed=0, noise=TINY_DRAFT_NOISE, noise_seed=1)
+    tinymodels.write_tiny_llama(path, seed=0, noise=TINY_DRAFT_NOISE, noise_seed=1)
     return path
 
 
@@ -76,7 +75,7 @@ def tiny_draft(model_dir: Path) -> Path:
 def tiny_wrong(model_dir: Path) -> Path:
     """Tiny model with unrelated weights (seed 1): same vocabulary, acceptance ~0.02."""
     path = model_dir / "tiny-wrong.gguf"
-    gguf_tools.write_tiny_llama(path, seed=1)
+    tinymodels.write_tiny_llama(path, seed=1)
     return path
 
 
@@ -84,7 +83,7 @@ def tiny_wrong(model_dir: Path) -> Path:
 def vocab_mismatch_draft(model_dir: Path, tiny_draft: Path) -> Path:
     """``tiny_draft`` with token ``MISMATCH_TOKEN_ID`` renamed: one differing vocabulary entry."""
     path = model_dir / "tiny-draft-vocab-mismatch.gguf"
-    gguf_tools.replace_token(tiny_draft, path, MISMATCH_TOKEN_ID, "▁zzz")
+    tinymodels.replace_token(tiny_draft, path, MISMATCH_TOKEN_ID, "▁zzz")
     return path
 
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import tinymodels
 
 from specgen.events import Prefilled
-from specgen.models import gguf as gguf_tools
 from specgen.session import SWAP_HINT, slow_draft_warning, swap_warning
 
 SPECGEN = [sys.executable, "-m", "specgen"]
@@ -31,7 +31,7 @@ def tiny_big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target's vocabulary and first layers, with 6 layers instead of 2: a larger
     file with more parameters."""
     path = tmp_path_factory.mktemp("big") / "tiny-big.gguf"
-    gguf_tools.write_tiny_llama(path, seed=0, n_layer=6)
+    tinymodels.write_tiny_llama(path, seed=0, n_layer=6)
     return path
 
 

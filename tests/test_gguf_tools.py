@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import tinymodels
 
 from specgen.errors import ConfigError, ModelFileError
 from specgen.models import demo
@@ -108,9 +109,9 @@ def test_tiny_model_distribution_is_not_degenerate(tiny_target: Path) -> None:
 def test_tiny_models_same_seed_are_identical_and_noise_is_deterministic(
     tmp_path: Path, tiny_target: Path, tiny_draft: Path
 ) -> None:
-    gguf_tools.write_tiny_llama(tmp_path / "a.gguf", seed=0)
+    tinymodels.write_tiny_llama(tmp_path / "a.gguf", seed=0)
     assert (tmp_path / "a.gguf").read_bytes() == tiny_target.read_bytes()
-    gguf_tools.write_tiny_llama(tmp_path / "b.gguf", seed=0, noise=0.015, noise_seed=1)
+    tinymodels.write_tiny_llama(tmp_path / "b.gguf", seed=0, noise=0.015, noise_seed=1)
     assert (tmp_path / "b.gguf").read_bytes() == tiny_draft.read_bytes()
     assert tiny_draft.read_bytes() != tiny_target.read_bytes()
 
@@ -136,7 +137,7 @@ def test_tiny_draft_agrees_more_than_wrong_model(
 
 def test_extra_words_append_tokens_and_keep_base_weights(tmp_path: Path, tiny_target: Path) -> None:
     dst = tmp_path / "bigger.gguf"
-    gguf_tools.write_tiny_llama(dst, extra_words=["▁dog", "▁sat"])
+    tinymodels.write_tiny_llama(dst, extra_words=["▁dog", "▁sat"])
     base, big = gguf.GGUFReader(tiny_target), gguf.GGUFReader(dst)
     tokens = big.get_field("tokenizer.ggml.tokens").contents()
     assert len(tokens) == 274 and tokens[-2:] == ["▁dog", "▁sat"]
@@ -147,7 +148,7 @@ def test_extra_words_append_tokens_and_keep_base_weights(tmp_path: Path, tiny_ta
         np.testing.assert_array_equal(a, b[:272])
     assert _llama(dst).n_vocab() == 274
     with pytest.raises(ValueError, match="already"):
-        gguf_tools.write_tiny_llama(tmp_path / "dup.gguf", extra_words=["▁the"])
+        tinymodels.write_tiny_llama(tmp_path / "dup.gguf", extra_words=["▁the"])
 
 
 # --- dequantize_to_f32 -------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_demo_pair_loads_in_llama_cpp(demo_pair: tuple[Path, Path]) -> None:
 
 def test_keep_first_layers_tiny(tmp_path: Path) -> None:
     src, dst = tmp_path / "three.gguf", tmp_path / "one.gguf"
-    gguf_tools.write_tiny_llama(src, n_layer=3)
+    tinymodels.write_tiny_llama(src, n_layer=3)
     gguf_tools.keep_first_layers(src, dst, 1)
     s, d = gguf.GGUFReader(src), gguf.GGUFReader(dst)
     assert d.get_field("llama.block_count").contents() == 1
@@ -277,7 +278,7 @@ def test_replace_token_changes_exactly_one_token(tiny_draft: Path, vocab_mismatc
         np.testing.assert_array_equal(x.data, y.data)
     assert _llama(vocab_mismatch_draft).n_vocab() == 272
     with pytest.raises(ValueError):
-        gguf_tools.replace_token(tiny_draft, vocab_mismatch_draft.parent / "x.gguf", 272, "x")
+        tinymodels.replace_token(tiny_draft, vocab_mismatch_draft.parent / "x.gguf", 272, "x")
 
 
 # --- errors and atomic writes ------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_replace_token_changes_exactly_one_token(tiny_draft: Path, vocab_mismatc
     [
         lambda s, d: gguf_tools.dequantize_to_f32(s, d),
         lambda s, d: gguf_tools.keep_first_layers(s, d, 1),
-        lambda s, d: gguf_tools.replace_token(s, d, 5, "x"),
+        lambda s, d: tinymodels.replace_token(s, d, 5, "x"),
     ],
     ids=["dequantize", "keep_first_layers", "replace_token"],
 )

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from fakes import FakeEngine, WrongDrafter
+from reference import probs
 from scipy import stats
 
 from specgen.drafters import ModelDrafter
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.sampling import SamplingParams, probs
+from specgen.sampling import SamplingParams
 
 GREEDY = SamplingParams(temp=0.0)
 

@@ -8,9 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from reference import probs
 
 from specgen.errors import ConfigError
-from specgen.sampling import SamplingParams, draw, probs, warp
+from specgen.sampling import SamplingParams, draw, warp
 
 
 def reference(logits, temp, top_k, top_p, min_p):

@@ -191,6 +191,7 @@ def _verify_rule(settings: BenchSettings, params: SamplingParams) -> VerifyRule:
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
+    # start-up time: session loads llama.cpp; the bench package is imported without a model
     from specgen.session import make_policy
 
     return make_policy(draft_max, k_init=k_init)

@@ -29,13 +29,11 @@ from specgen.bench.results import (
     SpeedupChange,
     record_differences,
 )
-from specgen.errors import ConfigError, ModelFileError
-from specgen.llamacpp import backend_of
-from specgen.models.gguf import header_fields
-from specgen.models.hub import sha256_file
+from specgen.errors import ConfigError
 
-# llama.cpp is imported inside the functions that build a record: the bench package is
-# imported by ui/reports for its result types (so by `specgen models`), which must not load it.
+# llama.cpp and the model files are reached through specgen.session, imported inside the
+# functions that build a record (start-up time): the bench package is imported by ui/reports
+# for its result types (so by `specgen models`), which must not load llama.cpp.
 
 # -- reproducibility record -----------------------------------------------------------------
 
@@ -51,18 +49,17 @@ _FILE_TYPES = {
 
 def model_record(path: Path, n_gpu_layers: int) -> dict[str, Any]:
     """File name, size, SHA-256, architecture and quantization type of one model file."""
+    from specgen import session  # start-up time: see the note at the top
+
     path = Path(path)
-    try:
-        meta = header_fields(path, ("general.architecture", "general.file_type"))
-    except (ModelFileError, OSError):
-        meta = {}
-    ft = meta.get("general.file_type")
+    facts = session.model_file_facts(path)
+    ft = facts["file_type"]
     return {
         "file": path.name,
         "path": str(path.resolve()),
         "size_bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
-        "architecture": meta.get("general.architecture"),
+        "sha256": facts["sha256"],
+        "architecture": facts["architecture"],
         "quantization": _FILE_TYPES.get(ft, f"type {ft}") if ft is not None else None,
         "n_gpu_layers": n_gpu_layers,
     }
@@ -108,7 +105,7 @@ def gpus() -> list[dict[str, Any]]:
 
 
 def machine_record() -> dict[str, Any]:
-    from specgen import llamacpp
+    from specgen import session  # start-up time: see the note at the top
 
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -117,7 +114,7 @@ def machine_record() -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": llamacpp.default_threads(),
+        "cpus_usable": session.default_threads(),
         "memory_bytes": mem,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -126,23 +123,20 @@ def machine_record() -> dict[str, Any]:
 
 
 def software_record() -> dict[str, Any]:
-    from specgen import llamacpp
+    from specgen import session  # start-up time: see the note at the top
 
-    info = llamacpp.system_info()
-    llama_version = info.get("llama_cpp")
     try:
         specgen_version = version("specgen")
     except PackageNotFoundError:
         specgen_version = __version__
-    return {
-        "specgen": specgen_version,
-        "llama_cpp_python": info.get("llama_cpp_python"),
-        "llama_cpp": llama_version,
-        "backend": backend_of(info.get("system_info", "")),
-        "gpu_offload": info.get("gpu_offload") == "True",
-        "system_info": info.get("system_info"),
-        "numpy": np.__version__,
-    }
+    return {"specgen": specgen_version, **session.software_facts(), "numpy": np.__version__}
+
+
+def backend_of(system_info: str) -> str:
+    """The backend named first in ggml's system_info line (see `specgen.session`)."""
+    from specgen import session  # start-up time: see the note at the top
+
+    return session.backend_of(system_info)
 
 
 def build_record(
@@ -159,14 +153,14 @@ def build_record(
 
     `target_cfg`/`draft_cfg` are `EngineConfig`s; `draft` is a path or `ngram`.
     """
-    from specgen import llamacpp
+    from specgen import session  # start-up time: see the note at the top
 
     draft_rec: dict[str, Any]
     if isinstance(draft, Path) or (isinstance(draft, str) and draft not in ("ngram", "none")):
         draft_rec = model_record(Path(draft), draft_cfg.n_gpu_layers)
     else:
         draft_rec = {"file": str(draft), "sha256": None, "n_gpu_layers": 0}
-    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else llamacpp.default_threads()
+    threads = target_cfg.n_threads if target_cfg.n_threads > 0 else session.default_threads()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "target": model_record(Path(target_path), target_cfg.n_gpu_layers),

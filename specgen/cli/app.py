@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from specgen import __version__
 from specgen.cli import bench, chat, models, run, serve, verify
 from specgen.errors import SpecgenError
 from specgen.ui import output
@@ -34,9 +35,8 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if not value:
         return
+    # start-up time: importlib.metadata costs ~15 ms, for --version only
     from importlib.metadata import PackageNotFoundError, version
-
-    from specgen import __version__
 
     try:  # the bindings' version without loading llama.cpp
         bindings = f" (llama-cpp-python {version('llama_cpp_python')})"

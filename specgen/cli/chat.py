@@ -7,6 +7,7 @@ plain text followed by a blank line (scripts and tests drive it through a pipe).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated
@@ -44,12 +45,12 @@ from specgen.cli.options import (
     seed_or_random,
 )
 from specgen.errors import ConfigError
+from specgen.events import Done, Step
 from specgen.flags import DRAFT_NONE
 from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.chat import ChatSession
-    from specgen.events import Done
     from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
@@ -122,6 +123,7 @@ def chat_command(
 
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
+    # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
     from specgen.chat import ChatFormatter, ChatSession, load_template
     from specgen.generate import GenerateConfig
 
@@ -152,8 +154,6 @@ def _lines(tty: bool) -> Iterator[str]:
     """User lines: prompted with readline editing on a terminal, else one per input line
     (UTF-8, the newline removed). Ends at EOF (Ctrl-D) or Ctrl-C at the prompt."""
     if tty:
-        import contextlib
-
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401 - line editing and history for input()
         output.status_line(HELP)
@@ -178,7 +178,7 @@ def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) ->
 
 
 def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
-    from specgen.chat import ContextFullError
+    from specgen.chat import ContextFullError  # start-up time: specgen.chat loads numpy
 
     for line in lines:
         command = line.strip()
@@ -209,8 +209,6 @@ def _note(message: str) -> None:
 
 def _plain_reply(events: Iterator) -> Done | None:
     """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
-    from specgen.events import Done, Step
-
     done: Done | None = None
     written = 0
     try:
@@ -234,13 +232,11 @@ def _plain_reply(events: Iterator) -> Done | None:
 def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
     """The live view for each reply (the user's message echoed dimmed when it was not typed
     on this terminal), then one dim line with the reply's figures."""
-    from specgen.ui import live as view
+    from specgen.ui import live as view  # start-up time: the live view loads rich.live
 
     console = output.console()
 
     def show(session: ChatSession, line: str, events: Iterator) -> Done | None:
-        from specgen.events import Done
-
         state = view.ViewState(
             session.target.name,
             None if draft_name == DRAFT_NONE else draft_name,

@@ -128,7 +128,7 @@ def models(
             {"pairs": pairs, "models": rows, "sources": [str(s) for s in reg.sources]}
         )
         return
-    from specgen.ui import reports
+    from specgen.ui import reports  # start-up time: the reports load rich's tables, numpy
 
     output.show(*reports.render_model_tables(pairs, rows))
 

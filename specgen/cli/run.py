@@ -83,15 +83,15 @@ def register(app: typer.Typer) -> None:
 
 
 def _read_prompt(prompt: str | None) -> bytes:
-    from specgen.ui.output import notice
-
     if prompt is None or prompt == "-":
         if sys.stdin.isatty():  # otherwise the command seems to hang
-            notice("reading the prompt from stdin: type it, then Ctrl-D on a new line to end")
+            output.notice(
+                "reading the prompt from stdin: type it, then Ctrl-D on a new line to end"
+            )
         # byte for byte: a trailing newline is part of the prompt
         return sys.stdin.buffer.read()
     if "\n" not in prompt and len(prompt) < 4096 and _is_file(prompt):
-        notice(
+        output.notice(
             f"the prompt is the text {prompt!r}, not the file's contents:"
             f" to generate from the file, run `specgen run ... < {prompt}`"
         )
@@ -197,6 +197,7 @@ def run_command(
 def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: PromptFlags):
     """The prompt's token ids (through the chat template unless --raw) and the template,
     checked against the context; then the notes about the seed and the fit."""
+    # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
     from specgen.chat import build_prompt
     from specgen.generate import check_prompt
 
@@ -222,34 +223,22 @@ def _events(
 ):
     """The loop's events, passed through the slow-draft check and the --trace writer (each
     generator closed by `stack`), and the block-size policy that drives them."""
-    from specgen.generate import GenerateConfig, generate
+    from specgen import api  # start-up time: the loop loads numpy and llama.cpp
 
-    params = sampling.params()
-    config = GenerateConfig(
-        max_tokens=sampling.max_tokens,
-        params=params,
-        stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
-        seed=seed,
-        # the baseline for the live view's speedup and the controller's choices
-        measure_ordinary=3 if opened.drafter is not None else 0,
-        trace=out.trace is not None,
-        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
-    )
-    policy = opened.policy(sampling.k)
+    events: Any
+    events, policy = api.events(opened, ids, sampling, seed, trace=out.trace is not None)
     # each wrapper closes the one inside it, and one never started holds nothing: so
     # closing the outermost restores the caches
-    events: Any = generate(opened.target, opened.drafter, ids, config, policy)
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
-        from specgen.trace import TraceWriter, tee, token_text_of
+        from specgen.trace import TraceWriter, tee, token_text_of  # start-up time: numpy
 
         writer = TraceWriter(
             out.trace,
             target=opened.target.name,
             draft=opened.draft_name,
-            params=params,
+            params=sampling.params(),
             seed=seed,
             max_tokens=sampling.max_tokens,
             token_text=token_text_of(opened.target),
@@ -276,7 +265,7 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
 def _warn_slow_draft(events):
     """Pass the events through; warn when the draft's pass, timed after the prompt, is
     slower than the target's. Closing this generator closes `events`."""
-    from specgen.session import slow_draft_warning
+    from specgen.session import slow_draft_warning  # start-up time: session loads llama.cpp
 
     try:
         for ev in events:
@@ -292,6 +281,7 @@ def _warn_slow_draft(events):
 def _run_live(
     events, target_name: str, draft_name: str, show_rejected: bool, prompt: str = ""
 ) -> int:
+    # start-up time: llama.cpp and the live view (rich.live), which `specgen --help` must not load
     from specgen.llamacpp import backend
     from specgen.ui import live as view
 
@@ -353,16 +343,13 @@ def _run_json(
     policy,
     chat_template: dict[str, str] | None = None,
 ) -> int:
-    from specgen.llamacpp import backend
+    from specgen.llamacpp import backend  # start-up time: llama.cpp
 
     done: Done | None = None
-    prefilled: Prefilled | None = None
     try:
         for ev in events:
             if isinstance(ev, Done):
                 done = ev
-            elif isinstance(ev, Prefilled):
-                prefilled = ev
     except KeyboardInterrupt:
         if done is None:  # Ctrl-C outside the loop's own handling: nothing to report
             raise
@@ -385,6 +372,5 @@ def _run_json(
     summary = policy.summary()  # the adaptive controller: its decisions, visible
     if summary is not None:
         obj["controller"] = summary
-    del prefilled
     output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0

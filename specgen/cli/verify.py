@@ -146,13 +146,13 @@ def summarize(
     json_out: JsonOpt = False,
 ) -> None:
     """Acceptance by block position, most rejected tokens, time split, lost rounds."""
-    from specgen.trace import summarize as summarize_trace
+    from specgen.trace import summarize as summarize_trace  # start-up time: numpy
 
     s = summarize_trace(file, top=top)
     if json_out:
         output.write_json(s.to_dict())
         return
-    from specgen.ui import reports
+    from specgen.ui import reports  # start-up time: the reports load rich's tables, numpy
 
     output.show(*reports.render_trace_summary(s))
 

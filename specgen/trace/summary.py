@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specgen.trace.read import Generation, read_trace
+from specgen.trace.read import Generation, TraceFile, TraceRound, read_trace
 
 
 @dataclass(frozen=True)
@@ -171,20 +171,49 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     tf = read_trace(path)
     rounds = tf.rounds
     emitted_by_gen = [_emitted_counts(g) for g in tf.generations]
-    notes: list[str] = []
+    lost, baselines = lost_rounds(tf.generations, emitted_by_gen)
+    used = [b for per_source in baselines.values() for b in per_source]
+    complete = bool(tf.generations) and all(g.end is not None for g in tf.generations)
+    return TraceSummary(
+        header=tf.header,
+        complete=complete,
+        finish_reason=tf.end.finish_reason if tf.end is not None else None,
+        n_generations=len(tf.generations),
+        n_rounds=len(rounds),
+        n_generated=sum(sum(e) for e in emitted_by_gen),
+        n_drafted=sum(len(r.drafted) for r in rounds),
+        n_accepted=sum(r.n_accepted for r in rounds),
+        by_position=acceptance_by_position(rounds),
+        rejected=rejected_tokens(rounds, top),
+        time_s=time_split(rounds),
+        ordinary_token_s=statistics.median(used) if used else None,
+        baseline_source="+".join(sorted(set(baselines))) or None,
+        lost=tuple(lost[:top]),
+        n_lost=len(lost),
+        lost_s=sum(x.lost_s for x in lost),
+        notes=_notes(tf, complete, bool(baselines)),
+    )
 
+
+def acceptance_by_position(rounds: list[TraceRound]) -> tuple[PositionAcceptance, ...]:
+    """The table of acceptance at each block position i (1-based), over the tested
+    proposals (a position is reached only after all before it were accepted)."""
     tested: Counter[int] = Counter()
-    acc: Counter[int] = Counter()
-    rejected: Counter[int] = Counter()
-    preferred: dict[int, Counter[int]] = defaultdict(Counter)
-    text: dict[int, str] = {}
-    n_drafted = n_accepted = 0
+    accepted: Counter[int] = Counter()
     for r in rounds:
         for i, ok in enumerate(r.accepted):
             tested[i + 1] += 1
-            acc[i + 1] += ok
-        n_drafted += len(r.drafted)
-        n_accepted += r.n_accepted
+            accepted[i + 1] += ok
+    return tuple(PositionAcceptance(i, tested[i], accepted[i]) for i in sorted(tested))
+
+
+def rejected_tokens(rounds: list[TraceRound], top: int) -> tuple[RejectedToken, ...]:
+    """The table of the `top` proposals most often rejected, each with the 3 tokens drawn
+    most often in its place."""
+    rejected: Counter[int] = Counter()
+    preferred: dict[int, Counter[int]] = defaultdict(Counter)
+    text: dict[int, str] = {}
+    for r in rounds:
         if r.n_accepted < len(r.accepted) and r.next_token is not None:
             x = r.drafted[r.n_accepted]
             rejected[x] += 1
@@ -193,8 +222,7 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
                 text[x] = r.drafted_text[r.n_accepted]
             if r.next_text is not None:
                 text[r.next_token] = r.next_text
-    by_position = tuple(PositionAcceptance(i, tested[i], acc[i]) for i in sorted(tested))
-    worst = tuple(
+    return tuple(
         RejectedToken(
             x,
             text.get(x, ""),
@@ -204,6 +232,9 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
         for x, c in rejected.most_common(top)
     )
 
+
+def time_split(rounds: list[TraceRound]) -> dict[str, float]:
+    """Seconds in draft, verify, sample, other and in total, over all rounds."""
     time_s = {
         "draft": sum(r.draft_s for r in rounds),
         "verify": sum(r.verify_s for r in rounds),
@@ -213,15 +244,24 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
     time_s["other"] = max(
         0.0, time_s["total"] - time_s["draft"] - time_s["verify"] - time_s["sample"]
     )
+    return time_s
 
-    # the ordinary-decoding time per token each generation is judged against: its own
-    # baseline, else the median of the file's K = 0 rounds
-    k0 = [r.round_s for r in rounds if r.k == 0]
+
+def lost_rounds(
+    generations: list[Generation], emitted_by_gen: list[list[int]]
+) -> tuple[list[LostRound], dict[str, list[float]]]:
+    """The table of rounds slower than ordinary decoding of the tokens they emitted, the
+    worst first, and the baselines used ({source: seconds per token, one per generation};
+    empty when the trace has no ordinary-pass timing).
+
+    Each generation is judged against its own baseline at its end ("run"), else its
+    measurement at prefill ("measured"), else the median of the file's K = 0 rounds
+    ("k0-rounds")."""
+    k0 = [r.round_s for g in generations for r in g.rounds if r.k == 0]
     k0_median = statistics.median(k0) if k0 else None
-    used: list[float] = []
-    sources: set[str] = set()
+    baselines: dict[str, list[float]] = defaultdict(list)
     lost: list[LostRound] = []
-    for gen, emitted in zip(tf.generations, emitted_by_gen, strict=True):
+    for gen, emitted in zip(generations, emitted_by_gen, strict=True):
         # the run's own baseline at its end (the passes after the prompt, then its K = 0
         # rounds: `specgen.controller.Baseline`), as the summary and --json show it
         at_end = gen.end.stats.get("ordinary_token_s") if gen.end is not None else None
@@ -229,8 +269,7 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
         baseline = measured if measured else k0_median
         if baseline is None:
             continue
-        used.append(baseline)
-        sources.add("run" if at_end else "measured" if measured else "k0-rounds")
+        baselines["run" if at_end else "measured" if measured else "k0-rounds"].append(baseline)
         for r, n_em in zip(gen.rounds, emitted, strict=True):
             ordinary_s = n_em * baseline
             if r.k == 0 or n_em == 0 or r.round_s <= ordinary_s:
@@ -241,30 +280,16 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
                     r.round_s - ordinary_s, gen.index,
                 )
             )  # fmt: skip
-    if not used and rounds:
-        notes.append("no ordinary-pass timing in the trace: lost rounds not computed")
     lost.sort(key=lambda x: -x.lost_s)
-    complete = bool(tf.generations) and all(g.end is not None for g in tf.generations)
+    return lost, baselines
+
+
+def _notes(tf: TraceFile, complete: bool, timed: bool) -> tuple[str, ...]:
+    notes = []
+    if not timed and tf.rounds:
+        notes.append("no ordinary-pass timing in the trace: lost rounds not computed")
     if not complete:
         notes.append("the trace has no end record: the run was interrupted or is still going")
     if tf.truncated_line:
         notes.append("the last line was cut off mid-write and was ignored")
-    return TraceSummary(
-        header=tf.header,
-        complete=complete,
-        finish_reason=tf.end.finish_reason if tf.end is not None else None,
-        n_generations=len(tf.generations),
-        n_rounds=len(rounds),
-        n_generated=sum(sum(e) for e in emitted_by_gen),
-        n_drafted=n_drafted,
-        n_accepted=n_accepted,
-        by_position=by_position,
-        rejected=worst,
-        time_s=time_s,
-        ordinary_token_s=statistics.median(used) if used else None,
-        baseline_source="+".join(sorted(sources)) or None,
-        lost=tuple(lost[:top]),
-        n_lost=len(lost),
-        lost_s=sum(x.lost_s for x in lost),
-        notes=tuple(notes),
-    )
+    return tuple(notes)

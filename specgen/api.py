@@ -1,0 +1,191 @@
+"""The public Python API, exported by `specgen` (``import specgen``; modelled on mlx-lm's
+``load`` / ``generate`` / ``stream_generate``):
+
+    pair = specgen.load()                                  # the embedded demo pair
+    pair = specgen.load("big.gguf", "small.gguf")          # paths or registry names
+    pair = specgen.load(pair="qwen2.5-coder-7b")           # a downloaded registry pair
+    result = pair.generate("Once upon a time", max_tokens=64, temperature=0)
+    for event in pair.stream("def fib(n):", max_tokens=64):   # Prefilled, Step..., Done
+        ...
+
+The CLI drives the same path (`events`), so the output, the sampling settings and the
+speculative statistics are the ones `specgen run` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from specgen import session as _session
+from specgen.chat import prompt_tokens
+from specgen.errors import PromptError
+from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
+from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
+
+Event = Prefilled | Step | Done
+
+
+@dataclass(frozen=True)
+class Result:
+    """One finished generation.
+
+    Attributes:
+        text: the generated text (the prompt excluded).
+        tokens: the generated token ids.
+        finish: why it ended: "length" (max_tokens), "eos", "stop", "context" or
+            "interrupted".
+        stats: the counts and timings (seconds), with the speculative statistics:
+            ``stats.n_drafted``, ``stats.n_accepted`` (acceptance rate = their ratio),
+            ``stats.k_history`` (the block size of each round); ``stats.to_dict()`` for JSON.
+        seed: the seed used (a random one when none was given).
+    """
+
+    text: str
+    tokens: tuple[int, ...]
+    finish: FinishReason
+    stats: Stats
+    seed: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted proposals over tested proposals (0 when nothing was drafted)."""
+        s = self.stats
+        return s.n_accepted / s.n_drafted if s.n_drafted else 0.0
+
+
+class Pair:
+    """A loaded target and drafter (`load`); `close()` frees both (also a context manager).
+
+    Attributes:
+        session: the open models (`specgen.session.Session`): ``target``, ``drafter``,
+            ``draft_name``, and the ``warnings`` and ``notes`` the CLI prints.
+    """
+
+    def __init__(self, opened: _session.Session) -> None:
+        self.session = opened
+
+    def generate(self, prompt: str | bytes, **sampling: object) -> Result:
+        """Generate from `prompt` (the text as it is, no chat template) to the end.
+
+        Args:
+            prompt: text; bytes are taken as UTF-8.
+            **sampling: `SamplingFlags` fields: ``max_tokens`` (256), ``temperature`` or
+                ``temp`` (0.8; 0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95),
+                ``min_p`` (0.05), ``seed`` (None = random), ``draft_max`` (K as an int, or
+                "auto"), ``stop`` (strings), ``ignore_eos`` (False).
+
+        Raises:
+            ConfigError: a bad setting (the message names it); PromptError: an empty prompt
+                or one that does not fit the context.
+        """
+        it, seed = self._start(prompt, sampling)
+        done: Done | None = None
+        for ev in it:
+            if isinstance(ev, Done):
+                done = ev
+        assert done is not None  # the loop always ends with Done
+        return Result(done.text, done.tokens, done.finish_reason, done.stats, seed)
+
+    def stream(self, prompt: str | bytes, **sampling: object) -> Iterator[Event]:
+        """The generation's events as they happen: one `Prefilled`, then a `Step` per round
+        (``.text``: the new text; ``.n_accepted``, ``.k``), then `Done`. Arguments and errors
+        as `generate`. Closing the iterator early stops generating and leaves the models
+        ready for the next call."""
+        return self._start(prompt, sampling)[0]
+
+    def _start(
+        self, prompt: str | bytes, sampling: dict[str, object]
+    ) -> tuple[Iterator[Event], int]:
+        """Check everything now (not at the first event), then the events and the seed."""
+        if "temperature" in sampling:
+            sampling["temp"] = sampling.pop("temperature")
+        if "draft_max" in sampling:
+            sampling["draft_max"] = str(sampling["draft_max"])
+        flags = SamplingFlags(**sampling)  # type: ignore[arg-type]
+        text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+        if not text:
+            raise PromptError("the prompt is empty")
+        ids = prompt_tokens(self.session.target, text)
+        seed = seed_or_random(flags.seed)
+        return events(self.session, ids, flags, seed)[0], seed
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> Pair:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def load(
+    target: str | Path | None = None,
+    draft: str | Path | None = None,
+    *,
+    pair: str | None = None,
+    models: Path | None = None,
+    ctx_size: int = 4096,
+    n_gpu_layers: int = 0,
+    n_gpu_layers_draft: int = 0,
+    threads: int = 0,
+    draft_p_min: float = 0.0,
+) -> Pair:
+    """Load a target and its drafter: GGUF paths or registry names, a registry `pair`, or
+    with neither the embedded demo pair (built once, offline). `draft` may be ``"ngram"``
+    (prompt lookup, no model) or ``"none"`` (ordinary decoding).
+
+    The other arguments are the CLI's -c, -ngl, -ngld, -t and --draft-p-min.
+
+    Raises:
+        ConfigError, ModelFileError, ModelLoadError, VocabMismatchError: as `specgen run`
+            reports them (the message says what to do).
+    """
+    flags = ModelFlags(
+        target=None if target is None else str(target),
+        draft=None if draft is None else str(draft),
+        pair=pair,
+        models=models,
+        ctx_size=ctx_size,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        threads=threads,
+        draft_p_min=draft_p_min,
+    )
+    return Pair(_session.open(flags))
+
+
+def events(
+    opened: _session.Session,
+    ids: list[int],
+    sampling: SamplingFlags,
+    seed: int,
+    trace: bool = False,
+) -> tuple[Iterator[Event], KPolicy]:
+    """The loop's events for prompt token `ids` on an open session, and the block-size
+    policy driving them (the CLI's --json reports its decisions); `trace` attaches a
+    `RoundTrace` to every Step.
+
+    Raises:
+        PromptError: the prompt does not fit the context.
+    """
+    check_prompt(ids, opened.target.n_ctx)
+    config = GenerateConfig(
+        max_tokens=sampling.max_tokens,
+        params=sampling.params(),
+        stop=sampling.stop,
+        ignore_eos=sampling.ignore_eos,
+        seed=seed,
+        # the baseline for the speedup and the controller's choices
+        measure_ordinary=3 if opened.drafter is not None else 0,
+        trace=trace,
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+    )
+    policy = opened.policy(sampling.k)
+    return generate(opened.target, opened.drafter, ids, config, policy), policy
