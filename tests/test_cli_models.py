@@ -258,3 +258,15 @@ def test_models_shows_which_pairs_chat(monkeypatch):
         next(line for line in lines if line.strip().startswith("demo "))[col : col + 3].strip()
         == ""
     )
+
+
+def test_models_into_a_file_keeps_every_cell_whole(monkeypatch):
+    # `specgen models > file`: no terminal, so no 80-column wrapping (issue 22 saw "good for"
+    # cut into 7-character pieces)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    from specgen.models.registry import load_registry
+
+    out = invoke("models").output
+    for pair in load_registry().pairs.values():
+        row = next(line for line in out.splitlines() if line.strip().startswith(pair.name + " "))
+        assert pair.note in row

@@ -194,7 +194,7 @@ def run_bench_command(**a: Any) -> None:
         if e.result.configs:
             why = "interrupted (Ctrl-C); no file written"
             tables, notes = reports.render_bench(e.result, incomplete=why)
-            output.show(*tables, width_when_piped=130)
+            output.show(*tables)
             output.note(*notes)
         raise KeyboardInterrupt from None
     finally:
@@ -209,7 +209,7 @@ def run_bench_command(**a: Any) -> None:
     if a["plot_path"] is not None:
         bench.write_plot(result, a["plot_path"])
     tables, notes = reports.render_bench(result)
-    output.show(*tables, width_when_piped=130)  # a file or pipe: room for the whole table
+    output.show(*tables)  # a file or pipe: unwrapped, room for the whole table
     output.note(*notes)
 
 
