@@ -63,6 +63,13 @@ def test_temperature_must_be_a_number(capsys, tiny_target, value) -> None:
     assert code == 1 and "--temp" in line
 
 
+def test_an_empty_stop_string_is_refused(capsys, tiny_target) -> None:
+    # it would match before the first token: nothing could ever be generated
+    code = _main(["run", "-m", str(tiny_target), "-md", "none", "--stop", "ok", "--stop", ""])
+    line = _one_error_line(capsys)
+    assert code == 1 and "--stop" in line and "non-empty" in line
+
+
 @pytest.mark.parametrize("command", ["run", "bench", "verify"])
 def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
     code = _main([command, "-md", str(tiny_draft)])

@@ -162,6 +162,19 @@ def check_sampling_flags(*, temp: float, draft_p_min: float = 0.0) -> None:
         raise ConfigError(f"--draft-p-min must be in [0, 1] (a probability), got {draft_p_min}")
 
 
+def check_stop_strings(stop: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The --stop strings as a tuple, refusing an empty one (it would match before the
+    first token, so nothing could ever be generated).
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    stops = tuple(stop or ())
+    if any(s == "" for s in stops):
+        raise ConfigError('--stop needs a non-empty string (--stop "" would end at once)')
+    return stops
+
+
 def seed_or_random(seed: int | None) -> int:
     """The seed to use: ``seed`` itself, or a random one for None or -1 (llama.cpp's
     "random seed", ``LLAMA_DEFAULT_SEED``).

@@ -43,6 +43,7 @@ from specgen.cli.options import (
     check_model_flags,
     check_output_path,
     check_sampling_flags,
+    check_stop_strings,
     seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
@@ -189,6 +190,7 @@ def run(
         n_gpu_layers_draft=n_gpu_layers_draft,
     )
     check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
+    stops = check_stop_strings(stop)
     from specgen.sampling import SamplingParams
     from specgen.session import parse_draft_max
 
@@ -214,7 +216,7 @@ def run(
             seed_given=seed_given,
             draft_max=draft_max,
             draft_p_min=draft_p_min,
-            stop=tuple(stop or ()),
+            stop=stops,
             ignore_eos=ignore_eos,
             json_out=json_out,
             live=not (no_live or json_out) and output.stdout_is_terminal(),
