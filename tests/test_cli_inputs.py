@@ -135,6 +135,12 @@ def test_a_directory_is_not_a_model(capsys, tmp_path: Path, tiny_target: Path) -
     code = _main(["run", "-m", str(tmp_path), "-md", "none", "x"])
     line = _one_error_line(capsys)
     assert code == 1 and "is a directory, not a GGUF file" in line and "a.gguf" in line
+    assert "more" not in line and "…" not in line
+    for name in "bcdefg":
+        (tmp_path / f"{name}.gguf").write_bytes(b"")
+    _main(["run", "-m", str(tmp_path), "-md", "none", "x"])
+    line = _one_error_line(capsys)  # 3 of 7 named, and the cut said with its count
+    assert "a.gguf, b.gguf, c.gguf, … and 4 more: give one of them" in line
     code = _main(["run", "-m", str(tiny_target), "-md", str(tmp_path / "sub"), "x"])
     assert code == 1 and "no such file" in _one_error_line(capsys)
 

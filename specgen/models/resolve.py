@@ -37,9 +37,7 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        ggufs = sorted(p.name for p in path.glob("*.gguf"))[:3]
-        hint = f" (it holds {', '.join(ggufs)}: give one of them)" if ggufs else ""
-        raise ModelFileError(f"{path} is a directory, not a GGUF file{hint}")
+        raise ModelFileError(f"{path} is a directory, not a GGUF file{_holds(path)}")
     entry = reg.models.get(name_or_path)
     if entry is None:
         raise ModelFileError(
@@ -58,6 +56,22 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     if failure is not None:
         raise ModelFileError(failure)
     return files[0]
+
+
+#: GGUF names a directory's error lists before "… and N more"
+_LISTED = 3
+
+
+def _holds(folder: Path) -> str:
+    """What a directory given as a model holds, for its error: a few GGUF names, and how
+    many more when cut ("a.gguf, b.gguf, c.gguf, … and 4 more")."""
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if not ggufs:
+        return ""
+    shown = ", ".join(ggufs[:_LISTED])
+    if len(ggufs) > _LISTED:
+        shown += f", … and {len(ggufs) - _LISTED} more"
+    return f" (it holds {shown}: give one of them)"
 
 
 def resolve_pair(reg: Registry, name: str) -> tuple[Path, Path, int]:
