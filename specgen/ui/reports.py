@@ -294,8 +294,8 @@ def render_trace_summary(s: TraceSummary) -> list[RenderableType]:
         out.append(
             Text(
                 f"{s.n_lost} of {s.n_rounds} rounds were slower than ordinary decoding"
-                f" ({s.ordinary_token_s * 1000:.3g} ms/token, {s.baseline_source}):"
-                f" {s.lost_s:.3f} s lost"
+                f" ({s.ordinary_token_s * 1000:.3g} ms/token, {s.baseline_source}) by more"
+                f" than its timing noise ({s.loss_margin:.0%}): {s.lost_s:.3f} s lost"
             )
         )
         if s.lost:
