@@ -17,7 +17,7 @@ from typer.core import TyperArgument, TyperCommand, TyperOption
 #: the value names of options, by long name (options that take no value show none)
 METAVARS = {
     "--target": "GGUF|NAME",
-    "--draft": "GGUF|NAME",
+    "--draft": "GGUF|NAME|auto",
     "--pair": "NAME",
     "--models": "FILE",
     "--max-tokens": "N",

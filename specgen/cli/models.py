@@ -22,7 +22,10 @@ DOWNLOAD_EPILOG = (
     "  specgen download qwen2.5-coder-0.5b-q8 --dry-run\n\n"
     "  HF_TOKEN=hf_... specgen download llama3.1-8b  # gated repositories need a token"
 )
-MODELS_EPILOG = "Examples:\n\n  specgen models\n\n  specgen models --json | jq '.models[]'"
+MODELS_EPILOG = (
+    "Examples:\n\n  specgen models\n\n  specgen models --json | jq '.models[]'\n\n"
+    "  specgen models --local                    # GGUF files from Ollama, LM Studio, ..."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -93,8 +96,19 @@ def download(
 def models(
     models: ModelsOpt = None,
     json_out: JsonOpt = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="List the GGUF files already on disk (Hugging Face cache, llama.cpp's cache,"
+            " LM Studio, Ollama), grouped by tokenizer: which can draft for which.",
+        ),
+    ] = False,
 ) -> None:
     """List the registry's pairs and models: downloaded or not, size on disk, path."""
+    if local:
+        _local(json_out)
+        return
     reg = load_registry(models)
     rows = model_rows(reg)
     pairs = pair_rows(reg, rows)
@@ -106,6 +120,18 @@ def models(
     from specgen.ui import reports
 
     output.show(*reports.render_model_tables(pairs, rows))
+
+
+def _local(json_out: bool) -> None:
+    from specgen.models.local import find_local, group_by_tokenizer, search_roots
+    from specgen.ui import reports
+
+    roots = search_roots()
+    groups = group_by_tokenizer(find_local(roots))
+    if json_out:
+        output.write_json(reports.local_groups_json(groups, roots))
+        return
+    output.show(*reports.render_local_tables(groups, roots))
 
 
 def model_rows(reg: Registry) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from specgen.models.registry import ModelEntry, Registry, load_registry
 #: the --draft values that name no model: ordinary decoding, and the model-free drafter
 DRAFT_NONE = "none"
 DRAFT_NGRAM = "ngram"
+#: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
+DRAFT_AUTO = "auto"
 
 
 def resolve_model(reg: Registry, name_or_path: str) -> Path:
@@ -117,8 +119,53 @@ def resolve_models(
             return t, d, None
         return t, _resolve_one(draft, models), None
     if draft is None:
-        raise ConfigError("--target needs --draft too (a model, 'ngram' or 'none')")
-    return _resolve_one(target, models), _resolve_one(draft, models), None
+        raise ConfigError(
+            "--target needs --draft too (a model, 'ngram' or 'none')" + _auto_hint(target, models)
+        )
+    target_path = _resolve_one(target, models)
+    if draft == DRAFT_AUTO and isinstance(target_path, Path):
+        return target_path, auto_draft(target_path), None
+    return target_path, _resolve_one(draft, models), None
+
+
+def auto_draft(target: Path) -> Path:
+    """``--draft auto``: the smallest GGUF on disk that shares the target's tokenizer and is
+    at most half its size (``specgen.models.local.draft_for``).
+
+    Raises:
+        ConfigError: none found (the message names where it looked).
+    """
+    from specgen.models.local import draft_for, search_roots
+
+    best, _ = draft_for(target)
+    if best is None:
+        where = ", ".join(sorted({tool for tool, _ in search_roots()}))
+        raise ConfigError(
+            f"-md auto: no GGUF on disk ({where}) shares the tokenizer of {target.name} and"
+            " is at most half its size; give -md FILE (see `specgen models --local`)"
+        )
+    return best.path
+
+
+def _auto_hint(target: str, models: Path | None) -> str:
+    """For the missing --draft error: the local draft `-md auto` would use, if any."""
+    try:
+        t = _resolve_one(target, models)
+        if not isinstance(t, Path):
+            return ""
+        from specgen.models.local import draft_for
+
+        best, _ = draft_for(t)
+    except (ConfigError, ModelFileError, OSError):
+        return ""  # the target's own error comes once a draft is given
+    if best is None:
+        return ""
+    from specgen.models.local import size_text
+
+    return (
+        f"; on disk, {best.name} ({best.source}, {size_text(best.size_bytes)}) shares its"
+        f" tokenizer and is smaller: -md auto uses it ({best.path})"
+    )
 
 
 def _resolve_one(name: str, models: Path | None) -> Path | str:
