@@ -28,7 +28,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specgen.compat import check_compatible
@@ -106,10 +106,13 @@ def search_roots() -> list[tuple[str, Path]]:
     return [(tool, p.expanduser()) for tool, p in roots]
 
 
-def find_local(roots: list[tuple[str, Path]] | None = None) -> list[LocalModel]:
+def find_local(
+    roots: list[tuple[str, Path]] | None = None, with_vocab: bool = True
+) -> list[LocalModel]:
     """Every GGUF model under ``roots`` (default :func:`search_roots`), each file once (a
     blob linked from several snapshots or tools is listed where it is found first), a
-    split set as one model. Unreadable folders and files are skipped."""
+    split set as one model. Unreadable folders and files are skipped. ``with_vocab=False``
+    leaves ``vocab`` None (no header is read beyond the magic)."""
     seen: set[Path] = set()
     found: list[LocalModel] = []
     for tool, root in roots if roots is not None else search_roots():
@@ -125,7 +128,7 @@ def find_local(roots: list[tuple[str, Path]] | None = None) -> list[LocalModel]:
             except OSError:
                 continue
             seen.add(real)
-            found.append(LocalModel(name, tool, path, size, _vocab(path)))
+            found.append(LocalModel(name, tool, path, size, _vocab(path) if with_vocab else None))
     return found
 
 
@@ -185,17 +188,13 @@ def draft_for(
     t_vocab = read_vocab(target)
     t_size = _size(target)
     t_real = target.resolve()
-    pool = models if models is not None else find_local()
-    fits = sorted(
-        (
-            m
-            for m in pool
-            if m.path.resolve() != t_real
-            and m.size_bytes <= DRAFT_SIZE_SHARE * t_size
-            and compatible(t_vocab, m.vocab)
-        ),
-        key=lambda m: m.size_bytes,
-    )
+    # sizes first: only the headers of files small enough are read
+    pool = models if models is not None else find_local(with_vocab=False)
+    small = [
+        m for m in pool if m.path.resolve() != t_real and m.size_bytes <= DRAFT_SIZE_SHARE * t_size
+    ]
+    small = [m if m.vocab is not None else replace(m, vocab=_vocab(m.path)) for m in small]
+    fits = sorted((m for m in small if compatible(t_vocab, m.vocab)), key=lambda m: m.size_bytes)
     return (fits[0] if fits else None), fits
 
 
