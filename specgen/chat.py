@@ -215,7 +215,8 @@ class ChatTotals:
         n_generated, n_drafted, n_accepted, target_passes: summed over the replies.
         decode_s: seconds of decoding, summed (prefill excluded, as `run` reports).
         ordinary_token_s: seconds per token of ordinary decoding, the median of every
-            reply's measurement (`Prefilled.ordinary_token_s`); None when not measured.
+            reply's baseline (`Stats.ordinary_token_s`: the passes after the prompt, then
+            the reply's own ordinary rounds); None when not measured.
         last_prompt, last_prefill: the last turn's prompt tokens (the whole conversation)
             and how many of them the target evaluated (the rest were cached).
     """
@@ -365,6 +366,10 @@ class ChatSession:
                     ordinary_s = ev.ordinary_token_s
                 elif isinstance(ev, Done):
                     done = ev
+                    # the reply's own baseline, kept current by its ordinary rounds (none
+                    # without a draft: ordinary decoding is the baseline itself)
+                    if self.drafter is not None:
+                        ordinary_s = ev.stats.ordinary_token_s or ordinary_s
                 yield ev
         except KeyboardInterrupt:
             if done is None:

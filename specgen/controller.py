@@ -49,7 +49,9 @@ Pure: numpy only. The loop calls `choose_k` before and `observe` after every rou
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -228,7 +230,10 @@ class _CostModel:
             # ordinary round used to make speculation look possible again (`hopeless`).
             # A lasting slow-down still shows within a few rounds; speed-ups at once.
             seconds = min(seconds, 2.0 * self._mean[n])
-            self._mean[n] += self._ema * (seconds - self._mean[n])
+            # a pass never runs faster than the machine allows: a faster one means the
+            # earlier ones were slowed (a busy start), so it counts at once
+            ema = 1.0 if seconds < 0.5 * self._mean[n] else self._ema
+            self._mean[n] += ema * (seconds - self._mean[n])
             self._count[n] += 1.0
         else:
             self._mean[n] = seconds
@@ -271,6 +276,81 @@ class _CostModel:
         return line
 
 
+class Baseline:
+    """Seconds of one ordinary decoding pass (the target alone, one token): the one figure
+    every speedup is measured against, kept current by the run.
+
+    It starts from the single-token passes timed right after the prompt (`add_initial`);
+    every K = 0 round is an ordinary pass too and updates it (`add_round`). Once the run
+    has `settle` ordinary rounds of its own, they alone decide (the median of the last
+    `window`), so a machine that was busy for the first passes cannot make a run of
+    ordinary rounds claim a speedup. One slow round counts at most twice the current
+    estimate (the controller's outlier rule, `_CostModel.add`).
+
+    Args:
+        window: ordinary rounds kept (the newest).
+        settle: ordinary rounds after which the initial passes no longer count.
+        disagree: the ratio of the two medians beyond which they are said to disagree
+            (a round costs a little more than a bare pass: the host's work and the
+            consumer's between rounds).
+    """
+
+    def __init__(self, window: int = 32, settle: int = 3, disagree: float = 1.5) -> None:
+        self._initial: list[float] = []
+        self._rounds: collections.deque[float] = collections.deque(maxlen=window)
+        self._settle = settle
+        self._disagree = disagree
+
+    def add_initial(self, seconds: Sequence[float]) -> None:
+        """The passes timed after the prompt, seconds each."""
+        self._initial.extend(s for s in seconds if math.isfinite(s) and s > 0.0)
+
+    def add_round(self, seconds: float) -> None:
+        """The decode of one K = 0 round, seconds."""
+        if not math.isfinite(seconds) or seconds <= 0.0:
+            return
+        now = self.token_s
+        self._rounds.append(seconds if now is None else min(seconds, 2.0 * now))
+
+    @property
+    def n_rounds(self) -> int:
+        """Ordinary rounds measured so far (in the window)."""
+        return len(self._rounds)
+
+    @property
+    def token_s(self) -> float | None:
+        """The current estimate, seconds per token; None before any measurement."""
+        if len(self._rounds) >= self._settle:
+            return statistics.median(self._rounds)
+        both = [*self._initial, *self._rounds]
+        return statistics.median(both) if both else None
+
+    def disagreement(self) -> float | None:
+        """initial median / rounds' median when the two sets of passes disagree by more
+        than their noise (at least `settle` of each, their [min, max] ranges do not
+        overlap, and the medians differ by more than `disagree`), else None. > 1: the first
+        passes were slower (a busy machine)."""
+        a, b = self._initial, list(self._rounds)
+        if len(a) < self._settle or len(b) < self._settle:
+            return None
+        if min(a) <= max(b) and min(b) <= max(a):
+            return None
+        r = statistics.median(a) / statistics.median(b)
+        return r if max(r, 1.0 / r) > self._disagree else None
+
+    def disagreement_note(self) -> str | None:
+        """One line for the summary and --json when `disagreement` is not None."""
+        r = self.disagreement()
+        if r is None:
+            return None
+        which = "slower" if r > 1.0 else "faster"
+        return (
+            f"the ordinary passes timed after the prompt were {max(r, 1 / r):.1f}x {which}"
+            f" than the run's {self.n_rounds} ordinary rounds (a busy machine?): the speedup"
+            " uses the rounds"
+        )
+
+
 @dataclass(frozen=True)
 class Decision:
     """One choice of block size, for stats and the live view.
@@ -300,7 +380,7 @@ class Controller:
         if k == 0 and controller.retime_draft():
             controller.observe_draft_pass(seconds of one timed draft pass)
         ... draft (may return m <= k tokens), verify, accept n ...
-        controller.observe(k, n, draft_s, verify_s, n_drafted=m)
+        controller.observe(k, n, draft_s, verify_s, n_proposed=m)
 
     Before the first round the loop may feed a separately timed ordinary pass
     (`observe` with k = 0) and draft pass (`observe_draft_pass`).
@@ -390,6 +470,7 @@ class Controller:
         self._retime = False  # see retime_draft
         self._last_timed = 0  # round of the last timed draft pass (hopeless draft)
         self._n_timed = 0  # timed draft passes observed
+        self._baseline: Baseline | None = None  # see attach
 
     # -- estimates -------------------------------------------------------------------
 
@@ -428,7 +509,11 @@ class Controller:
         data."""
         if not self._verify:
             return math.nan
-        return min(self._verify(n) for n in {1, *self._verify.sizes})
+        costs = [self._verify(n) for n in {1, *self._verify.sizes}]
+        b = self._baseline.token_s if self._baseline is not None else None
+        if b is not None:  # the run's one baseline, which every K = 0 round refreshes
+            costs = [b, *(self._verify(n) for n in self._verify.sizes if n > 1)]
+        return min(costs)
 
     @property
     def hopeless(self) -> bool:
@@ -550,20 +635,20 @@ class Controller:
         n_accepted: int,
         draft_s: float,
         verify_s: float,
-        n_drafted: int | None = None,
+        n_proposed: int | None = None,
         catchup_s: float = 0.0,
     ) -> None:
         """Record the outcome of a round.
 
         Args:
             k: the block size asked for (what `choose_k` returned).
-            n_accepted: accepted draft tokens, 0..n_drafted (count them all, even past an
+            n_accepted: accepted draft tokens, 0..n_proposed (count them all, even past an
                 end-of-generation token: this measures the draft, not the output).
             draft_s: seconds spent drafting (0 for K = 0).
             verify_s: seconds of the rest of the round: the target's batched decode of
                 n_drafted + 1 tokens plus the sampling, acceptance and rollback around it
                 (all of it grows with the block, so all of it belongs in the cost).
-            n_drafted: tokens actually proposed (< k when the drafter stopped early or
+            n_proposed: tokens actually proposed (< k when the drafter stopped early or
                 found nothing); None means k. Positions not drafted are not rejections.
             catchup_s: seconds the drafter spent first evaluating the tokens committed
                 while it was idle (after ordinary rounds), not included in draft_s: a
@@ -572,7 +657,7 @@ class Controller:
         A call with k = 0 and no preceding `choose_k` is allowed: it feeds a separately
         timed ordinary pass into the cost model.
         """
-        m = k if n_drafted is None else max(0, min(n_drafted, k))
+        m = k if n_proposed is None else max(0, min(n_proposed, k))
         n = max(0, min(n_accepted, m))
         self._verify.add(max(m, 1) if not self.bonus() else m + 1, verify_s)
         if k > 0:
@@ -695,6 +780,17 @@ class Controller:
         if start is not None:
             episodes.append((start, len(self.decisions)))
         return episodes
+
+    def attach(self, baseline: Baseline) -> None:
+        """Read the run's ordinary-decoding baseline (`specgen.round.Sequence` owns it)
+        instead of this model's own n = 1 cost: one estimate for the view, the summary and
+        the choice of K (a fit through a busy first round would keep a stale figure)."""
+        self._baseline = baseline
+
+    @property
+    def measures_draft(self) -> bool:
+        """True: the draft's cost is timed after the prompt, before the first choice."""
+        return True
 
     def summary(self) -> dict[str, object]:
         """JSON-ready state for the stats output (seconds; None before a cost is measured)."""

@@ -44,7 +44,7 @@ class ModelDrafter:
     def __init__(
         self, engine: Engine, params: SamplingParams, n_vocab: int, p_min: float = 0.0
     ) -> None:
-        self.engine = engine
+        self.engine: Engine = engine
         self.name = engine.name
         self.params = params
         self.n_vocab = n_vocab
@@ -52,6 +52,7 @@ class ModelDrafter:
         # moving average of one single-token draft pass (seconds): what an up-to-date
         # drafter pays for x_1's row, so a catch-up is charged only for the rest
         self._decode_s: float | None = None
+        self.catchup_s = 0.0  # see `specgen.engine.Drafter`
 
     def with_params(self, params: SamplingParams) -> ModelDrafter:
         """The same draft engine (and cache) under other sampling settings: q must come
@@ -141,8 +142,8 @@ class ModelDrafter:
                     t1 = time.perf_counter()
                     row = self._align(self.engine.decode([tokens[-1]])[-1])
                     self._note_decode(time.perf_counter() - t1)
-        q = Dists.concat(rows, self.n_vocab)
-        return Block(np.array(tokens, dtype=np.int64), q, catchup_s)
+        self.catchup_s = catchup_s
+        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, self.n_vocab))
 
     def _note_decode(self, seconds: float) -> None:
         d = self._decode_s

@@ -105,10 +105,6 @@ class Block:
 
     tokens: TokenIds
     q: Dists
-    catchup_s: float = 0.0
-    """Seconds the drafter spent catching up on committed tokens it had not seen (after
-    ordinary-decoding rounds), beyond the single-token pass that yields x_1's row anyway:
-    a cost of the round that follows a fallback, not a per-proposal one."""
 
 
 class Drafter(Protocol):
@@ -116,9 +112,24 @@ class Drafter(Protocol):
     `common_speculative_gen_draft`), and keeps whatever cache it has consistent with the
     committed context (`rollback`). Model-free drafters (prompt lookup) make `rollback` a
     no-op and report `cached_tokens` as -1.
+
+    Attributes:
+        name: shown in the output.
+        engine: the draft model, whose passes the loop times (`Engine.decode_s`, single
+            passes for the controller); None for a model-free drafter.
+        catchup_s: seconds the last `draft` spent catching up on committed tokens it had
+            not seen (after ordinary-decoding rounds), beyond the single-token pass that
+            yields x_1's row anyway: a cost of the round after a fallback, not of each
+            proposal. 0 for drafters that never fall behind.
     """
 
     name: str
+    catchup_s: float
+
+    @property
+    def engine(self) -> Engine | None:
+        """The draft model, or None (see the class attributes)."""
+        ...
 
     @property
     def cached_tokens(self) -> int:

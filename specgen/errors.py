@@ -6,6 +6,8 @@ exit code (set ``SPECGEN_DEBUG=1`` to see the traceback instead).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SpecgenError(Exception):
     """Base class: a problem the user can fix; the message says how. Exit code 1."""
@@ -16,6 +18,15 @@ class SpecgenError(Exception):
 class ModelFileError(SpecgenError):
     """A model file is missing, unreadable, not GGUF, or truncated: check the path or
     re-download it."""
+
+
+class ModelLoadFailure(ModelFileError):
+    """llama.cpp returned NULL for a model file: `reason` is llama.cpp's own last word."""
+
+    def __init__(self, message: str, path: Path, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class ModelLoadError(SpecgenError):

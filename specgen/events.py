@@ -100,6 +100,8 @@ class Step:
         draft_host_s: the part of host_s spent while drafting (the draft rows' warps
             and draws).
         n_rows: logits rows the target scored (K + 1, or K without the bonus row).
+        ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
+            token (`specgen.controller.Baseline`), None when not measured.
     """
 
     k: int
@@ -116,6 +118,7 @@ class Step:
     host_s: float = 0.0
     draft_host_s: float = 0.0
     n_rows: int = 0
+    ordinary_token_s: float | None = None
 
     @property
     def text(self) -> str:
@@ -146,6 +149,11 @@ class Stats:
         n_rows: logits rows the target scored (one per position it verified).
         ttft_s: time to first token: prefill plus the first round, seconds.
         k_history: block size chosen each round.
+        ordinary_token_s: the ordinary-decoding baseline at the end (seconds per token;
+            `specgen.controller.Baseline`: the passes timed after the prompt, then the
+            run's own K = 0 rounds), None when not measured.
+        baseline_note: why that baseline is uncertain (the first passes and the run's
+            ordinary rounds disagree by more than their noise), or None.
     """
 
     n_prompt: int = 0
@@ -164,6 +172,8 @@ class Stats:
     n_rows: int = 0
     ttft_s: float = 0.0
     k_history: list[int] = field(default_factory=list)
+    ordinary_token_s: float | None = None
+    baseline_note: str | None = None
 
     def add(self, step: Step, decode_s: float | None = None) -> None:
         """Fold one round into the totals.
@@ -186,6 +196,8 @@ class Stats:
         self.n_rows += step.n_rows
         self.decode_s = self.decode_s + step.round_s if decode_s is None else decode_s
         self.k_history.append(step.k)
+        if step.ordinary_token_s is not None:
+            self.ordinary_token_s = step.ordinary_token_s
         if self.ttft_s == 0.0 and step.spans:
             self.ttft_s = self.prefill_s + self.decode_s
 
@@ -216,6 +228,13 @@ class Stats:
         """Generated tokens over decode wall time (prefill excluded), tokens/s."""
         return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
 
+    @property
+    def speedup(self) -> float | None:
+        """tokens/s over ordinary decoding's (1 / ordinary_token_s); None unmeasured."""
+        if not self.ordinary_token_s or self.decode_s <= 0:
+            return None
+        return self.tokens_per_s * self.ordinary_token_s
+
     def to_dict(self) -> dict[str, object]:
         return {
             "n_prompt": self.n_prompt,
@@ -238,6 +257,11 @@ class Stats:
             "host_s_per_round": round(self.host_s_per_round, 9),
             "host_s_per_row": round(self.host_s_per_row, 9),
             "ttft_s": round(self.ttft_s, 6),
+            "ordinary_token_s": (
+                None if self.ordinary_token_s is None else round(self.ordinary_token_s, 9)
+            ),
+            "speedup": None if self.speedup is None else round(self.speedup, 4),
+            "baseline_note": self.baseline_note,
         }
 
 

@@ -137,6 +137,9 @@ class NgramDrafter:
     cached_tokens = -1
     """No KV cache (see `specgen.engine.Drafter`)."""
 
+    engine = None  # model-free: nothing to time
+    catchup_s = 0.0  # and never behind
+
     def __init__(self, n_vocab: int, n_max: int = 4, n_min: int = 1) -> None:
         self.n_vocab = n_vocab
         self.index = NgramIndex(n_max, n_min)

@@ -1,18 +1,22 @@
-"""Open a target and a drafter from user-facing specs (paths, registry names, `none`,
-`ngram`), check they are compatible, and build the block-size policy. Shared by the
-`run`, `bench` and `verify` commands; prints nothing."""
+"""The one loader: what the user asked for (`specgen.flags.ModelFlags`) -> resolved files ->
+a load spec -> an open target and drafter, with the warnings and notes about them
+(`open` -> `Session`). Every command and the public API load through `open`; prints nothing
+(the CLI shows a session's messages with `specgen.cli.loading.show_messages`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from specgen.compat import check_compatible
 from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
-from specgen.errors import ConfigError
+from specgen.errors import ModelLoadFailure
+from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags
 from specgen.generate import FixedK, KPolicy
 from specgen.llamacpp import (
     EngineConfig,
@@ -21,7 +25,8 @@ from specgen.llamacpp import (
     parse_rpc_endpoints,
     supports_gpu_offload,
 )
-from specgen.models.resolve import DRAFT_NGRAM, DRAFT_NONE
+from specgen.models.gguf import check_gguf_file, explain_load_failure
+from specgen.models.resolve import resolve_models
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
 
@@ -89,6 +94,7 @@ class Loaded:
     drafter: Drafter | None
     draft_name: str
     warnings: tuple[str, ...] = ()
+    draft_engine: LlamaEngine | None = None  # a model drafter's (for its devices)
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -97,6 +103,117 @@ class Loaded:
 
 
 Status = Callable[[str], None]
+
+
+def open_engine(path: Path, config: EngineConfig) -> LlamaEngine:
+    """`LlamaEngine(path, config)` after checking the file's GGUF magic, and with the size
+    its header implies when llama.cpp cannot load it.
+
+    Raises:
+        ModelFileError: missing, not GGUF, truncated or otherwise unloadable.
+        ModelLoadError: the context could not be created.
+    """
+    check_gguf_file(path)
+    try:
+        return LlamaEngine(path, config)
+    except ModelLoadFailure as e:
+        raise explain_load_failure(e) from e
+
+
+@dataclass
+class Session:
+    """An open pair and what the user should be told about it; `close()` frees both models
+    (also as a context manager).
+
+    Attributes:
+        target: the target engine.
+        drafter: the drafter, or None for ``--draft none``.
+        draft_name: the draft's file name, or ``none`` / ``ngram``.
+        spec: what was loaded, and how.
+        flags: what was asked for.
+        k_init: the registry pair's recommended block size (the controller starts there),
+            or None.
+        warnings: one line each, about the pair (a draft larger than its target).
+        notes: one line each, what llama.cpp does otherwise than asked (see `load_notes`).
+        load_s: seconds spent resolving and loading, wall clock.
+        draft_engine: a model drafter's engine (for its devices), else None.
+    """
+
+    target: LlamaEngine
+    drafter: Drafter | None
+    draft_name: str
+    spec: ModelSpec
+    flags: ModelFlags
+    k_init: int | None = None
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    load_s: float = field(default=0.0, compare=False)
+    draft_engine: LlamaEngine | None = None
+
+    def policy(self, draft_max: int | None) -> KPolicy:
+        """The block-size policy for ``--draft-max`` (None = auto, from `k_init`)."""
+        return make_policy(draft_max, k_init=self.k_init)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def open(  # noqa: A001 - the module's verb: `session.open(flags)`
+    flags: ModelFlags,
+    params: SamplingParams | None = None,
+    status: Status | None = None,
+) -> Session:
+    """Resolve the names in `flags` (registry, pair, demo), build the spec, load both models
+    and say what the user should know.
+
+    Args:
+        flags: which models and how to run them.
+        params: the draft's warpers (q must use the target's); default `SamplingParams()`.
+        status: called with one-line progress messages ("loading target ...").
+
+    Raises:
+        ConfigError: unknown or not-downloaded names, --pair with -m, a bad --rpc list.
+        ModelFileError, ModelLoadError: a model cannot be opened.
+        VocabMismatchError: the draft's tokenizer differs (llama.cpp's rules).
+        RpcError: an RPC server cannot be used, or this build has no RPC support.
+    """
+    t0 = time.perf_counter()
+    target, draft, k_init = resolve_models(
+        flags.target, flags.draft, flags.pair, flags.models, status
+    )
+    spec = ModelSpec.from_flags(
+        target,
+        draft,
+        flags.ctx_size,
+        flags.n_gpu_layers,
+        flags.n_gpu_layers_draft,
+        flags.threads,
+        flags.rpc,
+        swa_full=flags.swa_full,
+    )
+    loaded = load(spec, params or SamplingParams(), flags.draft_p_min, status=status)
+    return Session(
+        loaded.target,
+        loaded.drafter,
+        loaded.draft_name,
+        spec,
+        flags,
+        k_init=k_init,
+        warnings=loaded.warnings,
+        notes=tuple(load_notes(spec, loaded)),
+        load_s=time.perf_counter() - t0,
+        draft_engine=loaded.draft_engine,
+    )
 
 
 def load(
@@ -118,7 +235,7 @@ def load(
         say(f"connecting to RPC server {', '.join(spec.rpc)}")
         add_rpc_servers(spec.rpc)
     say(f"loading target {spec.target.name}")
-    target = LlamaEngine(spec.target, spec.target_cfg)
+    target = open_engine(spec.target, spec.target_cfg)
     try:
         if spec.draft == DRAFT_NONE:
             return Loaded(target, None, DRAFT_NONE)
@@ -126,7 +243,7 @@ def load(
             return Loaded(target, NgramDrafter(target.n_vocab, n_max=ngram_n), DRAFT_NGRAM)
         path = Path(spec.draft)
         say(f"loading draft {path.name}")
-        draft = LlamaEngine(path, spec.draft_cfg)
+        draft = open_engine(path, spec.draft_cfg)
         try:
             say("checking vocabularies")
             check_compatible(target.vocab, draft.vocab, target.token_text, draft.token_text)
@@ -138,7 +255,7 @@ def load(
             target.name, target.path.stat().st_size, target.n_params,
             draft.name, draft.path.stat().st_size, draft.n_params,
         )  # fmt: skip
-        return Loaded(target, drafter, path.name, (warning,) if warning else ())
+        return Loaded(target, drafter, path.name, (warning,) if warning else (), draft)
     except BaseException:
         target.close()
         raise
@@ -218,23 +335,6 @@ def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | No
         f" --draft-max auto decodes ordinarily; {SWAP_HINT} (or is the draft on the CPU"
         " while the target is on a GPU? see -ngld)"
     )
-
-
-def parse_draft_max(value: str) -> int | None:
-    """`--draft-max`: a block size K >= 1, or `auto` (None: the adaptive controller).
-
-    Raises:
-        ConfigError: anything else.
-    """
-    if value == "auto":
-        return None
-    try:
-        k = int(value)
-    except ValueError:
-        raise ConfigError(f"--draft-max must be a number or 'auto', got {value!r}") from None
-    if not 1 <= k <= 64:
-        raise ConfigError(f"--draft-max must be between 1 and 64, got {k}")
-    return k
 
 
 def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = None) -> KPolicy:

@@ -92,6 +92,9 @@ class WrongDrafter:
     name = "wrong"
     cached_tokens = -1
 
+    engine = None
+    catchup_s = 0.0
+
     def __init__(self, target: FakeEngine) -> None:
         self.target = target
 

@@ -103,3 +103,37 @@ def test_a_seed_with_a_fixed_block_size_reproduces_the_text(tiny) -> None:
     assert first.returncode == second.returncode == other.returncode == 0
     assert first.stdout == second.stdout
     assert first.stdout != other.stdout  # the seed is used, not ignored
+
+
+# -- every command says the same about the pair (issue 20: one loader, one way to show it) ---
+
+
+def _said(stderr: bytes) -> list[str]:
+    """The warning and note lines about the pair: what `session.open` returns, shown."""
+    lines = stderr.decode().splitlines()
+    return [ln for ln in lines if ln.startswith(("specgen: warning:", "specgen: note:"))]
+
+
+def test_chat_and_verify_say_what_run_says_about_a_swapped_pair(
+    tiny_target: Path, tiny_big: Path, tmp_path: Path
+) -> None:
+    from specgen import llamacpp
+
+    template = tmp_path / "plain.jinja"  # the tiny models carry no chat template
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}", "utf-8")
+    # swapped (the larger file as draft), and GPU layers asked of what may be a CPU build
+    pair = ["-m", str(tiny_target), "-md", str(tiny_big), "-c", "256", "-ngl", "99"]
+    run = specgen("run", *pair, "-n", "2", "--temp", "0", "--raw", "the cat")
+    chat = subprocess.run(
+        [*SPECGEN, "chat", *pair, "-n", "2", "--temp", "0", "--chat-template", str(template)],
+        input=b"the cat\n", capture_output=True, env=dict(os.environ), timeout=300,
+    )  # fmt: skip
+    verify = specgen("verify", *pair, "--check", "greedy", "--prompt", "the cat")
+    for r in (run, chat, verify):
+        assert r.returncode in (0, 1), r.stderr.decode()  # verify's 1 = a failed check
+    said = _said(run.stderr)
+    assert sum(SWAP_HINT in ln for ln in said) == 1, said
+    if not llamacpp.supports_gpu_offload():
+        assert any("-ngl ignored" in ln for ln in said), said
+    assert _said(chat.stderr) == said
+    assert _said(verify.stderr) == said

@@ -53,7 +53,7 @@ def simulate(
         v = verify(k + 1) * rng.lognormal(0.0, noise)
         tokens, seconds = tokens + n + 1, seconds + d + v
         if not isinstance(policy, int):
-            policy.observe(k, n, d, v, n_drafted=k)
+            policy.observe(k, n, d, v, n_proposed=k)
     return tokens / seconds
 
 
@@ -193,7 +193,7 @@ def test_an_early_rejection_does_not_hold_k_down() -> None:
     for r in range(10):
         k = c.choose_k(100)
         n = 1 if r == 0 else k
-        c.observe(k, n, 0.015 * k, 0.037 + 0.005 * k, n_drafted=k)
+        c.observe(k, n, 0.015 * k, 0.037 + 0.005 * k, n_proposed=k)
     assert c.k_history[1] >= 1  # no fallback on one rejection
     assert max(c.k_history[:8]) >= 8, c.k_history
     assert c.k_history[-1] >= 12, c.k_history
@@ -209,7 +209,7 @@ def test_probes_are_rarer_when_catching_up_is_costly() -> None:
         for _ in range(400):
             k = c.choose_k(100)
             late = catchup_s if c.decisions[-1].reason == "probe" else 0.0
-            c.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_drafted=k, catchup_s=late)
+            c.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_proposed=k, catchup_s=late)
         return sum(d.reason == "probe" for d in c.decisions)
 
     # loss per failed probe: 0.048 / 0.034 - 1 = 0.41 passes (gap cap 21 at the 2% budget)
@@ -252,7 +252,7 @@ def simulate_loop(
         tokens, seconds = tokens + emitted, seconds + catchup + d + v
         ordinary_s += verify(1) * jitter * emitted
         behind = behind + emitted if k == 0 else 1
-        c.observe(k, n, d, v, n_drafted=k, catchup_s=catchup)
+        c.observe(k, n, d, v, n_proposed=k, catchup_s=catchup)
     return tokens / seconds, tokens / ordinary_s
 
 
@@ -303,8 +303,8 @@ def test_a_noisy_fit_cannot_talk_a_slow_draft_into_long_blocks() -> None:
     c = Controller(k_max=16)
     c.observe(0, 0, 0.0, q4_verify(1), 0)
     for _ in range(4):
-        c.observe(1, 1, SLOW_DRAFT_S, q4_verify(2), n_drafted=1)
-        c.observe(2, 2, SLOW_DRAFT_S, q4_verify(3), n_drafted=2)  # 15 ms per token
+        c.observe(1, 1, SLOW_DRAFT_S, q4_verify(2), n_proposed=1)
+        c.observe(2, 2, SLOW_DRAFT_S, q4_verify(3), n_proposed=2)  # 15 ms per token
     assert c.predicted_tokens_per_s(16) > 1.0 / c.ordinary_token_s  # the fit alone drafts
     assert c.hopeless
     assert max(c.choose_k(100) for _ in range(5)) <= c.probe_k
@@ -348,7 +348,7 @@ def test_probes_skip_the_bonus_row_and_cost_one_row() -> None:
         reason = c.decisions[-1].reason
         seen.add((reason, c.bonus()))
         rows = k if reason == "probe" else k + 1  # what the loop scores
-        c.observe(k, 0, DRAFT_S * k, cpu_verify(rows), n_drafted=k)
+        c.observe(k, 0, DRAFT_S * k, cpu_verify(rows), n_proposed=k)
     assert ("probe", False) in seen and ("fallback", True) in seen
     assert all(bonus for reason, bonus in seen if reason != "probe")
     assert c.verify_s(1) == pytest.approx(cpu_verify(1))  # probe rows counted as 1, not 2
@@ -357,7 +357,7 @@ def test_probes_skip_the_bonus_row_and_cost_one_row() -> None:
     for _ in range(60):
         k = with_bonus.choose_k(100)
         assert with_bonus.bonus()
-        with_bonus.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_drafted=k)
+        with_bonus.observe(k, 0, DRAFT_S * k, cpu_verify(k + 1), n_proposed=k)
 
 
 def test_early_stop_is_not_a_rejection() -> None:
@@ -366,9 +366,9 @@ def test_early_stop_is_not_a_rejection() -> None:
         c.observe(0, 0, 0.0, 0.034)
     for _ in range(10):
         # the drafter proposed 2 of 4 (confidence cut-off) and both were accepted ...
-        stopped.observe(4, 2, 0.02, cpu_verify(3), n_drafted=2)
+        stopped.observe(4, 2, 0.02, cpu_verify(3), n_proposed=2)
         # ... versus 4 proposed, the third rejected
-        rejected.observe(4, 2, 0.04, cpu_verify(5), n_drafted=4)
+        rejected.observe(4, 2, 0.04, cpu_verify(5), n_proposed=4)
     assert stopped.alpha_by_pos[2] > 0.7 > 0.2 > rejected.alpha_by_pos[2]
     assert stopped.drafted_by_pos[2] < 0.2 < 0.9 < rejected.drafted_by_pos[2]
     assert stopped.alpha_by_pos[1] > 0.9 and rejected.alpha_by_pos[1] > 0.9
@@ -451,12 +451,12 @@ def test_a_stale_ordinary_cost_cannot_keep_a_useless_draft_going() -> None:
     c = Controller(k_max=8)
     c.observe(0, 0, 0.0, 0.05, 0)  # a busy moment: the true pass costs 0.028
     k = c.choose_k(100)  # the first block: rejected, the machine still busy
-    c.observe(k, 0, 0.007 * k, 0.05, n_drafted=k)
+    c.observe(k, 0, 0.007 * k, 0.05, n_proposed=k)
     ks = []
     for _ in range(30):  # quiet again; the draft is useless
         k = c.choose_k(100)
         rows = k + 1 if c.bonus() else max(k, 1)
-        c.observe(k, 0, 0.007 * k, 0.028 + 0.002 * (rows - 1), n_drafted=k)
+        c.observe(k, 0, 0.007 * k, 0.028 + 0.002 * (rows - 1), n_proposed=k)
         ks.append(k)
     assert sum(k > 0 for k in ks[10:]) <= 2, ks
     assert c.ordinary_token_s == pytest.approx(0.028, rel=0.01)
@@ -471,6 +471,6 @@ def test_one_slow_ordinary_round_does_not_revive_a_hopeless_draft() -> None:
     c.observe_draft_pass(SLOW_DRAFT_S)
     for r in range(40):
         k = c.choose_k(100)
-        c.observe(k, k, SLOW_DRAFT_S * k, q4_verify(1) * (10.0 if r == 5 else 1.0), n_drafted=k)
+        c.observe(k, k, SLOW_DRAFT_S * k, q4_verify(1) * (10.0 if r == 5 else 1.0), n_proposed=k)
     assert c.k_history == [0] * 40
     assert c.hopeless

@@ -247,10 +247,10 @@ def test_ctrl_c_aborts_a_long_decode_and_leaves_the_cache_as_it_was(tiny_target)
     with llamacpp.LlamaEngine(tiny_target, llamacpp.EngineConfig(n_ctx=512)) as engine:
         engine.decode([1, 20, 30])
         # as the SIGINT handler of a long call does: the abort callback sees it at once
-        llamacpp._interrupted.set()
+        llamacpp.signals._interrupted.set()
         with pytest.raises(KeyboardInterrupt):
             engine.decode(list(range(10, 10 + 200)))  # a prompt chunk: abortable
-        assert any("ret = 2" in line for line in llamacpp._recent_log)  # llama.cpp aborted
+        assert any("ret = 2" in line for line in llamacpp.signals._recent_log)  # llama.cpp aborted
         assert engine.tokens == [1, 20, 30]
         engine.truncate(3)  # raises if the cache holds anything past the 3 tokens
         # the interrupt was delivered once: the engine goes on working

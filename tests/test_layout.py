@@ -37,6 +37,7 @@ ONE_DOOR = {
     "llama_cpp": "specgen.llamacpp",
     "huggingface_hub": "specgen.models.hub",
     "httpx2": "specgen.models.hub",  # huggingface_hub's HTTP client (its get_session())
+    "httpx": "specgen.bench.load",  # the load client of `bench --url`
 }
 
 
@@ -204,7 +205,7 @@ def test_the_scanner_sees_local_type_only_and_from_imports() -> None:
         for i in imports_of("specgen.cli.run", MODULES["specgen.cli.run"])
     }
     assert ("specgen.cli.options", True, False) in found
-    assert ("specgen.sampling", True, True) in found  # under TYPE_CHECKING
+    assert ("specgen.session", True, True) in found  # under TYPE_CHECKING
     assert ("specgen.generate", False, False) in found  # inside a function
 
 

@@ -140,7 +140,8 @@ def test_several_generations_in_one_file_as_bench_writes_them(tmp_path):
     assert dones[1].tokens[:12] == dones[0].tokens  # greedy: speculation changes nothing
     s = summarize(path)
     assert s.n_generations == 3 and s.complete and s.n_generated == 12 + 13 + 14
-    assert s.baseline_source == "k0-rounds"  # the ordinary generation's rounds
+    # the ordinary generation's own baseline (its rounds), the file's K = 0 rounds for the rest
+    assert s.baseline_source == "k0-rounds+run"
     assert all(r.generation in (1, 2) and r.k > 0 for r in s.lost)
 
 

@@ -168,6 +168,9 @@ class TempMismatchDrafter:
     name = "temp-mismatch"
     cached_tokens = -1
 
+    engine = None
+    catchup_s = 0.0
+
     def __init__(self, inner: ModelDrafter, t_report: float) -> None:
         self.inner, self.t_report = inner, t_report
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from specgen.bench.method import (
     BenchInterrupted,
     bench,
+    check_draft,
     cpu_snapshot,
     other_cpu_load,
     run_bench,
@@ -109,6 +110,7 @@ __all__ = [
     "bootstrap_median_ci",
     "build_record",
     "builtin_prompts",
+    "check_draft",
     "check_plot_available",
     "compare_with",
     "load_earlier",

@@ -3,8 +3,8 @@ generation reduced to rounds (`measure`), loading the models and building the re
 (`bench`), the alternating ordinary/speculative runs (`run_bench`), and the CPU-load check
 that flags a busy machine.
 
-specgen.session (and with it llama.cpp) is imported where the models are loaded: the bench
-package is imported by ui/reports for its result types, without a model."""
+specgen.session (and with it llama.cpp) is imported only for its types and where a policy is
+made: the bench package is imported by ui/reports for its result types, without a model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.record import build_record
@@ -34,6 +34,9 @@ from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
 from specgen.models.resolve import DRAFT_NONE
 from specgen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.session import Session
 
 # -- one generation -----------------------------------------------------------------------
 
@@ -88,58 +91,56 @@ class BenchInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def bench(
-    spec: Any,
-    prompts: Sequence[BenchPrompt],
-    settings: BenchSettings,
-    draft_p_min: float = 0.0,
-    progress: Callable[[Progress], None] | None = None,
-    on_event: EventHook | None = None,
-    status: Callable[[str], None] | None = None,
-    on_loaded: Callable[[Any], None] | None = None,
-) -> BenchResult:
-    """Load the models of `spec` (a `specgen.session.ModelSpec`) once, build the record,
-    run `run_bench`, close the models.
+def check_draft(draft: str | None) -> None:
+    """Refuse ``--draft none`` before anything is loaded: a benchmark compares ordinary with
+    speculative decoding.
 
     Raises:
-        ConfigError: `--draft none` (nothing to compare with).
-        ModelFileError, ModelLoadError, VocabMismatchError: from loading.
+        ConfigError: `draft` is ``none``.
     """
-    from specgen.session import load
-
-    if spec.draft == DRAFT_NONE:
+    if draft == DRAFT_NONE:
         raise ConfigError(
             "bench compares ordinary with speculative decoding: give a draft model or"
             " 'ngram', not 'none'"
         )
+
+
+def bench(
+    opened: Session,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    progress: Callable[[Progress], None] | None = None,
+    on_event: EventHook | None = None,
+    status: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Build the record of an open pair (`specgen.session.open`), run `run_bench` on it.
+    The caller keeps (and closes) the session.
+
+    Raises:
+        ConfigError: no drafter (``--draft none``: nothing to compare with).
+    """
+    spec = opened.spec
+    check_draft(opened.draft_name)
+    assert opened.drafter is not None
     busy0 = cpu_snapshot()
-    t0 = time.perf_counter()
-    loaded = load(spec, settings.params(settings.temps[0]), draft_p_min, status=status)
-    load_s = time.perf_counter() - t0
+    if status is not None:
+        status("hashing model files")
+    record = build_record(
+        spec.target, spec.draft, spec.target_cfg, spec.draft_cfg, settings, prompts,
+        n_ctx=opened.target.n_ctx, draft_p_min=opened.flags.draft_p_min,
+    )  # fmt: skip
+    record["load_s"] = round(opened.load_s, 3)
+    # where the layers went: --rpc servers, and the devices each model could use
+    record["rpc"] = list(spec.rpc)
+    record["target"]["devices"] = list(opened.target.devices)
+    draft = opened.draft_engine
+    record["draft"]["devices"] = list(draft.devices) if draft is not None else []
     try:
-        assert loaded.drafter is not None
-        if on_loaded is not None:  # e.g. a trace writer that needs the vocabulary
-            on_loaded(loaded)
-        if status is not None:
-            status("hashing model files")
-        record = build_record(
-            spec.target, spec.draft, spec.target_cfg, spec.draft_cfg, settings, prompts,
-            n_ctx=loaded.target.n_ctx, draft_p_min=draft_p_min,
-        )  # fmt: skip
-        record["load_s"] = round(load_s, 3)
-        # where the layers went: --rpc servers, and the devices each model could use
-        record["rpc"] = list(getattr(spec, "rpc", ()))
-        record["target"]["devices"] = list(loaded.target.devices)
-        draft_engine = getattr(loaded.drafter, "engine", None)
-        record["draft"]["devices"] = list(draft_engine.devices) if draft_engine else []
-        try:
-            result = run_bench(loaded.target, loaded.drafter, prompts, settings, progress, on_event)
-        except BenchInterrupted as e:
-            e.result.record = record
-            raise
-        result.warnings.extend(loaded.warnings)  # a draft larger than its target
-    finally:
-        loaded.close()
+        result = run_bench(opened.target, opened.drafter, prompts, settings, progress, on_event)
+    except BenchInterrupted as e:
+        e.result.record = record
+        raise
+    result.warnings.extend(opened.warnings)  # a draft larger than its target
     others = other_cpu_load(busy0, cpu_snapshot())
     record["other_cpu_load"] = None if others is None else round(others, 3)
     result.record = record

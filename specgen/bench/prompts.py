@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.errors import ConfigError
+from specgen.flags import parse_draft_max
 
 # -- prompt set ---------------------------------------------------------------------------
 
@@ -91,8 +92,6 @@ def parse_draft_max_list(value: str) -> tuple[int | None, ...]:
     Raises:
         ConfigError: empty list, a duplicate, or a value that is not 1..64 or `auto`.
     """
-    from specgen.session import parse_draft_max  # session loads llama.cpp: see bench.method
-
     items = [s.strip() for s in value.split(",")]
     if not value.strip() or any(not s for s in items):
         raise ConfigError(f"--draft-max needs a comma-separated list like 4,8,auto, got {value!r}")

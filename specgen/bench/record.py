@@ -130,9 +130,6 @@ def software_record() -> dict[str, Any]:
 
     info = llamacpp.system_info()
     llama_version = info.get("llama_cpp")
-    if llama_version is None:  # not in system_info(): ask the bindings directly
-        with contextlib.suppress(Exception):
-            llama_version = llamacpp.llama_cpp.llama_version().decode()
     try:
         specgen_version = version("specgen")
     except PackageNotFoundError:

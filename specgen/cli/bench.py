@@ -5,19 +5,24 @@ are imported inside the command so that `specgen --help` and the other commands 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
     MinPOpt,
+    ModelFlags,
     ModelsOpt,
     NgldOpt,
     NglOpt,
+    OutputFlags,
     PairOpt,
     RpcOpt,
     SwaFullOpt,
@@ -27,15 +32,16 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
-    check_model_flags,
     check_output_path,
-    check_sampling_flags,
+    pick,
     seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.events import Prefilled
-from specgen.models.resolve import DRAFT_NONE, resolve_models
 from specgen.ui import output
+
+if TYPE_CHECKING:
+    from specgen.session import Session
 
 EPILOG = (
     "Examples:\n\n"
@@ -43,8 +49,58 @@ EPILOG = (
     "  specgen bench --draft-max 4,8,auto --temp 0,0.8 --runs 3 -n 128 --markdown bench.md\n\n"
     "  specgen bench -m big.gguf -md small.gguf -ngl 99 -ngld 99 --json bench.json\n\n"
     "  specgen bench --pair qwen2.5-coder-7b --prompts my_prompts.jsonl --plot bench.png\n\n"
-    "  specgen bench -m big.gguf --draft ngram --draft-max 4,8   # model-free drafter"
+    "  specgen bench -m big.gguf --draft ngram --draft-max 4,8   # model-free drafter\n\n"
+    "  specgen bench --url http://127.0.0.1:8080 --concurrency 1,2,4,8   # a server under load\n\n"
+    "  specgen bench --url http://127.0.0.1:8080 --label specgen --url http://127.0.0.1:8081"
+    " --label llama-server --temp 0,0.8 --slo ttft=500,tpot=50 --markdown load.md"
 )
+
+#: `bench --url` (a server under load): these options only apply there
+UrlOpt = Annotated[
+    list[str] | None,
+    typer.Option("--url", help="Measure an OpenAI-compatible server (repeat for side by side)."),
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="A name for each --url in the tables.")
+]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency", help="--url: requests in flight, a sweep like 1,2,4,8 (the default)."
+    ),
+]
+RateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--request-rate", help="--url: open-loop arrivals per second, e.g. 0.5,1,inf (Poisson)."
+    ),
+]
+BurstOpt = Annotated[
+    float,
+    typer.Option("--burstiness", help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."),
+]
+NumPromptsOpt = Annotated[
+    int, typer.Option("--num-prompts", help="--url: requests per level and server.")
+]
+WarmupOpt = Annotated[
+    int, typer.Option("--warmup", help="--url: requests per server before measuring.")
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option("--endpoint", help="--url: chat or completions (default: chat for messages)."),
+]
+SloOpt = Annotated[
+    str | None,
+    typer.Option("--slo", help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."),
+]
+KindOpt = Annotated[
+    str | None, typer.Option("--kind", help="--url: only prompts of these kinds, e.g. code,chat.")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="--url: seconds per request.")]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="SPECGEN_API_KEY", help="--url: the servers' API key."),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -102,121 +158,146 @@ def bench(
     ] = None,
     trace: TraceOpt = None,
     verbose: VerboseOpt = False,
+    url: UrlOpt = None,
+    label: LabelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    request_rate: RateOpt = None,
+    burstiness: BurstOpt = 1.0,
+    num_prompts: NumPromptsOpt = 16,
+    warmup: WarmupOpt = 1,
+    endpoint: EndpointOpt = None,
+    slo: SloOpt = None,
+    kind: KindOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    api_key: ApiKeyOpt = None,
 ) -> None:
-    """Measure speculative against ordinary decoding: speedup, acceptance, latency."""
-    run_bench_command(
-        target=target, draft=draft, pair=pair, models=models, prompts=prompts,
-        draft_max=draft_max, temp=temp, runs=runs, max_tokens=max_tokens, seed=seed,
-        top_k=top_k, top_p=top_p, min_p=min_p, draft_p_min=draft_p_min,
-        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc,
-        threads=threads, ctx_size=ctx_size, swa_full=swa_full, json_path=json_path,
-        markdown_path=markdown_path, plot_path=plot_path, compare=compare,
-        trace=trace, verbose=verbose,
-    )  # fmt: skip
+    """Measure speculative against ordinary decoding: speedup, acceptance, latency; or, with
+    --url, OpenAI-compatible servers under load: TTFT, TPOT, ITL, throughput."""
+    given = locals()
+    if url:
+        # start-up time: the load client brings httpx and asyncio
+        from specgen.cli.bench_load import run_load_command
+
+        run_load_command(given)
+        return
+    bench_command(ModelFlags.pick(given), BenchFlags.pick(given), OutputFlags.pick(given))
 
 
-def run_bench_command(**a: Any) -> None:
-    """Validate everything cheap first, load and measure with a progress bar, then
-    write the outputs and print the table."""
+@dataclass(frozen=True)
+class BenchFlags:
+    """bench's own options: what to measure, how often, and where to write it.
+
+    Raises:
+        ConfigError: naming the flag: --runs below 1, -n below 2, an output path that cannot
+            be written (checked now: a wrong one must not cost a benchmark of minutes).
+    """
+
+    prompts: Path | None = None
+    draft_max: str = "4,8,auto"
+    temp: str = "0"
+    runs: int = 3
+    max_tokens: int = 128
+    seed: int = 1234
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    json_path: Path | None = None
+    markdown_path: Path | None = None
+    plot_path: Path | None = None
+    compare: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ConfigError(f"--runs must be at least 1, got {self.runs}")
+        if self.max_tokens < 2:
+            raise ConfigError(f"-n must be at least 2, got {self.max_tokens}")
+        for flag, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
+                           ("--plot", self.plot_path)):  # fmt: skip
+            if path is not None:
+                check_output_path(flag, path)
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> BenchFlags:
+        """From the command's ``locals()`` (see `specgen.flags.pick`)."""
+        return pick(cls, values)
+
+
+def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
+    """Validate everything cheap first, load, measure with a progress bar, then write the
+    outputs and print the table."""
+    # start-up time: the bench package loads numpy, which `specgen --help` must not
     from specgen import bench
-    from specgen.llamacpp import set_verbose
-    from specgen.session import ModelSpec, load_notes
-    from specgen.ui import reports
 
-    set_verbose(a["verbose"], output.log)
-    if a["draft"] == DRAFT_NONE:
-        raise ConfigError(
-            "bench compares ordinary with speculative decoding: give a draft model or"
-            " 'ngram', not 'none'"
-        )
-    if a["runs"] < 1:
-        raise ConfigError(f"--runs must be at least 1, got {a['runs']}")
-    if a["max_tokens"] < 2:
-        raise ConfigError(f"-n must be at least 2, got {a['max_tokens']}")
-    check_model_flags(
-        target=a["target"], draft=a["draft"], ctx_size=a["ctx_size"], threads=a["threads"],
-        n_gpu_layers=a["n_gpu_layers"], n_gpu_layers_draft=a["n_gpu_layers_draft"],
-    )  # fmt: skip
-    check_sampling_flags(temp=0.0, draft_p_min=a["draft_p_min"])  # --temp: a list, below
-    if a["plot_path"] is not None:
+    bench.check_draft(model.draft)
+    if b.plot_path is not None:
         bench.check_plot_available()
-    # every input and output path now: a wrong one must not cost a benchmark of minutes
-    for flag, key in (("--json", "json_path"), ("--markdown", "markdown_path"),
-                      ("--plot", "plot_path"), ("--trace", "trace")):  # fmt: skip
-        if a[key] is not None:
-            check_output_path(flag, Path(a[key]))
-    earlier = bench.load_earlier(a["compare"]) if a["compare"] is not None else None
+    earlier = bench.load_earlier(b.compare) if b.compare is not None else None
+    settings = _settings(bench, b)
+    prompts = bench.load_prompts(b.prompts)
+    with open_session(model, out, settings.params(settings.temps[0])) as opened:
+        show_messages(opened)  # before measuring: a run of minutes at CPU speed
+        settings = dataclasses.replace(settings, k_init=opened.k_init)  # auto starts as run's
+        result = _measure_traced(bench, opened, prompts, settings, out.trace)
+    if b.compare is not None:
+        result.compared = bench.compare_with(result, b.compare, earlier)
+    if b.json_path is not None:
+        bench.write_json(result, b.json_path)
+    if b.markdown_path is not None:
+        bench.write_markdown(result, b.markdown_path)
+    if b.plot_path is not None:
+        bench.write_plot(result, b.plot_path)
+    _show(result)
+
+
+def _settings(bench, b: BenchFlags):
     settings = bench.BenchSettings(
-        draft_max=bench.parse_draft_max_list(a["draft_max"]),
-        temps=bench.parse_temp_list(a["temp"]),
-        runs=a["runs"],
-        n_tokens=a["max_tokens"],
-        seed=seed_or_random(a["seed"]),
-        top_k=a["top_k"],
-        top_p=a["top_p"],
-        min_p=a["min_p"],
-        trace=a["trace"] is not None,
+        draft_max=bench.parse_draft_max_list(b.draft_max),
+        temps=bench.parse_temp_list(b.temp),
+        runs=b.runs,
+        n_tokens=b.max_tokens,
+        seed=seed_or_random(b.seed),
+        top_k=b.top_k,
+        top_p=b.top_p,
+        min_p=b.min_p,
     )
     settings.params(settings.temps[0])  # validates top-p / min-p now
-    prompts = bench.load_prompts(a["prompts"])
+    return settings
 
-    with output.spinner("preparing models") as spinner:
-        target, draft, pair_k = resolve_models(
-            a["target"], a["draft"], a["pair"], a["models"], lambda m: spinner.update(m)
-        )
-    settings = dataclasses.replace(settings, k_init=pair_k)  # auto starts as `run` would
-    spec = ModelSpec.from_flags(
-        target,
-        draft,
-        a["ctx_size"],
-        a["n_gpu_layers"],
-        a["n_gpu_layers_draft"],
-        a["threads"],
-        a["rpc"],
-        swa_full=a["swa_full"],
-    )
-    for note in load_notes(spec):  # before measuring: a run of minutes at CPU speed
-        output.notice(note)
-    writer = None
-    if a["trace"] is not None:
-        from specgen.trace import TraceWriter
 
-        writer = TraceWriter(
-            a["trace"], target=spec.target.name, draft=Path(str(spec.draft)).name,
-            params=settings.params(settings.temps[0]), seed=settings.seed,
-            max_tokens=settings.n_tokens, command="bench",
-        )  # fmt: skip
-    try:
-        result = _measure(bench, spec, prompts, settings, a["draft_p_min"], writer)
-    except bench.BenchInterrupted as e:
-        # Ctrl-C: the tables of what was finished, marked incomplete; no file is written
-        # (--json, --markdown and --plot hold complete results only), then exit 130
-        if e.result.configs:
-            why = "interrupted (Ctrl-C); no file written"
-            tables, notes = reports.render_bench(e.result, incomplete=why)
-            output.show(*tables)
-            output.note(*notes)
-        raise KeyboardInterrupt from None
-    finally:
-        if writer is not None:
-            writer.close()
-    if a["compare"] is not None:
-        result.compared = bench.compare_with(result, a["compare"], earlier)
-    if a["json_path"] is not None:
-        bench.write_json(result, a["json_path"])
-    if a["markdown_path"] is not None:
-        bench.write_markdown(result, a["markdown_path"])
-    if a["plot_path"] is not None:
-        bench.write_plot(result, a["plot_path"])
-    tables, notes = reports.render_bench(result)
+def _show(result, incomplete: str | None = None) -> None:
+    # start-up time: the reports load rich's tables and the bench package
+    from specgen.ui import reports
+
+    tables, notes = reports.render_bench(result, incomplete=incomplete)
     output.show(*tables)  # a file or pipe: unwrapped, room for the whole table
     output.note(*notes)
 
 
-def _give_vocab(writer):
-    from specgen.trace import token_text_of
+def _measure_traced(bench, opened: Session, prompts, settings, trace: Path | None):
+    """`_measure` with a --trace writer (one trace generation per measured run). Ctrl-C:
+    the tables of what was finished, marked incomplete; no file is written (--json,
+    --markdown and --plot hold complete results only), then exit 130."""
+    writer = None
+    if trace is not None:
+        # start-up time: the trace writer loads numpy
+        from specgen.trace import TraceWriter, token_text_of
 
-    return lambda loaded: writer.set_token_text(token_text_of(loaded.target))
+        settings = dataclasses.replace(settings, trace=True)
+        writer = TraceWriter(
+            trace, target=opened.spec.target.name, draft=opened.draft_name,
+            params=settings.params(settings.temps[0]), seed=settings.seed,
+            max_tokens=settings.n_tokens, command="bench",
+            token_text=token_text_of(opened.target),
+        )  # fmt: skip
+    try:
+        return _measure(bench, opened, prompts, settings, writer)
+    except bench.BenchInterrupted as e:
+        if e.result.configs:
+            _show(e.result, incomplete="interrupted (Ctrl-C); no file written")
+        raise KeyboardInterrupt from None
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _trace_hook(writer, settings):
@@ -235,15 +316,15 @@ def _trace_hook(writer, settings):
     return on_event
 
 
-def _measure(bench, spec, prompts, settings, draft_p_min, writer=None):
+def _measure(bench, opened: Session, prompts, settings, writer=None):
+    # start-up time: the progress bar loads rich's progress
     from specgen.ui.progress import bench_progress
 
     err = output.err_console()
     with bench_progress(err) as (on_progress, on_status):
         result = bench.bench(
-            spec, prompts, settings, draft_p_min, progress=on_progress, status=on_status,
+            opened, prompts, settings, progress=on_progress, status=on_status,
             on_event=_trace_hook(writer, settings),
-            on_loaded=None if writer is None else _give_vocab(writer),
         )  # fmt: skip
     if not err.is_terminal:
         n = len(result.runs)

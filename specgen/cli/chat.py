@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specgen.cli.loading import open_session, show_messages, wants_live
 from specgen.cli.options import (
     ChatTemplateOpt,
     CtxOpt,
@@ -20,11 +21,15 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     MinPOpt,
+    ModelFlags,
     ModelsOpt,
     NgldOpt,
     NglOpt,
     NoLiveOpt,
+    OutputFlags,
     PairOpt,
+    PromptFlags,
+    SamplingFlags,
     SeedOpt,
     ShowRejectedOpt,
     SystemOpt,
@@ -34,16 +39,16 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_model_flags,
-    check_sampling_flags,
     seed_or_random,
 )
 from specgen.errors import ConfigError
+from specgen.flags import DRAFT_NONE
 from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.chat import ChatSession
     from specgen.events import Done
+    from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
 RESET_DONE = "new conversation: history and session totals cleared"
@@ -91,69 +96,53 @@ def chat(
 
     /exit or Ctrl-D leaves, /reset starts over, /stats shows the totals; Ctrl-C stops a reply.
     """
+    given = locals()
+    model, sampling, out = (
+        ModelFlags.pick(given),
+        SamplingFlags.pick(given),
+        OutputFlags.pick(given),
+    )
+    chat_command(model, sampling, out, PromptFlags.pick(given))
+
+
+def chat_command(
+    model: ModelFlags, sampling: SamplingFlags, out: OutputFlags, how: PromptFlags
+) -> None:
+    """Load the pair, then one reply per user line until /exit or end of input."""
+    live = wants_live(out)
+    with open_session(model, out, sampling.params(), live=live) as opened:
+        session = _chat_session(opened, sampling, how)
+        show_messages(opened)
+        tty_in = sys.stdin.isatty()
+        show = _live_reply(opened.draft_name, out.show_rejected, echo=not tty_in) if live else None
+        _loop(session, _lines(tty_in), show)
+
+
+def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
     from specgen.chat import ChatFormatter, ChatSession, load_template
     from specgen.generate import GenerateConfig
-    from specgen.llamacpp import set_verbose
-    from specgen.models.resolve import resolve_models
-    from specgen.sampling import SamplingParams
-    from specgen.session import ModelSpec, load, make_policy, parse_draft_max
 
-    if max_tokens < 1:
-        raise ConfigError(f"-n must be at least 1, got {max_tokens}")
-    check_model_flags(
-        target=target,
-        draft=draft,
-        ctx_size=ctx_size,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
-    )
-    check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
-    seed = seed_or_random(seed)
-    set_verbose(verbose, output.log)
-    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    k = parse_draft_max(draft_max)
-    target_path, draft_path, pair_k = resolve_models(target, draft, pair, models, None)
-    spec = ModelSpec.from_flags(
-        target_path, draft_path, ctx_size, n_gpu_layers, n_gpu_layers_draft, threads
-    )
-    live = output.stdout_is_terminal() and not no_live
-    if live:
-        from specgen.ui import live as view
-
-        with view.loading_status(
-            output.err_console(), "preparing models", "models ready"
-        ) as spinner:
-            loaded = load(spec, params, draft_p_min=draft_p_min, status=spinner.update)
-    else:
-        loaded = load(spec, params, draft_p_min=draft_p_min)
-    try:
-        template = load_template(loaded.target, chat_template)
-        if template is None:
-            raise ConfigError(
-                f"{loaded.target.name} has no chat template (a base model): pass"
-                " --chat-template FILE, or use `specgen run`, which continues a base model's"
-                " text as it is"
-            )
-        config = GenerateConfig(
-            max_tokens=max_tokens,
-            params=params,
-            seed=seed,
-            measure_ordinary=3 if loaded.drafter is not None else 0,
+    template = load_template(opened.target, how.chat_template)
+    if template is None:
+        raise ConfigError(
+            f"{opened.target.name} has no chat template (a base model): pass"
+            " --chat-template FILE, or use `specgen run`, which continues a base model's"
+            " text as it is"
         )
-        session = ChatSession(
-            loaded.target,
-            loaded.drafter,
-            ChatFormatter(template, loaded.target),
-            config,
-            lambda: make_policy(k, k_init=pair_k),
-            system=system,
-        )
-        tty_in = sys.stdin.isatty()
-        show = _live_reply(loaded.draft_name, show_rejected, echo=not tty_in) if live else None
-        _loop(session, _lines(tty_in), show)
-    finally:
-        loaded.close()
+    config = GenerateConfig(
+        max_tokens=sampling.max_tokens,
+        params=sampling.params(),
+        seed=seed_or_random(sampling.seed),
+        measure_ordinary=3 if opened.drafter is not None else 0,
+    )
+    return ChatSession(
+        opened.target,
+        opened.drafter,
+        ChatFormatter(template, opened.target),
+        config,
+        lambda: opened.policy(sampling.k),
+        system=how.system,
+    )
 
 
 def _lines(tty: bool) -> Iterator[str]:
@@ -243,7 +232,6 @@ def _plain_reply(events: Iterator) -> Done | None:
 def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
     """The live view for each reply (the user's message echoed dimmed when it was not typed
     on this terminal), then one dim line with the reply's figures."""
-    from specgen.models.resolve import DRAFT_NONE
     from specgen.ui import live as view
 
     console = output.console()

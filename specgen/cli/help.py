@@ -50,6 +50,19 @@ METAVARS = {
     "--check": "greedy|sampling",
     "--prompt": "TEXT",
     "--top": "N",
+    # bench --url (the load client): vLLM's `bench serve` names where it has them
+    "--url": "URL",
+    "--label": "NAME",
+    "--concurrency": "N[,N...]",
+    "--request-rate": "R[,R...]",
+    "--burstiness": "B",
+    "--num-prompts": "N",
+    "--warmup": "N",
+    "--endpoint": "chat|completions",
+    "--slo": "ttft=MS,tpot=MS",
+    "--kind": "KIND[,...]",
+    "--timeout": "S",
+    "--api-key": "KEY",
 }
 _BY_TYPE = {"integer": "N", "float": "X", "path": "PATH"}
 

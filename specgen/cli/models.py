@@ -54,10 +54,6 @@ def download(
     models: ModelsOpt = None,
 ) -> None:
     """Download a pair or a model into the Hugging Face cache (resumable)."""
-    from specgen.models import hub as dl
-    from specgen.ui.progress import download_bars
-    from specgen.ui.reports import human_bytes
-
     reg = load_registry(models)
     entries = reg.models_for(name)
     if revision and len(entries) > 1:
@@ -65,32 +61,52 @@ def download(
     unreachable: NetworkError | None = None  # a dry run offline says what it knows first
     for entry in entries:
         if entry.embedded:
-            if dry_run:
-                output.write_line(f"{entry.name}: embedded demo model, built locally (no download)")
-                continue
-            path = ensure_demo_model(entry.name, status=output.status_line)
-            output.write_line(f"{entry.name}\t{path}")
+            _build_demo(entry, dry_run)
         elif dry_run:
-            try:
-                plans = dl.plan_download(entry, revision)
-            except NetworkError as e:
-                # what the registry knows needs no network; the Hub's answer does
-                size = f"~{entry.size_gb:g} GB" if entry.size_gb else "size unknown"
-                output.write_line(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
-                unreachable = unreachable or e
-                continue
-            for plan in plans:
-                what = "cached" if plan.cached else "to download"
-                output.write_line(
-                    f"{entry.name}\t{entry.repo}/{plan.filename}\t{human_bytes(plan.size_bytes)}\t{what}"
-                )
+            unreachable = _show_plan(entry, revision) or unreachable
         else:
-            with download_bars(output.err_console()) as hook:
-                result = dl.download_model(entry, revision=revision, force=force, progress=hook)
-            output.write_line(f"{entry.name}\t{result.path}")
+            _download(entry, revision, force)
     if unreachable is not None:
+        from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+
         # the plan is printed: a dry run that did its job, so say what is missing and exit 0
-        output.notice(dl.dry_run_unchecked(unreachable))
+        output.notice(hub.dry_run_unchecked(unreachable))
+
+
+def _build_demo(entry: ModelEntry, dry_run: bool) -> None:
+    if dry_run:
+        output.write_line(f"{entry.name}: embedded demo model, built locally (no download)")
+        return
+    path = ensure_demo_model(entry.name, status=output.status_line)
+    output.write_line(f"{entry.name}\t{path}")
+
+
+def _show_plan(entry: ModelEntry, revision: str | None) -> NetworkError | None:
+    """One line per file of `entry`: size, cached or not; offline, what the registry knows
+    (it needs no network; the Hub's answer does), and the error to report at the end."""
+    from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+    from specgen.ui.reports import human_bytes  # start-up time: the reports load rich tables
+
+    try:
+        plans = hub.plan_download(entry, revision)
+    except NetworkError as e:
+        size = f"~{entry.size_gb:g} GB" if entry.size_gb else "size unknown"
+        output.write_line(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
+        return e
+    for plan in plans:
+        what = "cached" if plan.cached else "to download"
+        size = human_bytes(plan.size_bytes)
+        output.write_line(f"{entry.name}\t{entry.repo}/{plan.filename}\t{size}\t{what}")
+    return None
+
+
+def _download(entry: ModelEntry, revision: str | None, force: bool) -> None:
+    from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+    from specgen.ui.progress import download_bars  # start-up time: rich's progress bars
+
+    with download_bars(output.err_console()) as hook:
+        result = hub.download_model(entry, revision=revision, force=force, progress=hook)
+    output.write_line(f"{entry.name}\t{result.path}")
 
 
 def models(

@@ -1,25 +1,42 @@
 """The options shared by several commands, as Annotated aliases (llama.cpp's flag names),
-and the one place their values are checked (`check_model_flags`, `check_sampling_flags`,
-`seed_or_random`): every message names the flag.
+and the three shapes a command passes them on in, each built once from Typer's values
+(``ModelFlags.pick(locals())``) and validated when built, every message naming the flag:
+`ModelFlags` and `SamplingFlags` (defined in `specgen.flags`, which the library shares) and
+`OutputFlags` (what to show, here).
 
-A leaf: imports Typer and only `specgen.errors`, so every command module can import it.
+A leaf: imports Typer, `specgen.errors` and `specgen.flags` (both cheap), so every command
+module can import it.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from specgen.errors import ConfigError
+from specgen.flags import (
+    ModelFlags,
+    SamplingFlags,
+    check_model_flags,
+    pick,
+    seed_or_random,
+)
 
-# --draft values that are not models (kept equal to specgen.session's, which this leaf
-# cannot import)
-_MODEL_FREE_DRAFTS = ("none", "ngram")
+__all__ = [
+    "ModelFlags",
+    "OutputFlags",
+    "PromptFlags",
+    "SamplingFlags",
+    "check_model_flags",
+    "check_output_path",
+    "pick",
+    "seed_or_random",
+]
 
 TargetOpt = Annotated[
     str | None,
@@ -116,80 +133,6 @@ ChatTemplateOpt = Annotated[
 ]
 
 
-def check_model_flags(
-    *,
-    target: str | None,
-    draft: str | None,
-    ctx_size: int,
-    threads: int,
-    n_gpu_layers: int,
-    n_gpu_layers_draft: int,
-) -> None:
-    """Refuse model flags that are invalid before anything is read or loaded.
-
-    Raises:
-        ConfigError: naming the flag: -c or -t below 0, -ngl/-ngld below -1 (-1 = all
-            layers), or a draft model (-md FILE) without -m (the draft must share the
-            target's vocabulary; ``--draft none`` and ``--draft ngram`` alone run on the
-            demo target, as they need no second model).
-    """
-    if ctx_size < 0:
-        raise ConfigError(
-            f"-c/--ctx-size must be 0 (the model's own context) or more, got {ctx_size}"
-        )
-    if threads < 0:
-        raise ConfigError(f"-t/--threads must be 0 (the CPUs available) or more, got {threads}")
-    for flag, n in (("-ngl", n_gpu_layers), ("-ngld", n_gpu_layers_draft)):
-        if n < -1:
-            raise ConfigError(f"{flag} must be -1 (all layers), 0 (CPU only) or more, got {n}")
-    if target is None and draft is not None and draft not in _MODEL_FREE_DRAFTS:
-        raise ConfigError(
-            f"-md {draft} needs -m too: give the target it drafts for"
-            " (or neither, for the demo pair)"
-        )
-
-
-def check_sampling_flags(*, temp: float, draft_p_min: float = 0.0) -> None:
-    """Refuse sampling values that mean nothing (top-p and min-p are checked by
-    ``specgen.sampling.SamplingParams``). Negative temperatures are greedy, as in llama.cpp.
-
-    Raises:
-        ConfigError: naming the flag: --temp not a finite number, --draft-p-min outside
-            [0, 1] (it is a probability).
-    """
-    if not math.isfinite(temp):
-        raise ConfigError(f"--temp must be a number (0 or below = greedy), got {temp}")
-    if not 0.0 <= draft_p_min <= 1.0:
-        raise ConfigError(f"--draft-p-min must be in [0, 1] (a probability), got {draft_p_min}")
-
-
-def check_stop_strings(stop: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """The --stop strings as a tuple, refusing an empty one (it would match before the
-    first token, so nothing could ever be generated).
-
-    Raises:
-        ConfigError: naming the flag.
-    """
-    stops = tuple(stop or ())
-    if any(s == "" for s in stops):
-        raise ConfigError('--stop needs a non-empty string (--stop "" would end at once)')
-    return stops
-
-
-def seed_or_random(seed: int | None) -> int:
-    """The seed to use: ``seed`` itself, or a random one for None or -1 (llama.cpp's
-    "random seed", ``LLAMA_DEFAULT_SEED``).
-
-    Raises:
-        ConfigError: a seed below -1.
-    """
-    if seed is None or seed == -1:
-        return secrets.randbits(31)
-    if seed < -1:
-        raise ConfigError(f"--seed must be -1 (random) or 0 or more, got {seed}")
-    return seed
-
-
 def check_output_path(flag: str, path: Path) -> None:
     """Refuse an output path that cannot be written, before any work: a directory, or a
     parent directory that is missing or read-only.
@@ -204,3 +147,44 @@ def check_output_path(flag: str, path: Path) -> None:
         raise ConfigError(f"{flag}: no such directory: {path.parent}")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"{flag}: cannot write {path}: permission denied")
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """What a command shows and writes (--json, --no-live, --show-rejected, --trace,
+    --verbose).
+
+    Raises:
+        ConfigError: a --trace path that cannot be written (checked when built, before any
+            model is loaded or the prompt read).
+    """
+
+    json_out: bool = False
+    no_live: bool = False
+    show_rejected: bool = False
+    trace: Path | None = None
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.trace is not None:
+            check_output_path("--trace", self.trace)
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any], **override: Any) -> OutputFlags:
+        """From a Typer command's ``locals()`` (see `specgen.flags.pick`)."""
+        return pick(cls, values, **override)
+
+
+@dataclass(frozen=True)
+class PromptFlags:
+    """How the prompt becomes tokens (--raw, --system, --chat-template): see
+    `specgen.chat.build_prompt`."""
+
+    raw: bool = False
+    system: str | None = None
+    chat_template: Path | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any], **override: Any) -> PromptFlags:
+        """From a Typer command's ``locals()`` (see `specgen.flags.pick`)."""
+        return pick(cls, values, **override)

@@ -7,13 +7,14 @@ so that `specgen --help` and the other commands start without loading them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from specgen.cli.loading import open_session, show_messages, wants_live
 from specgen.cli.options import (
     ChatTemplateOpt,
     CtxOpt,
@@ -22,13 +23,17 @@ from specgen.cli.options import (
     DraftPMinOpt,
     JsonOpt,
     MinPOpt,
+    ModelFlags,
     ModelsOpt,
     NgldOpt,
     NglOpt,
     NoLiveOpt,
+    OutputFlags,
     PairOpt,
+    PromptFlags,
     RawOpt,
     RpcOpt,
+    SamplingFlags,
     SeedOpt,
     ShowRejectedOpt,
     SwaFullOpt,
@@ -40,19 +45,15 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
-    check_model_flags,
-    check_output_path,
-    check_sampling_flags,
-    check_stop_strings,
     seed_or_random,
 )
-from specgen.errors import ConfigError, PromptError
+from specgen.errors import PromptError
 from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Step
-from specgen.models.resolve import DRAFT_NONE, resolve_models
+from specgen.flags import DRAFT_NONE
 from specgen.ui import output
 
 if TYPE_CHECKING:
-    from specgen.sampling import SamplingParams
+    from specgen.session import Session
 
 EXIT_INTERRUPTED = 130
 # why a seeded `auto` run is not reproducible (issue 15): K follows measured timings, and
@@ -61,40 +62,6 @@ SEED_NOTE = (
     "with --draft-max auto the block sizes follow measured timings, so at --temp > 0 the"
     " text can differ between runs with the same --seed; a fixed --draft-max reproduces it"
 )
-
-
-@dataclass(frozen=True)
-class RunArgs:
-    prompt: bytes
-    target: str | None
-    draft: str | None
-    pair: str | None
-    models: Path | None
-    max_tokens: int
-    temp: float
-    top_k: int
-    top_p: float
-    min_p: float
-    seed: int | None
-    draft_max: str
-    draft_p_min: float
-    stop: tuple[str, ...]
-    ignore_eos: bool
-    json_out: bool
-    live: bool
-    show_rejected: bool
-    n_gpu_layers: int
-    n_gpu_layers_draft: int
-    threads: int
-    ctx_size: int
-    verbose: bool
-    trace: Path | None = None  # --trace FILE.jsonl (specgen.trace)
-    rpc: str | None = None  # --rpc HOST:PORT[,...]
-    raw: bool = False  # --raw: no chat template
-    system: str | None = None  # --system TEXT
-    chat_template: Path | None = None  # --chat-template FILE
-    seed_given: bool = False  # --seed was on the command line (not a random one)
-    swa_full: bool = False  # --swa-full
 
 
 EPILOG = (
@@ -178,151 +145,114 @@ def run(
     When the target carries a chat template (instruct models), the prompt is sent as one
     user message in it, as llama-cli and Ollama do; --raw sends the text as it is.
     """
-    if max_tokens < 1:
-        raise ConfigError(f"-n must be at least 1, got {max_tokens}")
-    # every flag is checked before the prompt is read (stdin may wait for the user)
-    check_model_flags(
-        target=target,
-        draft=draft,
-        ctx_size=ctx_size,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
+    given = locals()
+    # every flag is checked (when its shape is built) before the prompt is read: stdin may
+    # wait for the user
+    model, sampling, out = (
+        ModelFlags.pick(given),
+        SamplingFlags.pick(given),
+        OutputFlags.pick(given),
     )
-    check_sampling_flags(temp=temp, draft_p_min=draft_p_min)
-    stops = check_stop_strings(stop)
-    from specgen.sampling import SamplingParams
-    from specgen.session import parse_draft_max
-
-    SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)  # checks --top-p, --min-p
-    parse_draft_max(draft_max)
-    seed_given = seed is not None and seed != -1
-    seed = seed_or_random(seed)
-    if trace is not None:
-        check_output_path("--trace", trace)
-    code = execute(
-        RunArgs(
-            prompt=_read_prompt(prompt),
-            target=target,
-            draft=draft,
-            pair=pair,
-            models=models,
-            max_tokens=max_tokens,
-            temp=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            seed_given=seed_given,
-            draft_max=draft_max,
-            draft_p_min=draft_p_min,
-            stop=stops,
-            ignore_eos=ignore_eos,
-            json_out=json_out,
-            live=not (no_live or json_out) and output.stdout_is_terminal(),
-            show_rejected=show_rejected,
-            n_gpu_layers=n_gpu_layers,
-            n_gpu_layers_draft=n_gpu_layers_draft,
-            threads=threads,
-            ctx_size=ctx_size,
-            verbose=verbose,
-            trace=trace,
-            rpc=rpc,
-            raw=raw,
-            system=system,
-            chat_template=chat_template,
-            swa_full=swa_full,
-        )
-    )
-    raise typer.Exit(code)
+    template = PromptFlags.pick(given)
+    sampling.params()  # checks --top-p and --min-p
+    raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, template))
 
 
-def execute(a: RunArgs) -> int:
+def run_command(
+    prompt: bytes, model: ModelFlags, sampling: SamplingFlags, out: OutputFlags, how: PromptFlags
+) -> int:
     """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
-    from specgen.chat import build_prompt
-    from specgen.generate import GenerateConfig, check_prompt, generate
-    from specgen.llamacpp import set_verbose
-    from specgen.sampling import SamplingParams
-    from specgen.session import make_policy, parse_draft_max
-
-    set_verbose(a.verbose, output.log)
-    if not a.prompt:
+    if not prompt:
         raise PromptError("the prompt is empty")
-    seed = seed_or_random(a.seed)  # a caller of execute() may leave it None
-    params = SamplingParams(temp=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
-    draft_max = parse_draft_max(a.draft_max)
-    if a.live:
-        from specgen.ui import live as view
-
-        err = output.err_console()
-        with view.loading_status(err, "preparing models", "models ready") as spinner:
-            loaded, pair_k, loaded_notes = _load(a, params, lambda msg: spinner.update(msg))
-    else:
-        loaded, pair_k, loaded_notes = _load(a, params, None)
-    for w in loaded.warnings:
-        output.warning(w)
-    if a.seed_given and draft_max is None and params.temp > 0 and loaded.drafter is not None:
-        output.notice(SEED_NOTE)
-    writer = None
-    events: Any = None  # a generator: closed below while the engines exist
+    seed = seed_or_random(sampling.seed)
+    live = wants_live(out)
+    stack = contextlib.ExitStack()
     try:
-        from specgen.ui.output import notice
-
-        prompt, template = build_prompt(
-            loaded.target,
-            a.prompt,
-            raw=a.raw,
-            system=a.system,
-            template_file=a.chat_template,
-        )
-        check_prompt(prompt, loaded.target.n_ctx)  # an error is said alone, before notes
-        for note in [*loaded_notes, *_fit_notes(len(prompt), a.max_tokens, loaded.target.n_ctx)]:
-            notice(note)
-        config = GenerateConfig(
-            max_tokens=a.max_tokens,
-            params=params,
-            stop=a.stop,
-            ignore_eos=a.ignore_eos,
-            seed=seed,
-            # the baseline for the live view's speedup and the controller's choices
-            measure_ordinary=3 if loaded.drafter is not None else 0,
-            trace=a.trace is not None,
-        )
-        policy = make_policy(draft_max, k_init=pair_k)
-        events = generate(loaded.target, loaded.drafter, prompt, config, policy)
-        if not loaded.warnings:  # one warning about the pair at most
-            events = _warn_slow_draft(events)
-        if a.trace is not None:  # --trace: one JSON line per round, written as it goes
-            from specgen.trace import TraceWriter, tee, token_text_of
-
-            writer = TraceWriter(
-                a.trace,
-                target=loaded.target.name,
-                draft=loaded.draft_name,
-                params=params,
-                seed=seed,
-                max_tokens=a.max_tokens,
-                token_text=token_text_of(loaded.target),
-            )
-            events = tee(events, writer)
-        if a.json_out:
+        # closed in reverse: the events first (the loop restores the caches while the
+        # engines exist; a pipe closed by the reader leaves the generator suspended), then
+        # the trace, then the models
+        opened = stack.enter_context(open_session(model, out, sampling.params(), live=live))
+        ids, template = _prompt_ids(opened, prompt, sampling, how)
+        events, policy = _events(opened, ids, sampling, seed, out, stack)
+        if out.json_out:
             info = template.to_dict() if template is not None else None
-            return _run_json(events, loaded.target.name, loaded.draft_name, seed, policy, info)
-        if a.live:
+            return _run_json(events, opened.target.name, opened.draft_name, seed, policy, info)
+        if live:
             # echoed dimmed above the reply: the raw text it continues, or the user's message
-            shown = a.prompt.decode("utf-8", "replace")
+            shown = prompt.decode("utf-8", "replace")
             if template is not None:
                 shown = shown.rstrip("\n") + "\n"
-            return _run_live(events, loaded.target.name, loaded.draft_name, a.show_rejected, shown)
+            return _run_live(
+                events, opened.target.name, opened.draft_name, out.show_rejected, shown
+            )
         return _run_plain(events)
     finally:
-        # The generator restores the caches when closed: close it while the engines
-        # still exist (a pipe closed by the reader leaves it suspended here).
-        if events is not None:
-            events.close()
-        if writer is not None:
-            writer.close()
-        loaded.close()
+        stack.close()
+
+
+def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: PromptFlags):
+    """The prompt's token ids (through the chat template unless --raw) and the template,
+    checked against the context; then the notes about the seed and the fit."""
+    from specgen.chat import build_prompt
+    from specgen.generate import check_prompt
+
+    ids, template = build_prompt(
+        opened.target, prompt, raw=how.raw, system=how.system, template_file=how.chat_template
+    )
+    check_prompt(ids, opened.target.n_ctx)  # an error is said alone, before the messages
+    show_messages(opened)
+    if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
+        output.notice(SEED_NOTE)
+    for note in _fit_notes(len(ids), sampling.max_tokens, opened.target.n_ctx):
+        output.notice(note)
+    return ids, template
+
+
+def _events(
+    opened: Session,
+    ids: list[int],
+    sampling: SamplingFlags,
+    seed: int,
+    out: OutputFlags,
+    stack: contextlib.ExitStack,
+):
+    """The loop's events, passed through the slow-draft check and the --trace writer (each
+    generator closed by `stack`), and the block-size policy that drives them."""
+    from specgen.generate import GenerateConfig, generate
+
+    params = sampling.params()
+    config = GenerateConfig(
+        max_tokens=sampling.max_tokens,
+        params=params,
+        stop=sampling.stop,
+        ignore_eos=sampling.ignore_eos,
+        seed=seed,
+        # the baseline for the live view's speedup and the controller's choices
+        measure_ordinary=3 if opened.drafter is not None else 0,
+        trace=out.trace is not None,
+    )
+    policy = opened.policy(sampling.k)
+    # each wrapper closes the one inside it, and one never started holds nothing: so
+    # closing the outermost restores the caches
+    events: Any = generate(opened.target, opened.drafter, ids, config, policy)
+    if not opened.warnings:  # one warning about the pair at most
+        events = _warn_slow_draft(events)
+    if out.trace is not None:  # --trace: one JSON line per round, written as it goes
+        from specgen.trace import TraceWriter, tee, token_text_of
+
+        writer = TraceWriter(
+            out.trace,
+            target=opened.target.name,
+            draft=opened.draft_name,
+            params=params,
+            seed=seed,
+            max_tokens=sampling.max_tokens,
+            token_text=token_text_of(opened.target),
+        )
+        stack.callback(writer.close)
+        events = tee(events, writer)
+    stack.callback(events.close)
+    return events, policy
 
 
 def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
@@ -341,7 +271,6 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
 def _warn_slow_draft(events):
     """Pass the events through; warn when the draft's pass, timed after the prompt, is
     slower than the target's. Closing this generator closes `events`."""
-    from specgen.events import Prefilled
     from specgen.session import slow_draft_warning
 
     try:
@@ -353,24 +282,6 @@ def _warn_slow_draft(events):
             yield ev
     finally:
         events.close()
-
-
-def _load(a: RunArgs, params: SamplingParams, status):
-    from specgen.session import ModelSpec, load, load_notes
-
-    target_path, draft_path, pair_k = resolve_models(a.target, a.draft, a.pair, a.models, status)
-    spec = ModelSpec.from_flags(
-        target_path,
-        draft_path,
-        a.ctx_size,
-        a.n_gpu_layers,
-        a.n_gpu_layers_draft,
-        a.threads,
-        a.rpc,
-        swa_full=a.swa_full,
-    )
-    loaded = load(spec, params, draft_p_min=a.draft_p_min, status=status)
-    return loaded, pair_k, load_notes(spec, loaded)
 
 
 def _run_live(
@@ -466,8 +377,9 @@ def _run_json(
         "chat_template": chat_template,
         "stats": {**stats, "k_history": done.stats.k_history},
     }
-    if hasattr(policy, "summary"):  # the adaptive controller: its decisions, visible
-        obj["controller"] = policy.summary()
+    summary = policy.summary()  # the adaptive controller: its decisions, visible
+    if summary is not None:
+        obj["controller"] = summary
     del prefilled
     output.write_json(obj)
     return EXIT_INTERRUPTED if done.finish_reason == "interrupted" else 0

@@ -1,32 +1,36 @@
-"""`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace.py,
+"""`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace/,
 rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr. The model side
 (numpy, llama.cpp) is imported inside the commands so that `specgen --help` starts fast."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     JsonOpt,
+    ModelFlags,
     ModelsOpt,
     NgldOpt,
     NglOpt,
+    OutputFlags,
     PairOpt,
     RpcOpt,
+    SamplingFlags,
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
-    check_model_flags,
-    check_sampling_flags,
+    pick,
     seed_or_random,
 )
 from specgen.errors import ConfigError
-from specgen.models.resolve import resolve_models
 from specgen.ui import output
 
 VERIFY_EPILOG = (
@@ -100,12 +104,35 @@ def verify(
 
     Exit code 0 = pass, 1 = fail.
     """
-    code = _verify(
-        target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p,
-        min_p, seed, alpha, check, prompt, json_out, n_gpu_layers, n_gpu_layers_draft,
-        threads, ctx_size, verbose, rpc,
-    )  # fmt: skip
-    raise typer.Exit(code)
+    given = locals()
+    sampling = SamplingFlags.pick(given, draft_max=str(draft_max))
+    model, out = ModelFlags.pick(given), OutputFlags.pick(given)
+    raise typer.Exit(verify_command(model, sampling, VerifyFlags.pick(given), out))
+
+
+@dataclass(frozen=True)
+class VerifyFlags:
+    """verify's own options (--samples, --positions, --alpha, --check, --prompt).
+
+    Raises:
+        ConfigError: --check not all, greedy or sampling.
+    """
+
+    samples: int = 400
+    positions: int = 3
+    alpha: float = 1e-3
+    check: str = "all"
+    prompt: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.check not in ("all", "greedy", "sampling"):
+            raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
+        object.__setattr__(self, "prompt", tuple(self.prompt or ()))  # Typer: a list or None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> VerifyFlags:
+        """From the command's ``locals()`` (see `specgen.flags.pick`)."""
+        return pick(cls, values)
 
 
 def summarize(
@@ -125,50 +152,39 @@ def summarize(
     output.show(*reports.render_trace_summary(s))
 
 
-def _verify(
-    target, draft, pair, models, samples, positions, draft_max, temp, top_k, top_p, min_p,
-    seed, alpha, check, prompts, json_out, ngl, ngld, threads, ctx_size, verbose, rpc=None,
-) -> int:  # fmt: skip
-    from specgen.llamacpp import set_verbose
-    from specgen.sampling import SamplingParams
-    from specgen.session import ModelSpec, load, load_notes
+def verify_command(
+    model: ModelFlags, sampling: SamplingFlags, v: VerifyFlags, out: OutputFlags
+) -> int:
+    """Load the pair, run the checks, print the report; returns 0 (pass) or 1 (fail)."""
+    # start-up time: verify and the reports load numpy and rich's tables
     from specgen.ui import reports
     from specgen.ui.progress import stage_status
-    from specgen.verify import VerifyConfig, drafter_factory, verify
+    from specgen.verify import drafter_factory, verify
 
-    if check not in ("all", "greedy", "sampling"):
-        raise ConfigError(f"--check must be all, greedy or sampling, got {check!r}")
-    check_model_flags(
-        target=target, draft=draft, ctx_size=ctx_size, threads=threads,
-        n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
-    )  # fmt: skip
-    check_sampling_flags(temp=temp)
-    seed = seed_or_random(seed)
-    set_verbose(verbose, output.log)
-    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    extra: dict[str, Any] = {}
-    if prompts:
-        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in prompts)
-        extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
-    config = VerifyConfig(
-        samples=samples, positions=positions, k=draft_max, params=params, seed=seed,
-        alpha=alpha, greedy=check in ("all", "greedy"), sampling=check in ("all", "sampling"),
-        **extra,
-    )  # fmt: skip
-    with output.spinner("preparing models") as spinner:
-        t_path, d_path, _k = resolve_models(target, draft, pair, models, spinner.update)
-        spec = ModelSpec.from_flags(t_path, d_path, ctx_size, ngl, ngld, threads, rpc)
-        loaded = load(spec, params, status=spinner.update)
-    try:
-        for note in load_notes(spec, loaded):
-            output.notice(note)
-        make = drafter_factory(loaded.drafter)
+    config = _config(sampling, v)
+    with open_session(model, out, config.params) as opened:
+        make = drafter_factory(opened.drafter)
+        show_messages(opened)
         with stage_status(output.err_console(), "verifying") as say:
-            report = verify(loaded.target, make, config, loaded.draft_name, say)
-    finally:
-        loaded.close()
-    if json_out:
+            report = verify(opened.target, make, config, opened.draft_name, say)
+    if out.json_out:
         output.write_json(report.to_dict())
     else:
         output.show(*reports.render_verify_report(report))
     return 0 if report.passed else 1
+
+
+def _config(sampling: SamplingFlags, v: VerifyFlags):
+    from specgen.verify import VerifyConfig  # start-up time: verify loads numpy
+
+    extra: dict[str, Any] = {}
+    if v.prompt:
+        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in v.prompt)
+        extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
+    k = sampling.k
+    assert k is not None  # verify's --draft-max is a number
+    return VerifyConfig(
+        samples=v.samples, positions=v.positions, k=k, params=sampling.params(),
+        seed=seed_or_random(sampling.seed), alpha=v.alpha, greedy=v.check in ("all", "greedy"),
+        sampling=v.check in ("all", "sampling"), **extra,
+    )  # fmt: skip

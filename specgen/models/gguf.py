@@ -1,8 +1,9 @@
 """Read GGUF headers, derive GGUF model files from other GGUF files, write tiny synthetic ones.
 
 The one reader of GGUF headers: :func:`read_magic` (the first four bytes, checked against
-:data:`GGUF_MAGIC` by llamacpp.py and models/hub.py) and :func:`header_fields` (a few keys,
-for bench's record). Four writers, all built on the ``gguf`` package (no llama.cpp needed):
+:data:`GGUF_MAGIC` by :func:`check_gguf_file` and models/hub.py) and :func:`header_fields`
+(a few keys, for bench's record). Four writers, all built on the ``gguf`` package (no
+llama.cpp needed):
 
 - :func:`dequantize_to_f32`: the same model with every tensor stored as F32 (the demo target).
 - :func:`keep_first_layers`: the first ``n`` transformer blocks only, original quantization
@@ -18,8 +19,8 @@ Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, th
 ``tensor.data`` and ``gguf.quants.dequantize`` use numpy order (row length last).
 ``GGUFWriter.add_tensor_info`` takes numpy order (it reverses when writing).
 
-The ``gguf`` package is imported inside the functions that parse or write a file: llamacpp.py
-and models/hub.py import this module for :func:`read_magic` alone.
+The ``gguf`` package is imported inside the functions that parse or write a file: session.py
+and models/hub.py import this module for its header checks alone.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from specgen.errors import ModelFileError
+from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.fileio import atomic_path
 
 __all__ = [
+    "check_gguf_file",
+    "explain_load_failure",
     "GGUF_MAGIC",
     "dequantize_to_f32",
     "header_fields",
@@ -300,6 +303,43 @@ def _walk_kvs(m: Any, fmts: dict[int, str], T: Any) -> dict[str, Any]:
                 out[key] = unpack(fmt, m, off)[0]
             off += struct.calcsize(fmt)
     return out
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse a path that cannot be a GGUF model before llama.cpp sees it.
+
+    Raises:
+        ModelFileError: missing, a directory, unreadable, empty, or without the GGUF magic.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+    try:
+        magic = read_magic(path)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {path}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+def explain_load_failure(error: ModelLoadFailure) -> ModelFileError:
+    """`error` with the file's size set against the size its header implies, when the file
+    is shorter: the likeliest cause of a NULL from llama.cpp is a download cut short."""
+    path = error.path
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return error
+    expected = implied_size(path)
+    if expected is not None and expected > size:
+        return ModelFileError(
+            f"{path} is truncated: {size:,} bytes, its header implies {expected:,}"
+            f" (llama.cpp: {error.reason}): download or build it again"
+        )
+    return error
 
 
 def implied_size(path: Path | str) -> int | None:

@@ -9,17 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from specgen.errors import ConfigError, ModelFileError
+from specgen.flags import DRAFT_AUTO, DRAFT_NGRAM, DRAFT_NONE
 from specgen.models.demo import DEMO_MODELS, cache_dir, ensure_demo_model, ensure_demo_pair
 from specgen.models.registry import ModelEntry, Registry, load_registry
 
 # models/hub.py is imported inside the functions that look up a download: it reads GGUF
 # headers with numpy, which `specgen --help` and `specgen run -m FILE` need not load.
 
-#: the --draft values that name no model: ordinary decoding, and the model-free drafter
-DRAFT_NONE = "none"
-DRAFT_NGRAM = "ngram"
-#: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
-DRAFT_AUTO = "auto"
+__all__ = [
+    "DRAFT_AUTO",
+    "DRAFT_NGRAM",
+    "DRAFT_NONE",
+    "resolve_model",
+    "resolve_models",
+    "resolve_pair",
+]
 
 
 def resolve_model(reg: Registry, name_or_path: str) -> Path:

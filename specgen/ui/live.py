@@ -76,6 +76,9 @@ MONO_STYLES: dict[Origin, str] = {
 
 ORDINARY_HOW = "median of single-token target passes after the prompt"
 """How the loop measures ``Prefilled.ordinary_token_s`` (said next to the speedup)."""
+ROUNDS_HOW = "median of this run's ordinary rounds"
+"""How the baseline is measured once the run's own K = 0 rounds decide it
+(`specgen.controller.Baseline`)."""
 
 FINISH_TEXT: dict[str, str] = {
     "length": "length (max tokens reached)",
@@ -200,6 +203,8 @@ def apply(state: ViewState, event: Event) -> None:
         if not stats.k_history and state.stats.k_history:
             stats = dataclasses.replace(stats, k_history=list(state.stats.k_history))
         state.stats = stats
+        if stats.ordinary_token_s is not None:
+            state.ordinary_token_s = stats.ordinary_token_s
         state.finish_reason = event.finish_reason
 
 
@@ -213,6 +218,10 @@ def _apply_step(state: ViewState, step: Step) -> None:
         segments.append((step.rejected_text, "rejected"))
     state.stats.add(step)
     state.k = step.k
+    if step.ordinary_token_s is not None:  # the run's current baseline (one estimate)
+        state.ordinary_token_s = step.ordinary_token_s
+        if step.k == 0 and state.stats.k_history.count(0) >= 3:
+            state.ordinary_how = ROUNDS_HOW
     if step.k > 0:
         acc = state.spec_by_k.setdefault(step.k, [0, 0.0, 0.0])
         acc[0] += 1
@@ -444,6 +453,8 @@ def render_summary(state: ViewState) -> RenderableType:
     grid.add_row("per pass", f"{s.tokens_per_pass:.2f} tokens over {passes}")
     grid.add_row("time", f"decode {s.decode_s:.2f} s: {time_split(s)}")
     grid.add_row("speedup", speedup_text(state).removeprefix("speedup "))
+    if s.baseline_note:
+        grid.add_row("baseline", s.baseline_note)
     be = break_even_text(state)
     if be:
         grid.add_row("break-even", be.removeprefix("break-even").lstrip(": "))

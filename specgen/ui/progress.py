@@ -90,3 +90,28 @@ def download_bars(console: Any) -> Iterator[Callable[[str, int, int | None], Non
     finally:
         if tasks:
             bars.stop()
+
+
+@contextmanager
+def load_progress(err: Any) -> Iterator[Callable[[Any], None]]:
+    """`specgen bench --url`'s bar on ``err``: requests done, in flight, failed (transient; a
+    log line per server and level when not a terminal); yields the progress hook."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[flight]} in flight · {task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("reading the servers", total=None, flight=0, failed=0)
+        last = [""]
+
+        def on_progress(p) -> None:
+            bar.update(task, completed=p.done, total=p.total, description=p.description,
+                       flight=p.in_flight, failed=p.failed)  # fmt: skip
+            if not err.is_terminal and p.description != last[0]:
+                last[0] = p.description
+                err.print(f"[{p.done}/{p.total}] {p.description}", highlight=False, markup=False)
+
+        yield on_progress

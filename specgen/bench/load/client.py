@@ -1,0 +1,148 @@
+"""One streaming request of `specgen bench --url`: the request body, the SSE stream read line
+by line (`StreamState`), and `send_one`, which turns whatever happens into a
+`RequestRecord`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from specgen.bench.load.prompts import LoadPrompt
+from specgen.bench.load.results import LoadSettings
+from specgen.bench.loadstats import RequestRecord, SpecStats
+from specgen.errors import ConfigError
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+ROUTES = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+
+
+def request_body(
+    p: LoadPrompt, endpoint: str, model: str, s: LoadSettings, temp: float, seed: int
+) -> dict[str, Any]:
+    """The JSON body of one streaming request (the wire format, hence a dict)."""
+    body: dict[str, Any] = {"model": model}
+    if endpoint == CHAT:
+        msgs = p.messages if p.messages is not None else (("user", p.prompt or ""),)
+        body["messages"] = [{"role": r, "content": c} for r, c in msgs]
+    else:
+        if p.prompt is None:
+            raise ConfigError(
+                f"prompt {p.id} has messages: the completions endpoint needs a prompt"
+                " (use --endpoint chat)"
+            )
+        body["prompt"] = p.prompt
+    body |= {"max_tokens": s.max_tokens, "temperature": temp, "seed": seed, "stream": True,
+             "stream_options": {"include_usage": True}}  # fmt: skip
+    if s.ignore_eos:
+        body["ignore_eos"] = True
+    for name in ("top_k", "top_p", "min_p"):
+        if getattr(s, name) is not None:
+            body[name] = getattr(s, name)
+    return body
+
+
+class StreamState:
+    """Reads one SSE stream line by line (`feed`), stamping each chunk with text."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.chunk_s: list[float] = []
+        self.usage_tokens: int | None = None
+        self.spec: SpecStats | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.done = False
+        self.done_s: float | None = None  # when `data: [DONE]` came
+
+    def feed(self, line: str, t: float) -> None:
+        if not line.startswith("data:"):
+            return  # comments, `event:` lines, blank separators
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.done, self.done_s = True, t
+            return
+        try:
+            obj = json.loads(payload)
+        except json.JSONDecodeError:
+            self.error = "stream error"
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj:
+            self.error = "stream error"
+        for choice in obj.get("choices") or ():
+            if self.endpoint == CHAT:
+                delta = choice.get("delta") or {}
+                text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            else:
+                text = choice.get("text") or ""
+            if text:
+                self.chunk_s.append(t)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_tokens = usage["completion_tokens"]
+        self.spec = _spec_of(obj) or self.spec
+
+
+def _spec_of(obj: dict[str, Any]) -> SpecStats | None:
+    sp = obj.get("speculative")
+    if isinstance(sp, dict) and isinstance(sp.get("num_draft_tokens"), int):
+        return SpecStats(
+            sp["num_draft_tokens"], int(sp.get("num_accepted_draft_tokens") or 0), "speculative"
+        )
+    tm = obj.get("timings")
+    if isinstance(tm, dict) and isinstance(tm.get("draft_n"), int):
+        return SpecStats(tm["draft_n"], int(tm.get("draft_n_accepted") or 0), "timings")
+    return None
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    endpoint: str,
+    index: int,
+    p: LoadPrompt,
+    clock: Callable[[], float],
+    timeout_s: float,
+) -> RequestRecord:
+    """One streaming request, whatever happens: a failure is a record, never an exception."""
+    st = StreamState(endpoint)
+    failure: str | None = None
+    start = clock()
+
+    async def stream() -> str | None:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return f"http {resp.status_code}"
+            # read on past [DONE] to the end of the body: a response left unread closes
+            # its connection, and the next request would pay a new one
+            async for line in resp.aiter_lines():
+                st.feed(line, clock())
+        return st.error or (None if st.done else "disconnect")
+
+    try:
+        failure = await asyncio.wait_for(stream(), timeout_s)
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        failure = "timeout"
+    except httpx.ConnectError:
+        failure = "connect"
+    except (httpx.TransportError, httpx.StreamError):
+        failure = "disconnect"
+    if st.done and failure in ("timeout", "disconnect"):
+        failure = st.error  # the stream was whole; only what came after [DONE] went wrong
+    end = st.done_s if st.done_s is not None else clock()  # E2EL ends at [DONE]
+    tokens = st.usage_tokens if st.usage_tokens is not None else len(st.chunk_s)
+    return RequestRecord(
+        index=index, prompt_id=p.id, kind=p.kind, start_s=start, chunk_s=tuple(st.chunk_s),
+        end_s=end, output_tokens=tokens, tokens_from_usage=st.usage_tokens is not None,
+        spec=st.spec, failure=failure, finish_reason=st.finish_reason,
+    )  # fmt: skip

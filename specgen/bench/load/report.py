@@ -1,0 +1,348 @@
+"""The outputs of `specgen bench --url`: the side-by-side ratios, the JSON result with its
+reproducibility record, README-ready Markdown, the optional plot, and `--compare` with an
+earlier `--json` file."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import platform
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from specgen import __version__
+from specgen.bench.load.results import LevelRun, LoadResult
+from specgen.bench.loadstats import Dist, LevelSummary, Ratio, paired_ratio
+from specgen.errors import ConfigError
+from specgen.fileio import atomic_write
+
+FORMAT = "specgen-bench-load/1"
+
+DEFINITIONS = (
+    "TTFT: first chunk with text − request sent. TPOT = (E2EL − TTFT) / (output tokens − 1),"
+    " vLLM's definition (GuideLLM's divides E2EL by all output tokens). ITL: between streamed"
+    " chunks (a speculative server streams a round's tokens in one chunk: see tok/chunk)."
+    " E2EL: request sent → end of stream. SLO goodput: requests/s meeting every --slo bound"
+    " (vLLM's goodput), not the tokens/s goodput a speculation controller maximizes."
+)
+
+# -- side by side -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """One run with its ratio against the first server at the same level (None for the
+    first server itself)."""
+
+    run: LevelRun
+    base_label: str | None
+    ratio: Ratio | None
+
+
+def side_by_side(result: LoadResult) -> list[SideBySide]:
+    """Every run in order, each with its `Ratio` against the first server's run of its level."""
+    out: list[SideBySide] = []
+    base: dict[Any, LevelRun] = {}
+    first = result.servers[0].server.label if result.servers else None
+    for run in result.runs:
+        if run.label == first:
+            base[run.level] = run
+            out.append(SideBySide(run, None, None))
+            continue
+        b = base.get(run.level)
+        ratio = None
+        if b is not None:
+            ratio = paired_ratio(
+                b.records, b.summary, run.records, run.summary, result.settings.seed
+            )
+        out.append(SideBySide(run, first if b is not None else None, ratio))
+    return out
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def _version_of(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def build_record(result: LoadResult) -> dict[str, Any]:
+    """What makes the figures reproducible: the client, the machine it ran on, the settings,
+    the prompt set, and what each server said about itself (`/v1/models`, `/props`)."""
+    from specgen.bench.record import cpu_model, gpus
+
+    prompts = json.dumps(list(result.prompt_ids))
+    return {
+        "date": result.date,
+        "client": {
+            "specgen": _version_of("specgen") or __version__,
+            "httpx": _version_of("httpx"),
+            "python": platform.python_version(),
+        },
+        "machine": {
+            "cpu": cpu_model(),
+            "os": f"{platform.system()} {platform.release()}",
+            "gpus": gpus(),
+        },  # fmt: skip
+        "settings": result.settings.to_dict() | {"endpoint": result.endpoint},
+        "prompt_ids": list(result.prompt_ids),
+        "prompt_ids_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
+        "servers": [
+            {
+                "url": i.server.url,
+                "label": i.server.label,
+                "model_id": i.model_id,
+                "models": i.models,
+                "props": i.props,
+            }  # fmt: skip
+            for i in result.servers
+        ],
+    }
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 6)
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v) for v in x]
+    return x
+
+
+def to_dict(result: LoadResult) -> dict[str, Any]:
+    """The JSON form: record, one entry per run (summary, ratio, every request)."""
+    runs = []
+    for sb in side_by_side(result):
+        r = sb.run
+        t0 = min((q.start_s for q in r.records), default=0.0)
+        runs.append({
+            "label": r.label,
+            "level": asdict(r.level) | {"name": r.level.name},
+            "summary": asdict(r.summary) | {"n_failed": r.summary.n_failed},
+            "vs": sb.base_label,
+            "ratio": None if sb.ratio is None else asdict(sb.ratio),
+            "requests": [
+                asdict(q) | {"start_s": q.start_s - t0, "end_s": q.end_s - t0,
+                             "chunk_s": [c - t0 for c in q.chunk_s]}  # fmt: skip
+                for q in r.records
+            ],
+        })  # fmt: skip
+    return _round({"format": FORMAT, "record": build_record(result), "runs": runs})
+
+
+def write_json(result: LoadResult, path: Path) -> None:
+    atomic_write(path, (json.dumps(to_dict(result), indent=1, ensure_ascii=False) + "\n").encode())
+
+
+# -- Markdown -----------------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def pair_text(d: Dist, a: str = "p50", b: str = "p99", fmt: str = ".0f") -> str:
+    return f"{_f(getattr(d, a), fmt)} / {_f(getattr(d, b), fmt)}"
+
+
+def ratio_text(r: Ratio | None) -> str:
+    """'1.31× (speed 1.28× [1.20, 1.35])' or '–'."""
+    if r is None or r.throughput is None:
+        return "–"
+    lo, hi = r.speed_ci95
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None and r.n_pairs > 1 else ""
+    speed = f" (per request {r.speed:.2f}×{ci})" if r.speed is not None else ""
+    return f"{r.throughput:.2f}×{speed}"
+
+
+def failures_text(s: LevelSummary) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in s.failures) or "0"
+
+
+def accept_text(s: LevelSummary) -> str:
+    return "–" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
+
+
+def render_markdown(result: LoadResult) -> str:
+    """One README-ready table of every run, the definitions, and the record in a sentence."""
+    slo = result.settings.slo
+    lines = [
+        "| temp | load | server | req/s | out tok/s | vs first [95% CI] | TTFT p50/p99 ms"
+        " | TPOT p50/p99 ms | ITL p50/p99 ms | E2EL p50/p99 ms | tok/chunk | accept"
+        + (" | SLO goodput req/s" if slo else "")
+        + " | failed |",
+        "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+        + ("---:|" if slo else "")
+        + "---|",
+    ]
+    for sb in side_by_side(result):
+        s, lv = sb.run.summary, sb.run.level
+        lines.append(
+            f"| {lv.temp:g} | {lv.name} | {sb.run.label} | {s.request_throughput:.2f}"
+            f" | {s.output_throughput:.1f} | {ratio_text(sb.ratio)} | {pair_text(s.ttft)}"
+            f" | {pair_text(s.tpot, fmt='.1f')} | {pair_text(s.itl, fmt='.1f')}"
+            f" | {pair_text(s.e2el)}"
+            f" | {_f(s.tokens_per_chunk, '.2f')} | {accept_text(s)}"
+            + (f" | {_f(s.slo_goodput, '.2f')}" if slo else "")
+            + f" | {failures_text(s)} |"
+        )
+    lines += ["", DEFINITIONS]
+    if slo:
+        lines.append(f"SLO: {slo.text()}.")
+    lines += ["", describe_record(build_record(result))]
+    return "\n".join(lines) + "\n"
+
+
+def describe_record(rec: dict[str, Any]) -> str:
+    st = rec["settings"]
+    servers = "; ".join(
+        f"{s['label']} = {s['url']} (model {s['model_id'] or '?'})" for s in rec["servers"]
+    )
+    samp = ", ".join(f"{k} {st[k]}" for k in ("top_k", "top_p", "min_p") if st[k] is not None)
+    return (
+        f"Client: specgen {rec['client']['specgen']} on {rec['machine']['cpu']},"
+        f" {rec['machine']['os']}, {rec['date'][:10]}. Servers: {servers}."
+        f" {st['num_prompts']} requests per level from {len(rec['prompt_ids'])} prompts,"
+        f" {st['max_tokens']} output tokens each (ignore_eos {st['ignore_eos']}),"
+        f" endpoint {st['endpoint'] or 'auto'}, seed {st['seed']}, burstiness {st['burstiness']},"
+        f" warm-up {st['warmup']}{', ' + samp if samp else ''}."
+    )
+
+
+def write_markdown(result: LoadResult, path: Path) -> None:
+    atomic_write(path, render_markdown(result).encode("utf-8"))
+
+
+# -- plot ---------------------------------------------------------------------------------------
+
+
+def write_plot(result: LoadResult, path: Path) -> None:
+    """PNG: output tokens/s, TTFT, TPOT and E2EL (p50 solid, p99 dashed) against the load
+    levels, one line per server and temperature.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
+    from specgen.bench.report import check_plot_available
+
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.level.name for r in result.runs))
+    series = list(dict.fromkeys((r.label, r.level.temp) for r in result.runs))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    panels = [
+        ("output tokens/s", None),
+        ("TTFT ms", "ttft"),
+        ("TPOT ms", "tpot"),
+        ("E2EL ms", "e2el"),
+    ]
+    for ax, (title, metric) in zip(axes, panels, strict=True):
+        for label, temp in series:
+            runs = {
+                r.level.name: r.summary
+                for r in result.runs
+                if (r.label, r.level.temp) == (label, temp)
+            }
+            xs = [i for i, n in enumerate(names) if n in runs]
+            name = f"{label}, t {temp:g}"
+            if metric is None:
+                ax.plot(xs, [runs[names[i]].output_throughput for i in xs], marker="o", label=name)
+                continue
+            for q, style in (("p50", "-"), ("p99", "--")):
+                ys = [getattr(getattr(runs[names[i]], metric), q) for i in xs]
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
+                        label=f"{name} {q}")  # fmt: skip
+        ax.set_xticks(range(len(names)), names, rotation=20)
+        ax.set_title(title)
+        ax.set_xlabel("load")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+# -- --compare ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThroughputChange:
+    """One (server label, temperature, level) found in both files: output tokens/s then
+    and now."""
+
+    label: str
+    temp: float
+    level: str
+    before: float
+    after: float
+
+
+@dataclass(frozen=True)
+class LoadComparison:
+    """This result against an earlier `--json` file: the settings that differ (not
+    comparable when any do), servers whose self-description changed, and the throughputs."""
+
+    file: str
+    differences: tuple[str, ...]
+    changes: tuple[ThroughputChange, ...]
+
+    @property
+    def comparable(self) -> bool:
+        return not self.differences
+
+
+def load_earlier(path: Path) -> dict[str, Any]:
+    """An earlier `bench --url --json` file, read and checked before measuring.
+
+    Raises:
+        ConfigError: unreadable, or not a `bench --url` result.
+    """
+    try:
+        old = json.loads(Path(path).read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise ConfigError(f"--compare: cannot read {path}: {why}") from None
+    if not isinstance(old, dict) or old.get("format") != FORMAT:
+        raise ConfigError(f"--compare: {path} is not a specgen bench --url JSON file")
+    return old
+
+
+def compare_with(result: LoadResult, path: Path, old: dict[str, Any]) -> LoadComparison:
+    """`result` against `old` (as `load_earlier` read it from `path`)."""
+    now = to_dict(result)
+    diffs = []
+    a, b = old["record"], now["record"]
+    for key in ("num_prompts", "max_tokens", "seed", "burstiness", "endpoint", "top_k", "top_p",
+                "min_p", "ignore_eos"):  # fmt: skip
+        if a["settings"].get(key) != b["settings"].get(key):
+            diffs.append(f"settings.{key}: {a['settings'].get(key)} → {b['settings'].get(key)}")
+    if a.get("prompt_ids_sha256") != b.get("prompt_ids_sha256"):
+        diffs.append("the prompt set differs")
+    old_models = {s["label"]: s["models"] for s in a["servers"]}
+    for s in b["servers"]:
+        if s["label"] in old_models and old_models[s["label"]] != s["models"]:
+            diffs.append(f"server {s['label']}: /v1/models differs (another model or build)")
+    before = {
+        (r["label"], r["level"]["temp"], r["level"]["name"]): r["summary"]["output_throughput"]
+        for r in old["runs"]
+    }
+    changes = tuple(
+        ThroughputChange(
+            r.label, r.level.temp, r.level.name, before[k], r.summary.output_throughput
+        )
+        for r in result.runs
+        if (k := (r.label, r.level.temp, r.level.name)) in before
+    )
+    return LoadComparison(str(path), tuple(diffs), changes)

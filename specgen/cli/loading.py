@@ -1,0 +1,58 @@
+"""How every command loads its models and says what the user should know about them: a
+spinner while `specgen.session.open` resolves and loads (`open_session`), then the session's
+warnings and notes, one line each on stderr (`show_messages`), the same way for run, chat,
+bench and verify. A command shows them once its own checks of the loaded pair have passed
+(run's prompt must fit the context), so that an error is said alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from specgen.cli.options import ModelFlags, OutputFlags
+from specgen.ui import output
+
+if TYPE_CHECKING:
+    from specgen.sampling import SamplingParams
+    from specgen.session import Session
+
+
+def open_session(
+    model: ModelFlags,
+    out: OutputFlags,
+    params: SamplingParams | None = None,
+    *,
+    live: bool = False,
+) -> Session:
+    """Load the pair `model` names, with a spinner on stderr (the live view's, with the time
+    it took, when `live`). The caller shows its messages (`show_messages`).
+
+    Raises:
+        as `specgen.session.open`.
+    """
+    # start-up time: session loads numpy and llama.cpp, which `specgen --help` must not
+    from specgen import session
+    from specgen.llamacpp import set_verbose
+
+    set_verbose(out.verbose, output.log)
+    if live:
+        from specgen.ui import live as view  # start-up time: the live view loads rich.live
+
+        with view.loading_status(output.err_console(), "preparing models", "models ready") as s:
+            return session.open(model, params, s.update)
+    with output.spinner("preparing models") as s:
+        return session.open(model, params, s.update)
+
+
+def show_messages(opened: Session) -> None:
+    """The session's warnings ("specgen: warning: ...") then its notes ("specgen: note:
+    ..."), one line each on stderr."""
+    for w in opened.warnings:
+        output.warning(w)
+    for n in opened.notes:
+        output.notice(n)
+
+
+def wants_live(out: OutputFlags) -> bool:
+    """Whether to show the live view: stdout is a terminal, and neither --no-live nor
+    --json."""
+    return not (out.no_live or out.json_out) and output.stdout_is_terminal()

@@ -1,0 +1,251 @@
+"""What the user asked for, in two frozen shapes: which models and how to run them
+(`ModelFlags`), and how to sample (`SamplingFlags`). Each is validated once, when built,
+with messages that name the flag; the CLI builds them from Typer's values
+(`specgen.cli.options`), the public API (`specgen.load`) from keyword arguments, and
+`specgen.session.open` consumes them.
+
+Cheap on purpose (no numpy, no llama.cpp): every command module imports it at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from specgen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specgen.sampling import SamplingParams
+
+#: the --draft values that name no model: ordinary decoding, and the model-free drafter
+DRAFT_NONE = "none"
+DRAFT_NGRAM = "ngram"
+#: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
+DRAFT_AUTO = "auto"
+
+_T = TypeVar("_T")
+
+
+def pick(cls: type[_T], values: Mapping[str, Any], **override: Any) -> _T:
+    """The dataclass `cls` from a mapping holding (at least) its field names, such as a
+    Typer command's ``locals()``: fields missing from `values` keep their defaults, names
+    that are not fields are ignored, `override` wins over both."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    given = {k: v for k, v in values.items() if k in names}
+    return cls(**{**given, **override})
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """Which models and how llama.cpp runs them (-m, -md, --pair, -ngl, -t, -c, ...).
+
+    Attributes:
+        target: -m, a GGUF path or a registry name; None with `draft` None = the demo pair.
+        draft: -md, a GGUF path, a registry name, ``none`` (ordinary decoding) or
+            ``ngram`` (prompt lookup); None = the demo draft or the pair's.
+        pair: --pair, a registry pair name (not with `target`).
+        models: --models, an extra models.yaml merged over the packaged and user ones.
+        n_gpu_layers, n_gpu_layers_draft: -ngl / -ngld, layers on GPU (-1 = all).
+        threads: -t, CPU threads (0 = the CPUs available).
+        ctx_size: -c, context size in tokens (0 = the model's own).
+        rpc: --rpc, ggml-rpc-server hosts ``HOST:PORT[,HOST:PORT...]`` for the target.
+        swa_full: --swa-full, full-size cache for sliding-window layers.
+        draft_p_min: --draft-p-min, end a block when the draft's top probability is below
+            it (0 to 1).
+
+    Raises:
+        ConfigError: naming the flag (see `check_model_flags`; --draft-p-min outside [0, 1]).
+    """
+
+    target: str | None = None
+    draft: str | None = None
+    pair: str | None = None
+    models: Path | None = None
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    threads: int = 0
+    ctx_size: int = 4096
+    rpc: str | None = None
+    swa_full: bool = False
+    draft_p_min: float = 0.0
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any], **override: Any) -> ModelFlags:
+        """From a Typer command's ``locals()`` (see `pick`)."""
+        return pick(cls, values, **override)
+
+    def __post_init__(self) -> None:
+        check_model_flags(
+            target=self.target,
+            draft=self.draft,
+            ctx_size=self.ctx_size,
+            threads=self.threads,
+            n_gpu_layers=self.n_gpu_layers,
+            n_gpu_layers_draft=self.n_gpu_layers_draft,
+        )
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ConfigError(
+                f"--draft-p-min must be in [0, 1] (a probability), got {self.draft_p_min}"
+            )
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """How to sample and when to stop (--temp, --top-k, --top-p, --min-p, --seed,
+    --draft-max, -n, --stop, --ignore-eos); llama.cpp's meanings and defaults.
+
+    Attributes:
+        temp: temperature; 0 or below = greedy.
+        top_k: 0 or below = off. top_p: 1 = off. min_p: 0 = off.
+        seed: None or -1 = a random seed (see `seed_or_random`).
+        draft_max: block size K as text (1 to 64), or ``auto`` (the adaptive controller).
+        max_tokens: -n, tokens to generate at most (>= 1).
+        stop: stop strings, cut exactly.
+        ignore_eos: do not stop at end-of-generation tokens.
+
+    Raises:
+        ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
+            --draft-max, -n below 1, an empty --stop string (--top-p and --min-p: see
+            `params`).
+    """
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    draft_max: str = "auto"
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
+        """From a Typer command's ``locals()`` (see `pick`)."""
+        return pick(cls, values, **override)
+
+    def __post_init__(self) -> None:
+        check_sampling_flags(temp=self.temp)
+        if self.seed is not None:
+            _check_seed(self.seed)
+        parse_draft_max(self.draft_max)
+        if self.max_tokens < 1:
+            raise ConfigError(f"-n must be at least 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
+
+    @property
+    def k(self) -> int | None:
+        """--draft-max as a block size, or None for ``auto``."""
+        return parse_draft_max(self.draft_max)
+
+    @property
+    def seed_given(self) -> bool:
+        """Whether a seed was asked for (not None nor -1)."""
+        return self.seed is not None and self.seed != -1
+
+    def params(self) -> SamplingParams:
+        """The warpers for both p and q.
+
+        Raises:
+            ConfigError: --top-p outside (0, 1], --min-p outside [0, 1].
+        """
+        # start-up time: specgen.sampling loads numpy, which `specgen --help` must not
+        from specgen.sampling import SamplingParams
+
+        return SamplingParams(temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
+
+def check_model_flags(
+    *,
+    target: str | None,
+    draft: str | None,
+    ctx_size: int,
+    threads: int,
+    n_gpu_layers: int,
+    n_gpu_layers_draft: int,
+) -> None:
+    """Refuse model flags that are invalid before anything is read or loaded.
+
+    Raises:
+        ConfigError: naming the flag: -c or -t below 0, -ngl/-ngld below -1 (-1 = all
+            layers), or a draft model (-md FILE) without -m (the draft must share the
+            target's vocabulary; ``--draft none`` and ``--draft ngram`` alone run on the
+            demo target, as they need no second model).
+    """
+    if ctx_size < 0:
+        raise ConfigError(
+            f"-c/--ctx-size must be 0 (the model's own context) or more, got {ctx_size}"
+        )
+    if threads < 0:
+        raise ConfigError(f"-t/--threads must be 0 (the CPUs available) or more, got {threads}")
+    for flag, n in (("-ngl", n_gpu_layers), ("-ngld", n_gpu_layers_draft)):
+        if n < -1:
+            raise ConfigError(f"{flag} must be -1 (all layers), 0 (CPU only) or more, got {n}")
+    if target is None and draft is not None and draft not in (DRAFT_NONE, DRAFT_NGRAM):
+        raise ConfigError(
+            f"-md {draft} needs -m too: give the target it drafts for"
+            " (or neither, for the demo pair)"
+        )
+
+
+def check_sampling_flags(*, temp: float) -> None:
+    """Refuse a temperature that means nothing (top-p and min-p are checked by
+    ``specgen.sampling.SamplingParams``). Negative temperatures are greedy, as in llama.cpp.
+
+    Raises:
+        ConfigError: --temp not a finite number.
+    """
+    if not math.isfinite(temp):
+        raise ConfigError(f"--temp must be a number (0 or below = greedy), got {temp}")
+
+
+def check_stop_strings(stop: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The --stop strings as a tuple, refusing an empty one (it would match before the
+    first token, so nothing could ever be generated).
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    stops = tuple(stop or ())
+    if any(s == "" for s in stops):
+        raise ConfigError('--stop needs a non-empty string (--stop "" would end at once)')
+    return stops
+
+
+def seed_or_random(seed: int | None) -> int:
+    """The seed to use: ``seed`` itself, or a random one for None or -1 (llama.cpp's
+    "random seed", ``LLAMA_DEFAULT_SEED``).
+
+    Raises:
+        ConfigError: a seed below -1.
+    """
+    if seed is None or seed == -1:
+        return secrets.randbits(31)
+    _check_seed(seed)
+    return seed
+
+
+def _check_seed(seed: int) -> None:
+    if seed < -1:
+        raise ConfigError(f"--seed must be -1 (random) or 0 or more, got {seed}")
+
+
+def parse_draft_max(value: str) -> int | None:
+    """`--draft-max`: a block size K >= 1, or `auto` (None: the adaptive controller).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if value == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        raise ConfigError(f"--draft-max must be a number or 'auto', got {value!r}") from None
+    if not 1 <= k <= 64:
+        raise ConfigError(f"--draft-max must be between 1 and 64, got {k}")
+    return k

@@ -1,0 +1,409 @@
+"""The engine adapter: one GGUF model, one context, implementing `specgen.engine.Engine`.
+
+Uses llama.cpp's C API through llama-cpp-python's low-level bindings: one model, one
+context, one sequence (id 0). Logits come back as zero-copy numpy views of llama.cpp's
+output buffer, and only for the rows the loop asks for, so nothing grows as
+n_ctx x n_vocab (the high-level `Llama(logits_all=True)` would allocate 4.3 GB for
+Gemma 3 at n_ctx 4096).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from specgen.engine import Logits, VocabInfo
+from specgen.errors import EngineError, ModelFileError, ModelLoadError, ModelLoadFailure
+from specgen.llamacpp.devices import offload_devices
+from specgen.llamacpp.signals import (
+    _ABORTABLE_TOKENS,
+    _DECODE_ABORT_REF,
+    _NO_DECODE_ABORT,
+    _PROGRESS_CALLBACK_REF,
+    _last_error,
+    _raise_if_interrupted,
+    _recent_log,
+    _sigint_deferred,
+)
+
+# Lines llama.cpp logs when a file ends before its header says it should.
+_TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
+
+
+def _load_failure(path: Path) -> ModelLoadFailure:
+    """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
+    last line, "failed to load model", says nothing), and for a file that ends early, that
+    it is truncated or corrupt, with its size. (The size its header implies is added by
+    `specgen.models.gguf.explain_load_failure`: reading a header is not this door's job.)"""
+    lines = [ln.strip() for ln in _recent_log if ln.strip()]
+    truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
+    reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())
+    reason = reason.split("error loading model:", 1)[-1].strip()
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ModelLoadFailure(f"llama.cpp could not load {path}: {reason}", path, reason)
+    if truncated is not None:
+        return ModelLoadFailure(
+            f"{path} is truncated or corrupt ({size:,} bytes; llama.cpp: {reason}):"
+            " download or build it again",
+            path,
+            reason,
+        )
+    return ModelLoadFailure(
+        f"llama.cpp could not load {path} ({size:,} bytes): {reason}", path, reason
+    )
+
+
+def default_threads() -> int:
+    """CPU threads to use when -t is 0: the CPUs this process may run on (also the
+    "usable CPUs" of bench's record)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_path(path: Path) -> None:
+    """Refuse a path llama.cpp cannot open before it sees it (its NULL says less).
+
+    Raises:
+        ModelFileError: missing, a directory, or not a regular file.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings for one model.
+
+    Attributes:
+        n_ctx: context size in tokens (0 = the model's training context).
+        n_gpu_layers: layers offloaded to the GPU (-1 or 99 = all, 0 = CPU only).
+        n_threads: CPU threads for generation and batch evaluation (0 = llama.cpp default).
+        n_batch: maximum tokens per llama_decode call (longer prompts are split).
+        local_only: offload only to this machine's devices, never to RPC servers (the
+            draft's setting: it must not pay network round trips).
+        swa_full: keep every position in the sliding-window layers (llama.cpp's
+            `--swa-full`). Off by default: llama.cpp then sizes those layers' cache to the
+            window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
+            `truncate` re-evaluates the context in the rare case a rollback reaches
+            positions that cache no longer holds.
+    """
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    n_threads: int = 0
+    n_batch: int = 512
+    local_only: bool = False
+    swa_full: bool = False
+
+
+class LlamaEngine:
+    """One GGUF model with a KV cache, implementing `specgen.engine.Engine`.
+
+    `tokens` mirrors the cache: positions 0..len(tokens)-1 are evaluated. `decode_s`
+    counts the seconds spent inside `llama_decode` and the `llama_synchronize` after it
+    since the engine was created: the evaluation's share of the time (on a GPU backend,
+    kernels and the copy of the logits back); everything else is host work.
+
+    Raises (constructor):
+        ModelFileError: missing, non-GGUF or truncated file (llama.cpp returns NULL).
+        ModelLoadError: the context could not be created (memory, n_ctx).
+        KeyboardInterrupt: Ctrl-C while loading: llama.cpp's load is cancelled at its next
+            tensor (context creation is waited for), everything made so far is freed.
+    """
+
+    def __init__(self, path: Path | str, config: EngineConfig = EngineConfig()) -> None:
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self.path = Path(path)
+        self.name = self.path.name
+        _check_path(self.path)
+        try:
+            self._open(config)
+        except BaseException:  # Ctrl-C included: free what was made, then pass it on
+            self.close()
+            raise
+
+    def _open(self, config: EngineConfig) -> None:
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        mparams.progress_callback = _PROGRESS_CALLBACK_REF
+        _recent_log.clear()  # what llama.cpp logs from here explains a failure
+        devices, self.devices = offload_devices(config.n_gpu_layers, config.local_only)
+        if devices is not None:  # read during the load only
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        _raise_if_interrupted()  # one caught in a log line since the last check
+        with _sigint_deferred():
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if model:
+            self._model = model
+        _raise_if_interrupted()  # the load was cancelled (NULL) or has just finished
+        if not model:  # NULL: truncated, corrupt or unsupported
+            raise _load_failure(self.path)
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = config.n_batch
+        cparams.n_seq_max = 1
+        # llama.cpp's default (4 threads) oversubscribes small machines badly: use the
+        # CPUs this process may run on unless told otherwise.
+        n_threads = config.n_threads if config.n_threads > 0 else default_threads()
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        # Without swa_full, sliding-window layers (Gemma 3) keep n_swa + n_ubatch cells
+        # and reuse cells that have left the window; `truncate` checks that a rollback
+        # still has the window it needs (see `_window_intact`).
+        cparams.swa_full = config.swa_full
+        cparams.no_perf = True
+        with _sigint_deferred():  # no cancel hook here: Ctrl-C is raised once it returns
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if ctx:
+            self._ctx = ctx
+        _raise_if_interrupted()
+        if not ctx:
+            raise ModelLoadError(
+                f"llama.cpp could not create a context for {self.name} (n_ctx={config.n_ctx}):"
+                f" {_last_error()}"
+            )
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        # llama.cpp may round n_ctx up and clamps n_batch to it: use what it chose
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        # window of the sliding-window layers in positions, 0 when the model has none
+        self.n_swa = int(llama_cpp.llama_model_n_swa(model))
+        self.n_reprocessed = 0  # times truncate had to re-evaluate the whole context
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []
+        self.decode_s = 0.0
+        v = self._vocab
+        self.vocab = VocabInfo(
+            vocab_type=int(llama_cpp.llama_vocab_type(v)),
+            n_vocab=self.n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+        self._piece_cache: dict[int, bytes] = {}
+        self.n_params = int(llama_cpp.llama_model_n_params(model))  # weights, not bytes
+
+    # -- vocabulary ---------------------------------------------------------------
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        """Tokenize UTF-8 bytes; special-token text (e.g. ``<start_of_turn>``) is parsed."""
+        n_max = len(text) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, n_max, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, text, len(text), buf, n_max, add_special, True
+            )
+        if n < 0:
+            raise EngineError(f"{self.name}: tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """Bytes the token renders to in output text; control tokens give b''."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry as stored (`llama_vocab_get_text`)."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def chat_template(self) -> str | None:
+        """The GGUF's default chat template (`tokenizer.chat_template`), or None."""
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def is_eog(self, token: int) -> bool:
+        """End-of-generation token (EOS, EOT, ...) per `llama_vocab_is_eog`."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- evaluation ---------------------------------------------------------------
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+        """Append `tokens` at positions len(self.tokens)... and evaluate them.
+
+        Splits into chunks of n_batch; output rows are requested only for the last
+        token, or for every token of the final chunk when `all_logits` (the loop never
+        asks for more than K+1 rows, which fit one chunk).
+
+        Returns:
+            (n_rows, n_vocab) float32 zero-copy view of llama.cpp's logits buffer:
+            valid until the next decode or truncate on this engine.
+
+        Raises:
+            EngineError: the tokens do not fit in the context, or llama_decode failed.
+            KeyboardInterrupt: Ctrl-C; a chunk of 64 tokens or more is aborted at once and
+                dropped from the cache (the caller rolls back to `tokens` either way).
+        """
+        if self._ctx is None:
+            raise EngineError(f"{self.name}: the model is closed")
+        if not tokens:
+            raise EngineError("decode called with no tokens")
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise EngineError(
+                f"{self.name}: {len(self.tokens) + len(tokens)} tokens exceed the context"
+                f" of {self.n_ctx}"
+            )
+        if all_logits and len(tokens) > self.n_batch:
+            raise EngineError(f"{self.name}: {len(tokens)} output rows exceed n_batch")
+        batch = self._batch
+        assert batch is not None  # allocated with the context, freed only by close()
+        n_out = 0
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            pos0 = len(self.tokens)
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                want = last_chunk and (all_logits or i == len(chunk) - 1)
+                batch.logits[i] = 1 if want else 0
+            batch.n_tokens = len(chunk)
+            t0 = time.perf_counter()
+            rc = self._decode_batch(batch, len(chunk))
+            if rc == 0:
+                # a GPU backend may still be computing: wait here, so the wait is
+                # counted as evaluation and not as the host work that reads the logits
+                llama_cpp.llama_synchronize(self._ctx)
+            self.decode_s += time.perf_counter() - t0
+            if rc != 0:
+                # A failed or aborted decode may leave part of this chunk in the cache: drop
+                # it so the cache matches `tokens` again.
+                llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                _raise_if_interrupted()  # code 2: aborted by Ctrl-C
+                raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
+            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
+            self.tokens.extend(chunk)
+            n_out = len(chunk) if all_logits else 1
+        return self._logits(n_out)
+
+    def _decode_batch(self, batch: llama_cpp.llama_batch, n_tokens: int) -> int:
+        """`llama_decode`; a long batch (a prompt chunk, which can take seconds on a large
+        model) is aborted by Ctrl-C through llama.cpp's abort callback (return code 2)."""
+        if n_tokens < _ABORTABLE_TOKENS:
+            return int(llama_cpp.llama_decode(self._ctx, batch))
+        llama_cpp.llama_set_abort_callback(self._ctx, _DECODE_ABORT_REF, None)
+        try:
+            with _sigint_deferred():
+                return int(llama_cpp.llama_decode(self._ctx, batch))
+        finally:
+            llama_cpp.llama_set_abort_callback(self._ctx, _NO_DECODE_ABORT, None)
+
+    def _logits(self, n_rows: int) -> Logits:
+        # Outputs are stored contiguously in batch order (llama.h, llama_get_logits), so
+        # row 0's pointer covers all n_rows; checked against llama_get_logits_ith.
+        ptr0 = llama_cpp.llama_get_logits_ith(self._ctx, -n_rows)
+        if not ptr0:
+            raise EngineError(f"{self.name}: llama.cpp returned no logits")
+        if n_rows > 1:
+            ptr_last = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+            step = ctypes.sizeof(ctypes.c_float) * self.n_vocab * (n_rows - 1)
+            if ctypes.addressof(ptr_last.contents) - ctypes.addressof(ptr0.contents) != step:
+                raise EngineError(f"{self.name}: logits rows are not contiguous")
+        return np.ctypeslib.as_array(ptr0, shape=(n_rows, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first n positions (`llama_memory_seq_rm`).
+
+        With a window-sized sliding-window cache, llama.cpp reuses the cells of positions
+        that have left the window of the newest position, so a rollback can need cells
+        that are gone. The speculative loop does not get there: the target rolls back to
+        at least the length it had before its last decode, whose window llama.cpp never
+        evicts; the draft rolls back at most K - 1 single-token passes, and its ring of
+        n_swa + n_batch cells holds the last ~n_swa + n_batch - K positions (measured:
+        1011-1018 for Gemma 3 at K = 8). Deeper rollbacks can: then the context is
+        evaluated again from position 0 (llama-server's "forcing full prompt
+        re-processing") and `n_reprocessed` counts it.
+
+        Raises:
+            EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), the
+            cache still holds positions >= n afterwards, or re-evaluating failed.
+        """
+        if self._ctx is None:  # closed: there is no cache left to keep consistent
+            return
+        # Always ask llama.cpp, even when `tokens` says there is nothing to drop: after
+        # an interrupt the cache may hold a chunk that `tokens` has not recorded yet.
+        ok = llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, 0)
+        if not ok or pos_max >= n:
+            raise EngineError(
+                f"{self.name}: the KV cache cannot roll back to {n} tokens"
+                " (recurrent or hybrid models are not supported for speculation)"
+            )
+        del self.tokens[n:]
+        if not self._window_intact():
+            kept = self.tokens
+            self.tokens = []
+            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1):
+                raise EngineError(f"{self.name}: the KV cache cannot be cleared")
+            self.n_reprocessed += 1
+            self.decode(kept)
+
+    def _window_intact(self) -> bool:
+        """Whether the sliding-window layers hold every position the next one attends to.
+
+        Position m = len(tokens) attends to keys p with m - p < n_swa (llama.cpp's
+        `is_masked_swa`, standard type; the chunked type needs fewer), so positions
+        max(0, m - n_swa + 1)..m-1 must be cached; llama.cpp keeps each sequence's cached
+        positions contiguous (`llama_memory_seq_pos_min` documents it), so the smallest
+        one decides.
+        """
+        m = len(self.tokens)
+        if self.n_swa <= 0 or m == 0:
+            return True
+        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0))
+        return 0 <= pos_min <= max(0, m - self.n_swa + 1)
+
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

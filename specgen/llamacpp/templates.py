@@ -1,0 +1,49 @@
+"""Chat templates, rendered as llama-cpp-python renders them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from specgen.errors import ChatTemplateError
+
+
+def compile_chat_template(
+    template: str, bos_token: str, eos_token: str
+) -> Callable[[Sequence[dict[str, str]]], str]:
+    """Compile a Hugging Face-style chat template; returns ``messages -> prompt text``.
+
+    Rendering is llama-cpp-python's `Jinja2ChatFormatter`: Jinja2 in an
+    `ImmutableSandboxedEnvironment` with `trim_blocks` and `lstrip_blocks`, the
+    `loopcontrols` extension, transformers' `tojson`, and the variables `messages`,
+    `bos_token`, `eos_token`, `add_generation_prompt` (always true here),
+    `raise_exception` and `strftime_now`, as transformers' `apply_chat_template` renders.
+
+    Args:
+        template: the Jinja2 source.
+        bos_token, eos_token: the model's BOS and EOS token text (e.g. ``<bos>``).
+
+    Raises:
+        ChatTemplateError: the template does not compile (at once) or fails while rendering
+            (when the returned function is called; `raise_exception` included); the message
+            is one line without the template's source, which the caller adds.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    try:
+        formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token)
+    except Exception as e:  # jinja2.TemplateSyntaxError and friends: user-supplied code
+        raise ChatTemplateError(_template_error(e)) from e
+
+    def render(messages: Sequence[dict[str, str]]) -> str:
+        try:
+            return formatter(messages=list(messages)).prompt  # type: ignore[arg-type]
+        except Exception as e:  # the template's own raise_exception, undefined names, ...
+            raise ChatTemplateError(_template_error(e)) from e
+
+    return render
+
+
+def _template_error(e: Exception) -> str:
+    line = getattr(e, "lineno", None)
+    msg = " ".join(str(getattr(e, "message", None) or e).split()) or type(e).__name__
+    return f"line {line}: {msg}" if line else msg

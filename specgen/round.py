@@ -1,0 +1,329 @@
+"""The round as a unit: one sequence's state, with the five stages split where a batch must
+split them.
+
+A `Sequence` holds what one generation owns: the committed tokens, its `Emitter`, its two
+random streams (draft sampling, acceptance), its target (an `Engine`: for the server, one
+sequence of a shared context), its drafter, its block-size policy and a clock. A round is
+`propose(k)` (stage 1: the block and its q rows), a decode of `Proposal.to_score` (stage 2,
+made by whoever holds the batch), and `commit(proposal, logits)` (stages 3-5: accept,
+the next token, emit, roll back this sequence only). `step()` composes them with one decode
+for a single stream; `specgen.generate.generate` drives one Sequence, the server's scheduler
+drives many with one batched decode per step.
+
+Invariant before every round (kept by `commit`'s rollback, restored by `finish`): the
+target holds exactly the committed tokens except the last one, `last`, which is committed
+but not yet evaluated; a model drafter holds a prefix of that.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specgen.controller import Baseline
+from specgen.emit import Emitter
+from specgen.engine import Block, Drafter, Engine, Logits
+from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
+from specgen.stages import (
+    FixedK,
+    GenerateConfig,
+    KPolicy,
+    accept_prefix,
+    check_prompt,
+    draft_block,
+    make_trace,
+    next_token,
+    prefill,
+    rollback,
+    target_distributions,
+    time_passes,
+    tokens_to_score,
+)
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (`time.perf_counter`); tests pass a fake one."""
+
+
+def _now() -> float:
+    return time.perf_counter()  # looked up at each call: a test may replace it
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Stage 1's result: what stage 2 must score for this sequence.
+
+    Attributes:
+        k: the block size asked for (0 = an ordinary pass).
+        block: the proposals x_1..x_m (m <= k) and their q rows.
+        bonus: whether the bonus position is scored too (see `KPolicy.bonus`).
+        last: the committed token the target has not evaluated yet.
+        t_start: clock at the start of the round, seconds.
+        t_drafted: clock when drafting ended, seconds.
+        catchup_s: seconds the drafter spent catching up on committed tokens it had not
+            seen (after ordinary rounds): a cost of the round after a fallback, not of each
+            proposal.
+        decode0, decode1: seconds inside llama_decode so far (target + draft) at t_start
+            and at t_drafted, to tell the loop's host time apart.
+    """
+
+    k: int
+    block: Block
+    bonus: bool
+    last: int
+    t_start: float
+    t_drafted: float
+    catchup_s: float = 0.0
+    decode0: float = 0.0
+    decode1: float = 0.0
+
+    @property
+    def to_score(self) -> list[int]:
+        """[last, x_1..x_m] (without x_m when no bonus row is scored): every row is needed."""
+        return tokens_to_score(self.last, self.block, self.bonus)
+
+    @property
+    def draft_s(self) -> float:
+        return self.t_drafted - self.t_start
+
+
+class Sequence:
+    """One generation's state and its round in phases (see the module docstring).
+
+    Args:
+        target: the target engine (or one sequence of a shared one).
+        drafter: proposes blocks; None for ordinary decoding.
+        prompt: token ids; must leave room in the target's context.
+        config: the generation's settings (-n, sampling, stop strings, seed, ...).
+        policy: chooses K each round; `FixedK(0)` when None.
+        clock: seconds, monotonic; every timing the loop reports is read from it
+            (`time.perf_counter` when None).
+
+    Raises:
+        PromptError: empty prompt, or no room in the context.
+    """
+
+    def __init__(
+        self,
+        target: Engine,
+        drafter: Drafter | None,
+        prompt: list[int],
+        config: GenerateConfig,
+        policy: KPolicy | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        check_prompt(prompt, target.n_ctx)
+        self.target = target
+        self.drafter = drafter
+        self.config = config
+        self.policy: KPolicy = policy or FixedK(0)
+        self.clock = clock or _now
+        # two independent streams: drafting never shifts the acceptance uniforms
+        self.draft_rng, self.target_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(2)
+        )
+        self.emitter = Emitter(
+            target.token_bytes, target.is_eog, config.stop, config.ignore_eos, config.max_tokens
+        )
+        self.stats = Stats(n_prompt=len(prompt))
+        self.committed = list(prompt)
+        self.baseline = Baseline()
+        self.policy.attach(self.baseline)
+        self._t_decode = self._t_last = self.clock()
+
+    @property
+    def _draft_engine(self) -> Engine | None:
+        return self.drafter.engine if self.drafter is not None else None
+
+    def _inside(self) -> float:
+        d = self._draft_engine
+        return self.target.decode_s + (d.decode_s if d is not None else 0.0)
+
+    # -- before the first round ------------------------------------------------------
+
+    def prefill(self) -> Prefilled:
+        """Evaluate the prompt (all but its last token) in the target and the draft, then
+        time the ordinary-decoding baseline as `config.measure_ordinary` asks."""
+        t0 = self.clock()
+        n = prefill(self.target, self.drafter, self.committed, self.config.reuse_cache)
+        return self.start(n, self.clock() - t0)
+
+    def start(self, n_prefill: int, prefill_s: float) -> Prefilled:
+        """Begin after the prompt was evaluated (by `prefill`, or by a batched prefill that
+        holds other sequences too): time the baseline passes, return the Prefilled event."""
+        self.stats.n_prefill, self.stats.prefill_s = n_prefill, prefill_s
+        last, n = self.committed[-1], self.config.measure_ordinary
+        passes = time_passes(self.target, last, n, self.clock)
+        ordinary_s = draft_pass_s = None
+        if passes:
+            self.baseline.add_initial(passes)
+            ordinary_s = statistics.median(passes)
+            # the baseline the policy must beat, measured after a warm-up pass, instead
+            # of one noisy first round
+            self.policy.observe(0, 0, 0.0, ordinary_s, 0)
+            # and the draft's cost, so a draft slower than its target costs no round
+            draft = self._draft_engine
+            if draft is not None and self.policy.measures_draft:
+                draft_pass_s = self._time_draft(n)
+        self._t_decode = self._t_last = self.clock()
+        return Prefilled(len(self.committed), prefill_s, ordinary_s, draft_pass_s)
+
+    def _time_draft(self, n: int) -> float | None:
+        """The median of n single-token draft passes of `last` (rolled back), made where
+        the draft's cache stands, reported to the policy; None when not measured."""
+        draft = self._draft_engine
+        if draft is None or len(draft.tokens) >= draft.n_ctx:
+            return None
+        passes = time_passes(draft, self.committed[-1], n, self.clock)
+        if not passes:
+            return None
+        seconds = statistics.median(passes)
+        self.policy.observe_draft_pass(seconds)
+        return seconds
+
+    # -- one round ---------------------------------------------------------------------
+
+    def ended(self) -> bool:
+        """Whether generation is over; closes it first when -n or the context is reached
+        (said apart: the fix differs)."""
+        e = self.emitter
+        if e.finish is None and (e.remaining <= 0 or self._room() < 0):
+            e.close("length" if e.remaining <= 0 else "context")
+        return e.finish is not None
+
+    def _room(self) -> int:
+        # the target will hold len - 1 + 1 + K tokens
+        return self.target.n_ctx - len(self.committed)
+
+    def choose_k(self) -> int:
+        """The policy's block size, capped so that a round (up to K + 1 tokens) never runs
+        past -n or the context; 0 without a drafter."""
+        if self.drafter is None:
+            return 0
+        return self.policy.choose_k(min(self.emitter.remaining - 1, self._room()))
+
+    def propose(self, k: int, block: Block | None = None) -> Proposal:
+        """Stage 1: up to k proposals with their q rows, or `block` when it was drafted
+        elsewhere (a batched drafter across sequences)."""
+        t_start, decode0 = self.clock(), self._inside()
+        bonus = k == 0 or self.policy.bonus()
+        if k == 0 and self._draft_engine is not None and self.policy.retime_draft():
+            self._time_draft(1)  # a draft too slow to use: its cost, counted as drafting
+        catchup_s = 0.0
+        if block is None:
+            block = draft_block(self.drafter, self.committed, k, self.draft_rng)
+            if k > 0 and self.drafter is not None:
+                catchup_s = self.drafter.catchup_s
+        return Proposal(
+            k, block, bonus, self.committed[-1], t_start, self.clock(), catchup_s,
+            decode0, self._inside(),
+        )  # fmt: skip
+
+    def commit(self, proposal: Proposal, logits: Logits, verify_s: float | None = None) -> Step:
+        """Stages 3-5 for this sequence, given its rows of the target decode.
+
+        Args:
+            proposal: what `propose` returned this round.
+            logits: (len(proposal.to_score), n_vocab) float32: row i scores the token after
+                to_score[i]. The target's `tokens` already include to_score.
+            verify_s: seconds of the decode that produced the rows; None: the time since
+                drafting ended (a single stream's own decode).
+
+        Returns:
+            The round's Step (spans, counts, timings).
+        """
+        p, params = proposal, self.config.params
+        t2 = self.clock()
+        verify_s = t2 - p.t_drafted if verify_s is None else verify_s
+        v = target_distributions(logits, params)
+        u = self.target_rng.random(p.block.tokens.size)
+        n = accept_prefix(p.block, v, u)
+        x_next = next_token(n, p.block, v, self.target_rng)
+        t3 = self.clock()
+        new, spans = self._emit(p.block, n, x_next)
+        self.committed.extend(new)
+        rollback(self.target, self.drafter, self.committed)
+        m = int(p.block.tokens.size)
+        # the policy's verify cost is the whole rest of the round: all of it grows with the
+        # block; catching up after ordinary rounds is a cost of the probe, passed apart
+        self.policy.observe(
+            p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m, p.catchup_s
+        )
+        t_end = self.clock()
+        if p.k == 0 and new:
+            # an ordinary pass as this run pays for it, since the previous round ended
+            # (the consumer's time between rounds included, as in tokens/s): an all-ordinary
+            # run then shows a speedup of 1
+            self.baseline.add_round(t_end - self._t_last)
+        self._t_last = t_end
+        rejected = None
+        if n < m and n < len(new):
+            rejected = self.target.token_bytes(int(p.block.tokens[n])).decode("utf-8", "replace")
+        trace = None
+        if self.config.trace:
+            trace = make_trace(
+                self.target, self.drafter, self.committed, new, p.block, logits, v, u, n, x_next
+            )
+        step = Step(
+            k=p.k,
+            n_proposed=m,
+            # proposals count up to the last token that mattered: the rejected x_{n+1}
+            # counts once its correction token was reached
+            n_drafted=min(m, len(new)),
+            n_accepted=min(n, len(new)),
+            spans=tuple(spans),
+            rejected_text=rejected,
+            draft_s=p.draft_s,
+            verify_s=verify_s,
+            sample_s=t3 - t2,
+            round_s=t_end - p.t_start,
+            trace=trace,
+            host_s=(t_end - p.t_start) - (self._inside() - p.decode0),
+            draft_host_s=p.draft_s - (p.decode1 - p.decode0),
+            n_rows=int(logits.shape[0]),
+            ordinary_token_s=self.baseline.token_s,
+        )
+        self.stats.add(step, decode_s=t_end - self._t_decode)
+        # an end-of-generation token's span (holding the text it flushed) is no token
+        self.stats.n_generated = len(self.emitter.tokens)
+        return step
+
+    def _emit(self, block: Block, n: int, x_next: int | None) -> tuple[list[int], list[Span]]:
+        """Push the accepted prefix and the next token through the Emitter; nothing after
+        EOS, a stop string or -n is kept."""
+        new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
+        spans: list[Span] = []
+        for i, tok in enumerate(new):
+            span = self.emitter.push(tok, from_draft=i < n)
+            if span is not None:
+                spans.append(span)
+            if self.emitter.finish is not None:
+                del new[i + 1 :]
+                break
+        return new, spans
+
+    def step(self) -> Step:
+        """One round for a single stream: propose, one target decode, commit."""
+        proposal = self.propose(self.choose_k())
+        logits = self.target.decode(proposal.to_score, all_logits=True)
+        return self.commit(proposal, logits)
+
+    # -- the end -----------------------------------------------------------------------
+
+    def rollback(self) -> None:
+        """Both caches back to the committed tokens except the last (any exit)."""
+        rollback(self.target, self.drafter, self.committed)
+
+    def finish(self, reason: FinishReason | None = None) -> Done:
+        """The Done event; `reason` closes a generation still open (Ctrl-C, shutdown)."""
+        if reason is not None:
+            self.emitter.close(reason)
+        self.stats.n_generated = len(self.emitter.tokens)
+        self.stats.ordinary_token_s = self.baseline.token_s
+        self.stats.baseline_note = self.baseline.disagreement_note()
+        assert self.emitter.finish is not None
+        e = self.emitter
+        return Done(e.finish, e.text, tuple(e.tokens), self.stats)  # type: ignore[arg-type]

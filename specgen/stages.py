@@ -1,0 +1,324 @@
+"""The five stages of a round, as pure-ish functions over engines and rows, and the settings
+of a generation. `specgen.round.Sequence` composes them per sequence; `specgen.generate`
+drives one Sequence.
+
+One round: (1) `draft_block`: K proposals x_1..x_K with their q rows; (2) a target decode
+of `tokens_to_score` = [last, x_1..x_K] with K+1 output rows; (3) `accept_prefix`: the
+longest accepted prefix, n; (4) `next_token`: a residual draw at position n+1, or the
+bonus token from p_{K+1} when n = K; (5) `rollback`: the target drops x_{n+1}..x_K.
+K = 0 is a plain ordinary-decoding pass through the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from specgen import rejection
+from specgen.controller import Baseline
+from specgen.drafters import common_prefix
+from specgen.engine import Block, Drafter, Engine, Logits
+from specgen.errors import PromptError
+from specgen.events import RoundTrace
+from specgen.sampling import Dists, SamplingParams, warp_rows
+
+
+class KPolicy(Protocol):
+    """Chooses the block size each round (see `specgen.controller.Controller`)."""
+
+    def choose_k(self, remaining: int) -> int: ...
+
+    def bonus(self) -> bool:
+        """Whether the round just chosen scores the bonus position too (K + 1 rows).
+        False for a round that only tests proposals (a probe): the target then scores K
+        rows, as many as an ordinary pass when K = 1, and the round emits no bonus token.
+        """
+        ...
+
+    def observe(
+        self,
+        k: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        n_proposed: int,
+        catchup_s: float = 0.0,
+    ) -> None:
+        """The outcome of the round just chosen: K asked, n accepted of the n_proposed
+        proposals the drafter returned, and its costs in seconds (`catchup_s` apart: the
+        drafter catching up after ordinary rounds)."""
+        ...
+
+    def observe_draft_pass(self, draft_s: float) -> None:
+        """A single-token draft pass timed after the prompt, or when `retime_draft` asked."""
+        ...
+
+    def retime_draft(self) -> bool:
+        """Whether to time one draft pass (rolled back) in the K = 0 round just chosen."""
+        ...
+
+    @property
+    def measures_draft(self) -> bool:
+        """Whether the draft's cost is timed after the prompt (an adaptive policy needs it
+        before its first choice; a fixed K does not)."""
+        ...
+
+    def summary(self) -> dict[str, object] | None:
+        """JSON-ready state for the stats output, or None when there is nothing to say."""
+        ...
+
+    def attach(self, baseline: Baseline) -> None:
+        """The run's ordinary-decoding baseline, for a policy that weighs K against it."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedK:
+    """Always K (capped by what is left): `--draft-max K`."""
+
+    k: int
+
+    def choose_k(self, remaining: int) -> int:
+        return max(0, min(self.k, remaining))
+
+    def bonus(self) -> bool:
+        return True
+
+    def observe(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def observe_draft_pass(self, draft_s: float) -> None:
+        pass
+
+    def retime_draft(self) -> bool:
+        return False
+
+    @property
+    def measures_draft(self) -> bool:
+        return False
+
+    def summary(self) -> dict[str, object] | None:
+        return None
+
+    def attach(self, baseline: Baseline) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Settings of one generation.
+
+    Attributes:
+        max_tokens: `-n`, tokens to emit at most.
+        params: sampling settings for both p and q.
+        stop: stop strings (cut exactly).
+        ignore_eos: do not stop at end-of-generation tokens.
+        seed: seeds both random streams (draft sampling, acceptance); None = random.
+        measure_ordinary: single-token target passes timed after the prompt to measure the
+            ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
+            policy (not FixedK) and a model drafter, as many draft passes are timed too.
+        trace: attach a `RoundTrace` to every Step (`--trace`).
+        reuse_cache: keep the target's cached common prefix with the prompt (a chat's
+            earlier turns) instead of evaluating the whole prompt again. Off by default so
+            that measurements (bench, verify) always pay a full prefill.
+    """
+
+    max_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    measure_ordinary: int = 0
+    trace: bool = False
+    reuse_cache: bool = False
+
+
+@dataclass
+class Verified:
+    """Target side of a round: p rows (or their argmax when greedy)."""
+
+    p: Dists | None  # k+1 rows (k without the bonus row), None when greedy
+    argmax: np.ndarray | None  # (k+1,) int64 when greedy
+
+
+# -- the five stages --------------------------------------------------------------------
+
+
+def draft_block(
+    drafter: Drafter | None, context: list[int], k: int, rng: np.random.Generator
+) -> Block:
+    """Stage 1: up to k proposals after `context` with their q rows (empty when k = 0)."""
+    if drafter is None or k == 0:
+        return Block(tokens=np.zeros(0, dtype=np.int64), q=Dists.empty(0))
+    return drafter.draft(context, k, rng)
+
+
+def tokens_to_score(last: int, block: Block, bonus: bool = True) -> list[int]:
+    """Stage 2's input: [last, x_1..x_K], or [last, x_1..x_{K-1}] without the bonus position
+    (the round then ends at x_K if all are accepted)."""
+    x = block.tokens.tolist()
+    if not bonus and x:
+        x = x[:-1]
+    return [last, *x]
+
+
+def score_block(target: Engine, last: int, block: Block, bonus: bool = True) -> Logits:
+    """Stage 2: one batched target decode of `tokens_to_score`.
+
+    Returns (K+1, n_vocab) float32 logits (K rows without the bonus): row i scores the
+    token after x_i (row 0 the token after `last`). A view into llama.cpp's buffer, valid
+    until the next decode.
+    """
+    return target.decode(tokens_to_score(last, block, bonus), all_logits=True)
+
+
+def target_distributions(logits: Logits, params: SamplingParams) -> Verified:
+    """p rows under the same warpers as q, all rows in one call; greedy keeps only the
+    argmax per row."""
+    if params.greedy:
+        return Verified(p=None, argmax=np.argmax(logits, axis=1))
+    return Verified(p=warp_rows(logits, params), argmax=None)
+
+
+def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
+    """Stage 3: n, the accepted prefix length (Leviathan et al. 2023, Algorithm 1)."""
+    if v.argmax is not None:
+        return rejection.accept_greedy(block.tokens, v.argmax)
+    assert v.p is not None
+    return rejection.accept(block.tokens, block.q, v.p, u)
+
+
+def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int | None:
+    """Stage 4: residual draw at the first rejection, or the bonus token after a full accept.
+
+    None after a full accept of a block scored without its bonus row (`score_block` with
+    bonus=False): the round then emits x_1..x_K only. The output law is unchanged: each
+    position is an accepted x_i or a residual draw, distributed as p (Leviathan et al.
+    2023, Theorem 3.5), and whether the bonus row is scored is decided before the round,
+    from nothing the round produces; the bonus token is a free extra draw from p.
+    """
+    rows = v.argmax.shape[0] if v.argmax is not None else len(v.p)  # type: ignore[arg-type]
+    if n >= rows:
+        return None
+    if v.argmax is not None:
+        # one-hot p minus one-hot q at a rejected position leaves p: the argmax
+        return int(v.argmax[n])
+    assert v.p is not None
+    return rejection.correct(n, block.q, v.p, rng)
+
+
+def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
+    """Stage 5: both caches back to the committed tokens except the last."""
+    target.truncate(len(committed) - 1)
+    if drafter is not None:
+        drafter.rollback(committed)
+
+
+def make_trace(
+    target: Engine,
+    drafter: Drafter | None,
+    committed: list[int],
+    new: list[int],
+    block: Block,
+    logits: Logits,
+    v: Verified,
+    u: np.ndarray,
+    n: int,
+    x_next: int | None,
+) -> RoundTrace:
+    """The round's RoundTrace, built after its rollback (`logits` still this round's rows;
+    `new`: the tokens it committed; `u`: its uniforms; n accepted; x_next the next token)."""
+    x = block.tokens.tolist()
+    k = len(x)
+    row = min(n, logits.shape[0] - 1)  # no bonus row: show the last scored position
+    if v.argmax is not None:
+        p_x = [1.0 if x[i] == int(v.argmax[i]) else 0.0 for i in range(k)]
+        q_x = [1.0] * k
+        z = logits[row].astype(np.float64)  # greedy p is one-hot: show the raw softmax
+        w = np.exp(z - z.max())
+        ids, pr = np.arange(z.size), w / w.sum()
+    else:
+        assert v.p is not None
+        p_x = v.p[:k].at(block.tokens).tolist()
+        q_x = block.q.at(block.tokens).tolist()
+        ids, pr = v.p.row(row)
+    # most likely first (sparse rows are already in that order)
+    top: tuple[tuple[int, float], ...] = ()
+    if x_next is not None:
+        head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
+        best = head[np.argsort(-pr[head], kind="stable")]
+        top = tuple((int(ids[j]), float(pr[j])) for j in best)
+    tested = n + 1 if n < k else k
+    return RoundTrace(
+        position=len(committed) - len(new),
+        drafted=tuple(x),
+        q_x=tuple(q_x),
+        p_x=tuple(p_x),
+        u=tuple(float(a) for a in u),
+        accepted=tuple(i < n for i in range(tested)),
+        next_token=x_next,
+        next_kind=(
+            "none"
+            if x_next is None
+            else "ordinary"
+            if k == 0
+            else ("bonus" if n == k else "residual")
+        ),
+        top=top,
+        target_cache=len(target.tokens),
+        draft_cache=drafter.cached_tokens if drafter is not None else -1,
+    )
+
+
+# -- before the first round -----------------------------------------------------------
+
+
+def prefill(target: Engine, drafter: Drafter | None, prompt: list[int], reuse: bool = False) -> int:
+    """Evaluate the prompt except its last token in the target (and the draft).
+
+    With `reuse`, what the target's cache already holds of the prompt stays: the longest
+    common prefix of the cached tokens and the prompt is kept and only the rest evaluated
+    (a chat's next turn re-sends the whole conversation). A model drafter always keeps its
+    own common prefix the same way.
+
+    Returns:
+        The number of prompt tokens the target evaluated (0 when all but the last were
+        cached).
+    """
+    keep = common_prefix(target.tokens, prompt[:-1]) if reuse else 0
+    target.truncate(keep)
+    if len(prompt) - 1 > keep:
+        target.decode(prompt[keep:-1])
+    if drafter is not None:
+        drafter.prefill(prompt)
+    return len(prompt) - 1 - keep
+
+
+def time_passes(
+    engine: Engine, last: int, n: int, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Seconds of each of n single-token passes of `last`, each rolled back (the
+    ordinary-decoding baseline for a target, a draft token's cost for a draft)."""
+    base = len(engine.tokens)
+    times = []
+    for _ in range(max(0, n)):
+        t0 = clock()
+        engine.decode([last])
+        times.append(clock() - t0)
+        engine.truncate(base)
+    return times
+
+
+def check_prompt(prompt: list[int], n_ctx: int) -> None:
+    """Raises PromptError for an empty prompt or one that leaves no room to generate."""
+    if not prompt:
+        raise PromptError("the prompt is empty")
+    if len(prompt) >= n_ctx:
+        raise PromptError(
+            f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}:"
+            " shorten it or raise -c"
+        )

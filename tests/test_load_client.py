@@ -1,0 +1,233 @@
+"""The load client (`specgen.bench.load`): the real request path stamped with a scripted clock
+(exact figures), and real HTTP against the tiny OpenAI-protocol server in
+tests/openai_stub.py (counts and kinds exact, times only bounded below, which a slower
+machine cannot break)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import httpx
+import pytest
+from openai_stub import Stub, StubConfig
+
+from specgen.bench import load
+from specgen.bench.loadstats import LoadLevel, Slo, SpecStats, e2el_s, itls_s, tpot_s, ttft_s
+from specgen.errors import ConfigError
+
+
+def _sse(*objs: object) -> list[bytes]:
+    return [f"data: {json.dumps(o)}\n\n".encode() for o in objs] + [b"data: [DONE]\n\n"]
+
+
+def _chat_chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+
+
+def test_the_request_path_stamps_each_chunk_with_the_clock() -> None:
+    """A mock transport sets the clock to the schedule's time before it hands over each piece
+    of the body: the client's figures must then equal the schedule exactly."""
+    pieces = _sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},  # no text: no chunk
+        _chat_chunk("Hel"),
+        _chat_chunk("lo, "),
+        _chat_chunk("world"),
+        {
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 7},
+            "speculative": {"num_draft_tokens": 6, "num_accepted_draft_tokens": 4},
+        },
+    )
+    times = [0.050, 0.120, 0.150, 0.210, 0.215, 0.220]  # one per piece
+    now = [0.0]
+
+    async def body():
+        for t, piece in zip(times, pieces, strict=True):
+            now[0] = t
+            yield piece
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = await load.send_one(
+                client, "http://x/v1/chat/completions", {}, load.CHAT, 3,
+                load.LoadPrompt("p", "k", prompt="hi"), lambda: now[0], 10.0,
+            )  # fmt: skip
+            now[0] = 0.3
+            return r
+
+    r = asyncio.run(go())
+    assert r.ok and r.index == 3 and r.finish_reason == "length"
+    assert r.chunk_s == (0.120, 0.150, 0.210)
+    assert (r.output_tokens, r.tokens_from_usage) == (7, True)
+    assert r.spec == SpecStats(6, 4, "speculative")
+    assert ttft_s(r) == pytest.approx(0.120)
+    assert e2el_s(r) == pytest.approx(0.220)  # at [DONE]
+    assert tpot_s(r) == pytest.approx((0.220 - 0.120) / 6)
+    assert itls_s(r) == pytest.approx([0.030, 0.060])
+
+
+def test_the_stream_reader_takes_completions_timings_and_counts_without_usage() -> None:
+    st = load.StreamState(load.COMPLETIONS)
+    for line, t in [
+        (": keep-alive comment", 0.0),
+        ('data: {"choices": [{"index": 0, "text": "a"}]}', 1.0),
+        ("", 1.0),
+        ('data: {"choices": [{"index": 0, "text": ""}]}', 1.5),
+        ('data: {"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}],'
+         ' "timings": {"draft_n": 8, "draft_n_accepted": 3}}', 2.0),
+        ("data: [DONE]", 2.5),
+    ]:  # fmt: skip
+        st.feed(line, t)
+    assert st.done and st.chunk_s == [1.0, 2.0] and st.usage_tokens is None
+    assert st.spec is not None and (st.spec.num_draft_tokens, st.spec.source) == (8, "timings")
+    bad = load.StreamState(load.CHAT)
+    bad.feed('data: {"error": {"message": "boom"}}', 0.0)
+    assert bad.error == "stream error"
+
+
+def _settings(**kw) -> load.LoadSettings:
+    base = dict(
+        levels=(LoadLevel(0.0, concurrency=2),), num_prompts=6, max_tokens=8, seed=11, warmup=1
+    )
+    return load.LoadSettings(**(base | kw))
+
+
+PROMPTS = [load.LoadPrompt(f"p{i}", "k", prompt=f"prompt {i}") for i in range(3)]
+
+
+def test_a_level_against_the_stub_server() -> None:
+    cfg = StubConfig(
+        n_chunks=4, tokens_per_chunk=2, first_delay_s=0.02, delay_s=0.01, spec="speculative"
+    )
+    with Stub(cfg) as stub:
+        servers = load.parse_servers([stub.url + "/v1/"], ["stub"])
+        seen: list[load.LoadProgress] = []
+        res = load.run_load(servers, PROMPTS, _settings(), progress=seen.append)
+    assert stub.served == 1 + 6  # the warm-up, then the level
+    (run,) = res.runs
+    s = run.summary
+    assert (s.n_completed, s.failures, s.total_output_tokens) == (6, (), 48)
+    assert s.tokens_per_chunk == 2 and s.tokens_from_usage and s.max_in_flight == 2
+    assert s.acceptance_rate == pytest.approx(8 / 12)
+    for r in run.records:
+        assert len(r.chunk_s) == 4 and r.output_tokens == 8
+        assert ttft_s(r) >= 0.02 and e2el_s(r) >= 0.02 + 3 * 0.01  # a slower machine only adds
+        assert tpot_s(r) == pytest.approx((e2el_s(r) - ttft_s(r)) / 7)
+    assert seen[-1].done == seen[-1].total == 6 and seen[-1].in_flight == 0
+    assert max(p.in_flight for p in seen) == 2
+    assert res.servers[0].model_id == "stub-model"
+    assert res.servers[0].models["data"][0]["sha256"] == "00" * 32
+    body = stub.bodies[-1]
+    assert body["model"] == "stub-model" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
+    assert body["max_tokens"] == 8 and "prompt" in body  # raw prompts: completions
+    assert sorted(b["seed"] for b in stub.bodies[1:]) == [11 + i for i in range(6)]
+
+
+def test_failures_are_counted_by_kind_and_never_stop_the_run(tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    lines = [{"prompt": "fine one"}, {"prompt": "FAIL500"}, {"prompt": "DROP"},
+             {"prompt": "HANG"}, {"messages": [{"role": "user", "content": "fine two"}]}]  # fmt: skip
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    prompts = load.load_prompts(f)
+    with Stub(StubConfig(n_chunks=3)) as stub:
+        res = load.run_load(
+            load.parse_servers([stub.url], []),
+            prompts,
+            _settings(
+                num_prompts=5, warmup=0, timeout_s=0.5, levels=(LoadLevel(0.0, concurrency=5),)
+            ),
+        )
+        assert all("messages" in b for b in stub.bodies)  # messages: the chat endpoint
+    s = res.runs[0].summary
+    assert s.n_completed == 2
+    assert dict(s.failures) == {"http 500": 1, "disconnect": 1, "timeout": 1}
+    kinds = {r.prompt_id: r.failure for r in res.runs[0].records}
+    assert kinds == {"line-1": None, "line-2": "http 500", "line-3": "disconnect",
+                     "line-4": "timeout", "line-5": None}  # fmt: skip
+
+
+def test_servers_get_the_same_schedule_alternating_level_by_level() -> None:
+    levels = (
+        LoadLevel(0.0, concurrency=1),
+        LoadLevel(0.8, request_rate=math.inf, max_concurrency=2),
+    )
+    with Stub(StubConfig(usage=False, spec="timings")) as a, Stub(StubConfig(usage=False)) as b:
+        res = load.run_load(
+            load.parse_servers([a.url, b.url], ["A", "B"]),
+            PROMPTS,
+            _settings(levels=levels, warmup=0),
+        )
+        assert [x["prompt"] for x in a.bodies[:6]] == [x["prompt"] for x in b.bodies[:6]]
+        assert [x["temperature"] for x in a.bodies] == [0.0] * 6 + [0.8] * 6
+    assert [(r.label, r.level) for r in res.runs] == [
+        ("A", levels[0]),
+        ("B", levels[0]),
+        ("A", levels[1]),
+        ("B", levels[1]),
+    ]
+    s = res.runs[2].summary
+    assert s.max_in_flight <= 2 and s.n_completed == 6
+    assert s.total_output_tokens == 6 * 4 and not s.tokens_from_usage  # counted chunks
+    assert s.acceptance_rate == pytest.approx(1 / 4) and res.runs[3].summary.acceptance_rate is None
+
+
+def test_slo_goodput_and_chat_bodies() -> None:
+    with Stub(StubConfig(n_chunks=2)) as stub:
+        res = load.run_load(
+            load.parse_servers([stub.url], []),
+            PROMPTS,
+            _settings(endpoint="chat", slo=Slo(ttft_ms=60_000), top_k=40, top_p=0.95, min_p=0.05),
+        )
+        body = stub.bodies[-1]
+    assert body["messages"] == [{"role": "user", "content": body["messages"][0]["content"]}]
+    assert (body["top_k"], body["top_p"], body["min_p"]) == (40, 0.95, 0.05)
+    s = res.runs[0].summary
+    assert s.slo_met == 6 and s.slo_goodput == pytest.approx(s.request_throughput)
+
+
+def test_bad_servers_and_inputs_are_one_clear_error(tmp_path: Path) -> None:
+    with Stub() as stub:
+        port = stub.url.rsplit(":", 1)[1]
+    with pytest.raises(ConfigError, match="cannot reach"):
+        load.run_load(load.parse_servers([f"http://127.0.0.1:{port}"], []), PROMPTS, _settings())
+    for urls, labels, match in [(["ftp://x"], [], "http://"), (["http://a", "http://b"], ["x"], "--label"),
+                                (["http://a", "http://a"], [], "own label")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            load.parse_servers(urls, labels)
+    msgs = [load.LoadPrompt("m", "k", messages=(("user", "hi"),))]
+    with pytest.raises(ConfigError, match="completions"):
+        load.endpoint_of(_settings(endpoint="completions"), msgs)
+    bad = tmp_path / "bad.jsonl"
+    for text, match in [
+        ("{nope\n", "not JSON"),
+        ('{"messages": [{"role": 1}]}\n', "messages"),
+        ("", "no prompts"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load.load_prompts(bad)
+    assert [p.kind for p in load.load_prompts(None, ["code"])] == ["code"]
+    with pytest.raises(ConfigError, match="--kind"):
+        load.load_prompts(None, ["nonsense"])
+
+
+def test_open_loop_levels_share_one_seeded_schedule() -> None:
+    s = _settings(levels=(LoadLevel(0.0, request_rate=200.0), LoadLevel(0.0, request_rate=200.0)))
+    order0, off0 = load.level_schedule(s, 0, s.levels[0], 3)
+    again = load.level_schedule(s, 0, s.levels[0], 3)
+    order1, off1 = load.level_schedule(s, 1, s.levels[1], 3)
+    assert off0 is not None and off1 is not None and again[1] is not None
+    assert order0 == again[0] and (off0 == again[1]).all() and not (off0 == off1).all()
+    with Stub() as stub:
+        res = load.run_load(load.parse_servers([stub.url], []), PROMPTS, s)
+    for run in res.runs:
+        assert run.summary.n_completed == 6 and [r.index for r in run.records] == list(range(6))
+        starts = [r.start_s for r in run.records]
+        assert starts == sorted(starts)  # sent in schedule order
