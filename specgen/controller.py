@@ -456,6 +456,7 @@ class Controller:
         # CPU F32 figure, 8 tokens ~ 2 passes) until a second size is measured
         self._verify = _CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
         # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
+        self._model_drafted = False  # a draft model proposed a token (see `observe`)
         self._draft = _CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
         self._n_spec = 0  # rounds that drafted at least one token
         self._catchup_s: float | None = None  # moving average, rounds that caught up
@@ -637,6 +638,7 @@ class Controller:
         verify_s: float,
         n_proposed: int | None = None,
         catchup_s: float = 0.0,
+        n_lookup: int = 0,
     ) -> None:
         """Record the outcome of a round.
 
@@ -653,6 +655,11 @@ class Controller:
             catchup_s: seconds the drafter spent first evaluating the tokens committed
                 while it was idle (after ordinary rounds), not included in draft_s: a
                 cost of probing, not of drafting per token (see `_gap_cap`).
+            n_lookup: of the n_drafted tokens, those proposed by prompt lookup (hybrid
+                drafting): they cost microseconds, not a draft pass, so once a draft
+                model has drafted, its cost per token is fitted on its own tokens alone
+                and blocks of lookup tokens only leave the fit alone (a drafter that is
+                lookup alone, `--draft ngram`, is fitted on its tokens as before).
 
         A call with k = 0 and no preceding `choose_k` is allowed: it feeds a separately
         timed ordinary pass into the cost model.
@@ -661,7 +668,12 @@ class Controller:
         n = max(0, min(n_accepted, m))
         self._verify.add(max(m, 1) if not self.bonus() else m + 1, verify_s)
         if k > 0:
-            self._draft.add(m, draft_s)
+            n_model = max(0, m - n_lookup)
+            self._model_drafted = self._model_drafted or n_model > 0
+            if n_model > 0:
+                self._draft.add(n_model, draft_s)
+            elif not self._model_drafted:
+                self._draft.add(m, draft_s)
             if catchup_s > 0.0 and math.isfinite(catchup_s):
                 c = self._catchup_s
                 self._catchup_s = catchup_s if c is None else c + 0.25 * (catchup_s - c)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable
 
-from specgen.events import FinishReason, Span
+from specgen.events import FinishReason, Source, Span
 
 
 class Emitter:
@@ -49,14 +49,15 @@ class Emitter:
         """Tokens that may still be emitted."""
         return self.max_tokens - len(self.tokens)
 
-    def push(self, token: int, from_draft: bool) -> Span | None:
+    def push(self, token: int, from_draft: bool, source: Source | None = None) -> Span | None:
         """Commit one token. Returns its Span, or None when it ended generation without
-        being emitted (an end-of-generation token). Must not be called after `finish`."""
+        being emitted (an end-of-generation token). Must not be called after `finish`.
+        `source` says who proposed it (see `Span`; default from `from_draft`)."""
         assert self.finish is None
         if self._is_eog(token) and not self._ignore_eos:
             self.finish = "eos"
             tail = self._flush()
-            return Span(tail, token, from_draft) if tail else None
+            return Span(tail, token, from_draft, source) if tail else None
         self.tokens.append(token)
         text = self._held + self._decoder.decode(self._bytes(token))
         self._held = ""
@@ -72,7 +73,7 @@ class Emitter:
                 self.finish = "length"
                 text += self._flush()
         self.text_parts.append(text)
-        return Span(text, token, from_draft)
+        return Span(text, token, from_draft, source)
 
     def close(self, reason: FinishReason) -> str:
         """End generation from outside (context full, interrupt); returns held text."""

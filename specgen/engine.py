@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from specgen.events import Source
 from specgen.sampling import Dists
 
 Logits = npt.NDArray[np.float32]
@@ -40,7 +41,8 @@ class VocabInfo:
 
 
 class Engine(Protocol):
-    """One model with one KV cache (sequence 0), as the loop needs it.
+    """One model's KV cache for one sequence, as the loop needs it: a whole context with
+    one sequence (id 0), or a per-sequence view of a shared one (`BatchEngine.sequence`).
 
     Invariant kept by the caller: ``tokens`` is exactly what the cache holds, in order.
     ``decode_s`` is the running total of seconds spent evaluating (inside llama_decode),
@@ -90,6 +92,52 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class SeqDecode:
+    """One sequence's part of a batched decode (`BatchEngine.decode_batch`).
+
+    Attributes:
+        seq: the sequence id (0..n_seq-1); each sequence at most once per batch.
+        tokens: token ids appended at that sequence's next positions.
+        n_rows: logits rows wanted for the last n_rows of `tokens` (0 = none, a prompt
+            chunk; len(tokens) = all, a block to score).
+    """
+
+    seq: int
+    tokens: list[int]
+    n_rows: int
+
+
+class BatchEngine(Protocol):
+    """One model with a KV cache holding several sequences (llama.cpp's `n_seq_max`):
+    the server's target and draft. A sequence's cells are touched only through its own
+    id, so one sequence's rollback never moves another's."""
+
+    name: str
+    n_vocab: int
+    n_seq: int
+    decode_s: float
+
+    def sequence(self, seq: int) -> Engine:
+        """The `Engine` of sequence `seq` (the same object each call); its `n_ctx` is that
+        sequence's share of the cache."""
+        ...
+
+    def decode_batch(self, parts: list[SeqDecode]) -> list[Logits]:
+        """Evaluate every part in ONE decode (each sequence's positions continue its own
+        `tokens`, which are extended).
+
+        Returns:
+            per part, in order, (n_rows, n_vocab) float32 rows: row i scores the token
+            after tokens[len - n_rows + i]. Copies: they stay valid after the next decode.
+
+        Raises:
+            EngineError: the parts exceed one batch or a sequence's context, or llama.cpp
+                failed; then no sequence has kept any of its new tokens.
+        """
+        ...
+
+
 @dataclass
 class Block:
     """A drafted block.
@@ -105,6 +153,13 @@ class Block:
 
     tokens: TokenIds
     q: Dists
+    sources: tuple[Source, ...] = ()
+    """Who proposed each token, "draft" (a draft model) or "lookup" (prompt lookup);
+    empty means all "draft"."""
+
+    def source(self, i: int) -> Source:
+        """The proposer of x_{i+1} (see `sources`)."""
+        return self.sources[i] if self.sources else "draft"
 
 
 class Drafter(Protocol):

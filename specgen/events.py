@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+Source = Literal["draft", "lookup", "target"]
+"""Who proposed a committed token: the draft model, prompt lookup (n-gram), or the
+target itself (residual, bonus or ordinary token)."""
+SOURCES: tuple[Source, ...] = ("draft", "lookup", "target")
+
 FinishReason = Literal["length", "context", "stop", "eos", "interrupted"]
 """Why generation ended: -n reached, the context (-c) full, a stop string, an
 end-of-generation token, or Ctrl-C."""
@@ -22,13 +27,22 @@ class Span:
         text: the characters this token completed (may be '' while a multi-byte
             character is still incomplete, or hold the tail of earlier tokens' bytes).
         token: the token id.
-        from_draft: True when the draft proposed it and the target accepted it; False
+        from_draft: True when a drafter proposed it and the target accepted it; False
             when the target produced it (residual resample, bonus token, or ordinary decoding).
+        source: which drafter proposed it (`Source`): "draft" (the draft model),
+            "lookup" (prompt lookup), or "target"; defaults from `from_draft` ("draft" or
+            "target").
     """
 
     text: str
     token: int
     from_draft: bool
+    source: Source | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            object.__setattr__(self, "source", "draft" if self.from_draft else "target")
+        assert self.from_draft == (self.source != "target"), "source and from_draft disagree"
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,10 @@ class RoundTrace:
         top: the target's 3 most likely tokens with p at the position of `next_token`.
         target_cache, draft_cache: cached tokens in each model after the round's rollback
             (draft_cache is -1 without a model drafter).
+        verify_rule: "token" (token-wise rejection) or "block" (block verification; `u`
+            then holds its eta and `h` its pass probabilities h_1..h_K).
+        sources: the proposer of each drafted token ("draft" or "lookup").
+        h: block verification's h_i per position (empty under token-wise).
     """
 
     position: int
@@ -75,6 +93,9 @@ class RoundTrace:
     top: tuple[tuple[int, float], ...]
     target_cache: int
     draft_cache: int
+    verify_rule: str = "token"
+    sources: tuple[str, ...] = ()
+    h: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,8 @@ class Step:
         n_rows: logits rows the target scored (K + 1, or K without the bonus row).
         ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
             token (`specgen.controller.Baseline`), None when not measured.
+        n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
+            ("draft", "lookup"), only sources with a count.
     """
 
     k: int
@@ -119,6 +142,8 @@ class Step:
     draft_host_s: float = 0.0
     n_rows: int = 0
     ordinary_token_s: float | None = None
+    n_drafted_by: dict[str, int] = field(default_factory=dict)
+    n_accepted_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -154,6 +179,9 @@ class Stats:
             run's own K = 0 rounds), None when not measured.
         baseline_note: why that baseline is uncertain (the first passes and the run's
             ordinary rounds disagree by more than their noise), or None.
+        n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
+            ("draft" for the draft model, "lookup" for prompt lookup).
+        verify_rule: the acceptance rule, "token" or "block".
     """
 
     n_prompt: int = 0
@@ -174,6 +202,9 @@ class Stats:
     k_history: list[int] = field(default_factory=list)
     ordinary_token_s: float | None = None
     baseline_note: str | None = None
+    n_drafted_by: dict[str, int] = field(default_factory=dict)
+    n_accepted_by: dict[str, int] = field(default_factory=dict)
+    verify_rule: str = "token"
 
     def add(self, step: Step, decode_s: float | None = None) -> None:
         """Fold one round into the totals.
@@ -198,6 +229,12 @@ class Stats:
         self.k_history.append(step.k)
         if step.ordinary_token_s is not None:
             self.ordinary_token_s = step.ordinary_token_s
+        for total, part in (
+            (self.n_drafted_by, step.n_drafted_by),
+            (self.n_accepted_by, step.n_accepted_by),
+        ):
+            for source, n in part.items():
+                total[source] = total.get(source, 0) + n
         if self.ttft_s == 0.0 and step.spans:
             self.ttft_s = self.prefill_s + self.decode_s
 
@@ -262,6 +299,9 @@ class Stats:
             ),
             "speedup": None if self.speedup is None else round(self.speedup, 4),
             "baseline_note": self.baseline_note,
+            "n_drafted_by": dict(sorted(self.n_drafted_by.items())),
+            "n_accepted_by": dict(sorted(self.n_accepted_by.items())),
+            "verify_rule": self.verify_rule,
         }
 
 

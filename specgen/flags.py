@@ -56,9 +56,12 @@ class ModelFlags:
         swa_full: --swa-full, full-size cache for sliding-window layers.
         draft_p_min: --draft-p-min, end a block when the draft's top probability is below
             it (0 to 1).
+        lookup: --lookup on|off|auto beside a draft model (hybrid drafting, see
+            `specgen.hybrid`); None = auto.
 
     Raises:
-        ConfigError: naming the flag (see `check_model_flags`; --draft-p-min outside [0, 1]).
+        ConfigError: naming the flag (see `check_model_flags`; --draft-p-min outside [0, 1];
+            --lookup not on/off/auto, or given with --draft ngram or none).
     """
 
     target: str | None = None
@@ -72,6 +75,7 @@ class ModelFlags:
     rpc: str | None = None
     swa_full: bool = False
     draft_p_min: float = 0.0
+    lookup: str | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], **override: Any) -> ModelFlags:
@@ -91,6 +95,13 @@ class ModelFlags:
             raise ConfigError(
                 f"--draft-p-min must be in [0, 1] (a probability), got {self.draft_p_min}"
             )
+        if self.lookup is not None and self.lookup not in LOOKUP_VALUES:
+            raise ConfigError(f"--lookup must be on, off or auto, got {self.lookup!r}")
+        if self.lookup is not None and self.draft in (DRAFT_NGRAM, DRAFT_NONE):
+            raise ConfigError(
+                f"--lookup needs a draft model (-md FILE), not --draft {self.draft}"
+                + (": --draft ngram is prompt lookup alone" if self.draft == DRAFT_NGRAM else "")
+            )
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,8 @@ class SamplingFlags:
         max_tokens: -n, tokens to generate at most (>= 1).
         stop: stop strings, cut exactly.
         ignore_eos: do not stop at end-of-generation tokens.
+        verify: --verify block|token|auto, the acceptance rule (None = auto: see
+            `verify_rule`).
 
     Raises:
         ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
@@ -122,6 +135,7 @@ class SamplingFlags:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    verify: str | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
@@ -136,6 +150,14 @@ class SamplingFlags:
         if self.max_tokens < 1:
             raise ConfigError(f"-n must be at least 1, got {self.max_tokens}")
         object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
+        check_verify(self.verify)
+
+    @property
+    def verify_rule(self) -> str:
+        """The acceptance rule: --verify's, or for auto "token" when greedy (the two rules
+        coincide exactly there) and "block" at temperature > 0 (more accepted per target
+        pass, measured: scripts/hybrid_bench.py, README)."""
+        return verify_rule(self.verify, greedy=self.temp <= 0.0)
 
     @property
     def k(self) -> int | None:
@@ -249,3 +271,22 @@ def parse_draft_max(value: str) -> int | None:
     if not 1 <= k <= 64:
         raise ConfigError(f"--draft-max must be between 1 and 64, got {k}")
     return k
+
+
+LOOKUP_VALUES = ("on", "off", "auto")
+VERIFY_VALUES = ("block", "token", "auto")
+
+
+def check_verify(verify: str | None) -> None:
+    """Raises ConfigError for a --verify value that is not block, token or auto."""
+    if verify is not None and verify not in VERIFY_VALUES:
+        raise ConfigError(f"--verify must be block, token or auto, got {verify!r}")
+
+
+def verify_rule(verify: str | None, greedy: bool) -> str:
+    """--verify resolved: "block" or "token" as given; auto (None) is "token" when greedy
+    and "block" otherwise (see `SamplingFlags.verify_rule`)."""
+    check_verify(verify)
+    if verify in ("block", "token"):
+        return verify
+    return "token" if greedy else "block"

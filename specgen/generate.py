@@ -9,9 +9,27 @@ from collections.abc import Iterator
 from specgen.engine import Drafter, Engine
 from specgen.events import Done, Prefilled, Step
 from specgen.round import Clock, Sequence
-from specgen.stages import FixedK, GenerateConfig, KPolicy, check_prompt, prefill
+from specgen.stages import (
+    VERIFY_RULES,
+    FixedK,
+    GenerateConfig,
+    KPolicy,
+    VerifyRule,
+    check_prompt,
+    prefill,
+)
 
-__all__ = ["Event", "FixedK", "GenerateConfig", "KPolicy", "check_prompt", "generate", "prefill"]
+__all__ = [
+    "VERIFY_RULES",
+    "Event",
+    "FixedK",
+    "GenerateConfig",
+    "KPolicy",
+    "VerifyRule",
+    "check_prompt",
+    "generate",
+    "prefill",
+]
 
 Event = Prefilled | Step | Done
 

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specgen.engine import Block
+from specgen.events import Source
 from specgen.sampling import Dists
 
 
@@ -114,15 +115,23 @@ class NgramIndex:
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
         """Same result as `lookup(context, k, n_max, n_min)`."""
+        return self.match(context, k)[1]
+
+    def match(self, context: Sequence[int], k: int, wrap: bool = True) -> tuple[int, list[int]]:
+        """(n, proposal): the matched n-gram's length (0 when none matched) and the
+        tokens `lookup` proposes. With wrap=False the proposal stops where the context
+        does (fewer than k tokens when the match is close to the end) instead of
+        continuing into itself."""
         self._sync(context)
         size = len(self._tokens)
         if k <= 0 or size < 2:
-            return []
+            return 0, []
         for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
             j = self._last[n].get(tuple(self._tokens[size - n :]))
             if j is not None:
-                return _continue(self._tokens, j + n, k)
-        return []
+                stop = k if wrap else min(k, size - j - n)
+                return n, _continue(self._tokens, j + n, stop)
+        return 0, []
 
 
 class NgramDrafter:
@@ -157,7 +166,8 @@ class NgramDrafter:
             {0, k}.
         """
         tokens = np.array(self.index.lookup(context, k), dtype=np.int64)
-        return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab))
+        sources: tuple[Source, ...] = tuple("lookup" for _ in range(tokens.size))
+        return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab), sources=sources)
 
     def rollback(self, context: list[int]) -> None:
         """Nothing to roll back: the index re-syncs with the context at the next lookup."""

@@ -32,16 +32,15 @@ from specgen.stages import (
     FixedK,
     GenerateConfig,
     KPolicy,
-    accept_prefix,
     check_prompt,
     draft_block,
     make_trace,
-    next_token,
     prefill,
     rollback,
     target_distributions,
     time_passes,
     tokens_to_score,
+    verify_block,
 )
 
 Clock = Callable[[], float]
@@ -128,7 +127,7 @@ class Sequence:
         self.emitter = Emitter(
             target.token_bytes, target.is_eog, config.stop, config.ignore_eos, config.max_tokens
         )
-        self.stats = Stats(n_prompt=len(prompt))
+        self.stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
         self.committed = list(prompt)
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
@@ -239,9 +238,8 @@ class Sequence:
         t2 = self.clock()
         verify_s = t2 - p.t_drafted if verify_s is None else verify_s
         v = target_distributions(logits, params)
-        u = self.target_rng.random(p.block.tokens.size)
-        n = accept_prefix(p.block, v, u)
-        x_next = next_token(n, p.block, v, self.target_rng)
+        verdict = verify_block(p.block, v, self.target_rng, self.config.verify_rule)
+        n, x_next = verdict.n, verdict.x_next
         t3 = self.clock()
         new, spans = self._emit(p.block, n, x_next)
         self.committed.extend(new)
@@ -250,8 +248,9 @@ class Sequence:
         # the policy's verify cost is the whole rest of the round: all of it grows with the
         # block; catching up after ordinary rounds is a cost of the probe, passed apart
         self.policy.observe(
-            p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m, p.catchup_s
-        )
+            p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m, p.catchup_s,
+            n_lookup=p.block.sources.count("lookup"),
+        )  # fmt: skip
         t_end = self.clock()
         if p.k == 0 and new:
             # an ordinary pass as this run pays for it, since the previous round ended
@@ -265,15 +264,24 @@ class Sequence:
         trace = None
         if self.config.trace:
             trace = make_trace(
-                self.target, self.drafter, self.committed, new, p.block, logits, v, u, n, x_next
-            )
+                self.target, self.drafter, self.committed, new, p.block, logits, v, verdict,
+                self.config.verify_rule,
+            )  # fmt: skip
+        n_drafted, n_acc = min(m, len(new)), min(n, len(new))
+        by_drafted: dict[str, int] = {}  # by proposer, counted as n_drafted and n_acc are
+        by_accepted: dict[str, int] = {}
+        for i in range(n_drafted):
+            src = p.block.source(i)
+            by_drafted[src] = by_drafted.get(src, 0) + 1
+            if i < n_acc:
+                by_accepted[src] = by_accepted.get(src, 0) + 1
         step = Step(
             k=p.k,
             n_proposed=m,
             # proposals count up to the last token that mattered: the rejected x_{n+1}
             # counts once its correction token was reached
-            n_drafted=min(m, len(new)),
-            n_accepted=min(n, len(new)),
+            n_drafted=n_drafted,
+            n_accepted=n_acc,
             spans=tuple(spans),
             rejected_text=rejected,
             draft_s=p.draft_s,
@@ -285,6 +293,8 @@ class Sequence:
             draft_host_s=p.draft_s - (p.decode1 - p.decode0),
             n_rows=int(logits.shape[0]),
             ordinary_token_s=self.baseline.token_s,
+            n_drafted_by=by_drafted,
+            n_accepted_by=by_accepted,
         )
         self.stats.add(step, decode_s=t_end - self._t_decode)
         # an end-of-generation token's span (holding the text it flushed) is no token
@@ -297,7 +307,8 @@ class Sequence:
         new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
         spans: list[Span] = []
         for i, tok in enumerate(new):
-            span = self.emitter.push(tok, from_draft=i < n)
+            source = block.source(i) if i < n else "target"
+            span = self.emitter.push(tok, from_draft=i < n, source=source)
             if span is not None:
                 spans.append(span)
             if self.emitter.finish is not None:

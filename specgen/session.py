@@ -16,8 +16,9 @@ from specgen.controller import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ModelLoadFailure
-from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags
-from specgen.generate import FixedK, KPolicy
+from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
+from specgen.generate import FixedK, KPolicy, VerifyRule
+from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import (
     EngineConfig,
     LlamaEngine,
@@ -201,7 +202,8 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         flags.rpc,
         swa_full=flags.swa_full,
     )
-    loaded = load(spec, params or SamplingParams(), flags.draft_p_min, status=status)
+    lookup = resolve_lookup(flags.lookup, draft)
+    loaded = load(spec, params or SamplingParams(), flags.draft_p_min, status=status, lookup=lookup)
     return Session(
         loaded.target,
         loaded.drafter,
@@ -222,8 +224,11 @@ def load(
     draft_p_min: float = 0.0,
     ngram_n: int = 4,
     status: Status | None = None,
+    lookup: bool = False,
 ) -> Loaded:
-    """Open both models and check the draft's vocabulary against the target's.
+    """Open both models and check the draft's vocabulary against the target's. With
+    `lookup` (`resolve_lookup`) a draft model drafts with prompt lookup beside it
+    (`specgen.hybrid.HybridDrafter`).
 
     Raises:
         ModelFileError, ModelLoadError: a model cannot be opened.
@@ -250,7 +255,8 @@ def load(
         except BaseException:
             draft.close()
             raise
-        drafter = ModelDrafter(draft, params, target.n_vocab, draft_p_min)
+        model = ModelDrafter(draft, params, target.n_vocab, draft_p_min)
+        drafter: Drafter = HybridDrafter(model, n_max=ngram_n) if lookup else model
         warning = swap_warning(
             target.name, target.path.stat().st_size, target.n_params,
             draft.name, draft.path.stat().st_size, draft.n_params,
@@ -259,6 +265,25 @@ def load(
     except BaseException:
         target.close()
         raise
+
+
+def resolve_lookup(lookup: str | None, draft: Path | str) -> bool:
+    """`--lookup on|off|auto` (None = auto) beside `--draft` (checked by `ModelFlags`):
+    whether the draft model drafts with prompt lookup (hybrid drafting). auto is on:
+    measured no worse than the model alone on prose and better on text that quotes its
+    context (scripts/hybrid_bench.py, README)."""
+    if draft in (DRAFT_NGRAM, DRAFT_NONE):
+        return False
+    return lookup != "off"
+
+
+def resolve_verify(verify: str | None, params: SamplingParams) -> VerifyRule:
+    """`--verify block|token|auto` under `params` (see `specgen.flags.verify_rule`).
+
+    Raises:
+        ConfigError: an unknown value.
+    """
+    return verify_rule(verify, params.greedy)  # type: ignore[return-value]
 
 
 # The README's rebuild command (section "GPU builds").

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import RoundTrace
 from specgen.sampling import Dists, SamplingParams, warp_rows
+
+VerifyRule = Literal["token", "block"]
+VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
 
 
 class KPolicy(Protocol):
@@ -47,10 +50,12 @@ class KPolicy(Protocol):
         verify_s: float,
         n_proposed: int,
         catchup_s: float = 0.0,
+        n_lookup: int = 0,
     ) -> None:
         """The outcome of the round just chosen: K asked, n accepted of the n_proposed
-        proposals the drafter returned, and its costs in seconds (`catchup_s` apart: the
-        drafter catching up after ordinary rounds)."""
+        proposals the drafter returned (n_lookup of them by prompt lookup, which costs
+        microseconds), and its costs in seconds (`catchup_s` apart: the drafter catching
+        up after ordinary rounds)."""
         ...
 
     def observe_draft_pass(self, draft_s: float) -> None:
@@ -125,6 +130,8 @@ class GenerateConfig:
         reuse_cache: keep the target's cached common prefix with the prompt (a chat's
             earlier turns) instead of evaluating the whole prompt again. Off by default so
             that measurements (bench, verify) always pay a full prefill.
+        verify_rule: `--verify`: "token" (token-wise rejection, Leviathan et al.) or
+            "block" (block verification, Sun et al. 2025); both are exact.
     """
 
     max_tokens: int = 256
@@ -135,6 +142,7 @@ class GenerateConfig:
     measure_ordinary: int = 0
     trace: bool = False
     reuse_cache: bool = False
+    verify_rule: VerifyRule = "token"
 
 
 @dataclass
@@ -211,6 +219,37 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
     return rejection.correct(n, block.q, v.p, rng)
 
 
+class Verdict(NamedTuple):
+    """Stages 3-4's outcome: n accepted, the token after them (None: see `next_token`),
+    the (K,) float64 uniforms drawn (u, or block verification's eta) and h_1..h_K
+    (block verification only, else empty)."""
+
+    n: int
+    x_next: int | None
+    u: np.ndarray
+    h: np.ndarray
+
+
+def verify_block(
+    block: Block, v: Verified, rng: np.random.Generator, rule: VerifyRule = "token"
+) -> Verdict:
+    """Stages 3-4 under `rule`: K uniforms then one draw for the correction, from `rng`.
+
+    "block" is block verification (`rejection.block_weights`, Sun et al. 2025), used
+    where it can differ from token-wise: a sampled p (greedy rows are one-hot, where the
+    two rules coincide exactly) and K >= 2 (at K = 1 they coincide exactly). A round
+    without its bonus row stays exact under either rule (see `rejection`'s proof sketch:
+    the bonus is one more independent draw from p_{K+1}, which the next round makes).
+    """
+    u = rng.random(block.tokens.size)
+    if rule == "block" and v.p is not None and block.tokens.size > 1:
+        big_p, h = rejection.block_weights(block.tokens, block.q, v.p)
+        n = rejection.last_passing(u, h)
+        return Verdict(n, rejection.block_correct(n, float(big_p[n]), block.q, v.p, rng), u, h)
+    n = accept_prefix(block, v, u)
+    return Verdict(n, next_token(n, block, v, rng), u, np.zeros(0))
+
+
 def rollback(target: Engine, drafter: Drafter | None, committed: list[int]) -> None:
     """Stage 5: both caches back to the committed tokens except the last."""
     target.truncate(len(committed) - 1)
@@ -226,12 +265,12 @@ def make_trace(
     block: Block,
     logits: Logits,
     v: Verified,
-    u: np.ndarray,
-    n: int,
-    x_next: int | None,
+    verdict: Verdict,
+    rule: VerifyRule,
 ) -> RoundTrace:
     """The round's RoundTrace, built after its rollback (`logits` still this round's rows;
-    `new`: the tokens it committed; `u`: its uniforms; n accepted; x_next the next token)."""
+    `new`: the tokens it committed; `verdict`: stages 3-4's outcome under `rule`)."""
+    n, x_next, u = verdict.n, verdict.x_next, verdict.u
     x = block.tokens.tolist()
     k = len(x)
     row = min(n, logits.shape[0] - 1)  # no bonus row: show the last scored position
@@ -271,6 +310,9 @@ def make_trace(
         top=top,
         target_cache=len(target.tokens),
         draft_cache=drafter.cached_tokens if drafter is not None else -1,
+        verify_rule=rule,
+        sources=tuple(block.source(i) for i in range(k)),
+        h=tuple(float(a) for a in verdict.h),
     )
 
 

@@ -47,11 +47,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from specgen.drafters import ModelDrafter, common_prefix
+from specgen.drafters import common_prefix
 from specgen.engine import Drafter, Engine, Logits
 from specgen.errors import ConfigError
 from specgen.events import Done, RoundTrace, Step
-from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.generate import FixedK, GenerateConfig, VerifyRule, generate
 from specgen.sampling import SamplingParams, warp
 
 __all__ = [
@@ -113,6 +113,7 @@ class VerifyConfig:
         noise_gap: floor of the greedy near-tie threshold, logits.
         greedy_prompts, sampling_prompts: UTF-8 prompts.
         greedy, sampling: run that check.
+        verify_rule: the acceptance rule both checks run under (`--verify`).
     """
 
     samples: int = 400
@@ -129,6 +130,7 @@ class VerifyConfig:
     sampling_prompts: tuple[bytes, ...] = SAMPLING_PROMPTS
     greedy: bool = True
     sampling: bool = True
+    verify_rule: VerifyRule = "token"
 
     def __post_init__(self) -> None:
         if self.sampling:
@@ -244,6 +246,7 @@ class VerifyReport:
     sampling: SamplingResult | None = None
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    verify_rule: str = "token"
 
     @property
     def greedy_passed(self) -> bool:
@@ -260,6 +263,7 @@ class VerifyReport:
             "passed": self.passed,
             "target": self.target,
             "draft": self.draft,
+            "verify_rule": self.verify_rule,
             "seconds": round(self.seconds, 3),
             "greedy": [asdict(c) for c in self.greedy],
             "sampling": None
@@ -533,6 +537,7 @@ def check_greedy(
         ignore_eos=True,
         seed=config.seed,
         trace=True,
+        verify_rule=config.verify_rule,
     )
     for pi, text in enumerate(config.greedy_prompts):
         prompt = target.tokenize(text)
@@ -607,7 +612,11 @@ def _sample(
         if i % step == 0:
             say(f"sampling: {label}, sample {i + 1}/{len(seeds)}")
         gen = GenerateConfig(
-            max_tokens=config.positions, params=config.params, ignore_eos=True, seed=int(s)
+            max_tokens=config.positions,
+            params=config.params,
+            ignore_eos=True,
+            seed=int(s),
+            verify_rule=config.verify_rule,
         )
         done, _ = _run(target, drafter, prompt, gen, config.k)  # type: ignore[arg-type]
         seqs.append(done.tokens)
@@ -735,6 +744,7 @@ def verify(
         sampling=sampling,
         seconds=time.perf_counter() - t0,
         notes=tuple(notes),
+        verify_rule=config.verify_rule,
     )
 
 
@@ -748,6 +758,7 @@ def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
     """
     if drafter is None:
         raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
-    if isinstance(drafter, ModelDrafter):
-        return drafter.with_params
+    with_params = getattr(drafter, "with_params", None)  # a model drafter, maybe hybrid
+    if with_params is not None:
+        return with_params
     return lambda _params: drafter

@@ -120,3 +120,90 @@ class WrongDrafter:
 
     def close(self) -> None:
         pass
+
+
+class FakeBatchEngine:
+    """`FakeEngine`'s model with `n_seq` sequences in one cache (`specgen.engine.BatchEngine`):
+    `sequence(i)` is an Engine over sequence i, `decode_batch` evaluates several sequences
+    in one call and checks what llama.cpp would refuse (a sequence twice, more than n_batch
+    tokens, a sequence past its context). `fail_next` makes the next batched decode raise
+    EngineError (a llama.cpp failure) after checking it; `batches` records each batch as
+    (seq, n_tokens, n_rows) tuples."""
+
+    def __init__(self, n_seq: int = 4, n_batch: int = 64, **kwargs: object) -> None:
+        self.model = FakeEngine(**kwargs)  # type: ignore[arg-type]
+        self.name = self.model.name
+        self.n_vocab = self.model.n_vocab
+        self.n_seq = n_seq
+        self.n_batch = n_batch
+        self.decode_s = 0.0
+        self.fail_next = False
+        self.batches: list[tuple[tuple[int, int, int], ...]] = []
+        self._views = [FakeSeqView(self, i) for i in range(n_seq)]
+
+    def sequence(self, seq: int) -> FakeSeqView:
+        return self._views[seq]
+
+    def decode_batch(self, parts):
+        from specgen.errors import EngineError
+
+        seqs = [p.seq for p in parts]
+        assert parts and len(set(seqs)) == len(seqs), seqs
+        assert sum(len(p.tokens) for p in parts) <= self.n_batch
+        for p in parts:
+            assert p.tokens and 0 <= p.n_rows <= len(p.tokens)
+            assert len(self._views[p.seq].tokens) + len(p.tokens) <= self.model.n_ctx
+        self.batches.append(tuple((p.seq, len(p.tokens), p.n_rows) for p in parts))
+        if self.fail_next:
+            self.fail_next = False
+            raise EngineError("fake: llama_decode failed (code -3)")
+        out = []
+        for p in parts:
+            view = self._views[p.seq]
+            start = len(view.tokens)
+            view.tokens.extend(p.tokens)
+            rows = range(len(view.tokens) - p.n_rows, len(view.tokens))
+            out.append(
+                np.stack([self.model.logits_after(view.tokens[: i + 1]) for i in rows])
+                if p.n_rows
+                else np.zeros((0, self.n_vocab), dtype=np.float32)
+            )
+            assert len(view.tokens) - start == len(p.tokens)
+        return out
+
+
+class FakeSeqView:
+    """Sequence `seq` of a FakeBatchEngine, as an Engine."""
+
+    def __init__(self, engine: FakeBatchEngine, seq: int) -> None:
+        self.engine = engine
+        self.seq = seq
+        m = engine.model
+        self.name, self.n_vocab, self.n_ctx, self.vocab = m.name, m.n_vocab, m.n_ctx, m.vocab
+        self.tokens: list[int] = []
+        self.decode_s = 0.0
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        return self.engine.model.tokenize(text, add_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.engine.model.token_bytes(token)
+
+    def token_text(self, token: int) -> str:
+        return self.engine.model.token_text(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.engine.model.is_eog(token)
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        assert tokens and len(self.tokens) + len(tokens) <= self.n_ctx
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        rows = range(start, len(self.tokens)) if all_logits else [len(self.tokens) - 1]
+        return np.stack([self.engine.model.logits_after(self.tokens[: i + 1]) for i in rows])
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def close(self) -> None:
+        pass

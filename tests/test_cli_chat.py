@@ -10,11 +10,12 @@ import re
 
 import pytest
 from test_cli_run import specgen
-from test_live_tty import ANSI, read_until, spawn
+from test_live_tty import ANSI, DEADLINE_S, GENERATING, read_until, spawn
 
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import SamplingParams
+from specgen.ui.live import FINISH_TEXT
 
 HAIKU = "Write a haiku about the sea."
 STATS = re.compile(
@@ -138,21 +139,48 @@ def test_chat_refuses_a_base_model_in_one_line(demo_pair):
 # -- chat on a terminal ------------------------------------------------------------------------
 
 
+def _words(text: str) -> bytes:
+    """`text` as a regex whose spaces match any whitespace: Rich wraps a long line at a space."""
+    return rb"\s+".join(re.escape(w.encode()) for w in text.split())
+
+
+DOT = "·".encode()
+READY = re.compile(rb"session totals\s*\n> ")
+"""The commands named, then the first prompt."""
+TURN_END = re.compile(
+    rb"(?P<reason>" + b"|".join(_words(t) for t in FINISH_TEXT.values()) + rb")\s+" + DOT
+    + rb"\s+(?P<n>\d+)\s+tokens?\s+" + DOT
+    + rb"[^>]*?prefill\s+(?P<prefill>\d+)\s+of\s+(?P<prompt>\d+)\s+prompt\s+tokens[^>]*?\n> "
+)  # fmt: skip
+"""The dim line after a reply (any finish reason), then the next prompt. Waiting for
+"\\n> " alone also stops at a reply line that starts with "> " (a Markdown quote)."""
+STATS_SHOWN = re.compile(rb"session: [^>]*?prompt\s+tokens\s*\n> ")
+
+
+def turn(master: int, proc) -> tuple[str, dict[str, int], str]:
+    """Read a whole reply: (its finish text, its figures, the screen without escapes)."""
+    screen = ANSI.sub(b"", read_until(master, proc, DEADLINE_S, TURN_END))
+    m = TURN_END.search(screen)
+    assert m, screen[-3000:].decode("utf-8", "replace")
+    figures = {k: int(m[k]) for k in ("n", "prefill", "prompt")}
+    return b" ".join(m["reason"].split()).decode(), figures, screen.decode("utf-8", "replace")
+
+
 def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args):
-    proc, master = spawn(["chat", *smol_args])
+    # greedy with a fixed K: the same reply on every machine, bounded by -n
+    proc, master = spawn(["chat", *smol_args, "--draft-max", "4", "-n", "64"])
     try:
-        out = read_until(master, proc, 120, b"> ")
+        out = read_until(master, proc, DEADLINE_S, READY)
         assert b"/reset" in out  # the commands are named once
         os.write(master, b"What is the capital of France?\r")
-        out = read_until(master, proc, 60, b"\n> ")  # the reply, then input again
-        text = ANSI.sub(b"", out).decode("utf-8", "replace")
+        reason, _, text = turn(master, proc)
         assert "accepted draft" in text and "speedup" in text  # the live footer was shown
-        assert "Paris" in text and "end-of-generation token" in text
+        assert "Paris" in text and reason == FINISH_TEXT["eos"]
         os.write(master, b"/stats\r")
-        out = read_until(master, proc, 30, b"prompt tokens\r\n> ")
-        assert b"session: 1 reply" in ANSI.sub(b"", out)
+        out = read_until(master, proc, DEADLINE_S, STATS_SHOWN)
+        assert b"session: 1 reply " in ANSI.sub(b"", out)
         os.write(master, b"\x04")  # Ctrl-D leaves
-        read_until(master, proc, 30)
+        read_until(master, proc, DEADLINE_S)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
@@ -163,22 +191,43 @@ def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args)
 def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
     import signal
 
-    # -c 2048: how far the reply gets before the signal lands depends on the machine's
-    # speed, and it must not fill the context of the next turn
-    args = [*smol_args, "-c", "2048"]
-    proc, master = spawn(["chat", *args, "-n", "2000", "--temp", "0.9", "--seed", "1"])
+    # Greedy with a fixed K, so the same reply on every machine: this story makes the model
+    # repeat itself up to -n (never an end-of-generation token), so the reply is still
+    # running when the signal lands, however fast the machine. -c 2048 holds the story's
+    # 1500 tokens and the next turn.
+    args = [*smol_args, "-c", "2048", "--draft-max", "4", "-n", "1500"]
+    proc, master = spawn(["chat", *args])
     try:
-        read_until(master, proc, 120, b"> ")
+        read_until(master, proc, DEADLINE_S, READY)
         os.write(master, b"Tell me a very long story about a dragon and a knight.\r")
-        read_until(master, proc, 60, b"tok/s")  # the live view is running
+        # tokens on the screen: past the prefill, the reply is under way
+        shown = ANSI.sub(b"", read_until(master, proc, DEADLINE_S, GENERATING))
+        assert GENERATING.search(shown), shown[-3000:]
         proc.send_signal(signal.SIGINT)
-        out = ANSI.sub(b"", read_until(master, proc, 60, b"\n> "))
-        assert b"interrupted" in out and proc.poll() is None
+        reason, first, _ = turn(master, proc)
+        assert reason == FINISH_TEXT["interrupted"] and proc.poll() is None
+        assert 0 < first["n"] < 1500
         os.write(master, b"What is the capital of France?\r")
-        out = ANSI.sub(b"", read_until(master, proc, 60, b"\n> "))
-        assert b"end-of-generation token" in out or b"max tokens" in out
+        reason, second, _ = turn(master, proc)
+        # any way a reply legitimately ends (-n, the context, its own end), not Ctrl-C
+        assert reason in {FINISH_TEXT[r] for r in ("eos", "length", "context")}, reason
+        # The caches were kept: only the new turn was evaluated, not the conversation.
+        assert second["prefill"] < 40, second
+        # Whether the interrupted reply stays in the conversation depends today on where
+        # the signal lands: inside the loop it is kept (turn 2's prompt holds it); inside
+        # the live view's drawing the view closes the reply's events and it is dropped
+        # (4 times in 4 beside two busy loops: turn 2's prompt 37 tokens, /stats "1 reply",
+        # and the turn line says "prefill 0"). Either way the figures must agree; which
+        # one is right is for cli/chat.py to settle, outside the tests.
+        kept = second["prompt"] - second["prefill"] >= first["prompt"] + first["n"] - 1
+        os.write(master, b"/stats\r")
+        out = ANSI.sub(b"", read_until(master, proc, DEADLINE_S, STATS_SHOWN))
+        stats = STATS.search(" ".join(out.decode("utf-8", "replace").split()))
+        assert stats, out
+        assert int(stats[1]) == 1 + kept
+        assert int(stats[2]) == first["n"] * kept + second["n"]
         os.write(master, b"/exit\r")
-        read_until(master, proc, 30)
+        read_until(master, proc, DEADLINE_S)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

@@ -13,6 +13,7 @@ from specgen.cli.app import app
 COMMANDS = [
     ["run"],
     ["chat"],
+    ["serve"],
     ["models"],
     ["download"],
     ["bench"],

@@ -235,8 +235,8 @@ def test_a_terminal_on_stdin_is_told_where_the_prompt_comes_from(tiny_target: Pa
     )  # fmt: skip
     os.close(slave)
     try:
-        # the note comes before stdin is read; give it time, then type a prompt and Ctrl-D
-        deadline = time.monotonic() + 60
+        # the note comes before stdin is read: wait for it, then type a prompt and Ctrl-D
+        deadline = time.monotonic() + 300  # never reached when well: a wait, not a bound
         err = b""
         fd = proc.stderr.fileno()  # type: ignore[union-attr]
         while b"Ctrl-D" not in err and time.monotonic() < deadline:

@@ -55,6 +55,27 @@ def test_json_output_has_the_documented_fields(tiny):
     assert s["target_passes"] <= 12
 
 
+@pytest.mark.parametrize(("flags", "rule"), [([], "block"), (["--verify", "token"], "token")])
+def test_json_names_the_rule_and_splits_counts_by_source(tiny, flags, rule):
+    """At --temp > 0 the default rule is block verification; the draft model's and prompt
+    lookup's proposals are counted apart (the prompt repeats, so lookup has matches)."""
+    args = ["-n", "24", "--temp", "1", "--seed", "3", "--ignore-eos", "--draft-max", "4"]
+    out = run_json(*tiny, *args, *flags, "the cat the cat the cat the")
+    s = out["stats"]
+    assert s["verify_rule"] == rule
+    assert set(s["n_drafted_by"]) <= {"draft", "lookup"}
+    assert sum(s["n_drafted_by"].values()) == s["n_drafted"]
+    assert sum(s["n_accepted_by"].values()) == s["n_accepted"]
+
+
+def test_lookup_with_a_model_free_draft_is_refused_in_one_line(tiny_target):
+    r = specgen("run", "-m", str(tiny_target), "-md", "ngram", "--lookup", "on", "hi")
+    assert r.returncode == 1
+    assert (
+        r.stderr.decode().count("\n") == 1 and "--lookup needs a draft model" in r.stderr.decode()
+    )
+
+
 def test_greedy_cli_output_equals_ordinary(tiny, tiny_target):
     args = ["-n", "30", "--temp", "0", "--ignore-eos", "the cat on"]
     spec = run_json(*tiny, "--draft-max", "4", *args)

@@ -474,3 +474,20 @@ def test_one_slow_ordinary_round_does_not_revive_a_hopeless_draft() -> None:
         c.observe(k, k, SLOW_DRAFT_S * k, q4_verify(1) * (10.0 if r == 5 else 1.0), n_proposed=k)
     assert c.k_history == [0] * 40
     assert c.hopeless
+
+
+def test_lookup_tokens_are_kept_out_of_the_draft_models_cost():
+    """Hybrid drafting: a mixed block's draft time is charged to its model tokens only,
+    and an all-lookup block leaves the fitted cost alone once the model has drafted."""
+    mixed, model_only = Controller(k_max=16), Controller(k_max=16)
+    for c in (mixed, model_only):
+        c.observe(0, 0, 0.0, 0.040, 0)  # the ordinary pass
+    for _ in range(8):
+        model_only.observe(4, 2, 0.080, 0.060, 4)  # 4 model tokens, 20 ms each
+        mixed.observe(8, 2, 0.080, 0.060, 8, n_lookup=4)  # 4 lookup + the same 4
+        mixed.observe(6, 6, 0.000, 0.060, 6, n_lookup=6)  # lookup alone: free
+    assert mixed.draft_token_s == pytest.approx(model_only.draft_token_s, rel=1e-9)
+    lookup_only = Controller(k_max=16)  # --draft ngram: every token is a lookup token
+    lookup_only.observe(0, 0, 0.0, 0.040, 0)
+    lookup_only.observe(6, 6, 0.000, 0.060, 6, n_lookup=6)
+    assert lookup_only.draft_token_s < 0.001

@@ -172,7 +172,9 @@ def test_ctrl_c_mid_run_keeps_the_text_and_exits_130(demo_pair):
         ["run", "-m", str(t), "-md", str(d), "-n", "2000", "--temp", "0", "--ignore-eos",
          "Write a very long story about a dragon."]
     )  # fmt: skip
-    child.wait_for(lambda: len(child.out) > 0, "generated text on stdout")
+    # text, not only whitespace: the first token here is "\n", and a signal that lands
+    # right after a round of one token (a busy machine's fallback round) keeps only that
+    child.wait_for(lambda: child.out.strip() != b"", "generated text on stdout")
     code, out, err = child.interrupt()
     assert_clean_interrupt(code, err)
     assert out.strip()  # the text so far stays
@@ -228,11 +230,9 @@ def test_ctrl_c_mid_verify_exits_130(tiny_target, tiny_draft):
         ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-c", "512",
          "--samples", "20000", "--json"]
     )  # fmt: skip
+    # the stage line is printed as the sampling check starts, which then runs 20,000
+    # generations: the signal lands inside it whatever the machine's speed
     child.wait_for(lambda: b"sampling: prompt 1/" in child.err, "the sampling check starting")
-    # Not at the instant the stage line is printed: a SIGINT there was lost about 1 time in
-    # 8 (exit 0, no trace of it in specgen's handlers; not understood yet, see the report).
-    # The sampling stage runs for many seconds, so this is still mid-run.
-    time.sleep(0.3)
     code, out, err = child.interrupt()
     assert_clean_interrupt(code, err)
     assert out == ""  # no report of a check that did not finish

@@ -26,6 +26,7 @@ PURE = frozenset(
         "engine",
         "events",
         "fileio",
+        "batchctl",
     )
 )
 
@@ -38,6 +39,12 @@ ONE_DOOR = {
     "huggingface_hub": "specgen.models.hub",
     "httpx2": "specgen.models.hub",  # huggingface_hub's HTTP client (its get_session())
     "httpx": "specgen.bench.load",  # the load client of `bench --url`
+    "fastapi": "specgen.server",
+    "starlette": "specgen.server",
+    "uvicorn": "specgen.server",
+    "sse_starlette": "specgen.server",
+    "pydantic": "specgen.server",
+    "prometheus_client": "specgen.server",
 }
 
 
@@ -296,3 +303,17 @@ def test_the_sink_check_finds_each_kind_of_write(tmp_path: Path) -> None:
             ".print()",
         ]
     )
+
+
+#: the server's core, which knows nothing of HTTP (DESIGN.md, style 9)
+HTTP_FREE = ("specgen.server.scheduler", "specgen.server.stats")
+_HTTP = ("fastapi", "starlette", "uvicorn", "sse_starlette", "pydantic", "prometheus_client")
+
+
+def test_the_scheduler_and_the_stats_import_no_http_library() -> None:
+    bad = [
+        _where(i)
+        for i in ALL
+        if i.module in HTTP_FREE and any(_within(i.target, lib) for lib in _HTTP)
+    ]
+    assert not bad, "\n".join(bad)

@@ -209,7 +209,11 @@ def test_ngram_drafter_is_lossless_and_useful_on_extractive_text(demo):
     assert spec.stats.n_accepted > 0 and spec.stats.target_passes < 24
 
 
-def test_weak_draft_with_auto_is_lossless_and_falls_back(demo, weak_draft):
+def test_weak_draft_with_auto_is_lossless(demo, weak_draft):
+    """Real models, so only what holds at any machine speed: whatever blocks the
+    controller picks from its timings, the output is ordinary decoding's, and the draft
+    agrees rarely. Its fallback decision is checked on a controlled clock
+    (test_loop.py::test_a_weak_draft_under_auto_falls_back)."""
     from specgen.controller import Controller
 
     target, _ = demo
@@ -228,24 +232,31 @@ def test_weak_draft_with_auto_is_lossless_and_falls_back(demo, weak_draft):
         )
     done = events[-1]
     assert_same_or_near_tie(target, ids, base.tokens, done.tokens)
-    assert done.stats.acceptance_rate < 0.2
-    assert policy.fallback_episodes, "the controller never fell back to ordinary decoding"
-    assert done.stats.k_history.count(0) > len(done.stats.k_history) / 2
+    assert done.stats.n_generated == 40
+    assert done.stats.acceptance_rate < 0.2  # a rate over what was drafted (0 if nothing)
 
 
-def test_swapped_demo_pair_with_auto_is_ordinary_decoding(demo):
+def test_swapped_demo_pair_with_auto_is_lossless_and_follows_its_timings(demo):
     """Issue 15: the demo models swapped (the Q4_K_M file as target, the F32 file as draft,
     2-3x slower per token). The draft's cost is timed before the first round, so `auto`
-    drafts nothing until its first rare probe (at least probe_every_max rounds away)."""
+    never drafts blindly with a draft slower than its target. Which way the measurement
+    falls is the machine's (a busy moment can flip it), so the test reads the decision
+    against the measurement the controller was given; the decision logic itself is
+    checked on a controlled clock (test_loop.py::test_a_slower_draft_is_timed_before_the_
+    first_round)."""
     from specgen.controller import Controller
+    from specgen.events import Prefilled
 
     f32, q4 = demo
     ids = q4.tokenize(PROMPTS[0])
+    base = gen(q4, None, ids, 0, max_tokens=40, params=GREEDY, ignore_eos=True)
     policy = Controller(k_max=16)
     config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
-    done = list(generate(q4, ModelDrafter(f32, GREEDY, q4.n_vocab), ids, config, policy))[-1]
-    assert policy.hopeless, policy.summary()
-    assert done.stats.k_history[:8] == [0] * 8  # no blind first round
-    # (a machine busy enough to triple the target's pass mid-run could make it try again)
-    assert done.stats.k_history.count(0) >= 36, done.stats.k_history
+    events = list(generate(q4, ModelDrafter(f32, GREEDY, q4.n_vocab), ids, config, policy))
+    pre, done = events[0], events[-1]
+    assert isinstance(pre, Prefilled)
+    assert pre.ordinary_token_s and pre.draft_token_s  # both timed before the first round
+    if pre.draft_token_s >= pre.ordinary_token_s:  # as measured here: the draft is slower
+        assert done.stats.k_history[0] == 0, (pre, done.stats.k_history)
+    assert_same_or_near_tie(q4, ids, base.tokens, done.tokens)
     assert done.stats.n_generated == 40

@@ -36,6 +36,7 @@ ROUND_KEYS = {
     "type", "generation", "round", "position", "k", "drafted", "q_x", "p_x", "u", "accepted",
     "n_accepted", "next_token", "next_kind", "top", "emitted_text", "draft_s", "verify_s",
     "sample_s", "round_s", "target_cache", "draft_cache", "drafted_text", "next_text",
+    "verify_rule", "h", "sources", "n_drafted_by", "n_accepted_by",
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ calls them through the module).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -23,6 +24,7 @@ from specgen import rejection
 from specgen.drafters import ModelDrafter
 from specgen.engine import Block
 from specgen.errors import ConfigError
+from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import Dists, SamplingParams, warp_rows
 from specgen.verify import (
@@ -252,6 +254,41 @@ def test_verify_fails_on_a_broken_rule(tiny_engines, monkeypatch, name):
     assert report.sampling is not None and report.sampling.min_p_adjusted < 1e-6
 
 
+def _hybrid(d):
+    return lambda p: HybridDrafter(ModelDrafter(d, p, 272))
+
+
+@pytest.mark.parametrize(
+    ("rule", "make"), [("block", _model), ("block", _hybrid), ("token", _hybrid)]
+)
+def test_verify_passes_with_each_rule_and_drafter_on_the_tiny_pair(tiny_engines, rule, make):
+    t, d = tiny_engines
+    report = verify(t, make(d), VerifyConfig(samples=2000, verify_rule=rule))
+    assert report.passed, report.to_dict()
+    assert report.verify_rule == rule and report.to_dict()["verify_rule"] == rule
+
+
+def _first_passing(eta, h):
+    passed = np.flatnonzero(eta < h)
+    return int(passed[0]) + 1 if passed.size else 0
+
+
+# One uniform reused across rows moves the law too little for this check on the tiny pair
+# (2,000 samples, 3 positions); tests/test_block_verify.py shows it failing there.
+BROKEN_BLOCK = {
+    "block: the first passing row instead of the last": ("last_passing", _first_passing),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_BLOCK))
+def test_verify_fails_on_a_broken_block_rule(tiny_engines, monkeypatch, name):
+    t, d = tiny_engines
+    monkeypatch.setattr(rejection, *BROKEN_BLOCK[name])
+    report = verify(t, _model(d), dataclasses.replace(TINY_SAMPLING, verify_rule="block"))
+    assert not report.passed
+    assert report.sampling is not None and report.sampling.min_p_adjusted < 1e-6
+
+
 # -- CLI -------------------------------------------------------------------------------
 
 
@@ -305,7 +342,8 @@ def _engines(target_path, draft_path):
     return LlamaEngine(target_path, cfg), LlamaEngine(draft_path, cfg)
 
 
-def test_verify_passes_on_the_demo_pair(demo_pair):
+@pytest.mark.parametrize(("rule", "lookup"), [("token", False), ("block", True)])
+def test_verify_passes_on_the_demo_pair(demo_pair, rule, lookup):
     t, d = _engines(*demo_pair)
     try:
         config = VerifyConfig(
@@ -313,8 +351,10 @@ def test_verify_passes_on_the_demo_pair(demo_pair):
             greedy_prompts=VerifyConfig().greedy_prompts[:1],
             greedy_tokens=32,
             sampling_prompts=VerifyConfig().sampling_prompts[:1],
+            verify_rule=rule,
         )
-        report = verify(t, drafter_factory(ModelDrafter(d, config.params, t.n_vocab)), config)
+        model = ModelDrafter(d, config.params, t.n_vocab)
+        report = verify(t, drafter_factory(HybridDrafter(model) if lookup else model), config)
     finally:
         d.close()
         t.close()

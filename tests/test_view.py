@@ -23,6 +23,7 @@ from specgen.ui.live import (
     body_text,
     break_even_alpha,
     console_has_color,
+    legend,
     loading_status,
     render,
     render_summary,
@@ -113,6 +114,24 @@ def test_spans_in_order_with_origin_styles() -> None:
     out = rendered(st, styles=True)
     assert "\x1b[32mThe cat\x1b[0m\x1b[35m sat on\x1b[0m" in out
     assert "under" not in out  # rejected proposals hidden by default
+
+
+def test_lookup_tokens_have_their_own_style_and_legend_entry() -> None:
+    st = state()
+    apply(st, step([("The", True), (" cat", True), (" sat", False)], k=2))
+    assert "lookup" not in legend(st).plain  # named only once a lookup token is shown
+    spans = (Span(" on", 3, True, "lookup"), Span(" the", 4, True, "draft"), Span(".", 5, False))
+    apply(st, Step(3, 3, 3, 2, spans, None, 0.004, 0.012, 0.001, 0.017))
+    text = body_text(st)
+    runs = [(text.plain[s.start : s.end], str(s.style)) for s in text.spans]
+    assert runs == [
+        ("The cat", "green"), (" sat", "magenta"), (" on", "cyan"), (" the", "green"),
+        (".", "magenta"),
+    ]  # fmt: skip
+    assert "lookup" in legend(st).plain
+    mono = state(color=False)
+    apply(mono, Step(3, 3, 3, 2, spans, None, 0.004, 0.012, 0.001, 0.017))
+    assert "underlined: lookup" in legend(mono).plain
 
 
 def test_rejected_proposal_inline_struck_through_only_when_asked() -> None:

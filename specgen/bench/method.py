@@ -27,11 +27,10 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
-from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.generate import FixedK, GenerateConfig, KPolicy, VerifyRule, generate
 from specgen.models.resolve import DRAFT_NONE
 from specgen.sampling import SamplingParams
 
@@ -181,7 +180,14 @@ def other_cpu_load(
 
 def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
     """The same draft engine under another temperature (q must use the target's warpers)."""
-    return drafter.with_params(params) if isinstance(drafter, ModelDrafter) else drafter
+    with_params = getattr(drafter, "with_params", None)  # a model drafter, maybe hybrid
+    return with_params(params) if with_params is not None else drafter
+
+
+def _verify_rule(settings: BenchSettings, params: SamplingParams) -> VerifyRule:
+    from specgen.session import resolve_verify
+
+    return resolve_verify(settings.verify, params)
 
 
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
@@ -239,6 +245,7 @@ def run_bench(
             trace=settings.trace,
             # as `specgen run` does: the baseline for the controller, timed after the prompt
             measure_ordinary=0 if mode == ORDINARY else 3,
+            verify_rule=_verify_rule(settings, params),
         )
         p = prompts[prompt_i]
         info = {

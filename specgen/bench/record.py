@@ -188,9 +188,25 @@ def build_record(
         "n_tokens": settings.n_tokens,
         "runs": settings.runs,
         "draft_max": [k_label(k) for k in settings.draft_max],
+        # the acceptance rule per temperature, and whether the draft model drafts with
+        # prompt lookup beside it
+        "verify_rule": {str(t): _rule(settings, t) for t in settings.temps},
+        "lookup": _lookup(settings, draft),
         "prompt_set_sha256": prompt_set_sha256(prompts),
         "n_prompts": len(prompts),
     }
+
+
+def _rule(settings: BenchSettings, temp: float) -> str:
+    from specgen.session import resolve_verify
+
+    return resolve_verify(settings.verify, settings.params(temp))
+
+
+def _lookup(settings: BenchSettings, draft: Any) -> bool:
+    from specgen.session import resolve_lookup
+
+    return resolve_lookup(settings.lookup, draft)
 
 
 def load_earlier(path: Path) -> dict[str, Any]:

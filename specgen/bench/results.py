@@ -143,6 +143,9 @@ class BenchSettings:
         n_boot: bootstrap resamples for the speedup interval.
         k_init: first block size of `auto` (a registry pair's recommended K, as `run`
             uses); None = the controller's default.
+        verify: `--verify` (block, token, or None/auto: `session.resolve_verify` per
+            temperature).
+        lookup: `--lookup` (on, off, or None/auto: `session.resolve_lookup`).
     """
 
     draft_max: tuple[int | None, ...] = (4, 8, None)
@@ -157,6 +160,8 @@ class BenchSettings:
     trace: bool = False
     n_boot: int = 4000
     k_init: int | None = None
+    verify: str | None = None
+    lookup: str | None = None
 
     def params(self, temp: float) -> SamplingParams:
         return SamplingParams(temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
@@ -178,6 +183,8 @@ class BenchSettings:
             "ignore_eos": True,
             "warmup": self.warmup,
             "k_init": self.k_init,
+            "verify": self.verify or "auto",
+            "lookup": self.lookup or "auto",
         }
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from specgen.cli import bench, chat, help, models, run, verify
+from specgen.cli import bench, chat, help, models, run, serve, verify
 from specgen.errors import SpecgenError
 from specgen.ui import output
 
@@ -60,7 +60,7 @@ def _options(
 
 # Each command lives in its own module (each imports its heavy parts lazily); the order here
 # is the order of `specgen --help`.
-for _module in (run, chat, models, bench, verify):
+for _module in (run, chat, serve, models, bench, verify):
     _module.register(app)
 help.name_values(app)  # `-m GGUF|NAME`, `--temp T` in --help, not Python types
 

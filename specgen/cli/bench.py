@@ -17,6 +17,7 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
+    LookupOpt,
     MinPOpt,
     ModelFlags,
     ModelsOpt,
@@ -32,12 +33,14 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    VerifyOpt,
     check_output_path,
     pick,
     seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.events import Prefilled
+from specgen.flags import check_verify
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -170,6 +173,8 @@ def bench(
     kind: KindOpt = None,
     timeout: TimeoutOpt = 600.0,
     api_key: ApiKeyOpt = None,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Measure speculative against ordinary decoding: speedup, acceptance, latency; or, with
     --url, OpenAI-compatible servers under load: TTFT, TPOT, ITL, throughput."""
@@ -205,12 +210,14 @@ class BenchFlags:
     markdown_path: Path | None = None
     plot_path: Path | None = None
     compare: Path | None = None
+    verify: str | None = None
 
     def __post_init__(self) -> None:
         if self.runs < 1:
             raise ConfigError(f"--runs must be at least 1, got {self.runs}")
         if self.max_tokens < 2:
             raise ConfigError(f"-n must be at least 2, got {self.max_tokens}")
+        check_verify(self.verify)
         for flag, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
                            ("--plot", self.plot_path)):  # fmt: skip
             if path is not None:
@@ -232,7 +239,7 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
     if b.plot_path is not None:
         bench.check_plot_available()
     earlier = bench.load_earlier(b.compare) if b.compare is not None else None
-    settings = _settings(bench, b)
+    settings = _settings(bench, b, model.lookup)
     prompts = bench.load_prompts(b.prompts)
     with open_session(model, out, settings.params(settings.temps[0])) as opened:
         show_messages(opened)  # before measuring: a run of minutes at CPU speed
@@ -249,7 +256,7 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
     _show(result)
 
 
-def _settings(bench, b: BenchFlags):
+def _settings(bench, b: BenchFlags, lookup: str | None):
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(b.draft_max),
         temps=bench.parse_temp_list(b.temp),
@@ -259,6 +266,8 @@ def _settings(bench, b: BenchFlags):
         top_k=b.top_k,
         top_p=b.top_p,
         min_p=b.min_p,
+        verify=b.verify,
+        lookup=lookup,
     )
     settings.params(settings.temps[0])  # validates top-p / min-p now
     return settings

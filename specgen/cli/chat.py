@@ -20,6 +20,7 @@ from specgen.cli.options import (
     DraftMaxOpt,
     DraftOpt,
     DraftPMinOpt,
+    LookupOpt,
     MinPOpt,
     ModelFlags,
     ModelsOpt,
@@ -39,6 +40,7 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    VerifyOpt,
     seed_or_random,
 )
 from specgen.errors import ConfigError
@@ -91,6 +93,8 @@ def chat(
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 4096,
     verbose: VerboseOpt = False,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Chat with an instruct model (its chat template applied), replies drafted and verified.
 
@@ -134,6 +138,7 @@ def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) ->
         params=sampling.params(),
         seed=seed_or_random(sampling.seed),
         measure_ordinary=3 if opened.drafter is not None else 0,
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
     )
     return ChatSession(
         opened.target,

@@ -63,13 +63,24 @@ METAVARS = {
     "--kind": "KIND[,...]",
     "--timeout": "S",
     "--api-key": "KEY",
+    "--verify": "block|token|auto",
+    "--lookup": "on|off|auto",
+    # serve: llama-server's names
+    "--host": "HOST",
+    "--port": "PORT",
+    "--parallel": "N",
+    "--queue": "N",
+    "--alias": "NAME",
+    "--cors": "ORIGIN",
 }
 _BY_TYPE = {"integer": "N", "float": "X", "path": "PATH"}
 
 
 def _value_name(param: Any) -> str:
     long = next((o for o in param.opts if o.startswith("--")), "")
-    return METAVARS.get(long) or _BY_TYPE.get(getattr(param.type, "name", ""), "TEXT")
+    # this Typer's own click keeps no `type` on a parameter: fall back on the name alone
+    kind = getattr(getattr(param, "type", None), "name", "")
+    return METAVARS.get(long) or _BY_TYPE.get(kind, "TEXT")
 
 
 def _name(param: Any) -> None:

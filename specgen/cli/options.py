@@ -94,6 +94,23 @@ DraftPMinOpt = Annotated[
     float,
     typer.Option("--draft-p-min", help="Stop a block when the draft's top p < P (0 to 1)."),
 ]
+VerifyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--verify",
+        help="Acceptance rule: 'block' (block verification), 'token' (token by token) or"
+        " 'auto' (default: block at --temp > 0, where it accepts more; the two are equal"
+        " when greedy). Both keep the target's distribution exactly.",
+    ),
+]
+LookupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookup",
+        help="With a draft model: propose tokens by prompt lookup where the text copies"
+        " its context and the model elsewhere: 'on', 'off' or 'auto' (default: on).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 TraceOpt = Annotated[
     Path | None,

@@ -22,6 +22,7 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     JsonOpt,
+    LookupOpt,
     MinPOpt,
     ModelFlags,
     ModelsOpt,
@@ -45,6 +46,7 @@ from specgen.cli.options import (
     TopPOpt,
     TraceOpt,
     VerboseOpt,
+    VerifyOpt,
     seed_or_random,
 )
 from specgen.errors import PromptError
@@ -139,6 +141,8 @@ def run(
     raw: RawOpt = False,
     system: SystemOpt = None,
     chat_template: ChatTemplateOpt = None,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Generate text with a draft and a target model (or the target alone).
 
@@ -230,6 +234,7 @@ def _events(
         # the baseline for the live view's speedup and the controller's choices
         measure_ordinary=3 if opened.drafter is not None else 0,
         trace=out.trace is not None,
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
     )
     policy = opened.policy(sampling.k)
     # each wrapper closes the one inside it, and one never started holds nothing: so

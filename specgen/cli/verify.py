@@ -16,6 +16,7 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     JsonOpt,
+    LookupOpt,
     ModelFlags,
     ModelsOpt,
     NgldOpt,
@@ -27,6 +28,7 @@ from specgen.cli.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    VerifyOpt,
     pick,
     seed_or_random,
 )
@@ -93,6 +95,8 @@ def verify(
     threads: ThreadsOpt = 0,
     ctx_size: CtxOpt = 1024,
     verbose: VerboseOpt = False,
+    verify_rule: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Check that speculation leaves the target's output unchanged on your pair.
 
@@ -105,7 +109,8 @@ def verify(
     Exit code 0 = pass, 1 = fail.
     """
     given = locals()
-    sampling = SamplingFlags.pick(given, draft_max=str(draft_max))
+    # --verify's parameter is named verify_rule: `verify` is this command
+    sampling = SamplingFlags.pick(given, draft_max=str(draft_max), verify=verify_rule)
     model, out = ModelFlags.pick(given), OutputFlags.pick(given)
     raise typer.Exit(verify_command(model, sampling, VerifyFlags.pick(given), out))
 
@@ -186,5 +191,5 @@ def _config(sampling: SamplingFlags, v: VerifyFlags):
     return VerifyConfig(
         samples=v.samples, positions=v.positions, k=k, params=sampling.params(),
         seed=seed_or_random(sampling.seed), alpha=v.alpha, greedy=v.check in ("all", "greedy"),
-        sampling=v.check in ("all", "sampling"), **extra,
+        sampling=v.check in ("all", "sampling"), verify_rule=sampling.verify_rule, **extra,  # type: ignore[arg-type]
     )  # fmt: skip

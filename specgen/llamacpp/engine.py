@@ -1,10 +1,11 @@
 """The engine adapter: one GGUF model, one context, implementing `specgen.engine.Engine`.
 
 Uses llama.cpp's C API through llama-cpp-python's low-level bindings: one model, one
-context, one sequence (id 0). Logits come back as zero-copy numpy views of llama.cpp's
-output buffer, and only for the rows the loop asks for, so nothing grows as
-n_ctx x n_vocab (the high-level `Llama(logits_all=True)` would allocate 4.3 GB for
-Gemma 3 at n_ctx 4096).
+context, one sequence (id 0) by default, or N sequences in one unified cache for the
+server (`EngineConfig.n_seq_max`, `LlamaEngine.sequence`, `LlamaEngine.decode_batch`).
+Logits come back as zero-copy numpy views of llama.cpp's output buffer, and only for the
+rows the loop asks for, so nothing grows as n_ctx x n_vocab (the high-level
+`Llama(logits_all=True)` would allocate 4.3 GB for Gemma 3 at n_ctx 4096).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from specgen.engine import Logits, VocabInfo
+from specgen.engine import Logits, SeqDecode, VocabInfo
 from specgen.errors import EngineError, ModelFileError, ModelLoadError, ModelLoadFailure
 from specgen.llamacpp.devices import offload_devices
 from specgen.llamacpp.signals import (
@@ -100,6 +101,11 @@ class EngineConfig:
             window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
             `truncate` re-evaluates the context in the rare case a rollback reaches
             positions that cache no longer holds.
+        n_seq_max: sequences the cache holds (the server's slots, llama-server's -np).
+            With N > 1 the cache is unified (`kv_unified`: one buffer for all sequences)
+            of n_ctx cells (the server passes N x -c), and each sequence's context is
+            n_ctx // N: N sequences at their limit always fit together. 1 (the default)
+            is the single-stream engine.
     """
 
     n_ctx: int = 4096
@@ -108,6 +114,7 @@ class EngineConfig:
     n_batch: int = 512
     local_only: bool = False
     swa_full: bool = False
+    n_seq_max: int = 1
 
 
 class LlamaEngine:
@@ -157,10 +164,14 @@ class LlamaEngine:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
 
         cparams = llama_cpp.llama_context_default_params()
+        n_seq = max(1, config.n_seq_max)
         cparams.n_ctx = config.n_ctx
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        # One buffer for all sequences: a sequence may use any free cell, so the cache
+        # splits by what each slot holds, not in N fixed parts.
+        cparams.kv_unified = n_seq > 1
         # llama.cpp's default (4 threads) oversubscribes small machines badly: use the
         # CPUs this process may run on unless told otherwise.
         n_threads = config.n_threads if config.n_threads > 0 else default_threads()
@@ -183,14 +194,19 @@ class LlamaEngine:
             )
         self._mem = llama_cpp.llama_get_memory(ctx)
         # llama.cpp may round n_ctx up and clamps n_batch to it: use what it chose
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_seq = n_seq
+        self.n_ctx_total = int(llama_cpp.llama_n_ctx(ctx))
+        # each sequence's share: N of them always fit the unified cache together
+        self.n_ctx = self.n_ctx_total // n_seq
         self.n_batch = int(llama_cpp.llama_n_batch(ctx))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         # window of the sliding-window layers in positions, 0 when the model has none
         self.n_swa = int(llama_cpp.llama_model_n_swa(model))
         self.n_reprocessed = 0  # times truncate had to re-evaluate the whole context
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, n_seq)
+        # what each sequence's cells hold, in position order (sequence 0 is `tokens`)
+        self._seqs: list[list[int]] = [[] for _ in range(n_seq)]
+        self._views = [SequenceView(self, i) for i in range(n_seq)]
         self.decode_s = 0.0
         v = self._vocab
         self.vocab = VocabInfo(
@@ -203,6 +219,26 @@ class LlamaEngine:
         )
         self._piece_cache: dict[int, bytes] = {}
         self.n_params = int(llama_cpp.llama_model_n_params(model))  # weights, not bytes
+
+    @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's cached tokens (the single-stream engine's whole cache)."""
+        return self._seqs[0]
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self._seqs[0] = value
+
+    def sequence(self, seq: int) -> SequenceView:
+        """Sequence `seq`'s view: an `Engine` whose decode and truncate touch only that
+        sequence's cells (the same object for each call).
+
+        Raises:
+            EngineError: seq is not in 0..n_seq-1.
+        """
+        if not 0 <= seq < self.n_seq:
+            raise EngineError(f"{self.name}: sequence {seq} is not in 0..{self.n_seq - 1}")
+        return self._views[seq]
 
     # -- vocabulary ---------------------------------------------------------------
 
@@ -251,7 +287,7 @@ class LlamaEngine:
     # -- evaluation ---------------------------------------------------------------
 
     def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
-        """Append `tokens` at positions len(self.tokens)... and evaluate them.
+        """Append `tokens` to sequence 0 at positions len(self.tokens)... and evaluate them.
 
         Splits into chunks of n_batch; output rows are requested only for the last
         token, or for every token of the final chunk when `all_logits` (the loop never
@@ -266,49 +302,120 @@ class LlamaEngine:
             KeyboardInterrupt: Ctrl-C; a chunk of 64 tokens or more is aborted at once and
                 dropped from the cache (the caller rolls back to `tokens` either way).
         """
+        return self._decode_seq(0, tokens, all_logits)
+
+    def _decode_seq(self, seq: int, tokens: list[int], all_logits: bool) -> Logits:
+        """`decode` for sequence `seq` (see there)."""
         if self._ctx is None:
             raise EngineError(f"{self.name}: the model is closed")
         if not tokens:
             raise EngineError("decode called with no tokens")
-        if len(self.tokens) + len(tokens) > self.n_ctx:
+        held = len(self._seqs[seq])
+        if held + len(tokens) > self.n_ctx:
             raise EngineError(
-                f"{self.name}: {len(self.tokens) + len(tokens)} tokens exceed the context"
-                f" of {self.n_ctx}"
+                f"{self.name}: {held + len(tokens)} tokens exceed the context of {self.n_ctx}"
             )
         if all_logits and len(tokens) > self.n_batch:
             raise EngineError(f"{self.name}: {len(tokens)} output rows exceed n_batch")
-        batch = self._batch
-        assert batch is not None  # allocated with the context, freed only by close()
         n_out = 0
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             last_chunk = start + self.n_batch >= len(tokens)
-            pos0 = len(self.tokens)
-            for i, tok in enumerate(chunk):
-                batch.token[i] = tok
-                batch.pos[i] = pos0 + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                want = last_chunk and (all_logits or i == len(chunk) - 1)
-                batch.logits[i] = 1 if want else 0
-            batch.n_tokens = len(chunk)
-            t0 = time.perf_counter()
-            rc = self._decode_batch(batch, len(chunk))
-            if rc == 0:
-                # a GPU backend may still be computing: wait here, so the wait is
-                # counted as evaluation and not as the host work that reads the logits
-                llama_cpp.llama_synchronize(self._ctx)
-            self.decode_s += time.perf_counter() - t0
-            if rc != 0:
-                # A failed or aborted decode may leave part of this chunk in the cache: drop
-                # it so the cache matches `tokens` again.
-                llama_cpp.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-                _raise_if_interrupted()  # code 2: aborted by Ctrl-C
-                raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
-            _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
-            self.tokens.extend(chunk)
-            n_out = len(chunk) if all_logits else 1
+            n_rows = (len(chunk) if all_logits else 1) if last_chunk else 0
+            n_out = self._eval([(seq, chunk, n_rows)])
         return self._logits(n_out)
+
+    def decode_batch(self, parts: list[SeqDecode]) -> list[Logits]:
+        """Evaluate several sequences' tokens in ONE llama_decode (the server's step: every
+        slot's block to score and the prompt chunks of slots being prefilled).
+
+        Each part's tokens continue its own sequence's positions; output rows are asked
+        only for each part's last n_rows tokens, so a prompt chunk costs no logits row.
+
+        Returns:
+            per part, in order, (n_rows, n_vocab) float32: row i scores the token after
+            tokens[len - n_rows + i]. Slices of one copy of llama.cpp's buffer, so they
+            stay valid after the next decode (which overwrites that buffer).
+
+        Raises:
+            EngineError: no parts, a sequence twice or out of range, more than n_batch
+                tokens in all, a sequence past its context, or llama_decode failed (no
+                sequence keeps any of its new tokens then).
+        """
+        if self._ctx is None:
+            raise EngineError(f"{self.name}: the model is closed")
+        seqs = [p.seq for p in parts]
+        if not parts or len(set(seqs)) != len(seqs):
+            raise EngineError(f"{self.name}: a batch needs distinct sequences, got {seqs}")
+        total = 0
+        for p in parts:
+            if not 0 <= p.seq < self.n_seq or not p.tokens or not 0 <= p.n_rows <= len(p.tokens):
+                raise EngineError(
+                    f"{self.name}: bad batch part (sequence {p.seq}, {len(p.tokens)} tokens,"
+                    f" {p.n_rows} rows)"
+                )
+            held = len(self._seqs[p.seq]) + len(p.tokens)
+            if held > self.n_ctx:
+                raise EngineError(
+                    f"{self.name}: sequence {p.seq}: {held} tokens exceed its context of"
+                    f" {self.n_ctx}"
+                )
+            total += len(p.tokens)
+        if total > self.n_batch:
+            raise EngineError(f"{self.name}: {total} tokens exceed one batch of {self.n_batch}")
+        n_out = self._eval([(p.seq, p.tokens, p.n_rows) for p in parts])
+        if n_out:
+            rows = np.array(self._logits(n_out))  # one copy: the next decode overwrites it
+        else:
+            rows = np.zeros((0, self.n_vocab), dtype=np.float32)
+        out: list[Logits] = []
+        at = 0
+        for p in parts:
+            out.append(rows[at : at + p.n_rows])
+            at += p.n_rows
+        return out
+
+    def _eval(self, parts: list[tuple[int, list[int], int]]) -> int:
+        """One llama_decode of (sequence, tokens, rows wanted for the last n) parts; on
+        success each sequence's `tokens` are extended. Returns the output rows.
+
+        Raises:
+            EngineError: llama_decode failed; every part's new cells are dropped first.
+            KeyboardInterrupt: Ctrl-C (see `decode`).
+        """
+        batch = self._batch
+        assert batch is not None  # allocated with the context, freed only by close()
+        i = n_out = 0
+        for seq, chunk, n_rows in parts:
+            pos0 = len(self._seqs[seq])
+            first_row = len(chunk) - n_rows
+            for j, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + j
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 1 if j >= first_row else 0
+                i += 1
+            n_out += n_rows
+        batch.n_tokens = i
+        t0 = time.perf_counter()
+        rc = self._decode_batch(batch, i)
+        if rc == 0:
+            # a GPU backend may still be computing: wait here, so the wait is
+            # counted as evaluation and not as the host work that reads the logits
+            llama_cpp.llama_synchronize(self._ctx)
+        self.decode_s += time.perf_counter() - t0
+        if rc != 0:
+            # A failed or aborted decode may leave part of this batch in the cache: drop
+            # it so every sequence's cache matches its `tokens` again.
+            for seq, _, _ in parts:
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, len(self._seqs[seq]), -1)
+            _raise_if_interrupted()  # code 2: aborted by Ctrl-C
+            raise EngineError(f"{self.name}: llama_decode failed (code {rc}): {_last_error()}")
+        _raise_if_interrupted()  # caught in a log line: the loop rolls the cache back
+        for seq, chunk, _ in parts:
+            self._seqs[seq].extend(chunk)
+        return n_out
 
     def _decode_batch(self, batch: llama_cpp.llama_batch, n_tokens: int) -> int:
         """`llama_decode`; a long batch (a prompt chunk, which can take seconds on a large
@@ -352,27 +459,31 @@ class LlamaEngine:
             EngineError: llama.cpp cannot drop that range (e.g. a recurrent model), the
             cache still holds positions >= n afterwards, or re-evaluating failed.
         """
+        self._truncate_seq(0, n)
+
+    def _truncate_seq(self, seq: int, n: int) -> None:
+        """`truncate` for sequence `seq`: only its cells are dropped (see there)."""
         if self._ctx is None:  # closed: there is no cache left to keep consistent
             return
         # Always ask llama.cpp, even when `tokens` says there is nothing to drop: after
         # an interrupt the cache may hold a chunk that `tokens` has not recorded yet.
-        ok = llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
-        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, 0)
+        ok = llama_cpp.llama_memory_seq_rm(self._mem, seq, n, -1)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self._mem, seq)
         if not ok or pos_max >= n:
             raise EngineError(
                 f"{self.name}: the KV cache cannot roll back to {n} tokens"
                 " (recurrent or hybrid models are not supported for speculation)"
             )
-        del self.tokens[n:]
-        if not self._window_intact():
-            kept = self.tokens
-            self.tokens = []
-            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1):
+        del self._seqs[seq][n:]
+        if not self._window_intact(seq):
+            kept = self._seqs[seq]
+            self._seqs[seq] = []
+            if not llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1):
                 raise EngineError(f"{self.name}: the KV cache cannot be cleared")
             self.n_reprocessed += 1
-            self.decode(kept)
+            self._decode_seq(seq, kept, False)
 
-    def _window_intact(self) -> bool:
+    def _window_intact(self, seq: int = 0) -> bool:
         """Whether the sliding-window layers hold every position the next one attends to.
 
         Position m = len(tokens) attends to keys p with m - p < n_swa (llama.cpp's
@@ -381,10 +492,10 @@ class LlamaEngine:
         positions contiguous (`llama_memory_seq_pos_min` documents it), so the smallest
         one decides.
         """
-        m = len(self.tokens)
+        m = len(self._seqs[seq])
         if self.n_swa <= 0 or m == 0:
             return True
-        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0))
+        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
         return 0 <= pos_min <= max(0, m - self.n_swa + 1)
 
     def close(self) -> None:
@@ -407,3 +518,63 @@ class LlamaEngine:
 
     def __del__(self) -> None:
         self.close()
+
+
+class SequenceView:
+    """Sequence `seq` of a `LlamaEngine`, implementing `specgen.engine.Engine`: the
+    vocabulary is the engine's; `decode` and `truncate` touch only this sequence's cells
+    (`llama_memory_seq_rm(mem, seq, n, -1)`), so one slot's rollback never moves another's.
+    `n_ctx` is this sequence's share of the unified cache; `decode_s` is the engine's
+    (shared by all sequences). `close` is a no-op: the engine owns the context."""
+
+    def __init__(self, engine: LlamaEngine, seq: int) -> None:
+        self.engine = engine
+        self.seq = seq
+        self.name = engine.name
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.engine.vocab
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.engine._seqs[self.seq]
+
+    @property
+    def decode_s(self) -> float:
+        return self.engine.decode_s
+
+    @property
+    def n_reprocessed(self) -> int:
+        return self.engine.n_reprocessed
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        return self.engine.tokenize(text, add_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.engine.token_bytes(token)
+
+    def token_text(self, token: int) -> str:
+        return self.engine.token_text(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.engine.is_eog(token)
+
+    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+        """`LlamaEngine.decode` on this sequence (a view valid until the next decode)."""
+        return self.engine._decode_seq(self.seq, tokens, all_logits)
+
+    def truncate(self, n: int) -> None:
+        """`LlamaEngine.truncate` on this sequence only."""
+        self.engine._truncate_seq(self.seq, n)
+
+    def close(self) -> None:
+        pass

@@ -22,7 +22,12 @@ with a ``type``:
   [{token, text, p}: the target's 3 most likely tokens where ``next_token`` was drawn,
   i.e. at the rejection point, empty for "none"; when greedy, p is the softmax at
   temperature 1], ``emitted_text``, ``draft_s``,
-  ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``.
+  ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``,
+  ``verify_rule`` ("token" or "block": under block verification ``u`` holds the uniforms
+  eta_i of the test eta_i < h_i, ``h`` the h_i, and ``accepted`` is true for x_1..x_tau),
+  ``sources`` [the proposer of each drafted token: "draft" (the draft model) or "lookup"
+  (prompt lookup)], ``n_drafted_by`` and ``n_accepted_by`` ({source: count}, counted as
+  the stats are).
 - ``end`` (last line of a finished generation): ``generation``, ``finish_reason``,
   ``n_generated``, ``stats``.
 

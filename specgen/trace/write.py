@@ -176,6 +176,11 @@ class TraceWriter:
             "round_s": _r(step.round_s),
             "target_cache": tr.target_cache,
             "draft_cache": tr.draft_cache,
+            "verify_rule": tr.verify_rule,
+            "h": [_r(v) for v in tr.h],
+            "sources": list(tr.sources),
+            "n_drafted_by": dict(step.n_drafted_by),
+            "n_accepted_by": dict(step.n_accepted_by),
         }
         if self._text is not None:
             obj["drafted_text"] = [self._text(t) for t in tr.drafted]

@@ -51,15 +51,17 @@ __all__ = [
     "turn_text",
 ]
 
-Origin = Literal["draft", "target", "rejected", "prompt"]
-"""Where a piece of text came from: an accepted draft token, a token the target produced
-(residual resample, bonus token or ordinary decoding), a rejected draft proposal, or the
-prompt (the user's text, echoed dimmed above the reply as llama-cli echoes it)."""
+Origin = Literal["draft", "lookup", "target", "rejected", "prompt"]
+"""Where a piece of text came from: an accepted draft-model token, an accepted
+prompt-lookup token (`Span.source`), a token the target produced (residual resample,
+bonus token or ordinary decoding), a rejected draft proposal, or the prompt (the user's
+text, echoed dimmed above the reply as llama-cli echoes it)."""
 
 Event = Prefilled | Step | Done
 
 COLOR_STYLES: dict[Origin, str] = {
     "draft": "green",
+    "lookup": "cyan",
     "target": "magenta",
     "rejected": "dim strike red",
     "prompt": "dim",
@@ -68,6 +70,7 @@ COLOR_STYLES: dict[Origin, str] = {
 
 MONO_STYLES: dict[Origin, str] = {
     "draft": "",
+    "lookup": "underline",
     "target": "bold",
     "rejected": "dim strike",
     "prompt": "dim",
@@ -130,6 +133,7 @@ class ViewState:
     show_rejected: bool = False
     color: bool = True
     segments: list[tuple[str, Origin]] = field(default_factory=list)
+    lookup_seen: bool = False  # an accepted prompt-lookup token was shown (legend names it)
     stats: Stats = field(default_factory=Stats)
     k: int | None = None
     ordinary_token_s: float | None = None
@@ -146,7 +150,8 @@ class ViewState:
     @property
     def text(self) -> str:
         """The generated text so far (rejected proposals and the prompt excluded)."""
-        return "".join(t for t, origin in self.segments if origin in ("draft", "target"))
+        kept = ("draft", "lookup", "target")
+        return "".join(t for t, origin in self.segments if origin in kept)
 
     @property
     def speedup(self) -> float | None:
@@ -213,7 +218,11 @@ def _apply_step(state: ViewState, step: Step) -> None:
     for i, span in enumerate(step.spans):
         if i == step.n_accepted and step.rejected_text is not None:
             segments.append((step.rejected_text, "rejected"))
-        segments.append((span.text, "draft" if span.from_draft else "target"))
+        lookup = span.source == "lookup"
+        state.lookup_seen |= lookup
+        segments.append(
+            (span.text, "lookup" if lookup else "draft" if span.from_draft else "target")
+        )
     if step.rejected_text is not None and step.n_accepted >= len(step.spans):
         segments.append((step.rejected_text, "rejected"))
     state.stats.add(step)
@@ -300,6 +309,9 @@ def legend(state: ViewState, *, rejected: bool | None = None) -> Text:
             ("bold: target", style["target"]),
             f" ({state.target_name})",
         ]
+    if state.lookup_seen:
+        # named once prompt lookup has proposed an accepted token (hybrid drafting, ngram)
+        parts += [" · ", ("lookup" if state.color else "underlined: lookup", style["lookup"])]
     if state.show_rejected if rejected is None else rejected:
         parts += [" · ", ("rejected" if state.color else "struck: rejected", style["rejected"])]
     return Text.assemble(*parts)

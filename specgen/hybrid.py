@@ -1,0 +1,192 @@
+"""Hybrid drafting (`--lookup on|auto` with a draft model): prompt lookup where the text
+copies its context, the draft model elsewhere, in one block.
+
+Each round, before drafting, the drafter looks up the longest suffix n-gram of the
+committed context (`specgen.ngram.NgramIndex`). When the match is at least `min_match`
+tokens long and lookups of that length have a good record, the tokens that followed the
+match are proposed first, with one-hot q rows (a deterministic proposal), up to K or to
+the end of the context (a copy "runs out" where its source does); the draft model then
+continues the block from there, each token with its warped q row. Otherwise the model
+drafts the whole block.
+
+Why the output is still the target's: a block's q rows only need to be the exact law
+each x_i was drawn from given everything before the verification. A lookup token is a
+function of the committed context and of the statistics of earlier rounds (never of
+this round's target output), so its law is one-hot on it; a model token after it is a
+draw from the model's warped row after the context and the earlier proposals. Either
+acceptance rule (`specgen.rejection`) then applies to the mixed block unchanged.
+
+The record. After each round (`rollback`, with the committed context) the lookup that
+was, or would have been, proposed is scored against the tokens the round committed.
+Those tokens follow the target's law whatever proposed them, so a lookup token x that
+meets a committed prefix is matched with probability p(x), exactly its acceptance
+probability with a one-hot q: the match rate is an unbiased estimate of the lookup's
+acceptance rate, measured also in rounds where the model drafted. The model's own
+acceptance is estimated from the rounds where it drafted. Lookup is trusted for a match
+length when its rate is at least the model's less a margin (`MARGIN`): a lookup token
+costs no draft pass, so where both are nearly always right (a model copying a passage
+it can see) the free one wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specgen.drafters import ModelDrafter, common_prefix
+from specgen.engine import Block
+from specgen.events import Source
+from specgen.ngram import NgramIndex
+from specgen.sampling import Dists, SamplingParams
+
+LOOKUP: Source = "lookup"
+DRAFT: Source = "draft"
+MARGIN = 0.15
+"""How much lower than the model's a lookup's acceptance rate may be and still be used:
+a model token costs a draft pass (a third to a half of a target pass on CPU), a lookup
+token nothing, so a slightly lower rate still pays."""
+_DECAY = 0.9
+"""Weight of the past in the rate estimates per update: about the last ten rounds."""
+_PRIOR_RATE = 0.6
+_PRIOR_WEIGHT = 2.0
+"""Prior acceptance (pseudo-counts) of both sources before any round: equal, so the
+first match is tried, and either record soon outweighs it."""
+
+
+@dataclass
+class Rate:
+    """A discounted acceptance rate: accepted / tested over recent updates, shrunk
+    towards the prior."""
+
+    accepted: float = 0.0
+    tested: float = 0.0
+
+    def add(self, accepted: int, tested: int) -> None:
+        if tested <= 0:
+            return
+        self.accepted = _DECAY * self.accepted + accepted
+        self.tested = _DECAY * self.tested + tested
+
+    @property
+    def value(self) -> float:
+        return (self.accepted + _PRIOR_RATE * _PRIOR_WEIGHT) / (self.tested + _PRIOR_WEIGHT)
+
+
+@dataclass
+class LookupRecord:
+    """Acceptance estimates: prompt lookup per matched n-gram length, and the draft model."""
+
+    lookup: dict[int, Rate] = field(default_factory=dict)
+    model: Rate = field(default_factory=Rate)
+
+    def trusts(self, n: int) -> bool:
+        """Propose lookup tokens after an n-token match: its rate is at least the model's
+        less `MARGIN`."""
+        return self.lookup.get(n, Rate()).value >= self.model.value - MARGIN
+
+
+@dataclass
+class _Pending:
+    start: int  # committed tokens when the block was drafted
+    n_match: int  # matched n-gram length (0: no match)
+    lookup: list[int]  # the lookup's proposal, used or not
+    tokens: list[int]  # the block proposed
+    sources: tuple[Source, ...]
+
+
+def _matched(proposal: list[int], new: list[int]) -> tuple[int, int]:
+    """(accepted, tested) of a proposal against the committed tokens: tokens up to and
+    including the first mismatch are tested, and only those the round reached."""
+    if not proposal or not new:
+        return 0, 0
+    c = common_prefix(proposal, new)
+    return c, min(c + 1, len(proposal), len(new))
+
+
+class HybridDrafter:
+    """A `Drafter` (`specgen.engine`) mixing prompt lookup and a draft model (see above).
+
+    Args:
+        model: the draft model's drafter (its engine is this drafter's `engine`, so the
+            loop times its passes).
+        n_max, n_min: longest and shortest n-gram matched (`--ngram-max`).
+        min_match: shortest match that may propose lookup tokens (a 1-token match is
+            right too seldom to be worth a round).
+    """
+
+    def __init__(
+        self, model: ModelDrafter, n_max: int = 4, n_min: int = 1, min_match: int = 2
+    ) -> None:
+        self.model = model
+        self.engine = model.engine
+        self.catchup_s = 0.0  # the model's, from the last draft (see `specgen.engine.Drafter`)
+        self.name = f"{model.name}+lookup"
+        self.n_vocab = model.n_vocab
+        self.index = NgramIndex(n_max, n_min)
+        self.min_match = min_match
+        self.record = LookupRecord()
+        self._pending: _Pending | None = None
+
+    def with_params(self, params: SamplingParams) -> HybridDrafter:
+        """The same engines under other sampling settings (see `ModelDrafter.with_params`);
+        the record starts afresh, as acceptance depends on the settings."""
+        return HybridDrafter(
+            self.model.with_params(params), self.index.n_max, self.index.n_min, self.min_match
+        )
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.model.cached_tokens
+
+    def prefill(self, context: list[int]) -> None:
+        self.index.reset()
+        self.index.lookup(context, 0)
+        self._pending = None
+        self.model.prefill(context)
+
+    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+        """Up to k proposals: lookup tokens first (when trusted), then the model's.
+
+        Returns:
+            Block with tokens (m,) int64, q (m rows: one-hot for lookup tokens, the
+            model's warped rows after them; dense when the model's rows are) and
+            `sources` ("lookup" or "draft" per token), m <= k.
+        """
+        n_match, found = self.index.match(context, k, wrap=False)
+        use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
+        rows: list[Dists] = []
+        if use:
+            rows.append(Dists.one_hot(np.array(use, dtype=np.int64), self.n_vocab))
+        catchup_s = 0.0
+        model_tokens: list[int] = []
+        if len(use) < k:
+            block = self.model.draft(context + use, k - len(use), rng)
+            model_tokens, catchup_s = block.tokens.tolist(), self.model.catchup_s
+            if model_tokens:
+                if block.q.dense and rows:
+                    rows[0] = Dists(None, rows[0].to_dense(), self.n_vocab)
+                rows.append(block.q)
+        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens)
+        tokens = use + model_tokens
+        self._pending = _Pending(len(context), n_match, found, tokens, sources)
+        self.catchup_s = catchup_s
+        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, self.n_vocab), sources)
+
+    def rollback(self, context: list[int]) -> None:
+        """Score the last block against what the round committed (see the record above),
+        then roll the draft model's cache back."""
+        pending, self._pending = self._pending, None
+        if pending is not None and len(context) > pending.start:
+            new = context[pending.start :]
+            if pending.n_match:
+                rate = self.record.lookup.setdefault(pending.n_match, Rate())
+                rate.add(*_matched(pending.lookup, new))
+            n_lookup = pending.sources.count("lookup")
+            if pending.tokens[n_lookup:] and common_prefix(pending.tokens, new) >= n_lookup:
+                self.record.model.add(*_matched(pending.tokens[n_lookup:], new[n_lookup:]))
+        self.model.rollback(context)
+
+    def close(self) -> None:
+        self.index.reset()
+        self.model.close()

@@ -1,0 +1,388 @@
+"""The HTTP routes (FastAPI), streaming through sse-starlette, over a `Backend` whose
+scheduler owns the models in its worker thread.
+
+The async side never touches llama.cpp's decode: it tokenizes (the vocabulary is read
+only, in the thread pool), submits a `Job`, and turns the events the worker thread hands
+it (through ``loop.call_soon_threadsafe``) into OpenAI bodies. A client that goes away
+mid-request has its job cancelled, which frees the slot within one step.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health`` (503 while loading or shutting down; the one route without the API key)
+and ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
+
+from specgen.errors import ChatTemplateError, PromptError
+from specgen.events import Done, Step
+from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
+from specgen.server.metrics import CONTENT_TYPE, Metrics
+from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull
+from specgen.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Generation,
+    validation_error,
+)
+from specgen.server.shapes import (
+    Defaults,
+    Outcome,
+    RequestError,
+    Shape,
+    generate_config,
+    messages_of,
+)
+
+OPEN_PATHS = frozenset({"/health"})
+RETRY_AFTER_S = 1
+_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+class SchedulerLike(Protocol):
+    """The part of `specgen.server.scheduler.Scheduler` the routes use."""
+
+    n_parallel: int
+    n_ctx_slot: int
+
+    def submit(self, job: Job, sink: Callable[[Any], None]) -> Any: ...
+    def cancel(self, ticket: Any) -> None: ...
+    def shutdown(self, timeout_s: float = 5.0) -> None: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def slots_busy(self) -> int: ...
+
+
+@dataclass
+class Backend:
+    """What the routes serve once the models are loaded.
+
+    Attributes:
+        scheduler: started; owns the models.
+        tokenize: a raw prompt's text -> token ids (special tokens parsed, one BOS).
+        render_chat: messages -> token ids through the target's chat template, or None
+            when the target has none (the chat route then refuses with 400).
+        n_vocab: the vocabulary size (token-id prompts are checked against it).
+        model_id: the id in /v1/models and every response (--alias, else the file name).
+        card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
+        close: frees the models (after the scheduler has shut down).
+    """
+
+    scheduler: SchedulerLike
+    tokenize: Callable[[str], list[int]]
+    render_chat: Callable[[list[dict[str, str]]], list[int]] | None
+    n_vocab: int
+    model_id: str
+    card: dict[str, Any] = field(default_factory=dict)
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Server settings fixed at start (the flags)."""
+
+    defaults: Defaults = field(default_factory=Defaults)
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass
+class State:
+    """What changes while the server runs: the backend once loaded, draining once a
+    signal came. `log` receives one line per request (the runner prints it)."""
+
+    metrics: Metrics = field(default_factory=Metrics)
+    backend: Backend | None = None
+    draining: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    log: Callable[[str], None] = lambda line: None
+    in_flight: int = 0
+
+
+class _Events:
+    """One request's events, handed from the worker thread to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[Step | Done | Failed] = asyncio.Queue()
+
+    def sink(self, event: Step | Done | Failed) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop has closed (the process is ending): nobody listens
+            pass
+
+
+def _error_response(e: RequestError) -> JSONResponse:
+    body = {"error": e.info().model_dump()}
+    return JSONResponse(body, status_code=e.status, headers=e.headers)
+
+
+def _parse(model: type[_Generation], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        message, param = validation_error(e)
+        raise RequestError(400, message, param=param) from None
+
+
+def create_app(state: State, settings: Settings) -> ASGIApp:
+    """The ASGI application: routes, then (outermost first) CORS when asked, the API key
+    when set, and the body size limit."""
+    api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.exception_handler(RequestError)
+    async def _refused(request: Request, e: RequestError) -> JSONResponse:
+        state.metrics.observe_refusal(e.status)
+        state.log(f"{request.method} {request.url.path}: {e.status} {e.message}")
+        return _error_response(e)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return _error_response(RequestError(e.status_code, message, type_=kind))
+
+    def ready() -> Backend:
+        if state.draining:
+            raise RequestError(
+                503, "the server is shutting down", type_="unavailable_error", code="shutdown"
+            )
+        if state.backend is None:
+            raise RequestError(503, "Loading model", type_="unavailable_error", code="loading")
+        return state.backend
+
+    @api.get("/health")
+    async def health() -> Response:
+        if state.draining or state.backend is None:
+            message = "the server is shutting down" if state.draining else "Loading model"
+            body = {"error": {"code": 503, "message": message, "type": "unavailable_error"}}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @api.get("/v1/models")
+    async def models() -> Response:
+        b = ready()
+        entry = {
+            "id": b.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "specgen",
+            "meta": b.card,
+        }
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        b = ready()
+        req = _parse(ChatCompletionRequest, await request.body())
+        if b.render_chat is None:
+            raise RequestError(
+                400,
+                f"the model {b.model_id} has no chat template (a base model): send a raw"
+                " prompt to /v1/completions instead",
+                param="messages",
+                code="no_chat_template",
+            )
+        msgs = messages_of(req.messages)
+        try:
+            prompt = await run_in_threadpool(b.render_chat, msgs)
+        except ChatTemplateError as e:
+            raise RequestError(400, str(e), param="messages", code="template_error") from None
+        return await _serve(request, b, req, prompt, chat=True)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        b = ready()
+        req = _parse(CompletionRequest, await request.body())
+        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+            prompt = list(req.prompt)
+            bad = [t for t in prompt if not 0 <= t < b.n_vocab]
+            if bad:
+                raise RequestError(
+                    400, f"prompt: token {bad[0]} is not in the vocabulary (0..{b.n_vocab - 1})",
+                    param="prompt",
+                )  # fmt: skip
+        else:
+            text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+            prompt = await run_in_threadpool(b.tokenize, text)
+        return await _serve(request, b, req, prompt, chat=False)
+
+    async def _serve(
+        request: Request, b: Backend, req: _Generation, prompt: list[int], chat: bool
+    ) -> Response:
+        config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
+        job = Job(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", prompt, config)
+        events = _Events(asyncio.get_running_loop())
+        try:
+            ticket = b.scheduler.submit(job, events.sink)
+        except QueueFull:
+            raise RequestError(
+                503,
+                f"all {b.scheduler.n_parallel} slots are busy and the queue is full: retry later",
+                type_="unavailable_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
+        except (DoesNotFit, PromptError) as e:
+            raise RequestError(400, str(e), code="context_length_exceeded") from None
+        shape = Shape(
+            chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens)
+        )
+        run = _Run(state, b, job, ticket, events, shape, "chat" if chat else "completions")
+        if req.streaming:
+            return EventSourceResponse(run.stream(req.include_usage), sep="\n")
+        return await run.whole(request)
+
+    app: ASGIApp = BodyLimit(api, settings.max_body_bytes)
+    if settings.api_key:
+        app = ApiKey(app, settings.api_key, OPEN_PATHS)
+    if settings.cors:
+        app = CORSMiddleware(
+            app,
+            allow_origins=list(settings.cors),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return app
+
+
+def _sse(body: dict[str, Any] | BaseModel) -> dict[str, str]:
+    data = body.model_dump() if isinstance(body, BaseModel) else body
+    return {"data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
+
+
+class _Run:
+    """One submitted job: its events in, its response out, and its log line."""
+
+    def __init__(
+        self,
+        state: State,
+        b: Backend,
+        job: Job,
+        ticket: Any,
+        events: _Events,
+        shape: Shape,
+        route: str,
+    ) -> None:
+        self.state, self.backend, self.job, self.ticket = state, b, job, ticket
+        self.events, self.shape, self.route = events, shape, route
+        self.steps: list[Step] = []
+        self.t0 = time.perf_counter()
+        self.ended = False
+        state.in_flight += 1
+
+    async def next_event(self) -> Step | Done | Failed:
+        return await self.events.queue.get()
+
+    def _finish(self, outcome: Outcome) -> None:
+        """Count and log a request that ended (once)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.state.in_flight -= 1
+        s = outcome.stats
+        n_gen = s.n_generated if s is not None else sum(len(x.spans) for x in self.steps)
+        proposed = sum(x.n_proposed for x in self.steps)
+        accepted = sum(x.n_accepted for x in self.steps)
+        self.state.metrics.observe_request(
+            self.route,
+            outcome.finish,
+            self.shape.n_prompt,
+            n_gen,
+            self.steps,
+            s.ttft_s if s is not None else None,
+            time.perf_counter() - self.t0,
+        )
+        acc = f"{accepted / proposed:.1%} of {proposed} proposed" if proposed else "n/a"
+        tps = f"{s.tokens_per_s:.1f} tok/s" if s is not None else "- tok/s"
+        self.state.log(
+            f"{self.job.id} {self.route}: prompt {self.shape.n_prompt} tokens, output {n_gen}"
+            f" tokens, acceptance {acc}, {tps}, finish {outcome.finish}"
+        )
+
+    def _cancel(self) -> None:
+        if not self.ended:
+            self.backend.scheduler.cancel(self.ticket)
+            self._finish(Outcome("", "cancelled", None, None))
+
+    async def whole(self, request: Request) -> Response:
+        """Wait for the end; cancel the job if the client leaves first."""
+        while True:
+            try:
+                ev = await asyncio.wait_for(self.next_event(), _POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self._cancel()
+                    return Response(status_code=499)
+                continue
+            if isinstance(ev, Step):
+                self.steps.append(ev)
+            elif isinstance(ev, Done):
+                outcome = Outcome.of_done(ev)
+                self._finish(outcome)
+                return JSONResponse(self.shape.full(self.steps, outcome))
+            else:
+                self._finish(Outcome("", "failed", None, None))
+                raise _failure(ev)
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+        """Server-sent events: the role, one chunk per round, the final chunk with
+        finish_reason and statistics, the usage chunk when asked, then ``[DONE]``."""
+        written = 0
+        try:
+            first = self.shape.first_chunk()
+            if first is not None:
+                yield _sse(first)
+            while True:
+                ev = await self.next_event()
+                if isinstance(ev, Step):
+                    self.steps.append(ev)
+                    written += len(ev.text)
+                    yield _sse(self.shape.step_chunk(ev))
+                    continue
+                if isinstance(ev, Done):
+                    outcome = Outcome.of_done(ev)
+                    rest = ev.text[written:]
+                else:
+                    info = _failure(ev).info()
+                    outcome = Outcome("", "failed", None, info)
+                    rest = ""
+                self._finish(outcome)
+                yield _sse(self.shape.final_chunk(self.steps, outcome, rest))
+                if include_usage:
+                    yield _sse(self.shape.usage_chunk(self.steps, outcome))
+                yield {"data": "[DONE]"}
+                return
+        finally:
+            # the client went away (sse-starlette cancels this generator) or the
+            # response failed: free the slot
+            self._cancel()
+
+
+def _failure(ev: Failed) -> RequestError:
+    if ev.kind == "shutdown":
+        return RequestError(503, ev.message, type_="unavailable_error", code="shutdown")
+    return RequestError(500, ev.message, type_="server_error", code=ev.kind)

@@ -1,0 +1,145 @@
+"""ASGI middleware in front of the routes: the API key and the body size limit.
+
+Both answer in the OpenAI error shape themselves, before any route runs or any JSON is
+parsed, so nothing behind them sees an unauthenticated request or an oversized body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+def error_json(message: str, type_: str, code: str | int | None = None) -> bytes:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return json.dumps(body).encode()
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKey:
+    """Every route but those in `open_paths` needs ``Authorization: Bearer KEY``.
+
+    The key is compared in constant time (`hmac.compare_digest` on bytes); a wrong or
+    missing key gets 401 with ``WWW-Authenticate: Bearer``. The key is never logged or
+    echoed back.
+    """
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self._expected = b"Bearer " + key.encode("utf-8")
+        self._open = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self._open:
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+        if not hmac.compare_digest(given, self._expected):
+            what = "missing" if not given else "invalid"
+            await send_error(
+                send,
+                401,
+                error_json(
+                    f"{what} API key: send the header 'Authorization: Bearer KEY'"
+                    " with the key the server was started with (--api-key)",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                ),
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse request bodies over `max_bytes` with 413, before the route parses them.
+
+    A Content-Length over the limit is refused at once; otherwise the body is read here
+    (counting the bytes as they come, for chunked bodies too) and replayed to the app,
+    whose later `receive` calls (a disconnect) pass through.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _refusal(self) -> bytes:
+        return error_json(
+            f"the request body is over the limit of {self.max_bytes} bytes",
+            "invalid_request_error",
+            "request_too_large",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                # the HTTP server has already refused a Content-Length that is no number
+                if value.isdigit() and int(value) > self.max_bytes:
+                    await send_error(send, 413, self._refusal(), [(b"connection", b"close")])
+                    return
+        try:
+            body = await self._read(receive)
+        except _TooLarge:
+            await send_error(send, 413, self._refusal(), [(b"connection", b"close")])
+            return
+        if body is None:  # the client left before sending its body
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)

@@ -1,0 +1,172 @@
+"""`/metrics`: Prometheus text through prometheus-client, in a registry of the server's own
+(never the process-global one, so two servers in one process do not collide).
+
+Fed from two sides: the scheduler's `BatchReport` once per batched step (from its worker
+thread; prometheus-client is thread-safe), and each request's result when it ends (from
+the event loop). Gauges for the queue and the slots are also read live at each scrape.
+Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units) under the
+``specgen_`` prefix; acceptance by position is two counters per position, as vLLM's
+``spec_decode_num_accepted_tokens_per_pos`` (rate = accepted / proposed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from specgen.events import Step
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
+_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+_HOST_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05)
+_REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+MAX_POSITIONS = 64
+"""Positions counted for acceptance by position (--draft-max is at most 64)."""
+
+
+class BatchLike(Protocol):
+    """What `specgen.server.scheduler.BatchReport` carries (read, never built, here)."""
+
+    n_rows: int
+    n_slots: int
+    k: tuple[int, ...]
+    decode_s: float
+    draft_s: float
+    step_s: float
+    host_s: float
+    queue_depth: int
+    slots_busy: int
+
+
+class Metrics:
+    """The server's metrics; `render()` gives the text a scrape receives."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "specgen_requests", "Requests ended, by route and finish reason.",
+            ["route", "finish"], registry=r,
+        )  # fmt: skip
+        self.refused = Counter(
+            "specgen_requests_refused", "Requests refused before generating, by HTTP status.",
+            ["status"], registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "specgen_prompt_tokens", "Prompt tokens of ended requests.", registry=r
+        )
+        self.generated_tokens = Counter(
+            "specgen_generation_tokens", "Tokens generated.", registry=r
+        )
+        self.draft_tokens = Counter(
+            "specgen_draft_tokens", "Tokens the drafter proposed.", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "specgen_accepted_tokens", "Proposed tokens the target accepted.", registry=r
+        )
+        self.position_proposed = Counter(
+            "specgen_draft_position_proposed",
+            "Steps that proposed a token at this position (1-based).",
+            ["position"], registry=r,
+        )  # fmt: skip
+        self.position_accepted = Counter(
+            "specgen_draft_position_accepted",
+            "Steps whose proposals up to this position (1-based) were all accepted.",
+            ["position"], registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "specgen_time_to_first_token_seconds", "TTFT: prompt and first round.",
+            buckets=_REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.request_s = Histogram(
+            "specgen_request_seconds", "Wall seconds from admission to the last token.",
+            buckets=_REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.steps = Counter("specgen_steps", "Batched steps (one target decode each).", registry=r)
+        self.k_chosen = Histogram(
+            "specgen_k_chosen", "Block size K chosen per active slot per step.",
+            buckets=_K_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.rows = Histogram(
+            "specgen_step_rows", "Target rows decoded per step.", buckets=_ROW_BUCKETS, registry=r
+        )
+        self.step_s = Histogram(
+            "specgen_step_seconds", "Wall seconds per batched step.",
+            buckets=_STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.host_per_slot = Histogram(
+            "specgen_host_seconds_per_slot",
+            "Host seconds per step (outside llama_decode) divided by the active slots.",
+            buckets=_HOST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.decode_s = Counter(
+            "specgen_target_decode_seconds", "Seconds in the target's decodes.", registry=r
+        )
+        self.draft_s = Counter("specgen_draft_seconds", "Seconds drafting.", registry=r)
+        self.host_s = Counter(
+            "specgen_host_seconds", "Seconds of steps outside llama_decode.", registry=r
+        )
+        self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a slot.", registry=r)
+        self.slots_busy = Gauge("specgen_slots_busy", "Slots serving a request.", registry=r)
+        self.slots = Gauge("specgen_slots", "Slots (--parallel).", registry=r)
+
+    def watch(self, queue_depth: Callable[[], float], slots_busy: Callable[[], float], n: int):
+        """Read the scheduler's queue depth and busy slots at every scrape."""
+        self.queue_depth.set_function(queue_depth)
+        self.slots_busy.set_function(slots_busy)
+        self.slots.set(n)
+
+    def observe_batch(self, report: BatchLike) -> None:
+        """One batched step (the scheduler's observer; called from its worker thread)."""
+        self.steps.inc()
+        for k in report.k:
+            self.k_chosen.observe(k)
+        self.rows.observe(report.n_rows)
+        self.step_s.observe(report.step_s)
+        if report.n_slots:
+            self.host_per_slot.observe(report.host_s / report.n_slots)
+        self.decode_s.inc(report.decode_s)
+        self.draft_s.inc(report.draft_s)
+        self.host_s.inc(report.host_s)
+
+    def observe_request(
+        self,
+        route: str,
+        finish: str,
+        n_prompt: int,
+        n_generated: int,
+        steps: Sequence[Step],
+        ttft_s: float | None,
+        wall_s: float | None,
+    ) -> None:
+        """One request that ended (any way): its tokens, proposals and acceptance."""
+        self.requests.labels(route=route, finish=finish).inc()
+        self.prompt_tokens.inc(n_prompt)
+        self.generated_tokens.inc(n_generated)
+        self.draft_tokens.inc(sum(s.n_proposed for s in steps))
+        self.accepted_tokens.inc(sum(s.n_accepted for s in steps))
+        for s in steps:
+            for i in range(min(s.n_proposed, MAX_POSITIONS)):
+                self.position_proposed.labels(position=str(i + 1)).inc()
+                if i < s.n_accepted:
+                    self.position_accepted.labels(position=str(i + 1)).inc()
+        if ttft_s is not None and ttft_s > 0:
+            self.ttft.observe(ttft_s)
+        if wall_s is not None:
+            self.request_s.observe(wall_s)
+
+    def observe_refusal(self, status: int) -> None:
+        self.refused.labels(status=str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,525 @@
+"""The core of `specgen serve`: slots, a bounded queue, and one worker thread that owns
+llama.cpp and runs the batched rounds. No HTTP here (see notes: the seam with app.py).
+
+Each step (`Scheduler.step`):
+  1. cancelled jobs leave their slot; queued jobs take free slots (the slot whose cache
+     shares the longest prefix with the prompt, which then evaluates only the rest);
+  2. stage 1 for every slot that is generating: K per slot (fixed, or the batch
+     controller's goodput choice), then `Sequence.propose` (each slot drafts in its own
+     draft sequence);
+  3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
+     chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
+     prompt stalls the others by one chunk at most);
+  4. stages 3-5 per slot through `Sequence.commit`, with that request's own sampling
+     settings, random streams and stop strings; only that slot's sequence rolls back.
+
+Isolation: slot i's target cells are sequence i of the target's cache and its draft cells
+sequence i of the draft's; each request gets its own drafter (q under its own settings)
+and its own `Sequence` (random streams from its own seed). A drafter keeps only the prefix
+its sequence shares with the new prompt (`ModelDrafter` re-syncs on the first draft), so
+nothing drafted for one request is proposed for another.
+
+Faults: a llama.cpp failure in the batched decode ends the jobs in that decode with
+`Failed(kind="engine")`; a failure while one slot drafts or commits ends that job only.
+The others carry on at the next step.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specgen.batchctl import Acceptance, BatchController
+from specgen.drafters import ModelDrafter, common_prefix
+from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
+from specgen.errors import EngineError
+from specgen.events import Done, Step
+from specgen.generate import FixedK, GenerateConfig
+from specgen.ngram import NgramDrafter
+from specgen.round import Proposal, Sequence
+from specgen.sampling import SamplingParams
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request: token ids already templated and tokenized, and its settings."""
+
+    id: str
+    prompt: list[int]
+    config: GenerateConfig
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request ended by an error inside a round, a cancel or a shutdown before it
+    started; `kind` is "engine", "shutdown" or "cancelled"."""
+
+    message: str
+    kind: str
+
+
+JobEvent = Step | Done | Failed
+Sink = Callable[[JobEvent], None]
+
+
+class QueueFull(Exception):
+    """`submit` while --queue jobs already wait (or the scheduler is shutting down)."""
+
+
+class DoesNotFit(Exception):
+    """The prompt plus max_tokens can never fit a slot's context (-c), or is empty."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """One per step, for /metrics.
+
+    Attributes:
+        n_rows: target logits rows decoded in the step (prompt chunks add none).
+        n_slots: slots generating in the step.
+        k: K chosen per generating slot.
+        decode_s: seconds inside the target's llama_decode.
+        draft_s: seconds of stage 1 (all slots' drafting).
+        step_s: wall seconds of the step.
+        host_s: step_s minus the time inside llama_decode (both models).
+        queue_depth, slots_busy: after the step.
+    """
+
+    n_rows: int
+    n_slots: int
+    k: tuple[int, ...]
+    decode_s: float
+    draft_s: float
+    step_s: float
+    host_s: float
+    queue_depth: int
+    slots_busy: int
+
+
+class Ticket:
+    """A submitted job: pass it to `Scheduler.cancel`."""
+
+    def __init__(self, job: Job, sink: Sink) -> None:
+        self.job = job
+        self.sink = sink
+        self.cancelled = False
+
+
+class _Slot:
+    def __init__(self, index: int, target: Engine, draft: Engine | None) -> None:
+        self.index = index
+        self.target = target
+        self.draft = draft
+        self.ticket: Ticket | None = None
+        self.seq: Sequence | None = None
+        self.drafter: Drafter | None = None
+        self.todo: list[int] = []  # prompt tokens the target has still to evaluate
+        self.started = False
+        self.t_admit = 0.0
+        self.n_prefill = 0
+        self.acceptance: Acceptance | None = None
+        self.idle = 0  # steps since this slot last speculated
+
+
+def _decode_s(engine: object) -> float:
+    return float(getattr(engine, "decode_s", 0.0))
+
+
+class Scheduler:
+    """Serves jobs `n_parallel` at a time with one batched target decode per step.
+
+    Args:
+        target: the target with at least n_parallel sequences (`BatchEngine`).
+        drafter: the loaded drafter: a `ModelDrafter` over a draft engine with sequences
+            (each slot drafts in its own), an `NgramDrafter` (copied per slot), or None.
+        n_parallel: slots (--parallel).
+        queue_max: jobs allowed to wait for a slot (--queue).
+        draft_max: fixed K (--draft-max K), or None for the batch controller (auto).
+        observer: called with a BatchReport after every step (from the worker thread).
+        prefill_chunk: most prompt tokens one slot adds to a step.
+        controller: the batch controller for auto (default: `BatchController()`).
+        clock: seconds; tests replace it.
+
+    Raises:
+        ValueError: the target has fewer sequences than n_parallel, or a drafter that
+            cannot be given to several slots.
+    """
+
+    def __init__(
+        self,
+        target: BatchEngine,
+        drafter: Drafter | None,
+        *,
+        n_parallel: int,
+        queue_max: int,
+        draft_max: int | None,
+        observer: Callable[[BatchReport], None] | None = None,
+        prefill_chunk: int = 256,
+        controller: BatchController | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if target.n_seq < n_parallel:
+            raise ValueError(f"the target holds {target.n_seq} sequences, not {n_parallel}")
+        self.target = target
+        self._drafter = drafter
+        self._draft: BatchEngine | None = None
+        if isinstance(drafter, ModelDrafter):
+            self._draft = drafter.engine  # type: ignore[assignment]
+            if getattr(self._draft, "n_seq", 1) < n_parallel:
+                raise ValueError(f"the draft holds too few sequences for {n_parallel} slots")
+        elif drafter is not None and not isinstance(drafter, NgramDrafter) and n_parallel > 1:
+            raise ValueError(f"{drafter.name} cannot draft for several slots")
+        self.n_parallel = n_parallel
+        self.queue_max = queue_max
+        self.draft_max = draft_max
+        self.observer = observer
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.clock = clock
+        self.controller = (
+            (controller or BatchController()) if draft_max is None and drafter else None
+        )
+        self._slots = [
+            _Slot(
+                i,
+                target.sequence(i),
+                self._draft.sequence(i) if self._draft is not None else None,
+            )
+            for i in range(n_parallel)
+        ]
+        views = [s.target.n_ctx for s in self._slots]
+        views += [s.draft.n_ctx for s in self._slots if s.draft is not None]
+        self.n_ctx_slot = min(views)
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Ticket] = collections.deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.last_report: BatchReport | None = None
+
+    # -- the HTTP side's calls (any thread) --------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread that owns llama.cpp."""
+        self._thread = threading.Thread(target=self._run, name="specgen-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, sink: Sink) -> Ticket:
+        """Queue a job; `sink` gets its events from the worker thread (it must not block).
+
+        Raises:
+            DoesNotFit: an empty prompt, or prompt + max_tokens beyond a slot's context.
+            QueueFull: queue_max jobs already wait, or the scheduler is shutting down.
+        """
+        need = len(job.prompt) + job.config.max_tokens
+        if not job.prompt:
+            raise DoesNotFit("the prompt is empty")
+        if need > self.n_ctx_slot:
+            raise DoesNotFit(
+                f"the prompt ({len(job.prompt)} tokens) plus max_tokens"
+                f" ({job.config.max_tokens}) is {need} tokens, more than a slot's context of"
+                f" {self.n_ctx_slot}"
+            )
+        ticket = Ticket(job, sink)
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self._queue) >= self.queue_max:
+                raise QueueFull(f"{len(self._queue)} requests are already waiting")
+            self._queue.append(ticket)
+            self._cond.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The client went away: the job ends with Failed(kind="cancelled") and frees its
+        slot at the next step."""
+        with self._cond:
+            ticket.cancelled = True
+            self._cond.notify()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting; jobs in slots end with Done(finish="interrupted"), queued ones
+        with Failed(kind="shutdown"); joins the worker thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        else:
+            self._finish_all()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def slots_busy(self) -> int:
+        return sum(1 for s in self._slots if s.ticket is not None)
+
+    # -- the worker ---------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return bool(self._queue) or self.slots_busy > 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._has_work():
+                    self._cond.wait()
+                if self._stopping:
+                    break
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a bug must not hang every client
+                for slot in self._slots:
+                    if slot.ticket is not None:
+                        self._fail(slot, f"internal error: {exc}", "engine")
+        self._finish_all()
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
+        """Run steps in this thread until no job is queued or in a slot (tests, without
+        `start`). Returns the steps run."""
+        n = 0
+        while self._has_work() and n < max_steps:
+            self.step()
+            n += 1
+        return n
+
+    def step(self) -> BatchReport:
+        """One batched step (see the module docstring). Worker thread only."""
+        t_step = self.clock()
+        inside0 = _decode_s(self.target) + _decode_s(self._draft)
+        self._reap_cancelled()
+        self._admit()
+        for slot in self._slots:
+            if slot.seq is not None and not slot.started and not slot.todo:
+                self._start(slot)
+        active = [s for s in self._slots if s.seq is not None and s.started]
+        ks = self._choose_ks(active)
+
+        t1 = self.clock()
+        proposals: list[tuple[_Slot, Proposal]] = []
+        for slot, k in zip(active, ks, strict=True):
+            try:
+                assert slot.seq is not None
+                proposals.append((slot, slot.seq.propose(k)))
+            except EngineError as exc:
+                self._fail(slot, str(exc), "engine")
+        draft_s = self.clock() - t1
+
+        parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
+        budget = getattr(self.target, "n_batch", 1 << 30) - sum(len(p.tokens) for p in parts)
+        chunks: list[tuple[_Slot, int]] = []
+        for slot in self._slots:
+            if slot.seq is None or slot.started or budget <= 0:
+                continue
+            n = min(len(slot.todo), budget, self.prefill_chunk)
+            parts.append(SeqDecode(slot.index, slot.todo[:n], 0))
+            chunks.append((slot, n))
+            budget -= n
+        decode0 = _decode_s(self.target)
+        rows: list[Logits] | None = None
+        verify_s = 0.0
+        if parts:
+            t2 = self.clock()
+            try:
+                rows = self.target.decode_batch(parts)
+            except EngineError as exc:
+                for slot in [s for s, _ in proposals] + [s for s, _ in chunks]:
+                    self._fail(slot, str(exc), "engine")
+            verify_s = self.clock() - t2
+        decode_s = _decode_s(self.target) - decode0
+        n_rows = sum(p.n_rows for p in parts)
+        if rows is not None:
+            if self.controller is not None and not chunks:
+                self.controller.observe_target(n_rows, verify_s)
+            for (slot, prop), r in zip(proposals, rows, strict=False):
+                self._commit(slot, prop, r, verify_s)
+            for slot, n in chunks:
+                del slot.todo[:n]
+                if not slot.todo:
+                    self._start(slot)
+
+        step_s = self.clock() - t_step
+        inside = _decode_s(self.target) + _decode_s(self._draft) - inside0
+        report = BatchReport(
+            n_rows=n_rows,
+            n_slots=len(active),
+            k=tuple(ks),
+            decode_s=decode_s,
+            draft_s=draft_s,
+            step_s=step_s,
+            host_s=max(0.0, step_s - inside),
+            queue_depth=self.queue_depth,
+            slots_busy=self.slots_busy,
+        )
+        self.last_report = report
+        if self.observer is not None:
+            try:
+                self.observer(report)
+            except Exception:  # noqa: BLE001 - metrics must not stop the rounds
+                pass
+        return report
+
+    # -- the step's parts ---------------------------------------------------------------
+
+    def _reap_cancelled(self) -> None:
+        with self._cond:
+            gone = [t for t in self._queue if t.cancelled]
+            for t in gone:
+                self._queue.remove(t)
+        for t in gone:
+            _send(t, Failed("cancelled by the client", "cancelled"))
+        for slot in self._slots:
+            if slot.ticket is not None and slot.ticket.cancelled:
+                self._end(slot, Failed("cancelled by the client", "cancelled"))
+
+    def _admit(self) -> None:
+        while True:
+            free = [s for s in self._slots if s.ticket is None]
+            with self._cond:
+                if not free or not self._queue or self._stopping:
+                    return
+                ticket = self._queue.popleft()
+            prompt = ticket.job.prompt
+            # the slot holding the longest common prefix; among equals the emptiest,
+            # which keeps the other slots' prefixes for the requests that share them
+            slot = max(
+                free,
+                key=lambda s: (common_prefix(s.target.tokens, prompt[:-1]), -len(s.target.tokens)),
+            )
+            self._place(slot, ticket)
+
+    def _place(self, slot: _Slot, ticket: Ticket) -> None:
+        job = ticket.job
+        slot.ticket = ticket
+        slot.t_admit = self.clock()
+        try:
+            slot.drafter = self._drafter_for(slot, job.config.params)
+            k_cap = self.draft_max if self.draft_max is not None else self._k_cap()
+            slot.seq = Sequence(
+                slot.target, slot.drafter, job.prompt, job.config, FixedK(k_cap), self.clock
+            )
+            keep = common_prefix(slot.target.tokens, job.prompt[:-1])
+            slot.target.truncate(keep)
+        except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
+            self._end(slot, Failed(str(exc), "engine"))
+            return
+        slot.todo = job.prompt[keep:-1]
+        slot.n_prefill = len(slot.todo)
+        slot.started = False
+        slot.idle = 0
+        slot.acceptance = self.controller.new_acceptance() if self.controller else None
+
+    def _k_cap(self) -> int:
+        return self.controller.k_max if self.controller is not None else 0
+
+    def _drafter_for(self, slot: _Slot, params: SamplingParams) -> Drafter | None:
+        """A drafter of the slot's own: q under this request's settings, in its own
+        draft sequence (never another request's state)."""
+        d = self._drafter
+        if d is None:
+            return None
+        if isinstance(d, ModelDrafter):
+            assert slot.draft is not None
+            return ModelDrafter(slot.draft, params, d.n_vocab, d.p_min)
+        if isinstance(d, NgramDrafter):
+            return NgramDrafter(d.n_vocab, d.index.n_max, d.index.n_min)
+        return d  # a single slot: its one drafter
+
+    def _start(self, slot: _Slot) -> None:
+        assert slot.seq is not None and slot.ticket is not None
+        try:
+            if slot.drafter is not None:
+                slot.drafter.prefill(slot.ticket.job.prompt)
+            slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
+        except EngineError as exc:
+            self._fail(slot, str(exc), "engine")
+            return
+        slot.started = True
+
+    def _choose_ks(self, active: list[_Slot]) -> list[int]:
+        caps = []
+        for slot in active:
+            assert slot.seq is not None
+            caps.append(slot.seq.choose_k())
+        if self.controller is None or not active:
+            return caps
+        acc = [s.acceptance for s in active]
+        assert all(a is not None for a in acc)
+        choice = self.controller.choose(acc, caps, [s.idle for s in active])  # type: ignore[arg-type]
+        for slot, k in zip(active, choice.k, strict=True):
+            slot.idle = 0 if k > 0 else slot.idle + 1
+        return list(choice.k)
+
+    def _commit(self, slot: _Slot, prop: Proposal, rows: Logits, verify_s: float) -> None:
+        seq = slot.seq
+        if seq is None:  # failed earlier in this step
+            return
+        try:
+            step = seq.commit(prop, rows, verify_s)
+        except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
+            self._fail(slot, str(exc), "engine")
+            return
+        if self.controller is not None and slot.acceptance is not None:
+            self.controller.observe_round(slot.acceptance, prop.k, step.n_accepted)
+            if prop.k > 0 and self._draft is not None:
+                self.controller.observe_draft(1, prop.draft_s / prop.k)
+        assert slot.ticket is not None
+        _send(slot.ticket, step)
+        if seq.ended():
+            self._end(slot, None)
+
+    def _end(self, slot: _Slot, event: JobEvent | None, reason: str | None = None) -> None:
+        """Free the slot: roll its caches back to the committed tokens and send `event`
+        (the Done from `Sequence.finish` when None)."""
+        seq, ticket = slot.seq, slot.ticket
+        done: JobEvent | None = None
+        if seq is not None:
+            try:
+                seq.rollback()
+                if not seq.ended():  # a cancel, a failure or shutdown ends it here
+                    done = seq.finish(reason or "interrupted")  # type: ignore[arg-type]
+                else:
+                    done = seq.finish()
+            except Exception:  # noqa: BLE001 - the cache may be broken: start it afresh
+                _clear(slot)
+        slot.ticket = slot.seq = slot.drafter = None
+        slot.started = False
+        slot.todo = []
+        if ticket is not None:
+            ev = event if event is not None else done
+            if ev is not None:
+                _send(ticket, ev)
+
+    def _fail(self, slot: _Slot, message: str, kind: str) -> None:
+        self._end(slot, Failed(message, kind))
+
+    def _finish_all(self) -> None:
+        for slot in self._slots:
+            if slot.ticket is not None:
+                self._end(slot, None, "interrupted")
+        with self._cond:
+            queued = list(self._queue)
+            self._queue.clear()
+        for t in queued:
+            _send(t, Failed("the server is shutting down", "shutdown"))
+
+
+def _send(ticket: Ticket, event: JobEvent) -> None:
+    try:
+        ticket.sink(event)
+    except Exception:  # noqa: BLE001 - one client's broken sink must not stop the rounds
+        pass
+
+
+def _clear(slot: _Slot) -> None:
+    for engine in (slot.target, slot.draft):
+        if engine is not None:
+            try:
+                engine.truncate(0)
+            except EngineError:
+                pass

@@ -1,0 +1,227 @@
+"""The OpenAI wire format as pydantic models: requests (validated here, never by hand) and
+responses, and the error body every refusal uses.
+
+Requests ignore fields they do not know (clients send many: ``user``, ``logprobs``,
+``presence_penalty``...) and refuse known fields of the wrong type: the models are strict
+(``"10"`` is no integer, ``1`` is no boolean; an integer is a number), and a number must be
+finite. Omitted or null sampling fields take the server's defaults (`Defaults`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from specgen.server.stats import Speculative, Timings
+
+MAX_STOP = 16
+"""Stop strings allowed per request (OpenAI allows 4, llama-server has no limit)."""
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class ContentPart(_Request):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Generation(_Request):
+    """The fields both routes share (OpenAI's, and llama-server's ``ignore_eos``)."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float | None = None
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    return_tokens: bool | None = None  # llama-server's: the generated token ids too
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(f"only n=1 is supported (one choice per request), got {n}")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        items = [stop] if isinstance(stop, str) else stop or []
+        if any(s == "" for s in items):
+            raise ValueError("a stop string must not be empty")
+        if len(items) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(items)}")
+        return stop
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+
+    @property
+    def token_limit(self) -> int | None:
+        # OpenAI deprecated max_tokens for max_completion_tokens: the newer one wins
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            if isinstance(prompt[0], str) and len(prompt) != 1:
+                raise ValueError(f"one prompt per request is served, got {len(prompt)}")
+        return prompt
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class _Response(BaseModel):
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    speculative: Speculative | None = None
+    error: ErrorInfo | None = None
+    tokens: list[int] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object sent: fields left None are omitted, except a choice's
+        ``finish_reason`` and ``logprobs``, which OpenAI always sends."""
+        body = self.model_dump(exclude_none=True)
+        for choice, model in zip(
+            body.get("choices", []), getattr(self, "choices", []), strict=True
+        ):
+            choice.setdefault("finish_reason", model.finish_reason)
+            choice.setdefault("logprobs", None)
+        return body
+
+
+class ChatCompletion(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+class ChatCompletionChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
+
+
+class Completion(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+
+
+def validation_error(e: ValidationError) -> tuple[str, str | None]:
+    """One line and the `param` for the first problem pydantic found.
+
+    Returns:
+        (message, param): param is the field's path (``messages[0].role``), None for a
+        body that is no JSON object.
+    """
+    first = e.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return f"the request body is not valid JSON: {first['ctx']['error']}", None
+    loc = [p for p in first["loc"] if not _is_type_tag(p)]
+    if not loc:
+        return f"the request body must be a JSON object: {first['msg']}", None
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return f"{param} is required", param
+    return f"{param}: {msg}", param
+
+
+def _is_type_tag(part: object) -> bool:
+    # pydantic names the union member it tried (`str`, `list[int]`): not part of the path
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool") or part.startswith(("list[", "function-"))
+    )

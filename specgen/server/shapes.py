@@ -1,0 +1,260 @@
+"""From a validated request to a `GenerateConfig`, and from a request's events to OpenAI
+response bodies: the full response, one chunk per round, the final chunk and the usage
+chunk. Pure (no HTTP, no clock besides the `created` the caller passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specgen.events import Done, FinishReason, Stats, Step
+from specgen.generate import GenerateConfig
+from specgen.sampling import SamplingParams
+from specgen.server import stats as request_stats
+from specgen.server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatMessage,
+    ChunkChoice,
+    Completion,
+    ErrorInfo,
+    TextChoice,
+    Usage,
+    _Generation,
+)
+
+_OPENAI_FINISH: dict[str, str] = {
+    "eos": "stop",
+    "stop": "stop",
+    "length": "length",
+    "context": "length",
+    "interrupted": "abort",
+}
+
+
+def openai_finish(reason: FinishReason | str) -> str:
+    """OpenAI's finish_reason for specgen's: stop, length, or abort (shutdown, failure)."""
+    return _OPENAI_FINISH.get(reason, "abort")
+
+
+class RequestError(Exception):
+    """A request that cannot be served as sent: becomes an HTTP 4xx/5xx OpenAI error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The server's settings for fields a request omits (the start flags, as `run`'s).
+
+    Attributes:
+        params: sampling settings (--temp, --top-k, --top-p, --min-p).
+        seed: --seed for every request without one; None draws a fresh seed each time.
+        max_tokens: -n; -1 (llama-server's default) lets a request run to its slot's
+            context when it sets no max_tokens.
+    """
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    max_tokens: int = -1
+
+
+def messages_of(chat: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as chat templates take them: text content only (parts joined),
+    ``developer`` as ``system`` (OpenAI's newer name for it).
+
+    Raises:
+        RequestError: 400 for a content part that is not text (images, audio).
+    """
+    out = []
+    for i, m in enumerate(chat):
+        if m.content is None or isinstance(m.content, str):
+            text = m.content or ""
+        else:
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise RequestError(
+                        400,
+                        f"messages[{i}].content[{j}]: only text parts are served, got"
+                        f" type {part.type!r}",
+                        param=f"messages[{i}].content[{j}]",
+                    )
+            text = "".join(p.text or "" for p in m.content)
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+    return out
+
+
+def generate_config(
+    req: _Generation, defaults: Defaults, n_prompt: int, n_ctx_slot: int
+) -> GenerateConfig:
+    """The request's settings, its omitted fields from `defaults`.
+
+    A slot's context (-c) must hold the prompt and every token generated: an omitted
+    max_tokens is the server's -n cut to what fits, a given one must fit.
+
+    Raises:
+        RequestError: 400 for an empty prompt, a prompt that fills the context, or a
+            max_tokens beyond it (code ``context_length_exceeded``).
+    """
+    if n_prompt == 0:
+        raise RequestError(400, "the prompt is empty", param="prompt")
+    room = n_ctx_slot - n_prompt
+    if room <= 0:
+        raise RequestError(
+            400,
+            f"the prompt is {n_prompt} tokens and a slot's context holds {n_ctx_slot}"
+            " (-c): shorten it, or restart the server with a larger -c",
+            param="messages" if hasattr(req, "messages") else "prompt",
+            code="context_length_exceeded",
+        )
+    limit = req.token_limit
+    if limit is None:
+        limit = min(defaults.max_tokens, room) if defaults.max_tokens > 0 else room
+    elif limit > room:
+        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else None
+        raise RequestError(
+            400,
+            f"{name or 'max_tokens'} {limit} is beyond the context: the prompt is {n_prompt}"
+            f" tokens and a slot holds {n_ctx_slot} (-c), so at most {room} can be generated",
+            param=name or "max_tokens",
+            code="context_length_exceeded",
+        )
+    base = defaults.params
+    params = SamplingParams(
+        temp=base.temp if req.temperature is None else req.temperature,
+        top_k=base.top_k if req.top_k is None else req.top_k,
+        top_p=base.top_p if req.top_p is None else req.top_p,
+        min_p=base.min_p if req.min_p is None else req.min_p,
+    )
+    # llama.cpp's -1 (and any negative seed) asks for a random one, as an omitted seed does
+    seed = req.seed if req.seed is not None and req.seed >= 0 else defaults.seed
+    return GenerateConfig(
+        max_tokens=limit,
+        params=params,
+        stop=req.stop_strings,
+        ignore_eos=bool(req.ignore_eos),
+        seed=seed,
+    )
+
+
+SHUTDOWN_ERROR = ErrorInfo(
+    message="the server is shutting down: generation stopped before its end",
+    type="unavailable_error",
+    code="shutdown",
+)
+
+
+@dataclass
+class Outcome:
+    """How a request ended, as the response reports it."""
+
+    text: str
+    finish: str  # specgen's reason, "failed" or "cancelled"
+    stats: Stats | None
+    error: ErrorInfo | None
+    tokens: tuple[int, ...] = ()
+
+    @classmethod
+    def of_done(cls, done: Done) -> Outcome:
+        error = SHUTDOWN_ERROR if done.finish_reason == "interrupted" else None
+        return cls(done.text, done.finish_reason, done.stats, error, done.tokens)
+
+
+@dataclass
+class Shape:
+    """Builds one request's bodies. `chat` picks the chat or the text completion shape."""
+
+    chat: bool
+    id: str
+    model: str
+    created: int
+    n_prompt: int
+    return_tokens: bool = False
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": self.model}
+
+    def _usage(self, steps: Sequence[Step], outcome: Outcome) -> Usage:
+        s = outcome.stats
+        n = s.n_generated if s is not None else sum(len(x.spans) for x in steps)
+        return Usage(
+            prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n
+        )
+
+    def _meta(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
+        return {
+            "timings": request_stats.timings(steps, outcome.stats),
+            "speculative": request_stats.speculative(steps, outcome.finish),
+            "error": outcome.error,
+            "tokens": list(outcome.tokens) if self.return_tokens else None,
+        }
+
+    def full(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
+        """The non-streaming response."""
+        finish = openai_finish(outcome.finish)
+        head = self._head()
+        meta = self._meta(steps, outcome)
+        usage = self._usage(steps, outcome)
+        if self.chat:
+            message = AssistantMessage(content=outcome.text)
+            choice = ChatChoice(message=message, finish_reason=finish)
+            return ChatCompletion(**head, choices=[choice], usage=usage, **meta).wire()
+        text = TextChoice(text=outcome.text, finish_reason=finish)
+        return Completion(**head, choices=[text], usage=usage, **meta).wire()
+
+    def _chunk(self, delta: str | None, finish: str | None, **extra: Any) -> dict[str, Any]:
+        head = self._head()
+        if self.chat:
+            d = {} if delta is None else {"content": delta}
+            choices = [ChunkChoice(delta=d, finish_reason=finish)]
+            return ChatCompletionChunk(**head, choices=choices, **extra).wire()
+        return Completion(
+            **head, choices=[TextChoice(text=delta or "", finish_reason=finish)], **extra
+        ).wire()
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        """The chat stream's opening chunk (the role, as OpenAI sends); None for text."""
+        if not self.chat:
+            return None
+        head = self._head()
+        choice = ChunkChoice(delta={"role": "assistant", "content": ""}, finish_reason=None)
+        return ChatCompletionChunk(**head, choices=[choice]).wire()
+
+    def step_chunk(self, step: Step) -> dict[str, Any]:
+        """One round's committed text."""
+        return self._chunk(step.text, None)
+
+    def final_chunk(self, steps: Sequence[Step], outcome: Outcome, rest: str) -> dict[str, Any]:
+        """The chunk carrying finish_reason, the statistics and, when it ended badly, the
+        error; `rest` is text the rounds had not released yet (held UTF-8 bytes)."""
+        meta = self._meta(steps, outcome)
+        return self._chunk(rest or None, openai_finish(outcome.finish), **meta)
+
+    def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
+        """stream_options.include_usage: the last chunk, with no choices."""
+        head = self._head()
+        cls = ChatCompletionChunk if self.chat else Completion
+        return cls(**head, choices=[], usage=self._usage(steps, outcome)).wire()

@@ -1,0 +1,167 @@
+"""Per-request speculative statistics, from the Steps a request received and its Done.
+
+Two objects go into every response (the final chunk when streaming):
+
+- `Timings`: llama-server's ``timings`` fields, so its clients and dashboards read them.
+- `Speculative`: what llama-server cannot report, in vLLM's names where they exist
+  (``vllm/v1/spec_decode/metrics.py``).
+
+Two acceptance rates appear side by side and differ in their denominator:
+``draft_acceptance_rate`` = accepted / *proposed* (vLLM's and llama-server's), and
+``acceptance_rate`` = accepted / *tested* (specgen's own, as `specgen run --json` reports:
+`specgen.events.ACCEPTANCE_HOW`). Proposals after a rejection are never tested, so the
+first is never above the second.
+
+Pure: no HTTP, no clock; every value is a function of the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specgen.events import ACCEPTANCE_HOW, FinishReason, Stats, Step
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's per-request ``timings`` (milliseconds, tokens, tokens per second).
+
+    Attributes:
+        cache_n: prompt tokens already in the slot's cache (not evaluated again).
+        prompt_n: prompt tokens the target evaluated (the prompt's last token included:
+            it is evaluated by the first round).
+        prompt_ms, prompt_per_token_ms, prompt_per_second: prompt evaluation time.
+        predicted_n: tokens generated.
+        predicted_ms, predicted_per_token_ms, predicted_per_second: generation time,
+            from the end of the prompt to the last token.
+        draft_n: tokens the drafter proposed (llama-server counts proposals).
+        draft_n_accepted: of those, accepted by the target.
+    """
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int
+    draft_n_accepted: int
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """What speculation did for one request.
+
+    Attributes:
+        num_steps: target decodes that served this request after its prompt (one per
+            round; the rounds of a batched step are counted for each request in it).
+        num_spec_steps: those with K >= 1 (vLLM's ``num_drafts``).
+        num_draft_tokens: tokens proposed, summed over the steps (vLLM's name).
+        num_accepted_draft_tokens: of those, accepted.
+        num_tested_draft_tokens: proposals the target's test reached (up to and including
+            the first rejection each round): the denominator of `acceptance_rate`.
+        mean_acceptance_length: 1 + accepted per spec step: tokens emitted per spec step,
+            the bonus or correction token included (vLLM's convention); 0 without a spec step.
+        draft_acceptance_rate: accepted / proposed, in [0, 1] (vLLM's and llama-server's
+            denominator); 0 when nothing was proposed.
+        acceptance_rate: accepted / tested, in [0, 1] (specgen's; `acceptance_how`).
+        acceptance_how: how `acceptance_rate` counts.
+        acceptance_by_position: entry i is the share of steps proposing at least i + 1
+            tokens whose first i + 1 proposals were all accepted (with a fixed K, vLLM's
+            per-position rate); as long as the largest proposal.
+        k_per_step: the block size K chosen each step, in order.
+        finish: specgen's own finish reason (`specgen.events.FinishReason`), or "failed" /
+            "cancelled" when the request ended by an error or a disconnect.
+    """
+
+    num_steps: int
+    num_spec_steps: int
+    num_draft_tokens: int
+    num_accepted_draft_tokens: int
+    num_tested_draft_tokens: int
+    mean_acceptance_length: float
+    draft_acceptance_rate: float
+    acceptance_rate: float
+    acceptance_how: str
+    acceptance_by_position: tuple[float, ...]
+    k_per_step: tuple[int, ...]
+    finish: str
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
+
+
+def timings(steps: Sequence[Step], stats: Stats | None) -> Timings:
+    """llama-server's ``timings`` for a request.
+
+    Args:
+        steps: every Step the request received, in order.
+        stats: its Done's totals (prompt tokens and times), or None when it never
+            finished (failed or cancelled): the prompt fields are then 0.
+
+    Returns:
+        `Timings`; rates are 0 when their time is 0.
+    """
+    n_prompt = stats.n_prompt if stats else 0
+    prompt_n = min(n_prompt, stats.n_prefill + 1) if stats and n_prompt else 0
+    prompt_s = stats.prefill_s if stats else 0.0
+    predicted_n = sum(len(s.spans) for s in steps) if stats is None else stats.n_generated
+    predicted_s = stats.decode_s if stats else sum(s.round_s for s in steps)
+    return Timings(
+        cache_n=n_prompt - prompt_n,
+        prompt_n=prompt_n,
+        prompt_ms=_ms(prompt_s),
+        prompt_per_token_ms=_ms(_ratio(prompt_s, prompt_n)),
+        prompt_per_second=round(_ratio(prompt_n, prompt_s), 3),
+        predicted_n=predicted_n,
+        predicted_ms=_ms(predicted_s),
+        predicted_per_token_ms=_ms(_ratio(predicted_s, predicted_n)),
+        predicted_per_second=round(_ratio(predicted_n, predicted_s), 3),
+        draft_n=sum(s.n_proposed for s in steps),
+        draft_n_accepted=sum(s.n_accepted for s in steps),
+    )
+
+
+def acceptance_by_position(steps: Sequence[Step]) -> tuple[float, ...]:
+    """Entry i: of the steps that proposed at least i + 1 tokens, the share whose first
+    i + 1 were accepted (acceptance is a prefix, so that is ``n_accepted >= i + 1``).
+    Non-increasing only when every step proposes the same number; () without proposals."""
+    depth = max((s.n_proposed for s in steps), default=0)
+    proposed = [0] * depth
+    accepted = [0] * depth
+    for s in steps:
+        for i in range(s.n_proposed):
+            proposed[i] += 1
+            accepted[i] += i < s.n_accepted
+    return tuple(round(a / p, 6) for a, p in zip(accepted, proposed, strict=True))
+
+
+def speculative(steps: Sequence[Step], finish: FinishReason | str) -> Speculative:
+    """The `Speculative` object of a request from its Steps and its finish reason."""
+    n_spec = sum(1 for s in steps if s.k >= 1)
+    proposed = sum(s.n_proposed for s in steps)
+    accepted = sum(s.n_accepted for s in steps)
+    tested = sum(s.n_drafted for s in steps)
+    return Speculative(
+        num_steps=len(steps),
+        num_spec_steps=n_spec,
+        num_draft_tokens=proposed,
+        num_accepted_draft_tokens=accepted,
+        num_tested_draft_tokens=tested,
+        mean_acceptance_length=round(1 + accepted / n_spec, 6) if n_spec else 0.0,
+        draft_acceptance_rate=round(_ratio(accepted, proposed), 6),
+        acceptance_rate=round(_ratio(accepted, tested), 6),
+        acceptance_how=ACCEPTANCE_HOW,
+        acceptance_by_position=acceptance_by_position(steps),
+        k_per_step=tuple(s.k for s in steps),
+        finish=finish,
+    )

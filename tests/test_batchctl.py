@@ -1,0 +1,138 @@
+"""The batch controller: exact, with fixed costs and acceptance rates."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specgen.batchctl import (
+    Acceptance,
+    BatchController,
+    Line,
+    LineFit,
+    SlotInput,
+    choose,
+    step_seconds,
+)
+from specgen.controller import expected_tokens
+
+# FIELD.md's costs on the 2-core CPU: one row 38 ms, each extra row ~6 ms, a draft token 19 ms
+TARGET = Line(0.038, 0.006)
+DRAFT_PER_SLOT = Line(0.0, 0.019)  # one draft decode per slot and depth
+DRAFT_BATCHED = Line(0.019, 0.002)  # one draft decode per depth across slots
+
+
+def slot(alpha: float, k_max: int = 3) -> SlotInput:
+    return SlotInput((alpha,), k_max)
+
+
+def test_one_stream_by_hand():
+    # K=0: 1/0.044 = 22.7; K=1: 1.8/0.069 = 26.1; K=2: 2.44/0.094 = 26.0; K=3: 2.952/0.119
+    got = choose([slot(0.8)], TARGET, DRAFT_PER_SLOT)
+    assert got.k == (1,)
+    assert got.expected_tokens == pytest.approx(1.8)
+    assert got.step_s == pytest.approx(0.069)
+    assert got.goodput == pytest.approx(1.8 / 0.069)
+    assert got.goodput_ordinary == pytest.approx(1 / 0.044)
+
+
+def test_four_streams_drafting_per_slot_do_not_speculate_but_batched_drafting_does():
+    slots = [slot(0.9)] * 4
+    # all K=0: 4/0.062 = 64.5; all K=1: 7.6/0.162 = 46.9; one K=1: 4.9/0.087 = 56.3
+    assert choose(slots, TARGET, DRAFT_PER_SLOT).k == (0, 0, 0, 0)
+    # one draft decode per depth: all K=1 cost 0.038 + 8 * 0.006 + 0.019 + 4 * 0.002 = 0.113
+    # (67.3 tokens/s); all K=2: 10.84 / 0.164 = 66.1
+    got = choose(slots, TARGET, DRAFT_BATCHED)
+    assert got.k == (1, 1, 1, 1)
+    assert got.goodput == pytest.approx(7.6 / 0.113)
+    assert got.goodput_ordinary == pytest.approx(4 / 0.062)
+
+
+def test_no_acceptance_means_no_speculation_and_k_max_zero_is_respected():
+    assert choose([slot(0.0), slot(0.0)], TARGET, DRAFT_BATCHED).k == (0, 0)
+    assert choose([slot(1.0, 0), slot(1.0, 5)], TARGET, DRAFT_BATCHED).k[0] == 0
+
+
+def test_certain_acceptance_with_a_cheap_draft_takes_the_largest_k():
+    # alpha = 1: G(K) = (K + 1) / (a + b + (b + c) K) rises with K while a > c
+    got = choose([slot(1.0, 7)], Line(0.040, 0.001), Line(0.0, 0.002))
+    assert got.k == (7,)
+
+
+def brute_force(slots, target, draft, fixed_s=0.0):
+    best, best_g = None, -1.0
+    for ks in itertools.product(*[range(s.k_max + 1) for s in slots]):
+        n = sum(expected_tokens(s.alpha_by_pos, k) for s, k in zip(slots, ks, strict=True))
+        g = n / step_seconds(ks, target, draft, fixed_s)
+        if g > best_g + 1e-12:
+            best, best_g = ks, g
+    return best, best_g
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_equals_exhaustive_search(case):
+    rng = np.random.default_rng(case)
+    n = int(rng.integers(1, 5))
+    slots = [
+        SlotInput(tuple(rng.uniform(0, 1, size=int(rng.integers(1, 4)))), int(rng.integers(0, 5)))
+        for _ in range(n)
+    ]
+    target = Line(rng.uniform(0.005, 0.05), rng.uniform(0, 0.01))
+    draft = Line(rng.uniform(0, 0.02), rng.uniform(0, 0.02))
+    fixed = float(rng.uniform(0, 0.01))
+    got = choose(slots, target, draft, fixed)
+    ks, g = brute_force(slots, target, draft, fixed)
+    assert got.goodput == pytest.approx(g, rel=1e-12)
+    assert got.step_s == pytest.approx(step_seconds(got.k, target, draft, fixed))
+
+
+def test_step_seconds_counts_rows_and_depths():
+    # rows 3 + 1 + 2 = 6; depth 1: 2 slots, depth 2: 1 slot
+    t, d = Line(1.0, 0.1), Line(0.5, 0.01)
+    assert step_seconds((2, 0, 1), t, d, 0.25) == pytest.approx(1.6 + 0.52 + 0.51 + 0.25)
+
+
+def test_line_fit():
+    fit = LineFit(Line(1.0, 0.5))
+    assert fit.line() == Line(1.0, 0.5)
+    fit.add(2, 3.0)  # one size: the prior's slope through what was seen
+    assert fit.line() == Line(2.0, 0.5)
+    for x in (1, 3, 4):
+        fit.add(x, 0.04 + 0.005 * x)
+    fit = LineFit(Line(1.0, 0.5))
+    for x in (1, 3, 4, 9):
+        fit.add(x, 0.04 + 0.005 * x)
+    line = fit.line()
+    assert line.intercept_s == pytest.approx(0.04) and line.slope_s == pytest.approx(0.005)
+    falling = LineFit(Line(0.0, 0.0))
+    falling.add(1, 0.2)
+    falling.add(2, 0.1)
+    assert falling.line() == Line(pytest.approx(0.15), 0.0)
+
+
+def test_acceptance_counts_tested_positions():
+    a = Acceptance(prior=0.5, weight=2.0, depth=4)
+    a.update(3, 1)  # x_1 accepted, x_2 rejected, x_3 untested
+    a.update(2, 2)  # both accepted
+    np.testing.assert_array_equal(a.tested, [2, 2, 0, 0])
+    np.testing.assert_array_equal(a.hits, [2, 1, 0, 0])
+    assert a.alpha_by_pos(3) == pytest.approx((3 / 4, 2 / 4, 0.5))
+
+
+def test_controller_prior_probe_and_fits():
+    ctl = BatchController(k_max=4, probe_every=8)
+    assert ctl.new_acceptance().prior == 0.5
+    low = Acceptance(prior=0.0, weight=1.0)
+    ctl.observe_round(low, 4, 0)
+    assert ctl.new_acceptance().prior == pytest.approx(1 / 3)
+    for rows in (1, 2, 5):
+        ctl.observe_target(rows, 0.04 + 0.006 * rows)
+    ctl.observe_draft(1, 0.019)
+    ctl.observe_draft(2, 0.038)
+    assert ctl.choose([low], [4]).k == (0,)
+    assert ctl.choose([low], [4], idle_steps=[7]).k == (0,)
+    probe = ctl.choose([low], [4], idle_steps=[8])
+    assert probe.k == (1,) and probe.goodput < probe.goodput_ordinary
+    assert ctl.choose([low], [0], idle_steps=[99]).k == (0,)  # no drafter: never probes

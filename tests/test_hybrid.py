@@ -1,0 +1,235 @@
+"""Hybrid drafting (prompt lookup, then the draft model): the block's makeup and q rows
+exactly, the record, and the whole loop's law (chi-square, fixed seed, p > 1e-4, the
+test_loop harness) with mixed one-hot and model rows under both acceptance rules."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from fakes import FakeEngine
+from scipy import stats
+
+from specgen.drafters import ModelDrafter
+from specgen.engine import Block
+from specgen.events import Done
+from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.hybrid import HybridDrafter, LookupRecord, Rate
+from specgen.sampling import Dists, SamplingParams, probs, warp_rows
+
+GREEDY = SamplingParams(temp=0.0)
+SAMPLED = SamplingParams(temp=0.9, top_k=4, top_p=0.95, min_p=0.0)
+DENSE = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+V = 6
+
+
+def hybrid(params, noise=1.0, seed=0):
+    draft = FakeEngine(n_vocab=V, seed=seed, scale=1.0, noise=noise, n_ctx=4096)
+    return HybridDrafter(ModelDrafter(draft, params, V))
+
+
+def test_lookup_first_then_the_model_where_the_copy_runs_out():
+    d = hybrid(SAMPLED)
+    context = [1, 2, 3, 4, 1, 2]  # "1 2" matched at 0: the copy is 3, 4, 1, 2
+    d.prefill(context)
+    block = d.draft(context, 6, np.random.default_rng(0))
+    assert block.tokens[:4].tolist() == [3, 4, 1, 2]
+    assert block.sources == ("lookup",) * 4 + ("draft",) * 2
+    assert block.q.at(block.tokens)[:4].tolist() == [1.0] * 4  # one-hot rows
+    # the model's rows are its warped rows after the context and the lookup tokens
+    ctx = context + block.tokens[:4].tolist()
+    for i in (4, 5):
+        want = warp_rows(d.model.engine.logits_after(ctx)[None, :], SAMPLED)
+        np.testing.assert_allclose(block.q[i : i + 1].to_dense(), want.to_dense())
+        ctx.append(int(block.tokens[i]))
+
+
+def test_dense_model_rows_make_the_lookup_rows_dense():
+    d = hybrid(DENSE)
+    context = [1, 2, 3, 1, 2]
+    d.prefill(context)
+    block = d.draft(context, 5, np.random.default_rng(0))
+    assert block.q.dense and block.sources == ("lookup",) * 3 + ("draft",) * 2
+    np.testing.assert_allclose(block.q.to_dense()[:3], np.eye(V)[[3, 1, 2]])
+
+
+def test_short_or_untrusted_matches_leave_the_block_to_the_model():
+    d = hybrid(SAMPLED)
+    context = [5, 1, 2, 3, 1]  # only a 1-token match: below min_match
+    d.prefill(context)
+    assert d.draft(context, 4, np.random.default_rng(0)).sources == ("draft",) * 4
+    d.record.lookup[2] = Rate(accepted=0.0, tested=20.0)  # lookups after 2-grams failed
+    context = [1, 2, 3, 1, 2]
+    assert d.draft(context, 4, np.random.default_rng(0)).sources == ("draft",) * 4
+
+
+def test_record_scores_the_lookup_against_committed_text_even_when_unused():
+    d = hybrid(SAMPLED)
+    context = [1, 2, 3, 4, 1, 2]
+    d.prefill(context)
+    d.record.lookup[2] = Rate(accepted=0.0, tested=20.0)
+    block = d.draft(context, 3, np.random.default_rng(0))
+    assert "lookup" not in block.sources
+    before = d.record.lookup[2].value
+    d.rollback(context + [3, 4, 9])  # the lookup (3, 4, 1) would have matched twice
+    rate = d.record.lookup[2]
+    assert rate.accepted == pytest.approx(2.0) and rate.tested == pytest.approx(18 + 3)
+    assert rate.value > before
+
+
+def test_record_trusts_lookup_at_least_as_good_as_the_model():
+    r = LookupRecord()
+    assert r.trusts(3)  # equal priors: try it
+    r.model.add(9, 10)
+    r.lookup[3] = Rate()
+    r.lookup[3].add(5, 10)
+    assert not r.trusts(3)
+    r.lookup[3].add(30, 30)
+    assert r.trusts(3)
+    # a model copying a passage is nearly always right, and so is the lookup: the free
+    # one is used even though its record, with fewer tokens tested, is a little lower
+    r = LookupRecord()
+    for _ in range(20):
+        r.model.add(8, 8)
+        r.lookup.setdefault(4, Rate()).add(9, 10)
+    assert r.lookup[4].value < r.model.value and r.trusts(4)
+
+
+def run(target, drafter, prompt, k, **cfg):
+    events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_greedy_hybrid_equals_ordinary(k):
+    target = FakeEngine(n_vocab=V, seed=0, n_ctx=4096)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    base = run(target, None, prompt, 0, max_tokens=60, params=GREEDY)
+    done = run(target, hybrid(GREEDY, noise=1.5), prompt, k, max_tokens=60, params=GREEDY)
+    assert done.tokens == base.tokens
+    assert done.stats.n_drafted_by.get("lookup", 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("params", "rule"),
+    [(SAMPLED, "token"), (SAMPLED, "block"), (DENSE, "block")],
+)
+def test_hybrid_loop_samples_the_targets_joint_distribution(params, rule):
+    """First three tokens after a prompt whose suffix repeats: the first round's block is
+    one lookup token (the copy runs out after it) then two model tokens. The exact law
+    is the product of the target's warped conditionals."""
+    target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
+    prompt = [2, 1, 1, 1]  # "1 1" matched at 1: the copy is the last 1
+    law = {}
+    for seq in itertools.product(range(V), repeat=3):
+        ctx, pr = list(prompt), 1.0
+        for x in seq:
+            pr *= probs(target.logits_after(ctx), params)[x]
+            ctx.append(x)
+        law[seq] = pr
+    counts = dict.fromkeys(law, 0)
+    drafter = hybrid(params)
+    n, mixed = 4000, 0
+    cfg = {"max_tokens": 4, "params": params, "verify_rule": rule, "trace": True}
+    for s in range(n):
+        drafter.record = LookupRecord()  # a fresh record trusts the first match
+        events = list(generate(target, drafter, prompt, GenerateConfig(seed=s, **cfg), FixedK(3)))
+        done = events[-1]
+        counts[tuple(done.tokens[:3])] += 1
+        mixed += sum(
+            set(e.trace.sources) == {"lookup", "draft"} for e in events if hasattr(e, "trace")
+        )
+    assert mixed >= n  # every run verified at least one mixed block
+    keys = sorted(law)
+    exp = np.array([law[k] for k in keys]) * n
+    obs = np.array([counts[k] for k in keys], dtype=float)
+    assert obs[exp == 0].sum() == 0
+    big = exp >= 5
+    small = (exp > 0) & ~big
+    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
+    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
+    assert stats.chisquare(obs_p, exp_p).pvalue > 1e-4
+
+
+def test_a_lookup_row_with_the_wrong_q_is_detected():
+    """The test above has power: a lookup token whose q row claims the model's row
+    instead of one-hot (q not the law it was drawn from) fails it."""
+
+    class Mislabeled(HybridDrafter):
+        def draft(self, context, k, rng):
+            block = super().draft(context, k, rng)
+            if block.sources[:1] == ("lookup",):
+                row = warp_rows(self.model.engine.logits_after(context)[None, :], SAMPLED)
+                q = Dists.concat([row, block.q[1:]], V)
+                block = Block(block.tokens, q, block.sources)
+            return block
+
+    target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
+    prompt = [2, 1, 1, 1]
+    drafter = Mislabeled(
+        ModelDrafter(FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0), SAMPLED, V)
+    )
+    law = {x: probs(target.logits_after(prompt), SAMPLED)[x] for x in range(V)}
+    counts = np.zeros(V)
+    n = 4000
+    for s in range(n):
+        drafter.record = LookupRecord()
+        done = run(target, drafter, prompt, 3, max_tokens=1 + 1, params=SAMPLED, seed=s)
+        counts[done.tokens[0]] += 1
+    exp = np.array([law[x] for x in range(V)]) * n
+    mask = exp > 0
+    assert stats.chisquare(counts[mask], exp[mask]).pvalue < 1e-4
+
+
+def test_spans_and_stats_say_which_source_proposed_each_token():
+    target = FakeEngine(n_vocab=V, seed=0, n_ctx=4096)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    events = list(
+        generate(
+            target,
+            hybrid(GREEDY, noise=1.5),
+            prompt,
+            GenerateConfig(max_tokens=40, params=GREEDY, trace=True),
+            FixedK(4),
+        )
+    )
+    steps = [e for e in events if hasattr(e, "spans")]
+    spans = [sp for st in steps for sp in st.spans]
+    assert {sp.source for sp in spans} <= {"draft", "lookup", "target"}
+    assert all(sp.from_draft == (sp.source != "target") for sp in spans)
+    stats_ = events[-1].stats
+    by_span = {src: sum(sp.source == src for sp in spans) for src in ("draft", "lookup")}
+    assert stats_.n_accepted_by == {s: c for s, c in by_span.items() if c}
+    assert sum(stats_.n_drafted_by.values()) == stats_.n_drafted
+    assert all(st.trace.sources == tuple(st.trace.sources) for st in steps)
+    assert stats_.to_dict()["n_accepted_by"] == stats_.n_accepted_by
+
+
+# -- the flags: values, defaults and the one-line refusals ---------------------------------
+
+
+def test_resolve_verify_and_lookup_defaults_and_refusals():
+    from pathlib import Path
+
+    from specgen.errors import ConfigError
+    from specgen.flags import ModelFlags, SamplingFlags
+    from specgen.session import resolve_lookup, resolve_verify
+
+    assert resolve_verify(None, GREEDY) == "token"  # the rules coincide when greedy
+    assert resolve_verify(None, SAMPLED) == "block"
+    assert resolve_verify("token", SAMPLED) == "token"
+    assert resolve_verify("block", GREEDY) == "block"
+    assert SamplingFlags(temp=0.0).verify_rule == "token"
+    assert SamplingFlags(temp=0.8).verify_rule == "block"
+    draft = Path("small.gguf")
+    assert resolve_lookup(None, draft) and not resolve_lookup("off", draft)
+    assert resolve_lookup(None, "ngram") is False  # the default says nothing there
+    for draft_name in ("ngram", "none"):
+        with pytest.raises(ConfigError, match="--lookup needs a draft model"):
+            ModelFlags(target="t.gguf", draft=draft_name, lookup="on")
+    with pytest.raises(ConfigError, match="--verify must be"):
+        SamplingFlags(verify="fast")
+    with pytest.raises(ConfigError, match="--lookup must be"):
+        ModelFlags(lookup="yes")

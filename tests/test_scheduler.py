@@ -1,0 +1,315 @@
+"""The scheduler with fake multi-sequence engines (closed-form distributions, no model).
+
+Exactness under concurrency is tested statistically: thousands of requests through the
+batched path, four sampling settings and a seed per request mixed in every batch, each
+setting's law of the first two emitted tokens against the exact one (chi-square, fixed
+seeds, failing below ALPHA = 1e-4: a correct scheduler fails spuriously with probability
+1e-4 per test, and the seeds make every run identical). Each check is shown to fail on a
+planted bug: a residual that is p instead of norm(max(0, p - q)), and a random stream
+shared between slots.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from fakes import FakeBatchEngine
+from scipy import stats
+
+from specgen import rejection
+from specgen.drafters import ModelDrafter, common_prefix
+from specgen.events import Done, Step
+from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.sampling import SamplingParams, probs
+from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
+
+ALPHA = 1e-4
+V = 6
+GREEDY = SamplingParams(temp=0.0)
+SETTINGS = (
+    SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingParams(temp=0.7, top_k=4, top_p=1.0, min_p=0.0),
+    SamplingParams(temp=1.3, top_k=0, top_p=0.9, min_p=0.0),
+    SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.1),
+)
+
+
+def engines(n_seq=4, n_vocab=V, noise=1.0, n_batch=64, n_ctx=256):
+    target = FakeBatchEngine(n_seq, n_batch, n_vocab=n_vocab, seed=0, n_ctx=n_ctx)
+    draft = FakeBatchEngine(n_seq, n_batch, n_vocab=n_vocab, seed=0, noise=noise, n_ctx=n_ctx)
+    return target, draft
+
+
+def make(n_parallel=4, k=3, params=GREEDY, queue_max=10_000, **kw):
+    target, draft = engines(n_seq=n_parallel, **kw)
+    drafter = ModelDrafter(draft, params, V)  # the scheduler gives each slot its own
+    sched = Scheduler(target, drafter, n_parallel=n_parallel, queue_max=queue_max, draft_max=k)
+    return sched, target, draft
+
+
+class Collect:
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, ev):
+        self.events.append(ev)
+
+    @property
+    def last(self):
+        return self.events[-1]
+
+
+def submit(sched, prompt, config, name="job"):
+    sink = Collect()
+    ticket = sched.submit(Job(name, list(prompt), config), sink)
+    return sink, ticket
+
+
+def alone(prompt, config, k=3, noise=1.0):
+    """The request served by the single-stream loop (`generate`)."""
+    target, draft = engines(n_seq=1, noise=noise)
+    drafter = ModelDrafter(draft.sequence(0), config.params, V)
+    return list(generate(target.sequence(0), drafter, list(prompt), config, FixedK(k)))[-1]
+
+
+def test_batched_greedy_equals_each_request_alone():
+    sched, target, _ = make()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, V, size=n).tolist() for n in (3, 7, 1, 12, 5, 9)]
+    configs = [GenerateConfig(max_tokens=m, params=GREEDY) for m in (20, 9, 15, 30, 4, 11)]
+    sinks = [submit(sched, p, c)[0] for p, c in zip(prompts, configs, strict=True)]
+    sched.run_until_idle()
+    assert any(len(b) > 1 for b in target.batches)  # requests really shared decodes
+    accepted = 0
+    for sink, p, c in zip(sinks, prompts, configs, strict=True):
+        done = sink.last
+        assert isinstance(done, Done)
+        assert done.tokens == alone(p, c).tokens
+        steps = [e for e in sink.events if isinstance(e, Step)]
+        assert "".join(s.text for s in steps) == done.text
+        accepted += sum(s.n_accepted for s in steps)
+    assert accepted > 0  # speculation was used, not only ordinary rounds
+
+
+def seeded_outputs(sched, jobs):
+    sinks = [submit(sched, p, c)[0] for p, c in jobs]
+    sched.run_until_idle()
+    return [s.last.tokens for s in sinks]
+
+
+def test_a_seeded_request_is_the_same_alone_and_in_any_batch():
+    rng = np.random.default_rng(1)
+    jobs = [
+        (rng.integers(0, V, size=4).tolist(), GenerateConfig(12, SETTINGS[i % 4], seed=i))
+        for i in range(8)
+    ]
+    batched = seeded_outputs(make()[0], jobs)
+    shuffled = seeded_outputs(make()[0], jobs[::-1])[::-1]
+    for (p, c), a, b in zip(jobs, batched, shuffled, strict=True):
+        assert a == b == alone(p, c).tokens
+
+
+def test_a_random_stream_shared_between_slots_is_detected(monkeypatch):
+    """The check above has power: slots drawing from one shared generator differ from
+    the same requests served alone."""
+    rng = np.random.default_rng(1)
+    jobs = [
+        (rng.integers(0, V, size=4).tolist(), GenerateConfig(12, SETTINGS[i % 4], seed=i))
+        for i in range(8)
+    ]
+    expected = [alone(p, c).tokens for p, c in jobs]
+    shared = np.random.default_rng(0)
+    monkeypatch.setattr(np.random, "default_rng", lambda seed=None: shared)
+    assert seeded_outputs(make()[0], jobs) != expected
+
+
+def first_two_law(prompt, params):
+    """Exact law of the first two emitted tokens: p(a | prompt) p(b | prompt, a)."""
+    m = FakeBatchEngine(1, n_vocab=V, seed=0).model
+    p1 = probs(m.logits_after(prompt), params)
+    return np.stack([p1[a] * probs(m.logits_after([*prompt, a]), params) for a in range(V)])
+
+
+def chi2_pvalue(counts, expected):
+    counts, expected = counts.ravel(), expected.ravel()
+    assert counts[expected == 0].sum() == 0, "a pair with probability 0 was emitted"
+    big = expected * counts.sum() >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum()) * counts.sum()
+    keep = exp > 0
+    return stats.chisquare(obs[keep], exp[keep]).pvalue
+
+
+PROMPTS = ([1, 4], [3], [0, 5, 2], [2, 2])
+N_PER_SETTING = 1500
+
+
+def sample_pairs():
+    """N_PER_SETTING requests per setting, interleaved so every batch mixes settings and
+    seeds; returns counts[setting] of (first, second) token pairs."""
+    sched, target, _ = make(k=3)
+    counts = np.zeros((len(SETTINGS), V, V))
+    sinks = []
+    for i in range(N_PER_SETTING * len(SETTINGS)):
+        s = i % len(SETTINGS)
+        config = GenerateConfig(2, SETTINGS[s], ignore_eos=True, seed=10_000 + i)
+        sinks.append((s, submit(sched, PROMPTS[s], config)[0]))
+    sched.run_until_idle()
+    assert max(len(b) for b in target.batches) == 4
+    for s, sink in sinks:
+        done = sink.last
+        assert isinstance(done, Done) and len(done.tokens) == 2
+        counts[s][done.tokens] += 1
+    return counts
+
+
+def test_every_setting_in_a_mixed_batch_follows_its_target_law():
+    counts = sample_pairs()
+    for s, params in enumerate(SETTINGS):
+        assert chi2_pvalue(counts[s], first_two_law(PROMPTS[s], params)) > ALPHA
+
+
+def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch):
+    """The test above has power: a residual draw from p (not renormalized max(0, p - q))
+    fails it for some setting."""
+
+    def broken(n, q, p, rng):
+        ids, w = p.row(n) if hasattr(p, "row") else (np.arange(p.shape[1]), p[n])
+        return int(rng.choice(ids, p=w / w.sum()))
+
+    monkeypatch.setattr(rejection, "correct", broken)
+    counts = sample_pairs()
+    pvalues = [chi2_pvalue(counts[s], first_two_law(PROMPTS[s], p)) for s, p in enumerate(SETTINGS)]
+    assert min(pvalues) < ALPHA
+
+
+def test_queue_full_and_does_not_fit():
+    sched, _, _ = make(n_parallel=1, queue_max=2)
+    config = GenerateConfig(4, GREEDY)
+    submit(sched, [1, 2], config)
+    submit(sched, [1, 2], config)
+    with pytest.raises(QueueFull):
+        submit(sched, [1, 2], config)
+    with pytest.raises(DoesNotFit):
+        submit(sched, [1] * 250, GenerateConfig(10, GREEDY))
+    with pytest.raises(DoesNotFit):
+        submit(sched, [], config)
+
+
+def test_a_cancel_frees_the_slot_within_one_step():
+    sched, _, _ = make(n_parallel=1)
+    first, ticket = submit(sched, [1, 2], GenerateConfig(200, GREEDY, ignore_eos=True))
+    second, _ = submit(sched, [3], GenerateConfig(3, GREEDY))
+    sched.step()
+    sched.step()
+    assert any(isinstance(e, Step) for e in first.events) and not second.events
+    sched.cancel(ticket)
+    sched.step()
+    assert isinstance(first.last, Failed) and first.last.kind == "cancelled"
+    assert sched.slots_busy == 1 and sched.queue_depth == 0  # the second took the slot
+    sched.run_until_idle()
+    assert isinstance(second.last, Done)
+
+
+def test_an_engine_failure_ends_the_jobs_in_that_decode_and_the_next_succeed():
+    sched, target, _ = make(n_parallel=2)
+    a, _ = submit(sched, [1, 2], GenerateConfig(50, GREEDY, ignore_eos=True))
+    b, _ = submit(sched, [4], GenerateConfig(50, GREEDY, ignore_eos=True))
+    sched.step()
+    target.fail_next = True
+    sched.step()
+    for sink in (a, b):
+        assert isinstance(sink.last, Failed) and sink.last.kind == "engine"
+        assert "llama_decode failed" in sink.last.message
+    c, _ = submit(sched, [1, 2], GenerateConfig(6, GREEDY))
+    sched.run_until_idle()
+    assert c.last.tokens == alone([1, 2], GenerateConfig(6, GREEDY)).tokens
+
+
+def test_shutdown_interrupts_running_jobs_and_refuses_queued_ones():
+    sched, _, _ = make(n_parallel=1)
+    running, _ = submit(sched, [1, 2], GenerateConfig(100, GREEDY, ignore_eos=True))
+    queued, _ = submit(sched, [3], GenerateConfig(3, GREEDY))
+    sched.step()
+    sched.step()
+    sched.shutdown()
+    assert isinstance(running.last, Done) and running.last.finish_reason == "interrupted"
+    assert isinstance(queued.last, Failed) and queued.last.kind == "shutdown"
+    with pytest.raises(QueueFull):
+        submit(sched, [1], GenerateConfig(3, GREEDY))
+
+
+def test_a_shared_prefix_goes_to_the_slot_that_holds_it_and_only_the_rest_is_evaluated():
+    sched, target, _ = make(n_parallel=2)
+    base = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4]
+    submit(sched, [5, 5, 5], GenerateConfig(3, GREEDY))  # slot 0
+    submit(sched, base, GenerateConfig(3, GREEDY))  # slot 1
+    sched.run_until_idle()
+    target.batches.clear()
+    held = list(target.sequence(1).tokens)
+    assert held[: len(base)] == base  # the prompt and the output but its last token
+    prompt = [*base, 3, 3]
+    sink, _ = submit(sched, prompt, GenerateConfig(3, GREEDY))
+    sched.run_until_idle()
+    prefill = [part for b in target.batches for part in b if part[2] == 0]
+    rest = len(prompt) - 1 - common_prefix(held, prompt[:-1])
+    assert 1 <= rest <= 2 and prefill == [(1, rest, 0)]
+    assert sink.last.tokens == alone([*base, 3, 3], GenerateConfig(3, GREEDY)).tokens
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_a_generating_slot():
+    target, draft = engines(n_seq=2)
+    drafter = ModelDrafter(draft, GREEDY, V)
+    sched = Scheduler(target, drafter, n_parallel=2, queue_max=8, draft_max=2, prefill_chunk=16)
+    gen, _ = submit(sched, [1], GenerateConfig(40, GREEDY, ignore_eos=True))
+    sched.step()
+    long_prompt = (list(range(V)) * 20)[:101]
+    late, _ = submit(sched, long_prompt, GenerateConfig(5, GREEDY))
+    sched.run_until_idle()
+    chunks = [part[1] for b in target.batches for part in b if part[0] == 1 and part[2] == 0]
+    assert chunks == [16] * 6 + [4]
+    steps_with_both = [b for b in target.batches if {p[0] for p in b} == {0, 1}]
+    assert len(steps_with_both) >= 7  # slot 0 kept generating while slot 1 prefilled
+    assert late.last.tokens == alone(long_prompt, GenerateConfig(5, GREEDY), k=2).tokens
+    assert gen.last.tokens == alone([1], GenerateConfig(40, GREEDY, ignore_eos=True), k=2).tokens
+
+
+def test_auto_k_reports_its_choice_and_stays_exact():
+    target, draft = engines(n_seq=2, noise=0.1)
+    reports = []
+    sched = Scheduler(
+        target,
+        ModelDrafter(draft, GREEDY, V),
+        n_parallel=2,
+        queue_max=8,
+        draft_max=None,
+        observer=reports.append,
+    )
+    a, _ = submit(sched, [1, 2], GenerateConfig(30, GREEDY, ignore_eos=True))
+    b, _ = submit(sched, [3], GenerateConfig(30, GREEDY, ignore_eos=True))
+    sched.run_until_idle()
+    assert reports and all(len(r.k) == r.n_slots for r in reports)
+    for sink, p in ((a, [1, 2]), (b, [3])):
+        assert sink.last.tokens == alone(p, GenerateConfig(30, GREEDY, ignore_eos=True), 0).tokens
+
+
+def test_the_worker_thread_serves_submissions():
+    sched, _, _ = make(n_parallel=2)
+    finished = threading.Event()
+    got = []
+
+    def sink(ev):
+        got.append(ev)
+        if isinstance(ev, Done | Failed):
+            finished.set()
+
+    sched.start()
+    try:
+        sched.submit(Job("a", [1, 2], GenerateConfig(8, GREEDY)), sink)
+        assert finished.wait(60)  # a guard against a hang, not a speed bound
+    finally:
+        sched.shutdown()
+    assert isinstance(got[-1], Done)
+    assert got[-1].tokens == alone([1, 2], GenerateConfig(8, GREEDY)).tokens

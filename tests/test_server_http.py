@@ -1,0 +1,483 @@
+"""The HTTP side of `specgen serve` over real HTTP on a loopback port, driven by the official
+`openai` client and by raw httpx, with the scripted scheduler of `fake_server` behind it
+(routes, schemas, streaming, errors, auth, body limit, CORS, queue, disconnects, metrics).
+The real scheduler and models: test_server_models.py; signals: test_server_signals.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import fake_server as fake
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from specgen.errors import ChatTemplateError
+from specgen.sampling import SamplingParams
+from specgen.server import runner
+from specgen.server.app import Backend, Settings, State, create_app
+from specgen.server.scheduler import BatchReport
+from specgen.server.shapes import Defaults
+
+USER = [{"role": "user", "content": "Hi there"}]
+
+
+@dataclass
+class Served:
+    url: str
+    state: State
+    backend: Backend | None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def sched(self) -> fake.FakeScheduler:
+        assert self.backend is not None
+        return self.backend.scheduler  # type: ignore[return-value]
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+    def post(self, path: str, body: object = None, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=10, **kw)
+
+
+@contextmanager
+def serving(
+    settings: Settings | None = None, backend: Backend | None = None, loaded: bool = True
+) -> Iterator[Served]:
+    log: list[str] = []
+    state = State(log=log.append)
+    if loaded:
+        state.backend = backend or fake.fake_backend()
+    sock = runner.bind("127.0.0.1", 0)
+    config = uvicorn.Config(
+        create_app(state, settings or Settings()),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield Served(runner.url_of(sock), state, state.backend, log)
+    finally:
+        if state.backend is not None:
+            state.backend.scheduler.shutdown()
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with serving() as s:
+        yield s
+
+
+def sse_lines(response: httpx.Response) -> list[str]:
+    return [line for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def chunks_of(lines: list[str]) -> list[dict]:
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+# -- chat and completions ------------------------------------------------------------------
+
+
+def test_chat_answers_with_usage_timings_and_speculative(served: Served) -> None:
+    r = served.client().chat.completions.create(model="x", messages=USER)  # type: ignore[arg-type]
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.model == "fake-model"
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == fake.REPLY
+    assert choice.finish_reason == "stop"
+    n_prompt = len(fake.render_chat(USER))
+    assert r.usage is not None
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, len(fake.REPLY))
+    assert r.usage.total_tokens == n_prompt + len(fake.REPLY)
+    extra = r.model_extra or {}
+    spec, t = extra["speculative"], extra["timings"]
+    assert spec["finish"] == "eos"
+    assert set(spec["k_per_step"]) == {fake.K}
+    assert spec["num_steps"] == spec["num_spec_steps"] == len(spec["k_per_step"])
+    assert spec["num_draft_tokens"] == fake.K * spec["num_steps"] == t["draft_n"]
+    assert t["draft_n_accepted"] == spec["num_accepted_draft_tokens"] <= t["draft_n"]
+    assert t["predicted_n"] == len(fake.REPLY)
+    assert t["prompt_n"] + t["cache_n"] == n_prompt
+
+
+def test_chat_stream_sends_a_chunk_per_round_then_finish_usage_and_done(served: Served) -> None:
+    body = {"messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = chunks_of(sse_lines(r))
+    first, *rounds, final, usage = chunks
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["choices"][0]["finish_reason"] is None for c in rounds)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in [*rounds, final])
+    assert text == fake.REPLY
+    assert final["choices"][0]["finish_reason"] == "stop"
+    assert len(rounds) == final["speculative"]["num_steps"]  # one chunk per round
+    assert final["timings"]["predicted_n"] == len(fake.REPLY)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(fake.REPLY)
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_the_openai_client_streams_chat_and_text(served: Served) -> None:
+    client = served.client()
+    parts = client.chat.completions.create(model="x", messages=USER, stream=True)  # type: ignore[arg-type]
+    text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert text == fake.REPLY
+    stream = client.completions.create(model="x", prompt="Once", stream=True, max_tokens=10)
+    got = list(stream)
+    assert "".join(c.choices[0].text for c in got) == fake.REPLY[:10]
+    assert got[-1].choices[0].finish_reason == "length"
+
+
+def test_completions_take_text_or_token_ids(served: Served) -> None:
+    r = served.client().completions.create(model="x", prompt="Once upon", max_tokens=5)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert r.choices[0].text == fake.REPLY[:5]
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.prompt_tokens == len("Once upon")
+    assert (r.model_extra or {})["speculative"]["finish"] == "length"
+    ids = served.post("/v1/completions", {"prompt": [72, 105], "return_tokens": True}).json()
+    assert ids["usage"]["prompt_tokens"] == 2
+    assert ids["tokens"] == fake.tokenize(fake.REPLY)
+    assert served.sched.submitted[-1].prompt == [72, 105]
+
+
+def test_stop_strings_cut_exactly_and_say_stop(served: Served) -> None:
+    r = served.post("/v1/completions", {"prompt": "a", "stop": ["fake", "zzz"]}).json()
+    assert r["choices"][0]["text"] == "Hello from the "
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["speculative"]["finish"] == "stop"
+    one = served.post("/v1/completions", {"prompt": "a", "stop": "from"}).json()
+    assert one["choices"][0]["text"] == "Hello "
+
+
+def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
+    defaults = Defaults(params=SamplingParams(temp=0.3, top_k=7, top_p=0.5, min_p=0.2), seed=11)
+    with serving(Settings(defaults=defaults)) as s:
+        assert s.post("/v1/completions", {"prompt": "a"}).status_code == 200
+        c = s.sched.submitted[-1].config
+        assert c.params == defaults.params and c.seed == 11 and not c.ignore_eos
+        assert c.max_tokens == s.sched.n_ctx_slot - 1  # -n -1: up to the slot's context
+        body = {
+            "prompt": "a", "temperature": 0, "top_k": 3, "top_p": 0.9, "min_p": 0.0,
+            "seed": 5, "max_tokens": 7, "ignore_eos": True, "n": 1, "user": "u", "logprobs": None,
+        }  # fmt: skip
+        r = s.post("/v1/completions", body)
+        assert r.status_code == 200
+        assert r.json()["usage"]["completion_tokens"] == 7  # ignore_eos: a fixed length
+        c = s.sched.submitted[-1].config
+        assert c.params == SamplingParams(temp=0.0, top_k=3, top_p=0.9, min_p=0.0)
+        assert (c.seed, c.max_tokens, c.ignore_eos) == (5, 7, True)
+        s.post("/v1/completions", {"prompt": "a", "seed": -1})
+        assert s.sched.submitted[-1].config.seed == 11  # -1: the default (llama.cpp's random)
+        chat = {"messages": USER, "max_tokens": 9, "max_completion_tokens": 4}
+        assert s.post("/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 4
+
+
+def test_models_lists_the_model_with_its_card(served: Served) -> None:
+    models = served.client().models.list()
+    (m,) = models.data
+    assert m.id == "fake-model" and m.object == "model" and m.owned_by == "specgen"
+    assert (m.model_extra or {})["meta"]["target"]["sha256"] == "0" * 64
+
+
+def test_health_is_503_while_loading_and_other_routes_say_so() -> None:
+    with serving(loaded=False) as s:
+        r = httpx.get(s.url + "/health")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
+        r = s.post("/v1/completions", {"prompt": "a"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
+        s.state.backend = fake.fake_backend()
+        assert httpx.get(s.url + "/health").json() == {"status": "ok"}
+        s.state.draining = True
+        assert httpx.get(s.url + "/health").status_code == 503
+        assert s.post("/v1/completions", {"prompt": "a"}).json()["error"]["code"] == "shutdown"
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and err["type"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+BAD_CHAT = [
+    ({"messages": USER, "max_tokens": "10"}, "max_tokens"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_tokens": -3}, "max_tokens"),
+    ({"messages": USER, "temperature": "hot"}, "temperature"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
+    ({"messages": USER, "top_p": 1.5}, "top_p"),
+    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "stop": ""}, "stop"),
+    ({"messages": USER, "stop": [1, 2]}, "stop"),
+    ({"messages": USER, "stop": ["x"] * 17}, "stop"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None),
+    ({}, "messages"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"), BAD_CHAT, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD_CHAT)]
+)
+def test_bad_fields_are_refused_with_400_and_the_field(served: Served, body, param) -> None:
+    err = assert_openai_error(served.post("/v1/chat/completions", body), 400, param)
+    assert err["type"] == "invalid_request_error"
+    assert served.sched.submitted == []
+    # the server keeps serving
+    assert served.post("/v1/chat/completions", {"messages": USER}).status_code == 200
+
+
+def test_malformed_json_and_non_objects_are_400(served: Served) -> None:
+    for raw in (b"{", b'{"messages": [}', b"[]", b"null", b"", "\u00e9".encode("latin-1")):
+        r = httpx.post(
+            served.url + "/v1/chat/completions",
+            content=raw,
+            headers={"content-type": "application/json"},
+        )
+        assert_openai_error(r, 400, None)
+    assert served.post("/v1/completions", {"prompt": "ok"}).status_code == 200
+    assert len(served.log) >= 6  # one line per refusal
+
+
+def test_prompts_and_lengths_that_cannot_fit_the_context(served: Served) -> None:
+    n_ctx = served.sched.n_ctx_slot
+    err = assert_openai_error(served.post("/v1/completions", {"prompt": "x" * n_ctx}), 400)
+    assert err["code"] == "context_length_exceeded" and "-c" in err["message"]
+    body = {"prompt": "abc", "max_tokens": n_ctx}
+    err = assert_openai_error(served.post("/v1/completions", body), 400, "max_tokens")
+    assert err["code"] == "context_length_exceeded"
+    assert f"at most {n_ctx - 3}" in err["message"]
+    fits = {"prompt": "abc", "max_tokens": n_ctx - 3, "ignore_eos": True}
+    assert served.post("/v1/completions", fits).json()["usage"]["completion_tokens"] == n_ctx - 3
+    assert_openai_error(served.post("/v1/completions", {"prompt": [999]}), 400, "prompt")
+    assert_openai_error(served.post("/v1/completions", {"prompt": []}), 400, "prompt")
+    assert_openai_error(served.post("/v1/completions", {"prompt": ["a", "b"]}), 400, "prompt")
+
+
+def test_chat_without_a_template_and_a_failing_template_are_400() -> None:
+    with serving(backend=fake.fake_backend(chat=False)) as s:
+        err = assert_openai_error(s.post("/v1/chat/completions", {"messages": USER}), 400)
+        assert err["code"] == "no_chat_template" and "/v1/completions" in err["message"]
+    backend = fake.fake_backend()
+
+    def broken(messages):
+        raise ChatTemplateError("line 1: Conversation roles must alternate")
+
+    backend.render_chat = broken
+    with serving(backend=backend) as s:
+        err = assert_openai_error(s.post("/v1/chat/completions", {"messages": USER}), 400)
+        assert err["code"] == "template_error" and "alternate" in err["message"]
+
+
+def test_unknown_routes_and_methods_answer_in_the_openai_shape(served: Served) -> None:
+    assert_openai_error(httpx.get(served.url + "/v1/nothing"), 404)
+    assert_openai_error(httpx.get(served.url + "/v1/chat/completions"), 405)
+
+
+def test_the_body_limit_refuses_before_parsing() -> None:
+    with serving(Settings(max_body_bytes=1000)) as s:
+        big = {"messages": [{"role": "user", "content": "x" * 2000}]}
+        err = assert_openai_error(s.post("/v1/chat/completions", big), 413)
+        assert err["code"] == "request_too_large"
+
+        def chunked():  # no Content-Length: counted as it arrives
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"y" * 200
+            yield b'"}]}'
+
+        r = httpx.post(s.url + "/v1/chat/completions", content=chunked())
+        assert_openai_error(r, 413)
+        assert s.sched.submitted == []
+        assert s.post("/v1/chat/completions", {"messages": USER}).status_code == 200
+
+
+# -- security ------------------------------------------------------------------------------
+
+
+def test_the_api_key_guards_every_route_but_health() -> None:
+    key = "s3cret-key"
+    with serving(Settings(api_key=key)) as s:
+        for path in ("/v1/models", "/metrics"):
+            assert_openai_error(httpx.get(s.url + path), 401)
+        err = assert_openai_error(s.post("/v1/completions", {"prompt": "a"}), 401)
+        assert err["code"] == "invalid_api_key"
+        wrong = {"Authorization": "Bearer nope"}
+        assert_openai_error(s.post("/v1/completions", {"prompt": "a"}, headers=wrong), 401)
+        with pytest.raises(openai.AuthenticationError):
+            s.client("nope").models.list()
+        assert httpx.get(s.url + "/health").status_code == 200
+        r = s.client(key).completions.create(model="x", prompt="a", max_tokens=3)
+        assert r.choices[0].text == fake.REPLY[:3]
+        assert s.sched.submitted and len(s.sched.submitted) == 1
+        assert not any(key in line for line in s.log)
+
+
+def test_no_cors_unless_asked() -> None:
+    origin = {"Origin": "https://app.example"}
+    with serving() as s:
+        r = s.post("/v1/completions", {"prompt": "a"}, headers=origin)
+        assert "access-control-allow-origin" not in r.headers
+    with serving(Settings(cors=("https://app.example",), api_key="k")) as s:
+        pre = httpx.options(
+            s.url + "/v1/chat/completions",
+            headers={**origin, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization,content-type"},
+        )  # fmt: skip
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == "https://app.example"
+        r = s.post(
+            "/v1/completions", {"prompt": "a"}, headers={**origin, "Authorization": "Bearer k"}
+        )
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        other = {"Origin": "https://evil.example", "Authorization": "Bearer k"}
+        r = s.post("/v1/completions", {"prompt": "a"}, headers=other)
+        assert "access-control-allow-origin" not in r.headers
+
+
+def test_the_loopback_rule_for_the_open_server_warning() -> None:
+    assert runner.open_warning("127.0.0.1", None) is None
+    assert runner.open_warning("localhost", None) is None
+    assert runner.open_warning("::1", None) is None
+    assert runner.open_warning("0.0.0.0", "key") is None
+    warning = runner.open_warning("0.0.0.0", None)
+    assert warning is not None and "anyone" in warning and "--api-key" in warning
+    assert runner.open_warning("example.com", None) is not None
+
+
+# -- slots, queue, disconnects, failures ---------------------------------------------------
+
+
+def open_stream(s: Served, prompt: str) -> tuple[httpx.Client, httpx.Response]:
+    client = httpx.Client(timeout=10)
+    req = client.build_request(
+        "POST", s.url + "/v1/completions", json={"prompt": prompt, "stream": True}
+    )
+    return client, client.send(req, stream=True)
+
+
+def test_queue_full_is_503_with_retry_after_and_a_disconnect_frees_the_slot() -> None:
+    with serving(backend=fake.fake_backend(fake.FakeScheduler(n_parallel=1, queue_max=1))) as s:
+        client, held = open_stream(s, "HOLD the slot")
+        lines = held.iter_lines()
+        assert next(lines).startswith("data: ")  # its first round arrived: the slot is busy
+        s.sched.wait(lambda f: f.held() == 1)
+        waiting: dict[str, httpx.Response] = {}
+        t = threading.Thread(
+            target=lambda: waiting.setdefault("r", s.post("/v1/completions", {"prompt": "next"}))
+        )
+        t.start()
+        s.sched.wait(lambda f: f.queue_depth == 1)
+        r = s.post("/v1/completions", {"prompt": "one too many"})
+        err = assert_openai_error(r, 503)
+        assert err["code"] == "queue_full" and r.headers["retry-after"] == "1"
+        held.close()  # the client goes away mid-stream
+        client.close()
+        t.join(10)
+        assert waiting["r"].status_code == 200  # the queued request got the slot
+        assert waiting["r"].json()["choices"][0]["text"] == fake.REPLY
+        assert len(s.sched.cancelled) == 1 and s.sched.cancelled[0].startswith("cmpl-")
+        assert any("finish cancelled" in line for line in s.log)
+
+
+def test_a_client_leaving_a_non_streaming_request_cancels_its_job(served: Served) -> None:
+    body = json.dumps({"prompt": "HOLD"}).encode()
+    port = int(served.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        served.sched.wait(lambda f: f.held() == 1)
+    served.sched.wait(lambda f: len(f.cancelled) == 1 and f.slots_busy == 0)
+
+
+def test_a_failure_inside_a_round_ends_only_that_request(served: Served) -> None:
+    with httpx.stream(
+        "POST", served.url + "/v1/completions", json={"prompt": "FAIL", "stream": True}
+    ) as r:
+        chunks = chunks_of(sse_lines(r))
+    final = chunks[-1]
+    assert final["choices"][0]["finish_reason"] == "abort"
+    assert final["error"]["type"] == "server_error" and "planted" in final["error"]["message"]
+    assert final["speculative"]["finish"] == "failed"
+    err = assert_openai_error(served.post("/v1/completions", {"prompt": "FAIL"}), 500)
+    assert err["code"] == "engine"
+    assert served.post("/v1/completions", {"prompt": "fine"}).status_code == 200
+
+
+def test_shutdown_ends_a_stream_with_a_final_chunk(served: Served) -> None:
+    client, r = open_stream(served, "HOLD")
+    try:
+        lines = r.iter_lines()
+        first = next(lines)
+        served.sched.wait(lambda f: f.held() == 1)
+        served.sched.shutdown()
+        rest = [line for line in lines if line.startswith("data: ")]
+    finally:
+        r.close()
+        client.close()
+    chunks = chunks_of([first, *rest])
+    final = chunks[-1]
+    assert final["choices"][0]["finish_reason"] == "abort"
+    assert final["error"]["code"] == "shutdown"
+    assert final["speculative"]["finish"] == "interrupted"
+
+
+# -- metrics and the log -------------------------------------------------------------------
+
+
+def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
+    served.post("/v1/completions", {"prompt": "a", "max_tokens": 10})
+    served.post("/v1/chat/completions", {"messages": "nope"})
+    report = BatchReport(
+        n_rows=9, n_slots=2, k=(3, 4), decode_s=0.04, draft_s=0.02, step_s=0.07, host_s=0.004,
+        queue_depth=0, slots_busy=2,
+    )  # fmt: skip
+    served.state.metrics.observe_batch(report)
+    text = httpx.get(served.url + "/metrics").text
+    assert 'specgen_requests_total{finish="length",route="completions"} 1.0' in text
+    assert "specgen_generation_tokens_total 10.0" in text
+    assert 'specgen_requests_refused_total{status="400"} 1.0' in text
+    assert 'specgen_draft_position_proposed_total{position="1"}' in text
+    assert "specgen_k_chosen_count 2.0" in text
+    assert "specgen_host_seconds_per_slot_sum 0.002" in text
+    assert "specgen_queue_depth" in text and "specgen_slots_busy" in text
+
+
+def test_one_log_line_per_request(served: Served) -> None:
+    served.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})
+    (line,) = [x for x in served.log if x.startswith("cmpl-")]
+    assert "prompt 3 tokens" in line and "output 4 tokens" in line
+    assert "acceptance" in line and "tok/s" in line and line.endswith("finish length")
