@@ -331,6 +331,7 @@ class ChatSession:
         self.policy = policy
         self.conversation = Conversation(system=system)
         self.totals = ChatTotals()
+        self.replies = 0  # over the whole session, /reset included: each reply's seed
 
     def reply(self, user: str) -> Iterator[Event]:
         """Render the conversation with `user`'s message and return the reply's events
@@ -357,7 +358,7 @@ class ChatSession:
     def _generate(self, user: str, ids: list[int]) -> Iterator[Event]:
         config = self.config
         if config.seed is not None:  # a different, reproducible stream for each reply
-            config = replace(config, seed=config.seed + self.totals.turns)
+            config = replace(config, seed=config.seed + self.replies)
         done: Done | None = None
         ordinary_s: float | None = None
         try:
@@ -385,12 +386,14 @@ class ChatSession:
         self.conversation.add("user", user)
         self.conversation.add("assistant", done.text)
         self.totals.add(done.stats, ordinary_s)
+        self.replies += 1
 
     def context_full(self, done: Done) -> bool:
         """Whether `done` stopped because the context filled up (not because of -n)."""
         return done.finish_reason == "context"
 
     def reset(self) -> None:
-        """Forget the conversation (the caches keep what the next turn can still reuse,
-        such as the system prompt); the session totals stay."""
+        """Forget the conversation and start the session totals over (the caches keep what
+        the next turn can still reuse, such as the system prompt)."""
         self.conversation.reset()
+        self.totals = ChatTotals()

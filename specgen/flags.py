@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 #: the --draft values that name no model: ordinary decoding, and the model-free drafter
 DRAFT_NONE = "none"
 DRAFT_NGRAM = "ngram"
+#: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
+DRAFT_AUTO = "auto"
 
 _T = TypeVar("_T")
 
@@ -120,7 +122,8 @@ class SamplingFlags:
 
     Raises:
         ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
-            --draft-max, -n below 1 (--top-p and --min-p: see `params`).
+            --draft-max, -n below 1, an empty --stop string (--top-p and --min-p: see
+            `params`).
     """
 
     temp: float = 0.8
@@ -146,7 +149,7 @@ class SamplingFlags:
         parse_draft_max(self.draft_max)
         if self.max_tokens < 1:
             raise ConfigError(f"-n must be at least 1, got {self.max_tokens}")
-        object.__setattr__(self, "stop", tuple(self.stop or ()))  # Typer: a list or None
+        object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
         check_verify(self.verify)
 
     @property
@@ -220,6 +223,19 @@ def check_sampling_flags(*, temp: float) -> None:
     """
     if not math.isfinite(temp):
         raise ConfigError(f"--temp must be a number (0 or below = greedy), got {temp}")
+
+
+def check_stop_strings(stop: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The --stop strings as a tuple, refusing an empty one (it would match before the
+    first token, so nothing could ever be generated).
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    stops = tuple(stop or ())
+    if any(s == "" for s in stops):
+        raise ConfigError('--stop needs a non-empty string (--stop "" would end at once)')
+    return stops
 
 
 def seed_or_random(seed: int | None) -> int:

@@ -7,6 +7,8 @@ Endpoints:
   302 to ``/cdn/{sha256}`` on another host name (``localhost``) like the real Hub's CDN.
 - ``HEAD|GET /cdn/{sha256}``: the bytes, with ``Range: bytes=N-`` answered 206.
 - ``GET /api/models/{owner}/{name}/tree/{revision}``: the recursive file listing.
+- ``GET /api/models/{owner}/{name}[/revision/{revision}]``: the model's info, its file
+  names in ``siblings``.
 Errors carry the Hub's ``X-Error-Code`` header (RepoNotFound, GatedRepo, EntryNotFound,
 RevisionNotFound), which huggingface_hub turns into its typed exceptions.
 """
@@ -102,6 +104,7 @@ class HubServer:
 
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 _TREE = re.compile(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?$")
+_INFO = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?$")
 _CDN = re.compile(r"^/cdn/([0-9a-f]{64})$")
 
 
@@ -130,6 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._resolve(m[1], m[2], m[3])
         if (m := _TREE.match(path)) and not head:
             return self._tree(m[1], m[2])
+        if (m := _INFO.match(path)) and not head:
+            return self._info(m[1], m[2] or "main")
         self._error(404, "RepoNotFound", "not found")
 
     def _repo(self, repo_id: str, revision: str) -> Repo | None:
@@ -216,6 +221,13 @@ class _Handler(BaseHTTPRequestHandler):
             for name, d in sorted(repo.files.items())
         ]
         self._json(200, listing)
+
+    def _info(self, repo_id: str, revision: str) -> None:
+        repo = self._repo(repo_id, revision)
+        if repo is None:
+            return
+        siblings = [{"rfilename": name} for name in sorted(repo.files)]
+        self._json(200, {"id": repo_id, "sha": repo.commit, "siblings": siblings})
 
     def _json(self, code: int, obj: object) -> None:
         body = json.dumps(obj).encode()

@@ -230,7 +230,9 @@ def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol, fmt)
             list(s.reply("sea " * target.n_ctx))
         assert len(s.conversation.turns) == n_turns
         s.reset()
+        assert s.totals.turns == 0 and s.totals.n_generated == 0  # the totals start over
         assert list(s.reply("Hi"))[-1].text.strip() and len(s.conversation.turns) == 2
+        assert s.totals.turns == 1 and s.replies == 4
 
 
 def test_build_prompt_raw_and_chat(smol):

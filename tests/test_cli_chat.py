@@ -82,19 +82,23 @@ def chat_pipe(args: list[str], lines: list[str]) -> tuple[list[str], str]:
     r = specgen("chat", *args, stdin=("\n".join(lines) + "\n").encode())
     assert r.returncode == 0, r.stderr.decode()
     blocks = r.stdout.decode("utf-8").split("\n\n")
-    assert blocks[-1] == ""  # every reply and /stats line ends with a blank line
+    assert blocks[-1] == ""  # every reply ends with a blank line
     return blocks[:-1], r.stderr.decode()
+
+
+def stats_lines(err: str) -> list[re.Match]:
+    """The /stats lines, which go to stderr: stdout holds the replies alone."""
+    return [m for line in err.splitlines() if (m := STATS.fullmatch(line))]
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram", "none"])
 def test_chat_pipe_keeps_the_caches_across_turns(smol_args, draft):
     args = smol_args if draft == "model" else [*smol_args[:2], "-md", draft, *smol_args[4:]]
     lines = ["What is the capital of France?", "/stats", "And of Italy?", "/stats"]
-    blocks, _ = chat_pipe(args, lines)
-    assert len(blocks) == 4
+    blocks, err = chat_pipe(args, lines)
+    assert len(blocks) == 2 and "session:" not in "".join(blocks)  # the replies alone
     assert "Paris" in blocks[0] and "<|im_end|>" not in blocks[0]
-    first, second = (STATS.fullmatch(b) for b in (blocks[1], blocks[3]))
-    assert first and second, blocks
+    first, second = stats_lines(err)
     assert (first[1], second[1]) == ("1", "2")
     prefill1, prompt1 = int(first[4]), int(first[5])
     prefill2, prompt2 = int(second[4]), int(second[5])
@@ -112,10 +116,13 @@ def test_chat_pipe_keeps_the_caches_across_turns(smol_args, draft):
 def test_chat_pipe_reset_and_a_turn_that_does_not_fit(smol_args):
     lines = ["Hi", "sea " * 600, "/reset", "Hi", "/stats", "/exit", "never read"]
     blocks, err = chat_pipe(smol_args, lines)
-    assert len(blocks) == 3  # two replies and the stats line; nothing after /exit
+    assert len(blocks) == 2  # two replies; nothing after /exit
     assert err.count("context holds") == 1 and "/reset" in err and "Traceback" not in err
-    stats = STATS.fullmatch(blocks[2])
-    assert stats and stats[1] == "2"
+    # /reset is confirmed as a status line, not a note or warning, and clears the totals
+    assert "new conversation: history and session totals cleared\n" in err
+    assert "note: conversation reset" not in err and "warning" not in err
+    (stats,) = stats_lines(err)
+    assert stats[1] == "1"  # the reply after /reset alone
     # after /reset the system prompt is still cached: fewer tokens than the first turn
     assert int(stats[4]) < int(stats[5]) - 1
 
@@ -125,6 +132,8 @@ def test_chat_refuses_a_base_model_in_one_line(demo_pair):
     r = specgen("chat", "-m", str(gemma_q4), "--draft", "none", "-c", "256", stdin=b"hi\n")
     err = r.stderr.decode()
     assert r.returncode == 1 and err.count("\n") == 1 and "no chat template" in err
+    # `run` already sends a template-less model's prompt as it is: no --raw needed
+    assert "`specgen run`" in err and "--raw" not in err
 
 
 # -- chat on a terminal ------------------------------------------------------------------------
@@ -230,9 +239,9 @@ def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
     target, draft = smol_pair
     args = ["-m", str(target), "-md", str(draft), "-c", "256", "--temp", "0"]
     blocks, err = chat_pipe(args, ["Write a very long story about a dragon.", "Hi", "/stats"])
-    # the story as far as it fitted (it may hold blank lines itself), then the stats line
-    assert blocks[0].strip() and STATS.fullmatch(blocks[-1])[1] == "1"
-    lines = err.splitlines()
+    # the story as far as it fitted (it may hold blank lines itself); the stats on stderr
+    assert blocks[0].strip() and stats_lines(err)[0][1] == "1"
+    lines = [line for line in err.splitlines() if not STATS.fullmatch(line)]
     assert len(lines) == 2 and "Traceback" not in err
     assert "the context is full" in lines[0] and "context holds 256" in lines[1]
     assert all("/reset" in line for line in lines)

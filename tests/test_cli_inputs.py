@@ -63,6 +63,13 @@ def test_temperature_must_be_a_number(capsys, tiny_target, value) -> None:
     assert code == 1 and "--temp" in line
 
 
+def test_an_empty_stop_string_is_refused(capsys, tiny_target) -> None:
+    # it would match before the first token: nothing could ever be generated
+    code = _main(["run", "-m", str(tiny_target), "-md", "none", "--stop", "ok", "--stop", ""])
+    line = _one_error_line(capsys)
+    assert code == 1 and "--stop" in line and "non-empty" in line
+
+
 @pytest.mark.parametrize("command", ["run", "bench", "verify"])
 def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
     code = _main([command, "-md", str(tiny_draft)])
@@ -128,6 +135,12 @@ def test_a_directory_is_not_a_model(capsys, tmp_path: Path, tiny_target: Path) -
     code = _main(["run", "-m", str(tmp_path), "-md", "none", "x"])
     line = _one_error_line(capsys)
     assert code == 1 and "is a directory, not a GGUF file" in line and "a.gguf" in line
+    assert "more" not in line and "…" not in line
+    for name in "bcdefg":
+        (tmp_path / f"{name}.gguf").write_bytes(b"")
+    _main(["run", "-m", str(tmp_path), "-md", "none", "x"])
+    line = _one_error_line(capsys)  # 3 of 7 named, and the cut said with its count
+    assert "a.gguf, b.gguf, c.gguf, … and 4 more: give one of them" in line
     code = _main(["run", "-m", str(tiny_target), "-md", str(tmp_path / "sub"), "x"])
     assert code == 1 and "no such file" in _one_error_line(capsys)
 

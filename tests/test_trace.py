@@ -4,6 +4,7 @@ prefix after an interruption), `summarize` on a hand-made trace, and the CLI."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +18,12 @@ from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.sampling import SamplingParams
 from specgen.trace import (
+    LOSS_MARGIN_DEFAULT,
+    LOSS_MARGIN_MIN,
     SCHEMA,
     VERSION,
     TraceWriter,
+    loss_margin,
     read_trace,
     reconstruct_tokens,
     summarize,
@@ -269,6 +273,30 @@ def test_summarize_without_baseline_uses_k0_rounds_or_says_so(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, k0]), encoding="utf-8")
     s = summarize(path)
     assert s.baseline_source == "k0-rounds" and s.n_lost == 1
+
+
+def test_a_round_within_timing_noise_of_ordinary_decoding_is_not_a_loss(tmp_path):
+    # issue 22: a round 0.019 ms slower than ordinary decoding of its tokens was called a loss
+    path = tmp_path / "noise.jsonl"
+    header = {"type": "header", "schema": SCHEMA, "version": 1}
+    prefill = {"type": "prefill", "n_prompt": 4, "prefill_s": 0.1, "ordinary_token_s": 0.025}
+    tie = _round(0, 4, 3, [5, 6, 7], 0, 11, round_s=0.025019)  # 1 token, 0.019 ms slower
+    slow = _round(1, 5, 3, [5, 6, 7], 0, 12, round_s=0.0285)  # 1 token, 14% slower
+    rows = [header, prefill, tie, slow]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    s = summarize(path)
+    assert s.loss_margin == LOSS_MARGIN_DEFAULT  # too few K = 0 rounds to measure the noise
+    assert [r.round for r in s.lost] == [1] and s.lost_s == pytest.approx(0.0035)
+    assert s.to_dict()["loss_margin"] == LOSS_MARGIN_DEFAULT
+
+
+def test_the_loss_margin_is_the_spread_of_the_traces_own_ordinary_rounds():
+    steady = [0.025] * 10
+    assert loss_margin(steady) == LOSS_MARGIN_MIN  # never below the floor
+    noisy = [0.020, 0.022, 0.024, 0.025, 0.025, 0.026, 0.028, 0.030, 0.032, 0.040]
+    p90 = statistics.quantiles(noisy, n=10)[-1]
+    assert loss_margin(noisy) == pytest.approx(p90 / 0.0255 - 1)  # median 25.5 ms
+    assert loss_margin(noisy[:4]) == LOSS_MARGIN_DEFAULT
 
 
 # -- CLI (real tiny models) ---------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from specgen import __version__
-from specgen.cli import bench, chat, models, run, serve, verify
+from specgen.cli import bench, chat, help, models, run, serve, verify
 from specgen.errors import SpecgenError
 from specgen.ui import output
 
@@ -62,6 +62,7 @@ def _options(
 # is the order of `specgen --help`.
 for _module in (run, chat, serve, models, bench, verify):
     _module.register(app)
+help.name_values(app)  # `-m GGUF|NAME`, `--temp T` in --help, not Python types
 
 
 def _fail(message: str, code: int, debug: bool = False) -> int:

@@ -278,7 +278,7 @@ def _show(result, incomplete: str | None = None) -> None:
     from specgen.ui import reports
 
     tables, notes = reports.render_bench(result, incomplete=incomplete)
-    output.show(*tables, width_when_piped=130)  # a file or pipe: room for the whole table
+    output.show(*tables)  # a file or pipe: unwrapped, room for the whole table
     output.note(*notes)
 
 

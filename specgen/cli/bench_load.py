@@ -102,7 +102,7 @@ def run_load_command(a: dict[str, Any]) -> None:
         # Ctrl-C: what was finished, headed incomplete; no file written; then exit 130
         if e.result.runs:
             tables, _ = render_load(e.result, incomplete="interrupted (Ctrl-C); no file written")
-            output.show(*tables, width_when_piped=160)
+            output.show(*tables)
         raise KeyboardInterrupt from None
     compared = report.compare_with(result, a["compare"], earlier) if earlier is not None else None
     if a["json_path"] is not None:
@@ -112,5 +112,5 @@ def run_load_command(a: dict[str, Any]) -> None:
     if a["plot_path"] is not None:
         report.write_plot(result, a["plot_path"])
     tables, notes = render_load(result, compared=compared)
-    output.show(*tables, width_when_piped=160)
+    output.show(*tables)
     output.note(*notes)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
+RESET_DONE = "new conversation: history and session totals cleared"
 HELP = "commands: /exit (or Ctrl-D) leaves, /reset starts over, /stats shows the session totals"
 
 EPILOG = (
@@ -131,7 +132,8 @@ def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) ->
     if template is None:
         raise ConfigError(
             f"{opened.target.name} has no chat template (a base model): pass"
-            " --chat-template FILE, or use `specgen run --raw` to continue text"
+            " --chat-template FILE, or use `specgen run`, which continues a base model's"
+            " text as it is"
         )
     config = GenerateConfig(
         max_tokens=sampling.max_tokens,
@@ -188,10 +190,11 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
             return
         if command == "/reset":
             session.reset()
-            _note("conversation reset")
+            output.status_line(RESET_DONE)
             continue
         if command == "/stats":
-            output.write_text(session.totals.describe() + "\n\n")
+            # stderr: through a pipe, stdout holds the replies alone
+            output.status_line(session.totals.describe())
             continue
         try:
             events = session.reply(line)

@@ -22,7 +22,10 @@ DOWNLOAD_EPILOG = (
     "  specgen download qwen2.5-coder-0.5b-q8 --dry-run\n\n"
     "  HF_TOKEN=hf_... specgen download llama3.1-8b  # gated repositories need a token"
 )
-MODELS_EPILOG = "Examples:\n\n  specgen models\n\n  specgen models --json | jq '.models[]'"
+MODELS_EPILOG = (
+    "Examples:\n\n  specgen models\n\n  specgen models --json | jq '.models[]'\n\n"
+    "  specgen models --local                    # GGUF files from Ollama, LM Studio, ..."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +45,7 @@ def download(
         typer.Option(
             "--dry-run",
             help="Show what would be downloaded; fetch nothing. Offline, show what the "
-            "registry knows (repository, file, approximate size), then say the network is needed.",
+            "registry knows (repository, file, approximate size) and say what was not checked.",
         ),
     ] = False,
     force: Annotated[
@@ -64,7 +67,10 @@ def download(
         else:
             _download(entry, revision, force)
     if unreachable is not None:
-        raise _not_checked(unreachable) from unreachable
+        from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+
+        # the plan is printed: a dry run that did its job, so say what is missing and exit 0
+        output.notice(hub.dry_run_unchecked(unreachable))
 
 
 def _build_demo(entry: ModelEntry, dry_run: bool) -> None:
@@ -77,7 +83,7 @@ def _build_demo(entry: ModelEntry, dry_run: bool) -> None:
 
 def _show_plan(entry: ModelEntry, revision: str | None) -> NetworkError | None:
     """One line per file of `entry`: size, cached or not; offline, what the registry knows
-    (it needs no network; the Hub's answer does), and the error to raise at the end."""
+    (it needs no network; the Hub's answer does), and the error to report at the end."""
     from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
     from specgen.ui.reports import human_bytes  # start-up time: the reports load rich tables
 
@@ -103,23 +109,22 @@ def _download(entry: ModelEntry, revision: str | None, force: bool) -> None:
     output.write_line(f"{entry.name}\t{result.path}")
 
 
-def _not_checked(unreachable: NetworkError) -> NetworkError:
-    """A dry run's network error: the download's hints (HF_HUB_OFFLINE, resuming) do not
-    fit it."""
-    message = str(unreachable)
-    if message.startswith("cannot reach"):
-        message = (
-            message.split(" (")[0] + ": the sizes and cache state above were not checked"
-            " and nothing was downloaded; run it again with the network up"
-        )
-    return NetworkError(message)
-
-
 def models(
     models: ModelsOpt = None,
     json_out: JsonOpt = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="List the GGUF files already on disk (Hugging Face cache, llama.cpp's cache,"
+            " LM Studio, Ollama), grouped by tokenizer: which can draft for which.",
+        ),
+    ] = False,
 ) -> None:
     """List the registry's pairs and models: downloaded or not, size on disk, path."""
+    if local:
+        _local(json_out)
+        return
     reg = load_registry(models)
     rows = model_rows(reg)
     pairs = pair_rows(reg, rows)
@@ -131,6 +136,18 @@ def models(
     from specgen.ui import reports  # start-up time: the reports load rich's tables, numpy
 
     output.show(*reports.render_model_tables(pairs, rows))
+
+
+def _local(json_out: bool) -> None:
+    from specgen.models.local import find_local, group_by_tokenizer, search_roots
+    from specgen.ui import reports
+
+    roots = search_roots()
+    groups = group_by_tokenizer(find_local(roots))
+    if json_out:
+        output.write_json(reports.local_groups_json(groups, roots))
+        return
+    output.show(*reports.render_local_tables(groups, roots))
 
 
 def model_rows(reg: Registry) -> list[dict[str, Any]]:

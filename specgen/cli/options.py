@@ -47,8 +47,9 @@ DraftOpt = Annotated[
     typer.Option(
         "--draft",
         "-md",
-        help="Draft model: a GGUF path, a registry name, 'ngram' (prompt lookup, no model)"
-        " or 'none' (ordinary decoding).",
+        help="Draft model: a GGUF path, a registry name, 'ngram' (prompt lookup, no model),"
+        " 'none' (ordinary decoding) or 'auto' (the smallest GGUF on disk with the target's"
+        " tokenizer, see `specgen models --local`).",
     ),
 ]
 PairOpt = Annotated[str | None, typer.Option("--pair", help="A registry pair name.")]

@@ -1,4 +1,4 @@
-"""`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace.py,
+"""`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace/,
 rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr. The model side
 (numpy, llama.cpp) is imported inside the commands so that `specgen --help` starts fast."""
 

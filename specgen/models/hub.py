@@ -381,10 +381,24 @@ def _check_downloadable(entry: ModelEntry) -> str:
 
 
 def _list_files(repo: str, revision: str) -> list[str]:
+    """The repository's file names, in one request.
+
+    ``HfApi.model_info`` (its ``siblings``) rather than ``list_repo_files``: the listing
+    pages through ``http_backoff``, which without a network retries 5 times over about 24 s,
+    logging each retry, where every other call here fails at once. huggingface_hub's own
+    log is kept to errors for the call as well.
+    """
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import logging as hf_logging
 
     api = HfApi(token=_token(), library_name=LIBRARY)
-    return list(api.list_repo_files(repo, revision=revision))
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        info = api.model_info(repo, revision=revision)
+    finally:
+        hf_logging.set_verbosity(level)
+    return [s.rfilename for s in info.siblings or []]
 
 
 def _remote_names(entry: ModelEntry, revision: str) -> list[str]:
@@ -629,6 +643,20 @@ def _missing_file_error(
     return DownloadError(
         f"{repo} has no file matching {pattern!r} at {revision} (HTTP 404); {hint}; "
         "fix `file:` in the registry"
+    )
+
+
+def dry_run_unchecked(e: NetworkError) -> str:
+    """What a dry run could not check without the Hub (``e`` from :func:`plan_download`), in
+    one line: the rows marked "not checked" came from the registry alone."""
+    why = (
+        "HF_HUB_OFFLINE is set"
+        if is_offline()
+        else f"cannot reach {hub_endpoint()} ({type(e.__cause__ or e).__name__})"
+    )
+    return (
+        f"{why}: the rows marked 'not checked' show the registry's file and size, not the"
+        " Hub's (file names, sizes and cache state unchecked); nothing was downloaded"
     )
 
 

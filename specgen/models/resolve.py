@@ -9,14 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from specgen.errors import ConfigError, ModelFileError
-from specgen.flags import DRAFT_NGRAM, DRAFT_NONE
+from specgen.flags import DRAFT_AUTO, DRAFT_NGRAM, DRAFT_NONE
 from specgen.models.demo import DEMO_MODELS, cache_dir, ensure_demo_model, ensure_demo_pair
 from specgen.models.registry import ModelEntry, Registry, load_registry
 
 # models/hub.py is imported inside the functions that look up a download: it reads GGUF
 # headers with numpy, which `specgen --help` and `specgen run -m FILE` need not load.
 
-__all__ = ["DRAFT_NGRAM", "DRAFT_NONE", "resolve_model", "resolve_models", "resolve_pair"]
+__all__ = [
+    "DRAFT_AUTO",
+    "DRAFT_NGRAM",
+    "DRAFT_NONE",
+    "resolve_model",
+    "resolve_models",
+    "resolve_pair",
+]
 
 
 def resolve_model(reg: Registry, name_or_path: str) -> Path:
@@ -36,9 +43,7 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        ggufs = sorted(p.name for p in path.glob("*.gguf"))[:3]
-        hint = f" (it holds {', '.join(ggufs)}: give one of them)" if ggufs else ""
-        raise ModelFileError(f"{path} is a directory, not a GGUF file{hint}")
+        raise ModelFileError(f"{path} is a directory, not a GGUF file{_holds(path)}")
     entry = reg.models.get(name_or_path)
     if entry is None:
         raise ModelFileError(
@@ -57,6 +62,22 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
     if failure is not None:
         raise ModelFileError(failure)
     return files[0]
+
+
+#: GGUF names a directory's error lists before "… and N more"
+_LISTED = 3
+
+
+def _holds(folder: Path) -> str:
+    """What a directory given as a model holds, for its error: a few GGUF names, and how
+    many more when cut ("a.gguf, b.gguf, c.gguf, … and 4 more")."""
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if not ggufs:
+        return ""
+    shown = ", ".join(ggufs[:_LISTED])
+    if len(ggufs) > _LISTED:
+        shown += f", … and {len(ggufs) - _LISTED} more"
+    return f" (it holds {shown}: give one of them)"
 
 
 def resolve_pair(reg: Registry, name: str) -> tuple[Path, Path, int]:
@@ -102,8 +123,53 @@ def resolve_models(
             return t, d, None
         return t, _resolve_one(draft, models), None
     if draft is None:
-        raise ConfigError("--target needs --draft too (a model, 'ngram' or 'none')")
-    return _resolve_one(target, models), _resolve_one(draft, models), None
+        raise ConfigError(
+            "--target needs --draft too (a model, 'ngram' or 'none')" + _auto_hint(target, models)
+        )
+    target_path = _resolve_one(target, models)
+    if draft == DRAFT_AUTO and isinstance(target_path, Path):
+        return target_path, auto_draft(target_path), None
+    return target_path, _resolve_one(draft, models), None
+
+
+def auto_draft(target: Path) -> Path:
+    """``--draft auto``: the smallest GGUF on disk that shares the target's tokenizer and is
+    at most half its size (``specgen.models.local.draft_for``).
+
+    Raises:
+        ConfigError: none found (the message names where it looked).
+    """
+    from specgen.models.local import draft_for, search_roots
+
+    best, _ = draft_for(target)
+    if best is None:
+        where = ", ".join(sorted({tool for tool, _ in search_roots()}))
+        raise ConfigError(
+            f"-md auto: no GGUF on disk ({where}) shares the tokenizer of {target.name} and"
+            " is at most half its size; give -md FILE (see `specgen models --local`)"
+        )
+    return best.path
+
+
+def _auto_hint(target: str, models: Path | None) -> str:
+    """For the missing --draft error: the local draft `-md auto` would use, if any."""
+    try:
+        t = _resolve_one(target, models)
+        if not isinstance(t, Path):
+            return ""
+        from specgen.models.local import draft_for
+
+        best, _ = draft_for(t)
+    except (ConfigError, ModelFileError, OSError):
+        return ""  # the target's own error comes once a draft is given
+    if best is None:
+        return ""
+    from specgen.models.local import size_text
+
+    return (
+        f"; on disk, {best.name} ({best.source}, {size_text(best.size_bytes)}) shares its"
+        f" tokenizer and is smaller: -md auto uses it ({best.path})"
+    )
 
 
 def _resolve_one(name: str, models: Path | None) -> Path | str:

@@ -54,15 +54,20 @@ from specgen.trace.read import (
     reconstruct_tokens,
 )
 from specgen.trace.summary import (
+    LOSS_MARGIN_DEFAULT,
+    LOSS_MARGIN_MIN,
     LostRound,
     PositionAcceptance,
     RejectedToken,
     TraceSummary,
+    loss_margin,
     summarize,
 )
 from specgen.trace.write import SCHEMA, VERSION, TokenText, TraceWriter, tee, token_text_of
 
 __all__ = [
+    "LOSS_MARGIN_DEFAULT",
+    "LOSS_MARGIN_MIN",
     "SCHEMA",
     "VERSION",
     "Generation",
@@ -81,5 +86,6 @@ __all__ = [
     "reconstruct_tokens",
     "summarize",
     "tee",
+    "loss_margin",
     "token_text_of",
 ]

@@ -27,25 +27,25 @@ if TYPE_CHECKING:
     from rich.status import Status
 
 
-def console(
-    *,
-    stderr: bool = False,
-    width: int | None = None,
-    soft_wrap: bool = False,
-    width_when_piped: int | None = None,
-) -> Console:
+#: columns of a console whose stream is not a terminal: a file or a pipe has no edge, so
+#: tables get the width they need and text is never wrapped or cropped (Rich's default of
+#: 80 columns cut a `specgen models > file` table into 7-character pieces, issue 22)
+UNWRAPPED_WIDTH = 10_000
+
+
+def console(*, stderr: bool = False, width: int | None = None, soft_wrap: bool = False) -> Console:
     """A Rich console on stdout, or on stderr for status and progress.
 
     Args:
         stderr: write to stderr instead of stdout.
-        width: columns; ``None`` sizes it to the terminal (80 when not a terminal).
+        width: columns; ``None`` sizes it to the terminal, and when the stream is not a
+            terminal (a file, a pipe) makes it unwrapped: tables take their natural width
+            and lines are never wrapped or cropped.
         soft_wrap: let long lines run on instead of wrapping them.
-        width_when_piped: columns to use when the stream is not a terminal (a file or a
-            pipe has room for a whole table); ignored on a terminal.
     """
     c = Console(stderr=stderr, width=width, soft_wrap=soft_wrap)
-    if width_when_piped is not None and not c.is_terminal:
-        c = Console(stderr=stderr, width=width_when_piped, soft_wrap=soft_wrap)
+    if width is None and not c.is_terminal:
+        c = Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return c
 
 
@@ -85,14 +85,10 @@ def write_json(obj: Any) -> None:
     write_line(json.dumps(obj, ensure_ascii=False))
 
 
-def show(
-    *renderables: RenderableType,
-    soft_wrap: bool = False,
-    width_when_piped: int | None = None,
-    highlight: bool = True,
-) -> None:
-    """Rich renderables (tables, text) on stdout, one after the other."""
-    c = console(soft_wrap=soft_wrap, width_when_piped=width_when_piped)
+def show(*renderables: RenderableType, soft_wrap: bool = False, highlight: bool = True) -> None:
+    """Rich renderables (tables, text) on stdout, one after the other (unwrapped when
+    stdout is not a terminal, see ``console``)."""
+    c = console(soft_wrap=soft_wrap)
     for r in renderables:
         c.print(r, highlight=highlight)
 

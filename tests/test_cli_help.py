@@ -1,0 +1,50 @@
+"""`--help` of every command names each option's value (`-m GGUF|NAME`, `--temp T`) and never
+shows a Python type (`<list[str]>`, `<bool>`, `<int>`)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen.cli.app import app
+
+COMMANDS = [
+    ["run"],
+    ["chat"],
+    ["serve"],
+    ["models"],
+    ["download"],
+    ["bench"],
+    ["verify"],
+    ["trace", "summarize"],
+]
+PYTHON_TYPE = re.compile(r"<[a-z][a-z_\[\], |]*>")
+
+
+def _help(args: list[str], env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "200", **(env or {})})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_help_shows_value_names_not_python_types(args: list[str]) -> None:
+    out = _help(args)
+    assert not PYTHON_TYPE.search(out), PYTHON_TYPE.findall(out)
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ --")}
+    assert rows["--help"].split()[2] == "Show"  # a flag shows no value at all
+    if "--target" in rows:
+        assert "GGUF|NAME" in rows["--target"]
+    if "--ctx-size" in rows:
+        assert re.search(r"-c\s+N\s", rows["--ctx-size"])
+
+
+def test_named_values_read_like_llama_cpp() -> None:
+    rows = {line.split()[1]: line.split() for line in _help(["run"]).splitlines()
+            if line.startswith("│ --")}  # fmt: skip
+    assert rows["--temp"][2] == "T" and rows["--stop"][2] == "STR"
+    assert rows["--draft-max"][2] == "K|auto" and rows["--ignore-eos"][2] == "Do"
+    usage = next(line for line in _help(["run"]).splitlines() if "Usage:" in line)
+    assert usage.rstrip().endswith("[PROMPT]")
