@@ -59,9 +59,20 @@ ONE_DOOR = {
 RANKS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio"),
     # the math, the protocols and the typed flags (flags.params() reaches sampling lazily)
-    ("sampling", "rejection", "cutoff", "controller", "batchctl", "engine", "events", "flags"),
+    # and llama.cpp's vocabulary rules (compat: models/local.py groups files by them)
+    (
+        "sampling",
+        "rejection",
+        "cutoff",
+        "controller",
+        "batchctl",
+        "engine",
+        "events",
+        "flags",
+        "compat",
+    ),
     ("llamacpp", "models"),  # the two doors: llama.cpp, and files/registry/Hub
-    ("drafters", "hybrid", "ngram", "compat", "emit"),
+    ("drafters", "hybrid", "ngram", "emit"),
     ("round", "stages", "generate", "chat"),  # the round unit and what drives it
     ("session",),  # the one loader
     ("api", "bench", "verify", "trace", "server"),  # the public API and what uses the loop

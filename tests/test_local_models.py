@@ -13,6 +13,7 @@ import tinymodels as gguf_tools
 from hubserver import isolate_env, tiny_gguf
 
 from specgen.models import local
+from specgen.models.gguf import read_vocab
 
 
 def _write(path: Path, **kw) -> Path:
@@ -205,7 +206,7 @@ def test_auto_with_nothing_on_disk_says_where_it_looked(tmp_path, monkeypatch, c
 def test_the_header_reader_agrees_with_the_gguf_package(tiny_target):
     import gguf
 
-    v = gguf_tools.read_vocab(tiny_target)
+    v = read_vocab(tiny_target)
     reader = gguf.GGUFReader(str(tiny_target))
     field = reader.fields["tokenizer.ggml.tokens"]
     tokens = [bytes(field.parts[i]) for i in field.data]

@@ -139,6 +139,7 @@ def models(
 
 
 def _local(json_out: bool) -> None:
+    # start-up time: the header reader and the report tables load numpy and rich
     from specgen.models.local import find_local, group_by_tokenizer, search_roots
     from specgen.ui import reports
 
