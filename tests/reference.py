@@ -25,3 +25,12 @@ def verify(x: npt.NDArray[np.int64], q: Rows, p: Rows, rng: np.random.Generator)
     u = rng.random(x.shape[0])
     n = accept(x, q, p, u)
     return n, correct(n, q, p, rng)
+
+
+def dense(
+    ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], n_vocab: int
+) -> npt.NDArray[np.float64]:
+    """Scatter a sparse distribution into a (n_vocab,) float64 row."""
+    row = np.zeros(n_vocab, dtype=np.float64)
+    row[ids] = probs
+    return row

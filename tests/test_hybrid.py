@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 from fakes import FakeEngine
+from reference import probs
 from scipy import stats
 
 from specgen.drafters import ModelDrafter
@@ -16,7 +17,7 @@ from specgen.engine import Block
 from specgen.events import Done
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, LookupRecord, Rate
-from specgen.sampling import Dists, SamplingParams, probs, warp_rows
+from specgen.sampling import Dists, SamplingParams, warp_rows
 
 GREEDY = SamplingParams(temp=0.0)
 SAMPLED = SamplingParams(temp=0.9, top_k=4, top_p=0.95, min_p=0.0)

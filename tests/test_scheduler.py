@@ -16,13 +16,14 @@ import threading
 import numpy as np
 import pytest
 from fakes import FakeBatchEngine
+from reference import probs
 from scipy import stats
 
 from specgen import rejection
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.sampling import SamplingParams, probs
+from specgen.sampling import SamplingParams
 from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
 
 ALPHA = 1e-4
