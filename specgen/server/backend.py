@@ -135,7 +135,7 @@ def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> 
             n_parallel=a.parallel,
             queue_max=a.queue,
             draft_max=draft_max,
-            observer=metrics.observe_batch,  # type: ignore[arg-type]
+            observer=metrics.observe_batch,
         )
         card["n_ctx_slot"] = scheduler.n_ctx_slot
         scheduler.start()

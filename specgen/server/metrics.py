@@ -12,7 +12,6 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units) u
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,6 +23,7 @@ from prometheus_client import (
 )
 
 from specgen.events import Step
+from specgen.server.scheduler import BatchReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
@@ -33,20 +33,6 @@ _HOST_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05)
 _REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 MAX_POSITIONS = 64
 """Positions counted for acceptance by position (--draft-max is at most 64)."""
-
-
-class BatchLike(Protocol):
-    """What `specgen.server.scheduler.BatchReport` carries (read, never built, here)."""
-
-    n_rows: int
-    n_slots: int
-    k: tuple[int, ...]
-    decode_s: float
-    draft_s: float
-    step_s: float
-    host_s: float
-    queue_depth: int
-    slots_busy: int
 
 
 class Metrics:
@@ -126,7 +112,7 @@ class Metrics:
         self.slots_busy.set_function(slots_busy)
         self.slots.set(n)
 
-    def observe_batch(self, report: BatchLike) -> None:
+    def observe_batch(self, report: BatchReport) -> None:
         """One batched step (the scheduler's observer; called from its worker thread)."""
         self.steps.inc()
         for k in report.k:
