@@ -203,10 +203,8 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     returns the exit code (0, or 130 after a second Ctrl-C)."""
     try:
         # start-up time, and the optional extra: the HTTP libraries load only here
-        from specgen.server import runner
+        from specgen.server import backend, runner, shapes
         from specgen.server.app import Settings
-        from specgen.server.backend import ServeArgs
-        from specgen.server.shapes import Defaults
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] in _EXTRA_MODULES:
             raise ConfigError(EXTRA) from None
@@ -215,9 +213,9 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     from specgen.llamacpp import set_verbose
 
     set_verbose(server.verbose, output.log)
-    defaults = Defaults.of(sampling, server.max_tokens)
+    defaults = shapes.Defaults.of(sampling, server.max_tokens)
     settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
-    args = ServeArgs(
+    args = backend.ServeArgs(
         model, sampling, server.parallel, server.queue, server.alias, server.chat_template
     )
     warning = runner.open_warning(server.host, server.api_key)
