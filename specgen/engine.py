@@ -116,6 +116,7 @@ class BatchEngine(Protocol):
     name: str
     n_vocab: int
     n_seq: int
+    n_batch: int  # most tokens one decode_batch may hold
     decode_s: float
 
     def sequence(self, seq: int) -> Engine:
