@@ -408,7 +408,6 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["-md", "none", "--lookup", "auto"], "--lookup needs a draft model"),
         (["--lookup", "maybe"], "--lookup must be on, off or auto"),
         (["--verify", "both"], "--verify must be block, token or auto"),
-        (["--lookup", "on", "-np", "2"], "--lookup on drafts for one slot only"),
         (["-np", "0"], "-np/--parallel"),
         (["-n", "0"], "-n must be -1"),
     ],
@@ -420,16 +419,3 @@ def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(
     code = _main(["serve", "-m", str(tiny_target), "-md", str(tiny_draft), *flags])
     line = _one_error_line(capsys)
     assert code == 1 and needle in line, line
-
-
-def test_serve_drafts_with_prompt_lookup_only_for_one_slot() -> None:
-    from specgen.cli.serve import slot_model_flags
-    from specgen.flags import ModelFlags
-
-    model = ModelFlags(target="t.gguf", draft="d.gguf")  # --lookup auto
-    assert slot_model_flags(model, 1) == model  # run's default: lookup on
-    assert slot_model_flags(model, 4).lookup == "off"
-    on = ModelFlags(target="t.gguf", draft="d.gguf", lookup="on")
-    assert slot_model_flags(on, 1) == on
-    ngram = ModelFlags(target="t.gguf", draft="ngram")
-    assert slot_model_flags(ngram, 4) == ngram

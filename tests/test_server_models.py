@@ -114,7 +114,7 @@ def test_chat_and_completions_with_consistent_statistics(server: Server, smol_pa
     assert spec["num_steps"] == len(spec["k_per_step"]) and max(spec["k_per_step"]) <= 4
     assert spec["verify_rule"] == "block"  # the server's --verify
     (card,) = httpx.get(server.url + "/v1/models", timeout=60).json()["data"]
-    assert card["meta"]["lookup"] is False  # auto is off with several slots
+    assert card["meta"]["lookup"] is True  # --lookup auto, as in run: every slot's hybrid
 
     whole = completion(server, PROMPTS[0], max_tokens=16)
     assert whole["usage"]["completion_tokens"] == 16 == len(whole["tokens"])
@@ -189,9 +189,6 @@ def test_queue_full_and_a_disconnect_that_frees_the_slot(smol_pair) -> None:
     # it holds the slot (the test never waits for time, only for the queue's metric)
     s = start(smol_pair, "-np", "1", "--queue", "1", "--draft-max", "4", "-c", "4096")
     try:
-        # one slot: --lookup auto is on, as in run (the scheduler drafts with the hybrid)
-        (card,) = httpx.get(s.url + "/v1/models", timeout=60).json()["data"]
-        assert card["meta"]["lookup"] is True
         client = httpx.Client(timeout=120)
         body = {"prompt": PROMPTS[0], "stream": True, "max_tokens": 4000, "ignore_eos": True}
         r = client.send(

@@ -7,7 +7,7 @@ the HTTP libraries)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,7 +40,7 @@ from specgen.cli.options import (
     VerifyOpt,
 )
 from specgen.errors import ConfigError
-from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, pick
+from specgen.flags import pick
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -103,24 +103,6 @@ class ServerFlags:
             )
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key (or SPECGEN_API_KEY) is empty")
-
-
-def slot_model_flags(model: ModelFlags, parallel: int) -> ModelFlags:
-    """`model` as `parallel` slots can load it. Prompt lookup beside the model
-    (`specgen.hybrid.HybridDrafter`) drafts for one slot only for now: with several,
-    ``--lookup on`` is refused and auto (the default) is off.
-
-    Raises:
-        ConfigError: ``--lookup on`` with -np above 1, in one line.
-    """
-    if parallel == 1 or model.draft in (DRAFT_NGRAM, DRAFT_NONE) or model.lookup == "off":
-        return model
-    if model.lookup == "on":
-        raise ConfigError(
-            f"--lookup on drafts for one slot only for now, not -np {parallel}:"
-            " use -np 1, or --lookup off"
-        )
-    return replace(model, lookup="off")
 
 
 def register(app: typer.Typer) -> None:
@@ -191,7 +173,7 @@ def serve(
     """
     given = locals()
     server = pick(ServerFlags, given)
-    model = slot_model_flags(ModelFlags.pick(given), server.parallel)
+    model = ModelFlags.pick(given)
     # -n is serve's own (-1: until the slot's context, in `server`), which run's shape refuses
     sampling = SamplingFlags.pick(given, max_tokens=SamplingFlags.max_tokens)
     sampling.params()  # checks --top-p and --min-p
