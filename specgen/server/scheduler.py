@@ -129,8 +129,8 @@ class _Slot:
         self.idle = 0  # steps since this slot last speculated
 
 
-def _decode_s(engine: object) -> float:
-    return float(getattr(engine, "decode_s", 0.0))
+def _decode_s(engine: BatchEngine | None) -> float:
+    return engine.decode_s if engine is not None else 0.0
 
 
 class Scheduler:
@@ -173,9 +173,10 @@ class Scheduler:
         self._drafter = drafter
         self._draft: BatchEngine | None = None
         if isinstance(drafter, ModelDrafter | HybridDrafter):
-            self._draft = drafter.engine  # type: ignore[assignment]
-            if getattr(self._draft, "n_seq", 1) < n_parallel:
+            draft: BatchEngine = drafter.engine  # type: ignore[assignment]  # the loaded one
+            if draft.n_seq < n_parallel:
                 raise ValueError(f"the draft holds too few sequences for {n_parallel} slots")
+            self._draft = draft
         elif drafter is not None and not isinstance(drafter, NgramDrafter) and n_parallel > 1:
             raise ValueError(f"{drafter.name} cannot draft for several slots")
         self.n_parallel = n_parallel
