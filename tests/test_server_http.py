@@ -28,6 +28,8 @@ from specgen.server.shapes import Defaults
 
 USER = [{"role": "user", "content": "Hi there"}]
 
+T = 60  # seconds: generous, never a bound on speed (httpx defaults to 5)
+
 
 @dataclass
 class Served:
@@ -216,14 +218,14 @@ def test_models_lists_the_model_with_its_card(served: Served) -> None:
 
 def test_health_is_503_while_loading_and_other_routes_say_so() -> None:
     with serving(loaded=False) as s:
-        r = httpx.get(s.url + "/health")
+        r = httpx.get(s.url + "/health", timeout=T)
         assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
         r = s.post("/v1/completions", {"prompt": "a"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
         s.state.backend = fake.fake_backend()
-        assert httpx.get(s.url + "/health").json() == {"status": "ok"}
+        assert httpx.get(s.url + "/health", timeout=T).json() == {"status": "ok"}
         s.state.draining = True
-        assert httpx.get(s.url + "/health").status_code == 503
+        assert httpx.get(s.url + "/health", timeout=T).status_code == 503
         assert s.post("/v1/completions", {"prompt": "a"}).json()["error"]["code"] == "shutdown"
 
 
@@ -276,6 +278,7 @@ def test_malformed_json_and_non_objects_are_400(served: Served) -> None:
             served.url + "/v1/chat/completions",
             content=raw,
             headers={"content-type": "application/json"},
+            timeout=T,
         )
         assert_openai_error(r, 400, None)
     assert served.post("/v1/completions", {"prompt": "ok"}).status_code == 200
@@ -313,8 +316,8 @@ def test_chat_without_a_template_and_a_failing_template_are_400() -> None:
 
 
 def test_unknown_routes_and_methods_answer_in_the_openai_shape(served: Served) -> None:
-    assert_openai_error(httpx.get(served.url + "/v1/nothing"), 404)
-    assert_openai_error(httpx.get(served.url + "/v1/chat/completions"), 405)
+    assert_openai_error(httpx.get(served.url + "/v1/nothing", timeout=T), 404)
+    assert_openai_error(httpx.get(served.url + "/v1/chat/completions", timeout=T), 405)
 
 
 def test_the_body_limit_refuses_before_parsing() -> None:
@@ -329,7 +332,7 @@ def test_the_body_limit_refuses_before_parsing() -> None:
                 yield b"y" * 200
             yield b'"}]}'
 
-        r = httpx.post(s.url + "/v1/chat/completions", content=chunked())
+        r = httpx.post(s.url + "/v1/chat/completions", content=chunked(), timeout=T)
         assert_openai_error(r, 413)
         assert s.sched.submitted == []
         assert s.post("/v1/chat/completions", {"messages": USER}).status_code == 200
@@ -342,14 +345,14 @@ def test_the_api_key_guards_every_route_but_health() -> None:
     key = "s3cret-key"
     with serving(Settings(api_key=key)) as s:
         for path in ("/v1/models", "/metrics"):
-            assert_openai_error(httpx.get(s.url + path), 401)
+            assert_openai_error(httpx.get(s.url + path, timeout=T), 401)
         err = assert_openai_error(s.post("/v1/completions", {"prompt": "a"}), 401)
         assert err["code"] == "invalid_api_key"
         wrong = {"Authorization": "Bearer nope"}
         assert_openai_error(s.post("/v1/completions", {"prompt": "a"}, headers=wrong), 401)
         with pytest.raises(openai.AuthenticationError):
             s.client("nope").models.list()
-        assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/health", timeout=T).status_code == 200
         r = s.client(key).completions.create(model="x", prompt="a", max_tokens=3)
         assert r.choices[0].text == fake.REPLY[:3]
         assert s.sched.submitted and len(s.sched.submitted) == 1
@@ -392,7 +395,7 @@ def test_the_loopback_rule_for_the_open_server_warning() -> None:
 
 
 def open_stream(s: Served, prompt: str) -> tuple[httpx.Client, httpx.Response]:
-    client = httpx.Client(timeout=10)
+    client = httpx.Client(timeout=T)
     req = client.build_request(
         "POST", s.url + "/v1/completions", json={"prompt": prompt, "stream": True}
     )
@@ -479,7 +482,7 @@ def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
         queue_depth=0, slots_busy=2,
     )  # fmt: skip
     served.state.metrics.observe_batch(report)
-    text = httpx.get(served.url + "/metrics").text
+    text = httpx.get(served.url + "/metrics", timeout=T).text
     assert 'specgen_requests_total{finish="length",route="completions"} 1.0' in text
     assert "specgen_generation_tokens_total 10.0" in text
     assert 'specgen_requests_refused_total{status="400"} 1.0' in text

@@ -57,7 +57,9 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
+        # httpx's default 5 s read timeout is a wall-clock bound: on a loaded machine a
+        # scrape beside a streaming request can take longer (it failed once so)
+        for line in httpx.get(self.url + "/metrics", timeout=120).text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
         raise AssertionError(f"no metric {name}")
