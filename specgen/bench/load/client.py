@@ -62,15 +62,17 @@ class StreamState:
         self._rest = b""  # a line not yet ended
 
     def feed(self, data: bytes, t: float) -> None:
-        *lines, self._rest = (self._rest + data).split(b"\n")
+        if self._rest:
+            data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
         for line in lines:
-            self.line(line, t)
+            if line[:5] == b"data:":  # else comments, `event:` lines, blank separators
+                self.data(line[5:], t)
 
-    def line(self, line: bytes, t: float) -> None:
-        """One line of the stream, without its LF."""
-        if not line.startswith(b"data:"):
-            return  # comments, `event:` lines, blank separators
-        payload = line[5:].strip()  # also the CR of a CRLF
+    def data(self, payload: bytes, t: float) -> None:
+        """The payload of one `data:` line (the CR of a CRLF is stripped here)."""
+        payload = payload.strip()
         if payload == b"[DONE]":
             self.done, self.done_s = True, t
             return
