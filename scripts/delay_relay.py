@@ -34,9 +34,7 @@ def _endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float
-) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def read() -> None:
@@ -81,9 +79,7 @@ async def _serve(listen: tuple[str, int], to: tuple[str, int], delay_s: float) -
             return
         _nodelay(c_writer)
         _nodelay(s_writer)
-        await asyncio.gather(
-            _pipe(c_reader, s_writer, delay_s), _pipe(s_reader, c_writer, delay_s)
-        )
+        await asyncio.gather(_pipe(c_reader, s_writer, delay_s), _pipe(s_reader, c_writer, delay_s))
 
     server = await asyncio.start_server(handle, *listen)
     host, port = server.sockets[0].getsockname()[:2]

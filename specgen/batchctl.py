@@ -179,11 +179,15 @@ def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float
 
 
 class Acceptance:
-    """One request's acceptance by block position, as counts shrunk toward a prior rate.
+    """One request's acceptance by block position, as counts shrunk toward the position
+    before it.
 
-    alpha_i = (hits_i + w * prior) / (tested_i + w): position i is tested in a round when
-    positions 1..i-1 were accepted; a round with n accepted of K tested positions 1..n+1
-    (1..K when all were accepted).
+    alpha_1 = (hits_1 + w * prior) / (tested_1 + w) and alpha_i = (hits_i + w * alpha_{i-1})
+    / (tested_i + w): position i is tested in a round when positions 1..i-1 were accepted;
+    a round with n accepted of K tested positions 1..n+1 (1..K when all were accepted).
+    A position never tested takes the estimate of the one before it, not the pooled prior:
+    a request served at K = 1 whose every x_1 is accepted must be able to grow its K (with
+    the prior at each deeper position, K stayed 1 for a whole request).
     """
 
     def __init__(self, prior: float, weight: float = 2.0, depth: int = 32) -> None:
@@ -200,8 +204,11 @@ class Acceptance:
 
     def alpha_by_pos(self, k: int) -> tuple[float, ...]:
         k = min(max(k, 1), self.tested.size)
-        a = (self.hits[:k] + self.weight * self.prior) / (self.tested[:k] + self.weight)
-        return tuple(float(v) for v in a)
+        out, prev = [], self.prior
+        for hits, tested in zip(self.hits[:k], self.tested[:k], strict=True):
+            prev = float((hits + self.weight * prev) / (tested + self.weight))
+            out.append(prev)
+        return tuple(out)
 
 
 class BatchController:

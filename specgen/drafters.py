@@ -4,6 +4,7 @@ drafter lives in `specgen.ngram` (`NgramDrafter`)."""
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import numpy as np
 
@@ -111,6 +112,14 @@ class ModelDrafter:
         top = top_probability(row) if self.params.greedy else float(probs.max())
         return not should_stop(top, self.p_min)
 
+    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> Drafting:
+        """Start drafting up to k tokens after `context`, leaving the decodes to the
+        caller: `Drafting.pending` is what this drafter's engine must evaluate next (the
+        server's scheduler evaluates every slot's pending tokens in one batched draft
+        decode per depth; `draft` evaluates them one by one). The cache is rolled back to
+        the reusable prefix here, so the pending tokens must be decoded next."""
+        return Drafting(self, context, k, rng)
+
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
         """Propose up to k tokens after `context` (see `specgen.engine.Drafter`).
 
@@ -118,32 +127,24 @@ class ModelDrafter:
         `warp_rows` (one call per row: each row exists only after the previous draw),
         m <= k (m < k only when the confidence cut-off stopped the block).
         """
-        # the draft evaluates the context then k - 1 proposals: keep that inside its own
-        # context, which may be smaller than the target's
-        k = max(0, min(k, self.engine.n_ctx - len(context) + 1))
-        tokens: list[int] = []
-        rows: list[Dists] = []
+        return self.run(self.begin(context, k, rng))
+
+    def run(self, d: Stepwise) -> Block:
+        """Drive `d` to its end with this drafter's own engine, one decode at a time,
+        timing the catch-up (`catchup_s`) and the single-token passes."""
         catchup_s = 0.0
-        if k > 0:
-            behind = len(context) - self._reusable(context)
+        if d.pending:
             t0 = time.perf_counter()
-            row = self._align(self._sync(context))
-            if behind > 2:  # more than `last` (and the previous block's x_K): catching up
+            d.feed(self.engine.decode(d.pending)[-1])
+            if d.behind > 2:  # more than `last` (and the previous block's x_K): catching up
                 # the same batch also produced x_1's row: that part is ordinary drafting
                 catchup_s = max(0.0, time.perf_counter() - t0 - (self._decode_s or 0.0))
-            for i in range(k):
-                q_i = warp_rows(row[None, :], self.params)
-                ids, probs = q_i.row(0)
-                if not self._confident(row, probs):
-                    break
-                tokens.append(draw(ids, probs, rng))
-                rows.append(q_i)
-                if i + 1 < k:
-                    t1 = time.perf_counter()
-                    row = self._align(self.engine.decode([tokens[-1]])[-1])
-                    self._note_decode(time.perf_counter() - t1)
+        while d.pending:
+            t1 = time.perf_counter()
+            d.feed(self.engine.decode(d.pending)[-1])
+            self._note_decode(time.perf_counter() - t1)
         self.catchup_s = catchup_s
-        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, self.n_vocab))
+        return d.block()
 
     def _note_decode(self, seconds: float) -> None:
         d = self._decode_s
@@ -151,3 +152,72 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class Stepwise(Protocol):
+    """A block drafted one row at a time: `Drafting`, or `specgen.hybrid.HybridDrafting`
+    (lookup tokens, then a `Drafting`)."""
+
+    @property
+    def pending(self) -> list[int]: ...
+
+    @property
+    def behind(self) -> int: ...
+
+    def feed(self, row: Logits) -> None: ...
+
+    def block(self) -> Block: ...
+
+
+class Drafting:
+    """One block being drafted by a `ModelDrafter`, one row at a time (`ModelDrafter.begin`).
+
+    Attributes:
+        pending: token ids the drafter's engine must evaluate next; `feed` takes the
+            logits row after the last of them. Empty when the block is complete.
+        behind: committed tokens the draft cache lacked at the start (1 or 2 when it was
+            up to date: `last`, and x_K after a fully accepted block).
+
+    The law is `ModelDrafter.draft`'s whoever makes the decodes: x_i is drawn from q_i, the
+    warped row after the context and x_1..x_{i-1}, with the drafter's `rng`, and q_i is
+    kept as the block's row i; only the order of draws within this block uses the stream,
+    so drafting several blocks in one batch draws each from its own generator.
+    """
+
+    def __init__(
+        self, drafter: ModelDrafter, context: list[int], k: int, rng: np.random.Generator
+    ) -> None:
+        self.drafter = drafter
+        self.rng = rng
+        # the draft evaluates the context then k - 1 proposals: keep that inside its own
+        # context, which may be smaller than the target's
+        self.k = max(0, min(k, drafter.engine.n_ctx - len(context) + 1))
+        self.tokens: list[int] = []
+        self.rows: list[Dists] = []
+        self.pending: list[int] = []
+        self.behind = 0
+        if self.k > 0:
+            keep = drafter._reusable(context)
+            drafter.engine.truncate(keep)
+            self.pending = context[keep:]
+            self.behind = len(context) - keep
+
+    def feed(self, row: Logits) -> None:
+        """The (n_vocab,) logits row after `pending`: draw the next proposal from it, or
+        stop (k reached, or the confidence cut-off)."""
+        d = self.drafter
+        row = d._align(row)
+        q_i = warp_rows(row[None, :], d.params)
+        ids, probs = q_i.row(0)
+        self.pending = []
+        if not d._confident(row, probs):
+            return
+        self.tokens.append(draw(ids, probs, self.rng))
+        self.rows.append(q_i)
+        if len(self.tokens) < self.k:
+            self.pending = [self.tokens[-1]]
+
+    def block(self) -> Block:
+        """The proposals so far: tokens (m,) int64 and their q rows."""
+        d = self.drafter
+        return Block(np.array(self.tokens, dtype=np.int64), Dists.concat(self.rows, d.n_vocab))

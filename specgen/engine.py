@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specgen.events import Source
-from specgen.sampling import Dists
+from specgen.sampling import Dists, SamplingParams
 
 Logits = npt.NDArray[np.float32]
 """(n_rows, n_vocab) float32 raw scores, one row per output position."""
@@ -116,6 +116,7 @@ class BatchEngine(Protocol):
     name: str
     n_vocab: int
     n_seq: int
+    n_batch: int  # most tokens one decode_batch may hold
     decode_s: float
 
     def sequence(self, seq: int) -> Engine:
@@ -203,6 +204,13 @@ class Drafter(Protocol):
     def rollback(self, context: list[int]) -> None:
         """Drop cached positions that are not a prefix of the committed ``context``
         (stage 5 for the draft's cache; called after every round and on every exit)."""
+        ...
+
+    def with_params(self, params: SamplingParams) -> Drafter:
+        """This drafter under other sampling settings `params`: q must come from the
+        warpers the target's p uses, so a model drafter is rebuilt on the same engine (and
+        cache); a drafter whose q does not depend on them (prompt lookup's one-hot rows)
+        returns itself."""
         ...
 
     def close(self) -> None: ...

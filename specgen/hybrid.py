@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specgen.drafters import ModelDrafter, common_prefix
-from specgen.engine import Block
+from specgen.drafters import Drafting, ModelDrafter, common_prefix
+from specgen.engine import Block, Logits
 from specgen.events import Source
 from specgen.ngram import NgramIndex
 from specgen.sampling import Dists, SamplingParams
@@ -145,6 +145,14 @@ class HybridDrafter:
         self._pending = None
         self.model.prefill(context)
 
+    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
+        """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,
+        the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
+        n_match, found = self.index.match(context, k, wrap=False)
+        use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
+        inner = self.model.begin(context + use, k - len(use), rng) if len(use) < k else None
+        return HybridDrafting(self, len(context), n_match, found, use, inner)
+
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
         """Up to k proposals: lookup tokens first (when trusted), then the model's.
 
@@ -153,25 +161,9 @@ class HybridDrafter:
             model's warped rows after them; dense when the model's rows are) and
             `sources` ("lookup" or "draft" per token), m <= k.
         """
-        n_match, found = self.index.match(context, k, wrap=False)
-        use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
-        rows: list[Dists] = []
-        if use:
-            rows.append(Dists.one_hot(np.array(use, dtype=np.int64), self.n_vocab))
-        catchup_s = 0.0
-        model_tokens: list[int] = []
-        if len(use) < k:
-            block = self.model.draft(context + use, k - len(use), rng)
-            model_tokens, catchup_s = block.tokens.tolist(), self.model.catchup_s
-            if model_tokens:
-                if block.q.dense and rows:
-                    rows[0] = Dists(None, rows[0].to_dense(), self.n_vocab)
-                rows.append(block.q)
-        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens)
-        tokens = use + model_tokens
-        self._pending = _Pending(len(context), n_match, found, tokens, sources)
-        self.catchup_s = catchup_s
-        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, self.n_vocab), sources)
+        block = self.model.run(self.begin(context, k, rng))
+        self.catchup_s = self.model.catchup_s
+        return block
 
     def rollback(self, context: list[int]) -> None:
         """Score the last block against what the round committed (see the record above),
@@ -190,3 +182,53 @@ class HybridDrafter:
     def close(self) -> None:
         self.index.reset()
         self.model.close()
+
+
+class HybridDrafting:
+    """A hybrid block being drafted (`HybridDrafter.begin`): the lookup tokens, then the
+    model's `Drafting` after them (None when the lookup filled the block). `pending`,
+    `behind` and `feed` are the model's; `block` joins both and records the block for
+    the next `rollback`'s scoring."""
+
+    def __init__(
+        self,
+        hybrid: HybridDrafter,
+        start: int,
+        n_match: int,
+        found: list[int],
+        use: list[int],
+        inner: Drafting | None,
+    ) -> None:
+        self.hybrid = hybrid
+        self.start, self.n_match, self.found, self.use = start, n_match, found, use
+        self.inner = inner
+
+    @property
+    def pending(self) -> list[int]:
+        return self.inner.pending if self.inner is not None else []
+
+    @property
+    def behind(self) -> int:
+        return self.inner.behind if self.inner is not None else 0
+
+    def feed(self, row: Logits) -> None:
+        assert self.inner is not None, "nothing pending"
+        self.inner.feed(row)
+
+    def block(self) -> Block:
+        h, use = self.hybrid, self.use
+        rows: list[Dists] = []
+        if use:
+            rows.append(Dists.one_hot(np.array(use, dtype=np.int64), h.n_vocab))
+        model_tokens: list[int] = []
+        if self.inner is not None:
+            block = self.inner.block()
+            model_tokens = block.tokens.tolist()
+            if model_tokens:
+                if block.q.dense and rows:
+                    rows[0] = Dists(None, rows[0].to_dense(), h.n_vocab)
+                rows.append(block.q)
+        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens)
+        tokens = use + model_tokens
+        h._pending = _Pending(self.start, self.n_match, self.found, tokens, sources)
+        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, h.n_vocab), sources)

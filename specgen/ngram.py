@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specgen.engine import Block
 from specgen.events import Source
-from specgen.sampling import Dists
+from specgen.sampling import Dists, SamplingParams
 
 
 def _continue(context: Sequence[int], start: int, k: int) -> list[int]:
@@ -171,6 +171,10 @@ class NgramDrafter:
 
     def rollback(self, context: list[int]) -> None:
         """Nothing to roll back: the index re-syncs with the context at the next lookup."""
+
+    def with_params(self, params: SamplingParams) -> NgramDrafter:
+        """Itself: one-hot q rows do not depend on the sampling settings."""
+        return self
 
     def close(self) -> None:
         self.index.reset()

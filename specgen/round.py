@@ -204,10 +204,12 @@ class Sequence:
             return 0
         return self.policy.choose_k(min(self.emitter.remaining - 1, self._room()))
 
-    def propose(self, k: int, block: Block | None = None) -> Proposal:
+    def propose(self, k: int, block: Block | None = None, drafted_s: float = 0.0) -> Proposal:
         """Stage 1: up to k proposals with their q rows, or `block` when it was drafted
-        elsewhere (a batched drafter across sequences)."""
-        t_start, decode0 = self.clock(), self._inside()
+        elsewhere (the server drafts every slot's block in one decode per depth), which
+        took `drafted_s` seconds, all of it inside llama_decode for this sequence's
+        accounting of host time."""
+        t_start, decode0 = self.clock() - drafted_s, self._inside() - drafted_s
         bonus = k == 0 or self.policy.bonus()
         if k == 0 and self._draft_engine is not None and self.policy.retime_draft():
             self._time_draft(1)  # a draft too slow to use: its cost, counted as drafting

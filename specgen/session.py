@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -177,6 +177,8 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
     flags: ModelFlags,
     params: SamplingParams | None = None,
     status: Status | None = None,
+    *,
+    n_seq_max: int = 1,
 ) -> Session:
     """Resolve the names in `flags` (registry, pair, demo), build the spec, load both models
     and say what the user should know.
@@ -185,6 +187,8 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         flags: which models and how to run them.
         params: the draft's warpers (q must use the target's); default `SamplingParams()`.
         status: called with one-line progress messages ("loading target ...").
+        n_seq_max: sequences each model's cache holds (`specgen serve`'s slots, see
+            `with_sequences`); 1 for one stream.
 
     Raises:
         ConfigError: unknown or not-downloaded names, --pair with -m, a bad --rpc list.
@@ -206,6 +210,7 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         flags.rpc,
         swa_full=flags.swa_full,
     )
+    spec = with_sequences(spec, n_seq_max)
     lookup = resolve_lookup(flags.lookup, draft)
     loaded = load(spec, params or SamplingParams(), flags.draft_p_min, status=status, lookup=lookup)
     return Session(
@@ -220,6 +225,19 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         load_s=time.perf_counter() - t0,
         draft_engine=loaded.draft_engine,
     )
+
+
+def with_sequences(spec: ModelSpec, n_seq: int) -> ModelSpec:
+    """`spec` with caches of `n_seq` sequences (llama.cpp's ``n_seq_max``) for both models:
+    -c stays each sequence's context, so the unified cache holds n_seq x -c cells (-c 0,
+    the model's own context, is then shared by all). Unchanged for one sequence."""
+    if n_seq == 1:
+        return spec
+
+    def each(cfg: EngineConfig) -> EngineConfig:
+        return replace(cfg, n_ctx=cfg.n_ctx * n_seq, n_seq_max=n_seq)
+
+    return replace(spec, target_cfg=each(spec.target_cfg), draft_cfg=each(spec.draft_cfg))
 
 
 def load(
@@ -312,7 +330,9 @@ def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:
             f" (CPU only); rebuild it for CUDA with: {GPU_REBUILD}"
         )
     if loaded is not None:
-        asked_ctx, n_ctx = spec.target_cfg.n_ctx, loaded.target.n_ctx
+        # per sequence: a cache of several (`with_sequences`) gives each its share
+        asked_ctx = spec.target_cfg.n_ctx // max(1, spec.target_cfg.n_seq_max)
+        n_ctx = loaded.target.n_ctx
         if asked_ctx > 0 and n_ctx != asked_ctx:
             notes.append(
                 f"-c {asked_ctx} became {n_ctx}: llama.cpp rounds the context up"

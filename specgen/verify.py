@@ -412,7 +412,7 @@ class _PromptCache:
 
     @property
     def decode_s(self) -> float:
-        return float(getattr(self.engine, "decode_s", 0.0))
+        return self.engine.decode_s
 
     def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
         return self.engine.tokenize(text, add_special)
@@ -758,7 +758,4 @@ def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
     """
     if drafter is None:
         raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
-    with_params = getattr(drafter, "with_params", None)  # a model drafter, maybe hybrid
-    if with_params is not None:
-        return with_params
-    return lambda _params: drafter
+    return drafter.with_params

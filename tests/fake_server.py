@@ -100,7 +100,15 @@ class FakeScheduler:
             c = job.config
             emitter = Emitter(token_bytes, lambda t: t == EOS, c.stop, c.ignore_eos, c.max_tokens)
             text = bytes(t for t in job.prompt if t < 256).decode("utf-8", "replace")
-            self._queue.append(_Slot(job, sink, emitter, text, Stats(n_prompt=len(job.prompt))))
+            self._queue.append(
+                _Slot(
+                    job,
+                    sink,
+                    emitter,
+                    text,
+                    Stats(n_prompt=len(job.prompt), verify_rule=job.config.verify_rule),
+                )
+            )
             self.submitted.append(job)
             self._cv.notify_all()
         return Ticket(job.id)

@@ -104,6 +104,9 @@ class WrongDrafter:
     def rollback(self, context: list[int]) -> None:
         pass
 
+    def with_params(self, params):
+        return self
+
     def draft(self, context, k, rng):
         from specgen.engine import Block
         from specgen.sampling import Dists

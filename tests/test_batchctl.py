@@ -118,7 +118,20 @@ def test_acceptance_counts_tested_positions():
     a.update(2, 2)  # both accepted
     np.testing.assert_array_equal(a.tested, [2, 2, 0, 0])
     np.testing.assert_array_equal(a.hits, [2, 1, 0, 0])
-    assert a.alpha_by_pos(3) == pytest.approx((3 / 4, 2 / 4, 0.5))
+    # each position shrunk toward the one before: (2 + 2 * 0.5) / 4, (1 + 2 * 0.75) / 4
+    assert a.alpha_by_pos(3) == pytest.approx((3 / 4, 5 / 8, 5 / 8))
+
+
+def test_a_request_served_at_k_1_that_is_always_accepted_grows_its_k():
+    ctl = BatchController(k_max=8)
+    for rows in (1, 2, 5):
+        ctl.observe_target(rows, 0.04 + 0.006 * rows)
+    ctl.observe_draft(1, 0.005)
+    acc = ctl.new_acceptance()
+    assert ctl.choose([acc], [8]).k[0] <= 2  # nothing known yet: prior 0.5
+    for _ in range(20):
+        acc.update(1, 1)
+    assert ctl.choose([acc], [8]).k[0] >= 4
 
 
 def test_controller_prior_probe_and_fits():

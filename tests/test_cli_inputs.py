@@ -28,7 +28,7 @@ def _one_error_line(capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", ["run", "bench", "verify"])
+@pytest.mark.parametrize("command", ["run", "bench", "verify", "serve"])
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
@@ -70,7 +70,7 @@ def test_an_empty_stop_string_is_refused(capsys, tiny_target) -> None:
     assert code == 1 and "--stop" in line and "non-empty" in line
 
 
-@pytest.mark.parametrize("command", ["run", "bench", "verify"])
+@pytest.mark.parametrize("command", ["run", "bench", "verify", "serve"])
 def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
     code = _main([command, "-md", str(tiny_draft)])
     line = _one_error_line(capsys)
@@ -399,3 +399,23 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
     assert implied_size(tmp_path / "cut.gguf") == len(data)
     (tmp_path / "header.gguf").write_bytes(data[:200])  # the header itself cut short
     assert implied_size(tmp_path / "header.gguf") is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["-md", "ngram", "--lookup", "on"], "--lookup needs a draft model"),
+        (["-md", "none", "--lookup", "auto"], "--lookup needs a draft model"),
+        (["--lookup", "maybe"], "--lookup must be on, off or auto"),
+        (["--verify", "both"], "--verify must be block, token or auto"),
+        (["-np", "0"], "-np/--parallel"),
+        (["-n", "0"], "-n must be -1"),
+    ],
+)
+def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(
+    capsys, tiny_target, tiny_draft, flags, needle
+) -> None:
+    # the same shapes as run's, checked before the socket is bound or a model loaded
+    code = _main(["serve", "-m", str(tiny_target), "-md", str(tiny_draft), *flags])
+    line = _one_error_line(capsys)
+    assert code == 1 and needle in line, line

@@ -44,6 +44,15 @@ def test_a_sweep_side_by_side_with_files_and_compare(tmp_path: Path, capsys) -> 
     assert data["runs"][1]["vs"] == "llama" and data["runs"][1]["ratio"]["n_pairs"] == 4
     assert data["record"]["servers"][0]["models"]["data"][0]["id"] == "stub-model"
     assert data["record"]["settings"]["endpoint"] == "completions"
+    # the client's machine as bench's own record describes one (without llama.cpp's view)
+    assert set(data["record"]["machine"]) == {
+        "cpu",
+        "cpu_count",
+        "memory_bytes",
+        "os",
+        "python",
+        "gpus",
+    }
     assert "api_key" not in json.dumps(data["record"])
     assert "| 0 | 2 streams | spec |" in md.read_text() and "vLLM's definition" in md.read_text()
     assert "compared with" in err and "not comparable" not in err and "tok/s (" in err

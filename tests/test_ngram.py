@@ -166,3 +166,11 @@ def test_index_lookup_indexes_only_the_appended_token() -> None:
     idx.lookup(ctx, 8)
     idx.reset()
     assert python_lines(lambda: idx.lookup(ctx, 8)) > 20 * max(per_step[500])
+
+
+def test_the_ngram_drafter_is_the_same_under_any_sampling_settings() -> None:
+    from specgen.sampling import SamplingParams
+
+    d = NgramDrafter(n_vocab=50, n_max=3)
+    # one-hot q rows do not depend on the warpers: bench and verify reuse the drafter
+    assert d.with_params(SamplingParams(temp=0.3, top_k=5)) is d

@@ -11,6 +11,7 @@ shared between slots.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -20,9 +21,11 @@ from reference import probs
 from scipy import stats
 
 from specgen import rejection
+from specgen.batchctl import BatchController, Line
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.hybrid import HybridDrafter
 from specgen.sampling import SamplingParams
 from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
 
@@ -314,3 +317,93 @@ def test_the_worker_thread_serves_submissions():
         sched.shutdown()
     assert isinstance(got[-1], Done)
     assert got[-1].tokens == alone([1, 2], GenerateConfig(8, GREEDY)).tokens
+
+
+def _drafting_step(sched, draft):
+    """The draft batches of one step, as (seq, n_tokens, n_rows) tuples per decode."""
+    before = len(draft.batches)
+    sched.step()
+    return draft.batches[before:]
+
+
+def test_every_depth_is_one_draft_decode_for_all_slots():
+    sched, _, draft = make(n_parallel=4, k=3)
+    long = GenerateConfig(60, GREEDY, ignore_eos=True)
+    for p in ([1], [2], [3, 4], [5]):
+        submit(sched, p, long)
+    sched.step()  # every slot starts (prompts of one token need no prefill chunk)
+    for _ in range(5):
+        decodes = _drafting_step(sched, draft)
+        # K = 3: x_1's row comes from the catch-up decode, x_2's and x_3's from one each
+        assert len(decodes) == 3
+        assert all(sorted(p[0] for p in d) == [0, 1, 2, 3] for d in decodes)
+        assert all(p[2] == 1 for d in decodes for p in d)
+        assert all(p[1] == 1 for d in decodes[1:] for p in d)  # one token per slot per depth
+
+
+def test_a_failed_draft_decode_ends_the_drafting_jobs_and_the_next_succeed():
+    sched, _, draft = make(n_parallel=2)
+    a, _ = submit(sched, [1, 2], GenerateConfig(50, GREEDY, ignore_eos=True))
+    b, _ = submit(sched, [4], GenerateConfig(50, GREEDY, ignore_eos=True))
+    sched.step()
+    draft.fail_next = True
+    sched.step()
+    for sink in (a, b):
+        assert isinstance(sink.last, Failed) and sink.last.kind == "engine"
+        assert "llama_decode failed" in sink.last.message
+    assert sched.slots_busy == 0
+    c, _ = submit(sched, [1, 2], GenerateConfig(6, GREEDY))
+    sched.run_until_idle()
+    assert c.last.tokens == alone([1, 2], GenerateConfig(6, GREEDY)).tokens
+
+
+def test_hybrid_slots_draft_together_and_equal_each_request_alone():
+    target, draft = engines(n_seq=3)
+    hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
+    sched = Scheduler(target, hybrid, n_parallel=3, queue_max=8, draft_max=4)
+    prompts = ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [0, 3, 1])
+    config = GenerateConfig(24, GREEDY, ignore_eos=True)
+    sinks = [submit(sched, p, config)[0] for p in prompts]
+    sched.run_until_idle()
+    assert any(len(b) > 1 for b in draft.batches)  # drafted in shared decodes
+    steps = [e for s in sinks for e in s.events if isinstance(e, Step)]
+    assert sum(s.n_drafted_by.get("lookup", 0) for s in steps) > 0
+    assert sum(s.n_drafted_by.get("draft", 0) for s in steps) > 0
+    for sink, p in zip(sinks, prompts, strict=True):
+        assert sink.last.tokens == alone(p, config, k=4).tokens
+
+
+def test_the_controller_learns_the_cost_of_a_depth_drafted_by_several_slots():
+    class Recording(BatchController):
+        def __init__(self):
+            # a draft nearly free against its target: speculation pays from the start
+            super().__init__(
+                k_max=4,
+                target_prior=Line(0.04, 0.001),
+                draft_prior=Line(0.0, 1e-4),
+                draft_batched=True,
+            )
+            self.depths = []
+
+        def observe_draft(self, n_slots, seconds):
+            self.depths.append(n_slots)
+            super().observe_draft(n_slots, seconds)
+
+    target, draft = engines(n_seq=3, noise=0.1)
+    controller = Recording()
+    sched = Scheduler(
+        target,
+        ModelDrafter(draft, GREEDY, V),
+        n_parallel=3,
+        queue_max=8,
+        draft_max=None,
+        controller=controller,
+        clock=itertools.count(step=0.001).__next__,  # deterministic: 1 ms per reading
+    )
+    for p in ([1], [2], [3]):
+        submit(sched, p, GenerateConfig(40, GREEDY, ignore_eos=True))
+    sched.run_until_idle()
+    assert 3 in controller.depths  # one observation per depth, with the slots in it
+    assert sched.controller.draft_line()(3) == pytest.approx(
+        controller.draft.line()(3)
+    )  # batched: S(n) is the fitted line, not n single passes

@@ -194,6 +194,19 @@ def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
         assert s.post("/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 4
 
 
+@pytest.mark.parametrize(
+    ("verify", "rules"),
+    [(None, ("token", "block")), ("block", ("block", "block")), ("token", ("token", "token"))],
+)
+def test_the_servers_verify_rule_reaches_each_job_and_its_statistics(verify, rules) -> None:
+    # --verify auto (None) is each request's own: token when it samples greedily
+    with serving(Settings(defaults=Defaults(verify=verify))) as s:
+        for temperature, rule in zip((0.0, 0.8), rules, strict=True):
+            r = s.post("/v1/completions", {"prompt": "a", "temperature": temperature})
+            assert s.sched.submitted[-1].config.verify_rule == rule
+            assert r.json()["speculative"]["verify_rule"] == rule
+
+
 def test_models_lists_the_model_with_its_card(served: Served) -> None:
     models = served.client().models.list()
     (m,) = models.data

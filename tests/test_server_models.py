@@ -85,7 +85,8 @@ def start(smol_pair, *flags: str) -> Server:
 
 @pytest.fixture(scope="module")
 def server(smol_pair) -> Iterator[Server]:
-    s = start(smol_pair, "-np", "4", "--draft-max", "4", "--temp", "0")
+    # greedy, so the two rules are equal: --verify block only shows that the rule reaches
+    s = start(smol_pair, "-np", "4", "--draft-max", "4", "--temp", "0", "--verify", "block")
     yield s
     assert s.stop() == 0
 
@@ -111,6 +112,9 @@ def test_chat_and_completions_with_consistent_statistics(server: Server, smol_pa
     assert chat.usage is not None and chat.usage.completion_tokens == t["predicted_n"]
     assert t["draft_n_accepted"] <= t["draft_n"] == spec["num_draft_tokens"]
     assert spec["num_steps"] == len(spec["k_per_step"]) and max(spec["k_per_step"]) <= 4
+    assert spec["verify_rule"] == "block"  # the server's --verify
+    (card,) = httpx.get(server.url + "/v1/models", timeout=60).json()["data"]
+    assert card["meta"]["lookup"] is True  # --lookup auto, as in run: every slot's hybrid
 
     whole = completion(server, PROMPTS[0], max_tokens=16)
     assert whole["usage"]["completion_tokens"] == 16 == len(whole["tokens"])
@@ -128,6 +132,18 @@ def test_chat_and_completions_with_consistent_statistics(server: Server, smol_pa
     assert meta["draft"]["file"] == smol_pair[1].name
     digest = hashlib.sha256(smol_pair[1].read_bytes()).hexdigest()
     assert meta["draft"]["sha256"] == digest
+
+
+def test_serve_shows_runs_warnings_and_no_false_context_note(smol_pair) -> None:
+    from specgen.session import SWAP_HINT
+
+    target, draft = smol_pair
+    s = start((draft, target), "-np", "2")  # swapped; -c 512 per slot, 1024 cells
+    assert s.stop() == 0
+    assert s.proc.stderr is not None
+    err = s.proc.stderr.read()
+    assert f"specgen: warning: the draft {target.name} is larger" in err and SWAP_HINT in err
+    assert "became" not in err, err  # -c is each slot's context, as asked
 
 
 def test_four_concurrent_greedy_requests_equal_each_served_alone(server: Server, smol_pair):

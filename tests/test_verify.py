@@ -182,6 +182,9 @@ class TempMismatchDrafter:
     def rollback(self, context):
         pass
 
+    def with_params(self, params):
+        return self
+
     def draft(self, context, k, rng):
         b = self.inner.draft(context, k, rng)
         q = b.q.probs ** (self.inner.params.temp / self.t_report)

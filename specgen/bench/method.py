@@ -178,12 +178,6 @@ def other_cpu_load(
     return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
-def _drafter_for(drafter: Drafter, params: SamplingParams) -> Drafter:
-    """The same draft engine under another temperature (q must use the target's warpers)."""
-    with_params = getattr(drafter, "with_params", None)  # a model drafter, maybe hybrid
-    return with_params(params) if with_params is not None else drafter
-
-
 def _verify_rule(settings: BenchSettings, params: SamplingParams) -> VerifyRule:
     from specgen.session import resolve_verify
 
@@ -263,7 +257,7 @@ def run_bench(
         if mode == ORDINARY:
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:
-            dr = _drafter_for(drafter, params)
+            dr = drafter.with_params(params)  # q under this temperature's warpers
             policy = _policy(k, settings.k_init)
             rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
         s = d.stats

@@ -104,9 +104,9 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
-def machine_record() -> dict[str, Any]:
-    from specgen import session  # start-up time: see the note at the top
-
+def host_record() -> dict[str, Any]:
+    """The machine without llama.cpp: CPU model and count, memory (bytes, or None), OS,
+    Python, GPUs (what `bench --url`'s client records about the machine it ran on)."""
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -114,7 +114,6 @@ def machine_record() -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": session.default_threads(),
         "memory_bytes": mem,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -122,14 +121,25 @@ def machine_record() -> dict[str, Any]:
     }
 
 
+def machine_record() -> dict[str, Any]:
+    """`host_record` and the CPUs llama.cpp may use (``cpus_usable``, its ``-t 0``)."""
+    from specgen import session  # start-up time: see the note at the top
+
+    return {**host_record(), "cpus_usable": session.default_threads()}
+
+
+def specgen_version() -> str:
+    """The installed distribution's version, else the package's own (a source checkout)."""
+    try:
+        return version("specgen")
+    except PackageNotFoundError:
+        return __version__
+
+
 def software_record() -> dict[str, Any]:
     from specgen import session  # start-up time: see the note at the top
 
-    try:
-        specgen_version = version("specgen")
-    except PackageNotFoundError:
-        specgen_version = __version__
-    return {"specgen": specgen_version, **session.software_facts(), "numpy": np.__version__}
+    return {"specgen": specgen_version(), **session.software_facts(), "numpy": np.__version__}
 
 
 def backend_of(system_info: str) -> str:
@@ -210,13 +220,23 @@ def load_earlier(path: Path) -> dict[str, Any]:
     Raises:
         ConfigError: the file cannot be read or is not a bench result.
     """
+    return read_result(path, FORMAT, "a specgen bench JSON file")
+
+
+def read_result(path: Path, fmt: str, what: str) -> dict[str, Any]:
+    """A `--json` result file of format `fmt` for `--compare` (`what` names it in the
+    error: "a specgen bench JSON file").
+
+    Raises:
+        ConfigError: the file cannot be read, is not JSON, or is not of that format.
+    """
     try:
         old = json.loads(Path(path).read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e
         raise ConfigError(f"--compare: cannot read {path}: {why}") from None
-    if not isinstance(old, dict) or old.get("format") != FORMAT:
-        raise ConfigError(f"--compare: {path} is not a specgen bench JSON file")
+    if not isinstance(old, dict) or old.get("format") != fmt:
+        raise ConfigError(f"--compare: {path} is not {what}")
     return old
 
 

@@ -1,25 +1,34 @@
-"""`specgen serve`: the Typer command. The flags are checked here; everything else lives
-in `specgen.server` (imported only when the command runs, so a missing ``serve`` extra is
-one line and the other commands never load the HTTP libraries)."""
+"""`specgen serve`: the Typer command. It builds `run`'s two flag shapes (`ModelFlags`,
+`SamplingFlags`: the models, and the server's sampling defaults) and its own (`ServerFlags`),
+each checked when built; everything else lives in `specgen.server` (imported only when the
+command runs, so a missing ``serve`` extra is one line and the other commands never load
+the HTTP libraries)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specgen.cli.loading import show_messages
 from specgen.cli.options import (
     ChatTemplateOpt,
     CtxOpt,
     DraftMaxOpt,
     DraftOpt,
     DraftPMinOpt,
+    LookupOpt,
     MinPOpt,
+    ModelFlags,
     ModelsOpt,
     NgldOpt,
     NglOpt,
     PairOpt,
     RpcOpt,
+    SamplingFlags,
     SeedOpt,
     SwaFullOpt,
     TargetOpt,
@@ -28,10 +37,15 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    VerifyOpt,
 )
 from specgen.errors import ConfigError
-from specgen.flags import check_model_flags, check_sampling_flags, parse_draft_max
+from specgen.flags import pick
 from specgen.ui import output
+
+if TYPE_CHECKING:
+    from specgen.server.app import Backend, State
+    from specgen.server.backend import ServeArgs
 
 EXTRA = "specgen serve needs the HTTP libraries: pip install 'specgen[serve]'"
 _EXTRA_MODULES = {
@@ -51,6 +65,44 @@ EPILOG = (
     "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json'"
     ' -d \'{"messages": [{"role": "user", "content": "Hi"}]}\''
 )
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """What only `serve` has: where it listens, its slots and queue, who may use it, its
+    -n default and chat template (--host, --port, -np, --queue, --alias, --api-key,
+    --cors, -n, --chat-template, --verbose).
+
+    Raises:
+        ConfigError: naming the flag: --port outside 0-65535, -np below 1, --queue below 0,
+            -n 0 or below -1, an empty --api-key.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    parallel: int = 4
+    queue: int = 64
+    alias: str | None = None
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()
+    max_tokens: int = -1
+    chat_template: Path | None = None
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cors", tuple(self.cors or ()))  # Typer: a list or None
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.parallel < 1:
+            raise ConfigError(f"-np/--parallel must be at least 1, got {self.parallel}")
+        if self.queue < 0:
+            raise ConfigError(f"--queue must be 0 or more, got {self.queue}")
+        if self.max_tokens == 0 or self.max_tokens < -1:
+            raise ConfigError(
+                f"-n must be -1 (until the context) or at least 1, got {self.max_tokens}"
+            )
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key (or SPECGEN_API_KEY) is empty")
 
 
 def register(app: typer.Typer) -> None:
@@ -110,6 +162,8 @@ def serve(
     swa_full: SwaFullOpt = False,
     chat_template: ChatTemplateOpt = None,
     verbose: VerboseOpt = False,
+    verify: VerifyOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (chat, completions, streaming).
 
@@ -117,84 +171,58 @@ def serve(
     these flags' values. Prints the URL once the models are ready; one line per request
     on stderr. Ctrl-C (or SIGTERM) ends the requests in flight and exits.
     """
-    check_model_flags(
-        target=target,
-        draft=draft,
-        ctx_size=ctx_size,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
-    )
-    check_sampling_flags(temp=temp)
-    if not 0.0 <= draft_p_min <= 1.0:
-        raise ConfigError(f"--draft-p-min must be in [0, 1] (a probability), got {draft_p_min}")
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port must be between 0 and 65535, got {port}")
-    if parallel < 1:
-        raise ConfigError(f"-np/--parallel must be at least 1, got {parallel}")
-    if queue < 0:
-        raise ConfigError(f"--queue must be 0 or more, got {queue}")
-    if max_tokens == 0 or max_tokens < -1:
-        raise ConfigError(f"-n must be -1 (until the context) or at least 1, got {max_tokens}")
-    if seed is not None and seed < -1:
-        raise ConfigError(f"--seed must be -1 (random) or 0 or more, got {seed}")
-    if api_key is not None and not api_key.strip():
-        raise ConfigError("--api-key (or SPECGEN_API_KEY) is empty")
-    from specgen.sampling import SamplingParams
+    given = locals()
+    server = pick(ServerFlags, given)
+    model = ModelFlags.pick(given)
+    # -n is serve's own (-1: until the slot's context, in `server`), which run's shape refuses
+    sampling = SamplingFlags.pick(given, max_tokens=SamplingFlags.max_tokens)
+    sampling.params()  # checks --top-p and --min-p
+    raise typer.Exit(serve_command(model, sampling, server))
 
-    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    parse_draft_max(draft_max)
+
+def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlags) -> int:
+    """Bind, load in the background while /health answers 503, serve until a signal;
+    returns the exit code (0, or 130 after a second Ctrl-C)."""
     try:
-        from specgen.server import runner
+        # start-up time, and the optional extra: the HTTP libraries load only here
+        from specgen.server import backend, runner, shapes
         from specgen.server.app import Settings
-        from specgen.server.backend import ServeArgs, open_backend
-        from specgen.server.shapes import Defaults
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] in _EXTRA_MODULES:
             raise ConfigError(EXTRA) from None
         raise
+    # start-up time: llama.cpp, after every flag is checked
     from specgen.llamacpp import set_verbose
 
-    set_verbose(verbose, output.log)
-    defaults = Defaults(
-        params=params, seed=None if seed in (None, -1) else seed, max_tokens=max_tokens
+    set_verbose(server.verbose, output.log)
+    defaults = shapes.Defaults.of(sampling, server.max_tokens)
+    settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
+    args = backend.ServeArgs(
+        model, sampling, server.parallel, server.queue, server.alias, server.chat_template
     )
-    args = ServeArgs(
-        target=target,
-        draft=draft,
-        pair=pair,
-        models=models,
-        ctx_size=ctx_size,
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
-        threads=threads,
-        rpc=rpc,
-        swa_full=swa_full,
-        draft_max=draft_max,
-        draft_p_min=draft_p_min,
-        chat_template=chat_template,
-        parallel=parallel,
-        queue=queue,
-        alias=alias,
-        defaults=defaults,
-    )
-    settings = Settings(defaults=defaults, api_key=api_key, cors=tuple(cors or ()))
-    warning = runner.open_warning(host, api_key)
+    warning = runner.open_warning(server.host, server.api_key)
     if warning is not None:
         output.warning(warning)
-    sock = runner.bind(host, port)
+    sock = runner.bind(server.host, server.port)
     output.notice(f"loading the models; {runner.url_of(sock)}/health answers 503 until ready")
-    code = runner.serve(
-        sock,
-        settings,
-        lambda state: open_backend(args, state.metrics, output.notice),
-        lambda url, b: output.write_line(
-            f"specgen: serving {b.model_id} at {url}/v1 ({parallel} slots of"
-            f" {b.scheduler.n_ctx_slot} tokens)"
-        ),
-        _log,
+    return runner.serve(sock, settings, _opener(args), _ready(server.parallel), _log)
+
+
+def _opener(args: ServeArgs) -> Callable[[State], Backend]:
+    """The backend's loader, run in a thread by the server: the session's warnings and
+    notes are shown as `run` shows them."""
+    # start-up time: the backend loads the scheduler (numpy)
+    from specgen.server.backend import open_backend
+
+    return lambda state: open_backend(args, state.metrics, show_messages, output.notice)
+
+
+def _ready(parallel: int) -> Callable[[str, Backend], None]:
+    """The ready line (stdout), once the backend serves."""
+    return lambda url, b: output.write_line(
+        f"specgen: serving {b.model_id} at {url}/v1 ({parallel} slots of"
+        f" {b.scheduler.n_ctx_slot} tokens)"
     )
-    raise typer.Exit(code)
 
 
 def _log(line: str) -> None:

@@ -1,43 +1,47 @@
-"""Open the real backend: resolve and load the models as `run` does, start the scheduler,
-compile the chat template, and describe the model for /v1/models (GGUF SHA-256s computed
-once here, at start).
+"""Open the real backend: load the models through the one loader (`specgen.session.open`,
+as `run` does) with a sequence per slot, start the scheduler, compile the chat template,
+and describe the model for /v1/models (GGUF SHA-256s computed once here, at start).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from specgen.flags import ModelFlags, SamplingFlags
+from specgen.hybrid import HybridDrafter
 from specgen.server.app import Backend
 from specgen.server.metrics import Metrics
-from specgen.server.shapes import Defaults
+
+if TYPE_CHECKING:
+    from specgen.session import Session
 
 
 @dataclass(frozen=True)
 class ServeArgs:
-    """The model flags of `specgen serve` (the same as `run`'s) and the slots."""
+    """What `specgen serve` loads and how it serves.
 
-    target: str | None
-    draft: str | None
-    pair: str | None
-    models: Path | None
-    ctx_size: int
-    n_gpu_layers: int
-    n_gpu_layers_draft: int
-    threads: int
-    rpc: str | None
-    swa_full: bool
-    draft_max: str
-    draft_p_min: float
-    chat_template: Path | None
-    parallel: int
-    queue: int
-    alias: str | None
-    defaults: Defaults
+    Attributes:
+        model: the model flags, `run`'s (with more than one slot the sliding-window cache
+            is kept full-size, see `open_backend`).
+        sampling: the start sampling flags: the draft's warpers at load, --draft-max
+            (fixed K, or auto: the batch controller).
+        parallel: -np, slots served at once (sequences in each model's cache).
+        queue: --queue, requests that may wait for a slot.
+        alias: --alias, the model id (None: the target's file name).
+        chat_template: --chat-template FILE instead of the GGUF's.
+    """
+
+    model: ModelFlags
+    sampling: SamplingFlags
+    parallel: int = 4
+    queue: int = 64
+    alias: str | None = None
+    chat_template: Path | None = None
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -61,87 +65,63 @@ def build_info() -> dict[str, str]:
     return {"specgen": __version__, "llama_cpp_python": bindings, "backend": backend()}
 
 
-def _slots(cfg: Any, n_parallel: int) -> Any:
-    """The engine settings for `n_parallel` sequences (llama.cpp's ``n_seq_max``): -c stays
-    each sequence's context, and the unified cache holds N x -c cells. Unchanged for an
-    engine without sequences."""
-    if "n_seq_max" not in {f.name for f in fields(cfg)}:
-        return cfg
-    return replace(cfg, n_seq_max=n_parallel)
+def open_backend(
+    a: ServeArgs,
+    metrics: Metrics,
+    show: Callable[[Session], None],
+    say: Callable[[str], None],
+) -> Backend:
+    """Load the models through `specgen.session.open` (as every command does) with a
+    sequence per slot, and start the scheduler.
 
-
-def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> Backend:
-    """Load the models and start the scheduler.
+    Args:
+        show: shows the session's warnings and notes (the CLI's `show_messages`).
+        say: one line on stderr (serve's own note about the sliding-window cache).
 
     Raises:
         ModelFileError, ModelLoadError, VocabMismatchError, RpcError, ConfigError,
         ChatTemplateError: as `specgen run` does for the same flags.
     """
-    from specgen.chat import ChatFormatter, load_template, prompt_tokens
-    from specgen.flags import parse_draft_max
-    from specgen.models.resolve import resolve_models
-    from specgen.session import ModelSpec, load, load_notes
+    # start-up time: the loader loads numpy and llama.cpp, after the socket is bound
+    from specgen import session
 
-    draft_max = parse_draft_max(a.draft_max)
-    target_path, draft_path, _pair_k = resolve_models(a.target, a.draft, a.pair, a.models, None)
-    spec = ModelSpec.from_flags(
-        target_path,
-        draft_path,
-        a.ctx_size,
-        a.n_gpu_layers,
-        a.n_gpu_layers_draft,
-        a.threads,
-        a.rpc,
-        # several sequences in one window-sized sliding-window cache did not roll back
-        # exactly (tests/test_sequences.py): keep the full cache with more than one slot
-        swa_full=a.swa_full or a.parallel > 1,
-    )
-    spec = replace(
-        spec,
-        target_cfg=_slots(spec.target_cfg, a.parallel),
-        draft_cfg=_slots(spec.draft_cfg, a.parallel),
-    )
-    from specgen.server.scheduler import Scheduler
-
-    loaded = load(spec, a.defaults.params, draft_p_min=a.draft_p_min)
+    # several sequences in one window-sized sliding-window cache did not roll back exactly
+    # (tests/test_sequences.py): keep the full cache with more than one slot
+    flags = replace(a.model, swa_full=a.model.swa_full or a.parallel > 1)
+    opened = session.open(flags, a.sampling.params(), n_seq_max=a.parallel)
     try:
-        for line in (*loaded.warnings, *load_notes(spec, loaded)):
-            say(line)
-        if loaded.target.n_swa > 0 and a.parallel > 1 and not a.swa_full:
+        show(opened)
+        if opened.target.n_swa > 0 and a.parallel > 1 and not a.model.swa_full:
             say(
-                f"{loaded.target.name} has sliding-window layers: with {a.parallel} slots"
+                f"{opened.target.name} has sliding-window layers: with {a.parallel} slots"
                 " their cache is kept full-size (--swa-full), where rollback is exact"
             )
-        target = loaded.target
-        template = load_template(target, a.chat_template)
-        formatter = ChatFormatter(template, target) if template is not None else None
-        draft_file = Path(spec.draft) if isinstance(spec.draft, Path) else None
-        card: dict[str, Any] = {
-            "target": {"file": target.path.name, "sha256": sha256_of(target.path)},
-            "draft": (
-                {"file": draft_file.name, "sha256": sha256_of(draft_file)}
-                if draft_file is not None
-                else {"kind": loaded.draft_name}
-            ),
-            "chat_template": template.to_dict() if template is not None else None,
-            "n_vocab": target.n_vocab,
-            "n_parallel": a.parallel,
-            "draft_max": a.draft_max,
-            "build": build_info(),
-        }
-        scheduler = Scheduler(
-            target,  # type: ignore[arg-type]
-            loaded.drafter,
-            n_parallel=a.parallel,
-            queue_max=a.queue,
-            draft_max=draft_max,
-            observer=metrics.observe_batch,
-        )
-        card["n_ctx_slot"] = scheduler.n_ctx_slot
-        scheduler.start()
+        return _serving(a, opened, metrics)
     except BaseException:
-        loaded.close()
+        opened.close()
         raise
+
+
+def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
+    """The started scheduler over `opened`, the chat template and the model's card."""
+    # start-up time: the scheduler and the chat module load numpy
+    from specgen.chat import ChatFormatter, load_template, prompt_tokens
+    from specgen.server.scheduler import Scheduler
+
+    target = opened.target
+    template = load_template(target, a.chat_template)
+    formatter = ChatFormatter(template, target) if template is not None else None
+    scheduler = Scheduler(
+        target,  # type: ignore[arg-type]
+        opened.drafter,
+        n_parallel=a.parallel,
+        queue_max=a.queue,
+        draft_max=a.sampling.k,
+        observer=metrics.observe_batch,
+    )
+    card = model_card(opened, template.to_dict() if template is not None else None, a)
+    card["n_ctx_slot"] = scheduler.n_ctx_slot
+    scheduler.start()
     return Backend(
         scheduler=scheduler,
         tokenize=lambda text: prompt_tokens(target, text.encode("utf-8")),
@@ -149,5 +129,25 @@ def open_backend(a: ServeArgs, metrics: Metrics, say: Callable[[str], None]) -> 
         n_vocab=target.n_vocab,
         model_id=a.alias or target.path.name,
         card=card,
-        close=loaded.close,
+        close=opened.close,
     )
+
+
+def model_card(opened: Session, template: dict[str, str] | None, a: ServeArgs) -> dict[str, Any]:
+    """The model's entry in /v1/models under ``meta``: both files with their SHA-256
+    (computed here, once at start), the chat template, the slots and the build."""
+    target, draft = opened.target, opened.spec.draft
+    return {
+        "target": {"file": target.path.name, "sha256": sha256_of(target.path)},
+        "draft": (
+            {"file": draft.name, "sha256": sha256_of(draft)}
+            if isinstance(draft, Path)
+            else {"kind": opened.draft_name}
+        ),
+        "chat_template": template,
+        "n_vocab": target.n_vocab,
+        "n_parallel": a.parallel,
+        "draft_max": a.sampling.draft_max,
+        "lookup": isinstance(opened.drafter, HybridDrafter),
+        "build": build_info(),
+    }

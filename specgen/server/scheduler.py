@@ -5,8 +5,10 @@ Each step (`Scheduler.step`):
   1. cancelled jobs leave their slot; queued jobs take free slots (the slot whose cache
      shares the longest prefix with the prompt, which then evaluates only the rest);
   2. stage 1 for every slot that is generating: K per slot (fixed, or the batch
-     controller's goodput choice), then `Sequence.propose` (each slot drafts in its own
-     draft sequence);
+     controller's goodput choice), then the blocks: with a draft model, ONE draft decode
+     per depth holds every slot still drafting (llama-server keeps one draft context for
+     all slots too), each slot sampling its own row with its own settings and random
+     stream (`ModelDrafter.begin`); a model-free drafter drafts per slot;
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
      prompt stalls the others by one chunk at most);
@@ -33,11 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specgen.batchctl import Acceptance, BatchController
-from specgen.drafters import ModelDrafter, common_prefix
+from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig
+from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
 from specgen.round import Proposal, Sequence
 from specgen.sampling import SamplingParams
@@ -126,8 +129,8 @@ class _Slot:
         self.idle = 0  # steps since this slot last speculated
 
 
-def _decode_s(engine: object) -> float:
-    return float(getattr(engine, "decode_s", 0.0))
+def _decode_s(engine: BatchEngine | None) -> float:
+    return engine.decode_s if engine is not None else 0.0
 
 
 class Scheduler:
@@ -135,8 +138,9 @@ class Scheduler:
 
     Args:
         target: the target with at least n_parallel sequences (`BatchEngine`).
-        drafter: the loaded drafter: a `ModelDrafter` over a draft engine with sequences
-            (each slot drafts in its own), an `NgramDrafter` (copied per slot), or None.
+        drafter: the loaded drafter: a `ModelDrafter` or `HybridDrafter` over a draft
+            engine with sequences (each slot drafts in its own, all in one decode per
+            depth), an `NgramDrafter` (copied per slot), or None.
         n_parallel: slots (--parallel).
         queue_max: jobs allowed to wait for a slot (--queue).
         draft_max: fixed K (--draft-max K), or None for the batch controller (auto).
@@ -168,10 +172,11 @@ class Scheduler:
         self.target = target
         self._drafter = drafter
         self._draft: BatchEngine | None = None
-        if isinstance(drafter, ModelDrafter):
-            self._draft = drafter.engine  # type: ignore[assignment]
-            if getattr(self._draft, "n_seq", 1) < n_parallel:
+        if isinstance(drafter, ModelDrafter | HybridDrafter):
+            draft: BatchEngine = drafter.engine  # type: ignore[assignment]  # the loaded one
+            if draft.n_seq < n_parallel:
                 raise ValueError(f"the draft holds too few sequences for {n_parallel} slots")
+            self._draft = draft
         elif drafter is not None and not isinstance(drafter, NgramDrafter) and n_parallel > 1:
             raise ValueError(f"{drafter.name} cannot draft for several slots")
         self.n_parallel = n_parallel
@@ -180,8 +185,11 @@ class Scheduler:
         self.observer = observer
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
+        # one draft decode per depth serves every slot: its cost is fitted as S(n) = c0 + c1 n
         self.controller = (
-            (controller or BatchController()) if draft_max is None and drafter else None
+            (controller or BatchController(draft_batched=self._draft is not None))
+            if draft_max is None and drafter
+            else None
         )
         self._slots = [
             _Slot(
@@ -301,17 +309,11 @@ class Scheduler:
         ks = self._choose_ks(active)
 
         t1 = self.clock()
-        proposals: list[tuple[_Slot, Proposal]] = []
-        for slot, k in zip(active, ks, strict=True):
-            try:
-                assert slot.seq is not None
-                proposals.append((slot, slot.seq.propose(k)))
-            except EngineError as exc:
-                self._fail(slot, str(exc), "engine")
+        proposals = self._propose(active, ks)
         draft_s = self.clock() - t1
 
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
-        budget = getattr(self.target, "n_batch", 1 << 30) - sum(len(p.tokens) for p in parts)
+        budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
         chunks: list[tuple[_Slot, int]] = []
         for slot in self._slots:
             if slot.seq is None or slot.started or budget <= 0:
@@ -365,6 +367,67 @@ class Scheduler:
         return report
 
     # -- the step's parts ---------------------------------------------------------------
+
+    def _propose(self, active: list[_Slot], ks: list[int]) -> list[tuple[_Slot, Proposal]]:
+        """Stage 1 for every generating slot: model blocks drafted together
+        (`_draft_depths`), the others by their own drafter."""
+        proposals: list[tuple[_Slot, Proposal]] = []
+        together: list[tuple[_Slot, int, Stepwise]] = []
+        for slot, k in zip(active, ks, strict=True):
+            seq, d = slot.seq, slot.drafter
+            assert seq is not None
+            try:
+                if k > 0 and isinstance(d, ModelDrafter | HybridDrafter):
+                    together.append((slot, k, d.begin(seq.committed, k, seq.draft_rng)))
+                else:
+                    proposals.append((slot, seq.propose(k)))
+            except EngineError as exc:
+                self._fail(slot, str(exc), "engine")
+        if not together:
+            return proposals
+        t0 = self.clock()
+        try:
+            self._draft_depths([(s.index, w) for s, _, w in together])
+        except EngineError as exc:
+            for slot, _, _ in together:
+                self._fail(slot, str(exc), "engine")
+            return proposals
+        drafted_s = self.clock() - t0
+        for slot, k, w in together:
+            assert slot.seq is not None
+            proposals.append((slot, slot.seq.propose(k, w.block(), drafted_s)))
+        return proposals
+
+    def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
+        """Drive every slot's block to its end with one draft decode per depth holding
+        every slot still drafting (its sequence's pending tokens, one logits row each).
+        The first decode also catches each draft sequence up on what its last round
+        committed; a decode beyond n_batch tokens is split into several.
+
+        Raises:
+            EngineError: a draft decode failed (the caller fails every drafting slot).
+        """
+        assert self._draft is not None
+        draft, n_batch = self._draft, self._draft.n_batch
+        live = [(seq, d) for seq, d in work if d.pending]
+        first = True
+        while live:
+            t0 = self.clock()
+            for group in _groups(live, n_batch):
+                if len(group) == 1 and len(group[0][1].pending) > n_batch:
+                    seq, d = group[0]  # a long catch-up: the engine splits it itself
+                    d.feed(draft.sequence(seq).decode(d.pending)[-1])
+                    continue
+                rows = draft.decode_batch([SeqDecode(seq, d.pending, 1) for seq, d in group])
+                for (_, d), r in zip(group, rows, strict=True):
+                    d.feed(r[-1])
+            seconds = self.clock() - t0
+            # a depth's cost for the controller; a first decode that caught a slot up on
+            # more than `last` and x_K is not one
+            if self.controller is not None and (not first or all(d.behind <= 2 for _, d in live)):
+                self.controller.observe_draft(len(live), seconds)
+            first = False
+            live = [(seq, d) for seq, d in live if d.pending]
 
     def _reap_cancelled(self) -> None:
         with self._cond:
@@ -426,6 +489,10 @@ class Scheduler:
         if isinstance(d, ModelDrafter):
             assert slot.draft is not None
             return ModelDrafter(slot.draft, params, d.n_vocab, d.p_min)
+        if isinstance(d, HybridDrafter):
+            assert slot.draft is not None
+            m = ModelDrafter(slot.draft, params, d.n_vocab, d.model.p_min)
+            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match)
         if isinstance(d, NgramDrafter):
             return NgramDrafter(d.n_vocab, d.index.n_max, d.index.n_min)
         return d  # a single slot: its one drafter
@@ -466,8 +533,6 @@ class Scheduler:
             return
         if self.controller is not None and slot.acceptance is not None:
             self.controller.observe_round(slot.acceptance, prop.k, step.n_accepted)
-            if prop.k > 0 and self._draft is not None:
-                self.controller.observe_draft(1, prop.draft_s / prop.k)
         assert slot.ticket is not None
         _send(slot.ticket, step)
         if seq.ended():
@@ -514,6 +579,21 @@ def _send(ticket: Ticket, event: JobEvent) -> None:
         ticket.sink(event)
     except Exception:  # noqa: BLE001 - one client's broken sink must not stop the rounds
         pass
+
+
+def _groups(live: list[tuple[int, Stepwise]], n_batch: int) -> list[list[tuple[int, Stepwise]]]:
+    """Consecutive groups of at most n_batch pending tokens (a part longer than n_batch
+    alone in its group)."""
+    groups: list[list[tuple[int, Stepwise]]] = []
+    used = n_batch
+    for item in live:
+        n = len(item[1].pending)
+        if used + n > n_batch:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += n
+    return groups
 
 
 def _clear(slot: _Slot) -> None:

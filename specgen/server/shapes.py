@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.events import Done, FinishReason, Stats, Step
+from specgen.flags import SamplingFlags, verify_rule
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
@@ -75,11 +76,21 @@ class Defaults:
         seed: --seed for every request without one; None draws a fresh seed each time.
         max_tokens: -n; -1 (llama-server's default) lets a request run to its slot's
             context when it sets no max_tokens.
+        verify: --verify, the acceptance rule of every request: "block", "token", or
+            None for auto (each request's own: token when it samples greedily, block
+            otherwise; see `specgen.flags.verify_rule`).
     """
 
     params: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     max_tokens: int = -1
+    verify: str | None = None
+
+    @classmethod
+    def of(cls, sampling: SamplingFlags, max_tokens: int) -> Defaults:
+        """The server's defaults from its start flags (`max_tokens`: serve's own -n)."""
+        seed = sampling.seed if sampling.seed_given else None
+        return cls(sampling.params(), seed, max_tokens, sampling.verify)
 
 
 def messages_of(chat: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -157,6 +168,7 @@ def generate_config(
         stop=req.stop_strings,
         ignore_eos=bool(req.ignore_eos),
         seed=seed,
+        verify_rule=verify_rule(defaults.verify, params.greedy),  # type: ignore[arg-type]
     )
 
 
@@ -207,7 +219,9 @@ class Shape:
     def _meta(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         return {
             "timings": request_stats.timings(steps, outcome.stats),
-            "speculative": request_stats.speculative(steps, outcome.finish),
+            "speculative": request_stats.speculative(
+                steps, outcome.finish, outcome.stats.verify_rule if outcome.stats else None
+            ),
             "error": outcome.error,
             "tokens": list(outcome.tokens) if self.return_tokens else None,
         }

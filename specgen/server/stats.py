@@ -76,6 +76,9 @@ class Speculative:
         k_per_step: the block size K chosen each step, in order.
         finish: specgen's own finish reason (`specgen.events.FinishReason`), or "failed" /
             "cancelled" when the request ended by an error or a disconnect.
+        verify_rule: the acceptance rule the request was verified by, "token" (token by
+            token) or "block" (block verification; `specgen serve --verify`); None when it
+            ended before its first round.
     """
 
     num_steps: int
@@ -90,6 +93,7 @@ class Speculative:
     acceptance_by_position: tuple[float, ...]
     k_per_step: tuple[int, ...]
     finish: str
+    verify_rule: str | None = None
 
 
 def _ratio(a: float, b: float) -> float:
@@ -145,8 +149,11 @@ def acceptance_by_position(steps: Sequence[Step]) -> tuple[float, ...]:
     return tuple(round(a / p, 6) for a, p in zip(accepted, proposed, strict=True))
 
 
-def speculative(steps: Sequence[Step], finish: FinishReason | str) -> Speculative:
-    """The `Speculative` object of a request from its Steps and its finish reason."""
+def speculative(
+    steps: Sequence[Step], finish: FinishReason | str, verify_rule: str | None = None
+) -> Speculative:
+    """The `Speculative` object of a request from its Steps, its finish reason and the
+    acceptance rule it ran under (its Done's `Stats.verify_rule`)."""
     n_spec = sum(1 for s in steps if s.k >= 1)
     proposed = sum(s.n_proposed for s in steps)
     accepted = sum(s.n_accepted for s in steps)
@@ -164,4 +171,5 @@ def speculative(steps: Sequence[Step], finish: FinishReason | str) -> Speculativ
         acceptance_by_position=acceptance_by_position(steps),
         k_per_step=tuple(s.k for s in steps),
         finish=finish,
+        verify_rule=verify_rule,
     )

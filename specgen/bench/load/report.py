@@ -13,10 +13,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from specgen import __version__
 from specgen.bench.load.results import LevelRun, LoadResult
 from specgen.bench.loadstats import Dist, LevelSummary, Ratio, paired_ratio
-from specgen.errors import ConfigError
+from specgen.bench.record import host_record, read_result, specgen_version
 from specgen.fileio import atomic_write
 
 FORMAT = "specgen-bench-load/1"
@@ -73,23 +72,18 @@ def _version_of(dist: str) -> str | None:
 
 
 def build_record(result: LoadResult) -> dict[str, Any]:
-    """What makes the figures reproducible: the client, the machine it ran on, the settings,
-    the prompt set, and what each server said about itself (`/v1/models`, `/props`)."""
-    from specgen.bench.record import cpu_model, gpus
-
+    """What makes the figures reproducible: the client, the machine it ran on (bench's own
+    `host_record`), the settings, the prompt set, and what each server said about itself
+    (`/v1/models`, `/props`)."""
     prompts = json.dumps(list(result.prompt_ids))
     return {
         "date": result.date,
         "client": {
-            "specgen": _version_of("specgen") or __version__,
+            "specgen": specgen_version(),
             "httpx": _version_of("httpx"),
             "python": platform.python_version(),
         },
-        "machine": {
-            "cpu": cpu_model(),
-            "os": f"{platform.system()} {platform.release()}",
-            "gpus": gpus(),
-        },  # fmt: skip
+        "machine": host_record(),
         "settings": result.settings.to_dict() | {"endpoint": result.endpoint},
         "prompt_ids": list(result.prompt_ids),
         "prompt_ids_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
@@ -309,14 +303,7 @@ def load_earlier(path: Path) -> dict[str, Any]:
     Raises:
         ConfigError: unreadable, or not a `bench --url` result.
     """
-    try:
-        old = json.loads(Path(path).read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else e
-        raise ConfigError(f"--compare: cannot read {path}: {why}") from None
-    if not isinstance(old, dict) or old.get("format") != FORMAT:
-        raise ConfigError(f"--compare: {path} is not a specgen bench --url JSON file")
-    return old
+    return read_result(path, FORMAT, "a specgen bench --url JSON file")
 
 
 def compare_with(result: LoadResult, path: Path, old: dict[str, Any]) -> LoadComparison:
