@@ -52,6 +52,7 @@ ONE_DOOR = {
     "prometheus_client": "specgen.server",
     "openai": "specgen.bench.load",  # the load client for servers
     "httpx": "specgen.bench.load",  # the load client of `bench --url`
+    "httpcore": "specgen.bench.load",  # httpx's core, which that client drives directly
 }
 
 #: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of

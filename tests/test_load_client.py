@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-import httpx
+import httpcore
 import pytest
 from openai_stub import Stub, StubConfig
 
@@ -27,10 +27,37 @@ def _chat_chunk(text: str) -> dict:
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
 
 
+class _ScriptedStream(httpcore.AsyncMockStream):
+    """A connection whose every read first sets the clock to that piece's time."""
+
+    def __init__(self, pieces: list[tuple[float, bytes]], now: list[float]) -> None:
+        super().__init__([b for _, b in pieces])
+        self.times, self.now = [t for t, _ in pieces], now
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self.times:
+            self.now[0] = self.times.pop(0)
+        return await super().read(max_bytes, timeout)
+
+
+class _ScriptedBackend(httpcore.AsyncMockBackend):
+    def __init__(self, stream: _ScriptedStream) -> None:
+        super().__init__([])
+        self.stream = stream
+
+    async def connect_tcp(self, *args, **kwargs) -> httpcore.AsyncNetworkStream:
+        return self.stream
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 def test_the_request_path_stamps_each_chunk_with_the_clock() -> None:
-    """A mock transport sets the clock to the schedule's time before it hands over each piece
-    of the body: the client's figures must then equal the schedule exactly."""
-    pieces = _sse(
+    """A scripted connection sets the clock to the schedule's time before it hands over each
+    piece of the response: the client's figures must then equal the schedule exactly. The
+    pieces split an event across reads and end lines with CRLF, as sse-starlette does."""
+    events = _sse(
         {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},  # no text: no chunk
         _chat_chunk("Hel"),
         _chat_chunk("lo, "),
@@ -41,21 +68,28 @@ def test_the_request_path_stamps_each_chunk_with_the_clock() -> None:
             "speculative": {"num_draft_tokens": 6, "num_accepted_draft_tokens": 4},
         },
     )
-    times = [0.050, 0.120, 0.150, 0.210, 0.215, 0.220]  # one per piece
+    events = [e.replace(b"\n", b"\r\n") for e in events]
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    half = len(events[2]) // 2
+    pieces = [
+        (0.040, head),
+        (0.050, _chunked(events[0])),
+        (0.120, _chunked(events[1])),
+        (0.130, _chunked(events[2][:half])),  # the chunk is stamped when its line ends
+        (0.150, _chunked(events[2][half:])),
+        (0.210, _chunked(events[3])),
+        (0.215, _chunked(events[4])),
+        (0.220, _chunked(events[5]) + b"0\r\n\r\n"),
+    ]
     now = [0.0]
 
-    async def body():
-        for t, piece in zip(times, pieces, strict=True):
-            now[0] = t
-            yield piece
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
-
     async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        backend = _ScriptedBackend(_ScriptedStream(pieces, now))
+        async with httpcore.AsyncConnectionPool(network_backend=backend) as pool:
             r = await load.send_one(
-                client, "http://x/v1/chat/completions", {}, load.CHAT, 3,
+                pool, "http://x/v1/chat/completions", {}, load.CHAT, 3,
                 load.LoadPrompt("p", "k", prompt="hi"), lambda: now[0], 10.0,
             )  # fmt: skip
             now[0] = 0.3
@@ -75,19 +109,19 @@ def test_the_request_path_stamps_each_chunk_with_the_clock() -> None:
 def test_the_stream_reader_takes_completions_timings_and_counts_without_usage() -> None:
     st = load.StreamState(load.COMPLETIONS)
     for line, t in [
-        (": keep-alive comment", 0.0),
-        ('data: {"choices": [{"index": 0, "text": "a"}]}', 1.0),
-        ("", 1.0),
-        ('data: {"choices": [{"index": 0, "text": ""}]}', 1.5),
+        (": keep-alive comment\n", 0.0),
+        ('data: {"choices": [{"index": 0, "text": "a"}]}\n', 1.0),
+        ("\n", 1.0),
+        ('data: {"choices": [{"index": 0, "text": ""}]}\n', 1.5),
         ('data: {"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}],'
-         ' "timings": {"draft_n": 8, "draft_n_accepted": 3}}', 2.0),
-        ("data: [DONE]", 2.5),
+         ' "timings": {"draft_n": 8, "draft_n_accepted": 3}}\n', 2.0),
+        ("data: [DONE]\n\n", 2.5),
     ]:  # fmt: skip
-        st.feed(line, t)
+        st.feed(line.encode(), t)
     assert st.done and st.chunk_s == [1.0, 2.0] and st.usage_tokens is None
     assert st.spec is not None and (st.spec.num_draft_tokens, st.spec.source) == (8, "timings")
     bad = load.StreamState(load.CHAT)
-    bad.feed('data: {"error": {"message": "boom"}}', 0.0)
+    bad.feed(b'data: {"error": {"message": "boom"}}\n', 0.0)
     assert bad.error == "stream error"
 
 

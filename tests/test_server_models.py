@@ -170,6 +170,36 @@ def test_a_seed_reproduces_sampled_text_with_a_fixed_draft_max(server: Server) -
     assert completion(server, PROMPTS[2], **fields)["tokens"] == first
 
 
+def test_a_bench_sweep_reports_the_speculative_counts_of_the_metrics(server: Server) -> None:
+    """`specgen bench --url`'s runner, a 2-level sweep (no warm-up: every request it sends
+    is one it counts): its drafted and accepted tokens equal the /metrics deltas."""
+    from specgen.bench import load
+    from specgen.bench.loadstats import LoadLevel
+
+    names = ("specgen_draft_tokens_total", "specgen_accepted_tokens_total",
+             "specgen_generation_tokens_total")  # fmt: skip
+    before = [server.metric(n) for n in names]
+    prompts = [
+        load.LoadPrompt(f"p{i}", "k", messages=(("user", p),)) for i, p in enumerate(PROMPTS)
+    ]
+    settings = load.LoadSettings(
+        levels=(LoadLevel(0.0, concurrency=1), LoadLevel(0.0, concurrency=2)),
+        num_prompts=3, max_tokens=12, seed=7, warmup=0, timeout_s=120,
+    )  # fmt: skip
+    res = load.run_load(load.parse_servers([server.url], []), prompts, settings)
+    drafted, accepted, generated = (
+        server.metric(n) - b for n, b in zip(names, before, strict=True)
+    )
+    sums = [r.summary for r in res.runs]
+    assert [(s.n_completed, s.failures) for s in sums] == [(3, ()), (3, ())]
+    assert all(s.tokens_from_usage for s in sums) and res.endpoint == load.CHAT
+    assert sum(s.total_output_tokens for s in sums) == generated == 6 * 12
+    assert sum(s.num_draft_tokens for s in sums) == drafted > 0
+    assert sum(s.num_accepted_draft_tokens for s in sums) == accepted
+    specs = [r.spec for run in res.runs for r in run.records]
+    assert all(sp is not None and sp.source == "speculative" for sp in specs)
+
+
 def test_bad_input_is_4xx_and_the_server_keeps_serving(server: Server) -> None:
     url = server.url
     cases = [

@@ -1,6 +1,7 @@
 """`specgen bench --url`: the load client for OpenAI-compatible servers (`specgen serve`,
 llama-server, vLLM, ...). The one place besides `specgen.server` where an HTTP library
-(httpx) enters. Returns data, never prints (`specgen.cli.bench` renders it).
+(httpcore, the core of httpx, on asyncio streams: `transport`) enters. Returns data, never
+prints (`specgen.cli.bench` renders it).
 
 Method (`run_load`): each server's `/v1/models` (and llama-server's `/props`) is read first,
 for the reproducibility record; a server that cannot be reached fails there, in a second.
@@ -14,8 +15,9 @@ the client's clock (injectable) when it is parsed. A failed request (HTTP status
 disconnect, an error event) is recorded by kind and never stops the run. The figures and
 their definitions (TTFT, TPOT, ITL, E2EL, SLO goodput): `specgen.bench.loadstats`.
 
-Modules: `prompts` (the inputs), `results` (the data), `client` (one request and its
-stream), `sweep` (the schedule and the levels), `report` (JSON, Markdown, plot, --compare).
+Modules: `prompts` (the inputs), `results` (the data), `transport` (the connection pool),
+`client` (one request and its stream), `sweep` (the schedule and the levels), `report`
+(JSON, Markdown, plot, --compare).
 """
 
 from __future__ import annotations

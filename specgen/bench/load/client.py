@@ -1,5 +1,5 @@
-"""One streaming request of `specgen bench --url`: the request body, the SSE stream read line
-by line (`StreamState`), and `send_one`, which turns whatever happens into a
+"""One streaming request of `specgen bench --url`: the request body, the SSE stream split into
+lines and read (`StreamState`), and `send_one`, which turns whatever happens into a
 `RequestRecord`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpcore
 
 from specgen.bench.load.prompts import LoadPrompt
 from specgen.bench.load.results import LoadSettings
@@ -47,7 +47,8 @@ def request_body(
 
 
 class StreamState:
-    """Reads one SSE stream line by line (`feed`), stamping each chunk with text."""
+    """Reads one SSE stream: `feed` takes the body's bytes as they come and splits them into
+    lines (LF or CRLF: what servers send), stamping each chunk with text."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -58,17 +59,26 @@ class StreamState:
         self.error: str | None = None
         self.done = False
         self.done_s: float | None = None  # when `data: [DONE]` came
+        self._rest = b""  # a line not yet ended
 
-    def feed(self, line: str, t: float) -> None:
-        if not line.startswith("data:"):
-            return  # comments, `event:` lines, blank separators
-        payload = line[5:].strip()
-        if payload == "[DONE]":
+    def feed(self, data: bytes, t: float) -> None:
+        if self._rest:
+            data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            if line[:5] == b"data:":  # else comments, `event:` lines, blank separators
+                self.data(line[5:], t)
+
+    def data(self, payload: bytes, t: float) -> None:
+        """The payload of one `data:` line (the CR of a CRLF is stripped here)."""
+        payload = payload.strip()
+        if payload == b"[DONE]":
             self.done, self.done_s = True, t
             return
         try:
             obj = json.loads(payload)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8
             self.error = "stream error"
             return
         if not isinstance(obj, dict):
@@ -104,7 +114,7 @@ def _spec_of(obj: dict[str, Any]) -> SpecStats | None:
 
 
 async def send_one(
-    client: httpx.AsyncClient,
+    pool: httpcore.AsyncConnectionPool,
     url: str,
     body: dict[str, Any],
     endpoint: str,
@@ -112,30 +122,39 @@ async def send_one(
     p: LoadPrompt,
     clock: Callable[[], float],
     timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> RequestRecord:
-    """One streaming request, whatever happens: a failure is a record, never an exception."""
+    """One streaming request through `pool` (see `transport.connection_pool`), whatever
+    happens: a failure is a record, never an exception. `timeout_s` bounds the whole
+    request (connecting: at most 10 s of it)."""
     st = StreamState(endpoint)
     failure: str | None = None
+    content = json.dumps(body).encode()
+    head = [("Content-Type", "application/json"), ("Accept", "text/event-stream")]
+    head += list((headers or {}).items())
+    limit = {"timeout": {"connect": min(timeout_s, 10.0), "pool": timeout_s}}
     start = clock()
 
     async def stream() -> str | None:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
+        async with pool.stream(
+            "POST", url, headers=head, content=content, extensions=limit
+        ) as resp:
+            if resp.status != 200:
                 await resp.aread()
-                return f"http {resp.status_code}"
+                return f"http {resp.status}"
             # read on past [DONE] to the end of the body: a response left unread closes
             # its connection, and the next request would pay a new one
-            async for line in resp.aiter_lines():
-                st.feed(line, clock())
+            async for data in resp.aiter_stream():
+                st.feed(data, clock())
         return st.error or (None if st.done else "disconnect")
 
     try:
         failure = await asyncio.wait_for(stream(), timeout_s)
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except (asyncio.TimeoutError, httpcore.TimeoutException):
         failure = "timeout"
-    except httpx.ConnectError:
+    except httpcore.ConnectError:
         failure = "connect"
-    except (httpx.TransportError, httpx.StreamError):
+    except (httpcore.NetworkError, httpcore.ProtocolError):
         failure = "disconnect"
     if st.done and failure in ("timeout", "disconnect"):
         failure = st.error  # the stream was whole; only what came after [DONE] went wrong

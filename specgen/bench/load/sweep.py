@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
+import httpcore
 import numpy as np
 
 from specgen.bench.load.client import CHAT, COMPLETIONS, ROUTES, request_body, send_one
@@ -25,6 +25,7 @@ from specgen.bench.load.results import (
     Server,
     ServerInfo,
 )
+from specgen.bench.load.transport import connection_pool
 from specgen.bench.loadstats import (
     LoadLevel,
     RequestRecord,
@@ -42,22 +43,27 @@ def _headers(s: LoadSettings) -> dict[str, str]:
     return {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
 
 
-async def fetch_info(client: httpx.AsyncClient, server: Server) -> ServerInfo:
+async def fetch_info(
+    pool: httpcore.AsyncConnectionPool, server: Server, auth: dict[str, str] | None = None
+) -> ServerInfo:
     """`GET /v1/models` (and `/props`, which llama-server has).
 
     Raises:
         ConfigError: the server cannot be reached or refuses the key.
     """
+    limit = {"timeout": {"connect": 10.0, "read": 60.0, "write": 60.0, "pool": 60.0}}
+    headers = list((auth or {}).items())
     try:
-        r = await client.get(server.url + "/v1/models")
-    except httpx.HTTPError as e:
+        r = await pool.request("GET", server.url + "/v1/models", headers=headers, extensions=limit)
+    except httpcore.TimeoutException as e:
+        raise ConfigError(f"--url {server.url}: the server did not answer ({e})") from None
+    except (httpcore.NetworkError, httpcore.ProtocolError) as e:
         raise ConfigError(
             f"--url {server.url}: cannot reach the server ({type(e).__name__}: {e})"
         ) from None
-    if r.status_code in (401, 403):
+    if r.status in (401, 403):
         raise ConfigError(
-            f"--url {server.url}: the server refused the API key (HTTP {r.status_code});"
-            " give --api-key"
+            f"--url {server.url}: the server refused the API key (HTTP {r.status}); give --api-key"
         )
     models = _json_or_none(r)
     model_id = None
@@ -65,14 +71,15 @@ async def fetch_info(client: httpx.AsyncClient, server: Server) -> ServerInfo:
         first = models["data"][0]
         model_id = first.get("id") if isinstance(first, dict) else None
     props = None
-    with contextlib.suppress(httpx.HTTPError):
-        p = await client.get(server.url + "/props")
+    with contextlib.suppress(httpcore.TimeoutException, httpcore.NetworkError,
+                             httpcore.ProtocolError):  # fmt: skip
+        p = await pool.request("GET", server.url + "/props", headers=headers, extensions=limit)
         props = _json_or_none(p)
     return ServerInfo(server, model_id if isinstance(model_id, str) else None, models, props)
 
 
-def _json_or_none(r: httpx.Response) -> Any:
-    if r.status_code != 200 or len(r.content) > _INFO_LIMIT:
+def _json_or_none(r: httpcore.Response) -> Any:
+    if r.status != 200 or len(r.content) > _INFO_LIMIT:
         return None
     try:
         return json.loads(r.content)
@@ -114,7 +121,7 @@ class _Counter:
 
 
 async def _run_level(
-    client: httpx.AsyncClient,
+    pool: httpcore.AsyncConnectionPool,
     info: ServerInfo,
     level: LoadLevel,
     order: Sequence[int],
@@ -137,7 +144,9 @@ async def _run_level(
         if count is not None:
             count.in_flight += 1
             count.tell()
-        rec = await send_one(client, url, body, endpoint, i, p, clock, settings.timeout_s)
+        rec = await send_one(
+            pool, url, body, endpoint, i, p, clock, settings.timeout_s, _headers(settings)
+        )
         records[i] = rec
         if count is not None:
             count.in_flight -= 1
@@ -234,33 +243,29 @@ async def _sweep(
     most = max(
         lv.concurrency or lv.max_concurrency or settings.num_prompts for lv in settings.levels
     )
-    limits = httpx.Limits(max_connections=most + 4, max_keepalive_connections=most + 4)
-    timeout = httpx.Timeout(settings.timeout_s, connect=min(settings.timeout_s, 10.0))
     async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(timeout=timeout, limits=limits, headers=_headers(settings))
-            )
-            for _ in servers
+        pools = [
+            await stack.enter_async_context(connection_pool(server.url, most + 4))
+            for server in servers
         ]
-        for client, server in zip(clients, servers, strict=True):
-            infos.append(await fetch_info(client, server))
+        for pool, server in zip(pools, servers, strict=True):
+            infos.append(await fetch_info(pool, server, _headers(settings)))
         count = _Counter(len(settings.levels) * len(servers) * settings.num_prompts, progress)
-        for client, info in zip(clients, infos, strict=True):  # warm-up: not counted, not recorded
+        for pool, info in zip(pools, infos, strict=True):  # warm-up: not counted, not recorded
             count.description = f"{info.server.label} · warm-up"
             count.tell()
             warm = [i % len(prompts) for i in range(settings.warmup)]
             level = LoadLevel(temp=settings.levels[0].temp, concurrency=1)
             await _run_level(
-                client, info, level, warm, None, prompts, settings, endpoint, clock, None
+                pool, info, level, warm, None, prompts, settings, endpoint, clock, None
             )
         for n, level in enumerate(settings.levels):
             order, offsets = level_schedule(settings, n, level, len(prompts))
-            for client, info in zip(clients, infos, strict=True):
+            for pool, info in zip(pools, infos, strict=True):
                 count.description = f"{info.server.label} · temp {level.temp:g} · {level.name}"
                 count.tell()
                 records, start, end = await _run_level(
-                    client, info, level, order, offsets, prompts, settings, endpoint, clock, count
+                    pool, info, level, order, offsets, prompts, settings, endpoint, clock, count
                 )
                 summary = summarize_level(records, end - start, settings.slo)
                 runs.append(LevelRun(info.server.label, level, tuple(records), summary))
