@@ -24,7 +24,7 @@ MODEL_FLAGS = (("target", "-m"), ("draft", "-md"), ("pair", "--pair"), ("trace",
 def run_load_command(a: dict[str, Any]) -> None:
     """Validate, measure, write, show. `a` holds `bench`'s parameters by name."""
     _check(a)
-    # start-up time: the load client (httpx) and the stats load only for --url
+    # start-up time: the load client (httpcore) and the stats load only for --url
     from specgen.bench.load import load_prompts, parse_servers, report
 
     servers = parse_servers(a["url"], a["label"] or [])
@@ -50,14 +50,14 @@ def run_load_command(a: dict[str, Any]) -> None:
 
 def _check(a: dict[str, Any]) -> None:
     """Refuse, in one line naming the flag, what cannot be measured: model flags, a missing
-    httpx, bad numbers, an output path that cannot be written (before anything is sent)."""
+    httpcore, bad numbers, an output path that cannot be written (before anything is sent)."""
     for key, flag in MODEL_FLAGS:
         if a.get(key) is not None:
             raise ConfigError(
                 f"{flag} chooses models for bench to load; with --url the server has them"
             )
-    if importlib.util.find_spec("httpx") is None:
-        raise ConfigError("bench --url needs httpx: pip install httpx")
+    if importlib.util.find_spec("httpcore") is None:
+        raise ConfigError("bench --url needs httpcore: pip install httpcore")
     if a["num_prompts"] < 1:
         raise ConfigError(f"--num-prompts must be at least 1, got {a['num_prompts']}")
     if a["warmup"] < 0:
@@ -108,7 +108,7 @@ def _levels(a: dict[str, Any]) -> list[LoadLevel]:
 
 
 def _settings(a: dict[str, Any]) -> LoadSettings:
-    # start-up time: the load client loads httpx, only for --url
+    # start-up time: the load client loads httpcore, only for --url
     from specgen.bench import loadstats
     from specgen.bench.load import LoadSettings
 

@@ -80,7 +80,7 @@ def build_record(result: LoadResult) -> dict[str, Any]:
         "date": result.date,
         "client": {
             "specgen": specgen_version(),
-            "httpx": _version_of("httpx"),
+            "httpcore": _version_of("httpcore"),
             "python": platform.python_version(),
         },
         "machine": host_record(),
