@@ -274,6 +274,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_generating_slot():
     sched.run_until_idle()
     chunks = [part[1] for b in target.batches for part in b if part[0] == 1 and part[2] == 0]
     assert chunks == [16] * 6 + [4]
+    # the draft's prefill goes by the same chunks, in draft decodes that slot 0 drafts beside
+    draft_chunks = [p[1] for b in draft.batches for p in b if p[0] == 1 and p[2] == 0]
+    assert draft_chunks == [16] * 6 + [4]
     steps_with_both = [b for b in target.batches if {p[0] for p in b} == {0, 1}]
     assert len(steps_with_both) >= 7  # slot 0 kept generating while slot 1 prefilled
     assert late.last.tokens == alone(long_prompt, GenerateConfig(5, GREEDY), k=2).tokens

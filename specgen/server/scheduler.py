@@ -11,7 +11,8 @@ Each step (`Scheduler.step`):
      stream (`ModelDrafter.begin`); a model-free drafter drafts per slot;
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
-     prompt stalls the others by one chunk at most);
+     prompt stalls the others by one chunk at most; the draft's prefill goes by chunks
+     too, in one draft decode per step);
   4. stages 3-5 per slot through `Sequence.commit`, with that request's own sampling
      settings, random streams and stop strings; only that slot's sequence rolls back.
 
@@ -122,6 +123,7 @@ class _Slot:
         self.seq: Sequence | None = None
         self.drafter: Drafter | None = None
         self.todo: list[int] = []  # prompt tokens the target has still to evaluate
+        self.draft_todo: list[int] = []  # and the draft (its cache may hold another prefix)
         self.started = False
         self.t_admit = 0.0
         self.n_prefill = 0
@@ -303,7 +305,7 @@ class Scheduler:
         self._reap_cancelled()
         self._admit()
         for slot in self._slots:
-            if slot.seq is not None and not slot.started and not slot.todo:
+            if slot.seq is not None and not slot.started and not slot.todo + slot.draft_todo:
                 self._start(slot)
         active = [s for s in self._slots if s.seq is not None and s.started]
         ks = self._choose_ks(active)
@@ -316,7 +318,7 @@ class Scheduler:
         budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
         chunks: list[tuple[_Slot, int]] = []
         for slot in self._slots:
-            if slot.seq is None or slot.started or budget <= 0:
+            if slot.seq is None or slot.started or not slot.todo or budget <= 0:
                 continue
             n = min(len(slot.todo), budget, self.prefill_chunk)
             parts.append(SeqDecode(slot.index, slot.todo[:n], 0))
@@ -342,8 +344,10 @@ class Scheduler:
                 self._commit(slot, prop, r, verify_s)
             for slot, n in chunks:
                 del slot.todo[:n]
-                if not slot.todo:
-                    self._start(slot)
+        self._prefill_drafts()
+        for slot in self._slots:
+            if slot.seq is not None and not slot.started and not slot.todo + slot.draft_todo:
+                self._start(slot)
 
         step_s = self.clock() - t_step
         inside = _decode_s(self.target) + _decode_s(self._draft) - inside0
@@ -429,6 +433,32 @@ class Scheduler:
             first = False
             live = [(seq, d) for seq, d in live if d.pending]
 
+    def _prefill_drafts(self) -> None:
+        """The draft's share of prefilling: one draft decode holding a chunk (at most
+        `prefill_chunk` tokens) of every prefilling slot's prompt, so a long prompt stalls
+        the others by one chunk in the draft too."""
+        if self._draft is None:
+            return
+        budget = self._draft.n_batch
+        parts, chunks = [], []
+        for slot in self._slots:
+            if slot.seq is None or slot.started or not slot.draft_todo or budget <= 0:
+                continue
+            n = min(len(slot.draft_todo), budget, self.prefill_chunk)
+            parts.append(SeqDecode(slot.index, slot.draft_todo[:n], 0))
+            chunks.append((slot, n))
+            budget -= n
+        if not parts:
+            return
+        try:
+            self._draft.decode_batch(parts)
+        except EngineError as exc:
+            for slot, _ in chunks:
+                self._fail(slot, str(exc), "engine")
+            return
+        for slot, n in chunks:
+            del slot.draft_todo[:n]
+
     def _reap_cancelled(self) -> None:
         with self._cond:
             gone = [t for t in self._queue if t.cancelled]
@@ -473,6 +503,11 @@ class Scheduler:
             return
         slot.todo = job.prompt[keep:-1]
         slot.n_prefill = len(slot.todo)
+        slot.draft_todo = []
+        if slot.draft is not None and isinstance(slot.drafter, ModelDrafter | HybridDrafter):
+            keep_d = common_prefix(slot.draft.tokens, job.prompt[:-1])
+            slot.draft.truncate(keep_d)
+            slot.draft_todo = job.prompt[keep_d:-1]
         slot.started = False
         slot.idle = 0
         slot.acceptance = self.controller.new_acceptance() if self.controller else None
@@ -555,6 +590,7 @@ class Scheduler:
         slot.ticket = slot.seq = slot.drafter = None
         slot.started = False
         slot.todo = []
+        slot.draft_todo = []
         if ticket is not None:
             ev = event if event is not None else done
             if ev is not None:
