@@ -226,7 +226,10 @@ def test_queue_full_and_a_disconnect_that_frees_the_slot(smol_pair) -> None:
         r = client.send(
             client.build_request("POST", s.url + "/v1/completions", json=body), stream=True
         )
-        next(line for line in r.iter_lines() if line.startswith("data: "))  # holding the slot
+        # kept referenced until r.close(): a dropped line iterator closes the connection
+        # (httpcore closes it when its byte stream is closed), which frees the slot early
+        held = (line for line in r.iter_lines() if line.startswith("data: "))
+        next(held)  # holding the slot
         queued: dict[str, httpx.Response] = {}
 
         def wait_in_queue() -> None:
@@ -241,6 +244,7 @@ def test_queue_full_and_a_disconnect_that_frees_the_slot(smol_pair) -> None:
         full = httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=60)
         assert full.status_code == 503 and "retry-after" in full.headers
         r.close()  # disconnect mid-stream: the queued request gets the slot
+        del held
         client.close()
         t.join(120)
         assert queued["r"].status_code == 200
