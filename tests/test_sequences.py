@@ -9,6 +9,8 @@ test_run_models).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_run_models import GREEDY, assert_same_or_near_tie
@@ -133,14 +135,23 @@ def test_four_greedy_requests_together_each_equal_the_request_alone(smol_pair):
     "swa_full",
     [
         True,
+        # A measurement, not a check: a non-strict xfail passes whichever way it goes, so
+        # it runs only when asked (SPECGEN_MEASURE_RING=1), saving make test 35 s.
         pytest.param(
             False,
-            marks=pytest.mark.xfail(
-                reason="measured 2026-12-01: the window-sized unified ring left sequence 1's"
-                " next logits 0.20 from a fresh evaluation (sequence 0: 0.08), above the 0.15"
-                " that separates numerics from lost cells: serve uses --swa-full with N > 1",
-                strict=False,
-            ),
+            marks=[
+                pytest.mark.skipif(
+                    not os.environ.get("SPECGEN_MEASURE_RING"),
+                    reason="a measurement (set SPECGEN_MEASURE_RING=1 to run it)",
+                ),
+                pytest.mark.xfail(
+                    reason="measured 2026-12-01: the window-sized unified ring left sequence"
+                    " 1's next logits 0.20 from a fresh evaluation (sequence 0: 0.08), above the"
+                    " 0.15 that separates numerics from lost cells: serve uses --swa-full with"
+                    " N > 1",
+                    strict=False,
+                ),
+            ],
         ),
     ],
 )
