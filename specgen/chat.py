@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -333,13 +333,16 @@ class ChatSession:
         self.totals = ChatTotals()
         self.replies = 0  # over the whole session, /reset included: each reply's seed
 
-    def reply(self, user: str) -> Iterator[Event]:
+    def reply(self, user: str) -> Generator[Event, None, None]:
         """Render the conversation with `user`'s message and return the reply's events
         (the loop's, lazily: generation runs as they are consumed).
 
         The user turn and the reply join the conversation when the reply ends (an
         interrupted reply is kept as far as it got, as llama-cli keeps it); a reply whose
-        events are closed early leaves the conversation as it was.
+        events are closed early leaves the conversation as it was. To interrupt from the
+        consumer's side, throw ``KeyboardInterrupt`` into the events (``events.throw``):
+        the next event is the reply's Done (finish reason "interrupted"), after which the
+        interrupt is raised.
 
         Raises (at once, before any event):
             ContextFullError: the conversation with this turn does not fit the context
@@ -355,14 +358,23 @@ class ChatSession:
             )
         return self._generate(user, ids)
 
-    def _generate(self, user: str, ids: list[int]) -> Iterator[Event]:
+    def _generate(self, user: str, ids: list[int]) -> Generator[Event, None, None]:
         config = self.config
         if config.seed is not None:  # a different, reproducible stream for each reply
             config = replace(config, seed=config.seed + self.replies)
         done: Done | None = None
         ordinary_s: float | None = None
+        events = generate(self.target, self.drafter, ids, config, self.policy())
+        interrupt = False
         try:
-            for ev in generate(self.target, self.drafter, ids, config, self.policy()):
+            while True:
+                try:
+                    # Ctrl-C in the consumer (say while the live view draws) is handed on
+                    # to the loop, which ends the reply as when Ctrl-C lands in it
+                    ev = events.throw(KeyboardInterrupt) if interrupt else next(events)
+                except StopIteration:
+                    break
+                interrupt = False
                 if isinstance(ev, Prefilled):
                     ordinary_s = ev.ordinary_token_s
                 elif isinstance(ev, Done):
@@ -371,7 +383,10 @@ class ChatSession:
                     # without a draft: ordinary decoding is the baseline itself)
                     if self.drafter is not None:
                         ordinary_s = ev.stats.ordinary_token_s or ordinary_s
-                yield ev
+                try:
+                    yield ev
+                except KeyboardInterrupt:
+                    interrupt = True
         except KeyboardInterrupt:
             if done is None:
                 raise

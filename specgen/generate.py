@@ -4,7 +4,7 @@ their names are re-exported here for the callers that drive a generation."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from specgen.engine import Drafter, Engine
 from specgen.events import Done, Prefilled, Step
@@ -41,9 +41,11 @@ def generate(
     config: GenerateConfig,
     policy: KPolicy | None = None,
     clock: Clock | None = None,
-) -> Iterator[Event]:
+) -> Generator[Event, None, None]:
     """Generate from `prompt` (token ids), yielding Prefilled, then a Step per round,
-    then Done. With `drafter=None` (or K = 0) this is ordinary decoding.
+    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. A consumer
+    interrupted between events throws ``KeyboardInterrupt`` in (``.throw``): that is
+    handled as Ctrl-C inside the loop (the next event is the Done).
 
     On every exit (limit, stop, EOS, Ctrl-C, exception, the consumer closing the
     generator) both caches are left holding the committed tokens except the last.

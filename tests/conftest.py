@@ -106,6 +106,15 @@ def weak_draft(specgen_cache: Path) -> Path:
     return ensure_weak_draft(6)
 
 
+@pytest.fixture(scope="session")
+def draft15(specgen_cache: Path) -> Path:
+    """The Q4_K_M demo model cut to its first 15 of 18 blocks (moderate acceptance, where
+    block verification gains most), cached under ``SPECGEN_CACHE``."""
+    from specgen.models.demo import ensure_weak_draft
+
+    return ensure_weak_draft(15)
+
+
 # --- second family: SmolLM2-135M-Instruct (ChatML, BPE 49,152) ---------------------------------
 
 

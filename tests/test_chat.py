@@ -271,3 +271,46 @@ def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol, fmt)
     assert done.finish_reason == "interrupted" and done.text
     assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
     assert s.totals.turns == 1
+
+
+def test_a_reply_interrupted_in_the_consumer_is_kept_as_far_as_it_got(smol, fmt, monkeypatch):
+    """Ctrl-C while the command draws a token (here: while it writes the third Step's
+    text) is thrown into the events: the loop ends the reply ("interrupted"), the session
+    keeps it, and the interrupt ends the reply only."""
+    from specgen.cli import chat as cli_chat
+    from specgen.events import Step
+    from specgen.ui import output
+
+    target, draft = smol
+    target.truncate(0)
+    cfg = GenerateConfig(max_tokens=40, params=GREEDY)
+    s = chat.ChatSession(target, ModelDrafter(draft, GREEDY, target.n_vocab), fmt, cfg,
+                         lambda: FixedK(2))  # fmt: skip
+    written: list[str] = []
+    real_write = output.write_text
+
+    def ctrl_c_on_the_third_step(text):
+        written.append(text)
+        if len(written) == 3:
+            raise KeyboardInterrupt  # as SIGINT lands while the text is written
+        real_write(text)
+
+    monkeypatch.setattr(output, "write_text", ctrl_c_on_the_third_step)
+    events = s.reply("Tell me a long story about a dragon.")
+    done = cli_chat._plain_reply(events)
+    assert done is not None and done.finish_reason == "interrupted" and done.text
+    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
+    assert s.totals.turns == 1 and written[-1] == "\n\n"
+    # the interrupt came between rounds: the reply holds the tokens of the steps shown
+    assert done.text.startswith("".join(written[:2]))
+
+    # the same when the consumer throws the interrupt itself, as the live view's does
+    events = s.reply("And then?")
+    first = [next(events) for _ in range(3)]
+    assert isinstance(first[-1], Step)
+    done = events.throw(KeyboardInterrupt)
+    assert done.finish_reason == "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        next(events)
+    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
+    assert s.totals.turns == 2

@@ -35,6 +35,15 @@ def tiny(tiny_target: Path, tiny_draft: Path) -> list[str]:
     return ["-m", str(tiny_target), "-md", str(tiny_draft), "-c", "256"]
 
 
+def stderr_beside_timing(stderr: bytes) -> bytes:
+    """`stderr` without the slow-draft warning, which depends on the machine's load here:
+    the tiny draft is as large as its target, so whether its 0.1 ms pass measures 1.5x
+    the target's is noise (1 run in 25 beside a busy loop warned, and failed a test that
+    wanted stderr empty)."""
+    keep = [ln for ln in stderr.splitlines(True) if b"the draft measured slower" not in ln]
+    return b"".join(keep)
+
+
 def test_json_output_has_the_documented_fields(tiny):
     out = run_json(*tiny, "-n", "12", "--temp", "0", "--ignore-eos", "the cat")
     assert set(out) >= {"text", "tokens", "finish_reason", "stats"}
@@ -97,7 +106,7 @@ def test_plain_output_through_a_pipe_is_only_the_text(tiny):
     ref = run_json(*tiny, "-n", "20", "--temp", "0", "--ignore-eos", "the cat")
     assert out.returncode == 0
     assert out.stdout.decode("utf-8") == ref["text"]
-    assert b"\x1b[" not in out.stdout and out.stderr == b""
+    assert b"\x1b[" not in out.stdout and stderr_beside_timing(out.stderr) == b""
 
 
 def test_head_closing_the_pipe_exits_quietly(tiny):
@@ -112,7 +121,7 @@ def test_head_closing_the_pipe_exits_quietly(tiny):
     )
     assert len(r.stdout) == 20
     # pipefail: the status is specgen's (a crash would show as 139, an error as 1)
-    assert r.returncode == 0 and r.stderr == b"", (r.returncode, r.stderr)
+    assert r.returncode == 0 and stderr_beside_timing(r.stderr) == b"", (r.returncode, r.stderr)
 
 
 @pytest.mark.parametrize("draft", ["none", "ngram"])

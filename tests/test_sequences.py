@@ -9,6 +9,8 @@ test_run_models).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_run_models import GREEDY, assert_same_or_near_tie
@@ -133,14 +135,23 @@ def test_four_greedy_requests_together_each_equal_the_request_alone(smol_pair):
     "swa_full",
     [
         True,
+        # A measurement, not a check: a non-strict xfail passes whichever way it goes, so
+        # it runs only when asked (SPECGEN_MEASURE_RING=1), saving make test 35 s.
         pytest.param(
             False,
-            marks=pytest.mark.xfail(
-                reason="measured 2026-12-01: the window-sized unified ring left sequence 1's"
-                " next logits 0.20 from a fresh evaluation (sequence 0: 0.08), above the 0.15"
-                " that separates numerics from lost cells: serve uses --swa-full with N > 1",
-                strict=False,
-            ),
+            marks=[
+                pytest.mark.skipif(
+                    not os.environ.get("SPECGEN_MEASURE_RING"),
+                    reason="a measurement (set SPECGEN_MEASURE_RING=1 to run it)",
+                ),
+                pytest.mark.xfail(
+                    reason="measured 2026-12-01: the window-sized unified ring left sequence"
+                    " 1's next logits 0.20 from a fresh evaluation (sequence 0: 0.08), above the"
+                    " 0.15 that separates numerics from lost cells: serve uses --swa-full with"
+                    " N > 1",
+                    strict=False,
+                ),
+            ],
         ),
     ],
 )
@@ -164,17 +175,19 @@ def test_per_sequence_rollback_past_the_unified_window_ring_stays_exact(demo_pai
             multi.sequence(s).decode(p)
         rng = np.random.default_rng(0)
         k = 8
+        # The passes ask for no logits rows: rows never touch the cache, and the demo
+        # target's 262,144-wide output layer was 60% of this loop's time.
         for _ in range(30):
             parts = []
             base = [len(multi.sequence(s).tokens) for s in range(2)]
             for s in range(2):
-                parts.append(SeqDecode(s, rng.integers(1000, 20000, size=k + 1).tolist(), k + 1))
+                parts.append(SeqDecode(s, rng.integers(1000, 20000, size=k + 1).tolist(), 0))
             multi.decode_batch(parts)
             for s in range(2):  # x_1 rejected: keep `last`
                 multi.sequence(s).truncate(base[s] + 1)
             for s in range(2):  # the draft's K-1 single passes, then dropped
                 for t in parts[s].tokens[1:k]:
-                    multi.sequence(s).decode([t])
+                    multi.decode_batch([SeqDecode(s, [t], 0)])
                 multi.sequence(s).truncate(base[s] + 1)
         assert multi.n_reprocessed == 0
         mem = llama_cpp.llama_get_memory(multi._ctx)

@@ -1,7 +1,8 @@
 """`specgen verify`: the statistics helpers, the greedy near-tie rule on scripted engines, the
 verdict on deliberately broken rejection rules (must FAIL) and on the correct one (must
-PASS) with the tiny llama.cpp pair, the CLI, and end-to-end passes on the demo pair and on
-the weak 6-layer draft (a bad draft must still be lossless).
+PASS) with the tiny llama.cpp pair, the CLI, and end-to-end passes under both rules and
+with prompt lookup on the demo pair, the SmolLM2 pair, the weak 6-layer draft (a bad draft
+must still be lossless) and the 15-layer draft (moderate acceptance).
 
 Broken rules are injected without editing the core: drafter wrappers that report a q other
 than the one they sampled from, and monkeypatched `specgen.rejection` functions (the loop
@@ -37,9 +38,12 @@ from specgen.verify import (
     verify,
 )
 
-# Tiny pair: 2,000 samples per prompt take ~5 s and give every broken rule below a
-# Holm-adjusted p-value under 1e-6 (measured; the correct rule's smallest was 0.05).
-TINY_SAMPLING = VerifyConfig(samples=2000, greedy=False)
+# Tiny pair: the correct rules are checked with 2,000 samples per prompt (~5 s; the
+# correct rule's smallest Holm-adjusted p-value was 0.05). The broken ones need fewer:
+# with 1,000 every one gave an adjusted p-value under 1e-6 (measured 2026-12-01: the
+# weakest, q at a temperature 0.8 or 1.25 beside sampling at 1, gave 4e-8 and 2e-9;
+# the others 1e-18 or less).
+TINY_SAMPLING = VerifyConfig(samples=1000, greedy=False)
 
 
 # -- statistics -------------------------------------------------------------------------
@@ -277,7 +281,7 @@ def _first_passing(eta, h):
 
 
 # One uniform reused across rows moves the law too little for this check on the tiny pair
-# (2,000 samples, 3 positions); tests/test_block_verify.py shows it failing there.
+# (even at 2,000 samples, 3 positions); tests/test_block_verify.py shows it failing there.
 BROKEN_BLOCK = {
     "block: the first passing row instead of the last": ("last_passing", _first_passing),
 }
@@ -337,51 +341,115 @@ def test_cli_verify_usage_errors_are_one_line(tiny_target, tiny_draft, capsys, e
     assert err.startswith("specgen: error:") and message in err and err.count("\n") == 1
 
 
-# -- end to end on Gemma 3 270M ------------------------------------------------------------
+# -- end to end on real pairs -------------------------------------------------------------
+
+# Prompt lookup never fires on the default sampling prompts (none of their n-grams occurs
+# twice: no lookup token in 30 samples, measured on SmolLM2); this one repeats, so lookup
+# proposes most tokens (one-hot rows: 57 of 60) and the model continues where it stops.
+LOOKUP_PROMPT = b"red, green, blue, red, green, blue, red, green, blue, red, green,"
+# Threads left to llama.cpp's default (the usable CPUs, as in the other model tests): the
+# demo target's passes take about half as long on 2 cores as with one thread.
+REAL = EngineConfig(n_ctx=512)
 
 
-def _engines(target_path, draft_path):
-    cfg = EngineConfig(n_ctx=512, n_threads=1)
-    return LlamaEngine(target_path, cfg), LlamaEngine(draft_path, cfg)
+class CountingHybrid(HybridDrafter):
+    """A hybrid drafter that counts the sources of the tokens it proposes (in `seen`, shared
+    with the drafters `with_params` builds), so a test can show that lookup rows were
+    verified."""
+
+    def __init__(self, model: ModelDrafter, seen: Counter[str]) -> None:
+        super().__init__(model)
+        self.seen = seen
+
+    def with_params(self, params: SamplingParams) -> CountingHybrid:
+        return CountingHybrid(self.model.with_params(params), self.seen)
+
+    def draft(self, context, k, rng):
+        block = super().draft(context, k, rng)
+        self.seen.update(block.sources)
+        return block
 
 
-@pytest.mark.parametrize(("rule", "lookup"), [("token", False), ("block", True)])
-def test_verify_passes_on_the_demo_pair(demo_pair, rule, lookup):
-    t, d = _engines(*demo_pair)
-    try:
-        config = VerifyConfig(
-            samples=150,
-            greedy_prompts=VerifyConfig().greedy_prompts[:1],
-            greedy_tokens=32,
-            sampling_prompts=VerifyConfig().sampling_prompts[:1],
-            verify_rule=rule,
-        )
-        model = ModelDrafter(d, config.params, t.n_vocab)
-        report = verify(t, drafter_factory(HybridDrafter(model) if lookup else model), config)
-    finally:
-        d.close()
-        t.close()
+@pytest.fixture(scope="module")
+def demo_target(demo_pair):
+    """The demo target, loaded once for every demo-target case below."""
+    with LlamaEngine(demo_pair[0], REAL) as target:
+        yield target
+
+
+def _verify_real(target, draft_path, config, lookup):
+    seen: Counter[str] = Counter()
+    with LlamaEngine(draft_path, REAL) as d:
+        model = ModelDrafter(d, config.params, target.n_vocab)
+        drafter = CountingHybrid(model, seen) if lookup else model
+        report = verify(target, drafter_factory(drafter), config)
+    return report, seen
+
+
+_ONE = dict(
+    greedy_prompts=VerifyConfig().greedy_prompts[:1],
+    sampling_prompts=VerifyConfig().sampling_prompts[:1],
+)
+# Hybrid runs sample at both prompts: the first tests block verification on the model's
+# rows (lookup finds nothing there), the second on lookup rows and mixed blocks; so does
+# their greedy check.
+_MIXED = dict(
+    greedy_prompts=(*VerifyConfig().greedy_prompts[:1], LOOKUP_PROMPT),
+    sampling_prompts=(*VerifyConfig().sampling_prompts[:1], LOOKUP_PROMPT),
+)
+
+
+@pytest.mark.parametrize(
+    ("rule", "lookup", "prompts"),
+    [("token", False, _ONE), ("block", True, _MIXED)],
+    ids=["token", "block-lookup"],
+)
+def test_verify_passes_on_the_demo_pair(demo_pair, demo_target, rule, lookup, prompts):
+    config = VerifyConfig(samples=150, greedy_tokens=32, verify_rule=rule, **prompts)
+    report, seen = _verify_real(demo_target, demo_pair[1], config, lookup)
     assert report.passed, report.to_dict()
-    assert [c.k for c in report.greedy] == [4, 8]
+    assert [c.k for c in report.greedy] == [4, 8] * len(prompts["greedy_prompts"])
     assert report.sampling is not None and report.sampling.acceptance_rate > 0.5
+    assert (seen["lookup"] > 0) == lookup
 
 
-def test_verify_passes_on_the_weak_draft(demo_pair, weak_draft):
-    t, d = _engines(demo_pair[0], weak_draft)
-    try:
-        config = VerifyConfig(
-            samples=80,
-            positions=2,
-            k=2,
-            greedy_ks=(4,),
-            greedy_prompts=VerifyConfig().greedy_prompts[:1],
-            greedy_tokens=16,
-            sampling_prompts=VerifyConfig().sampling_prompts[:1],
-        )
-        report = verify(t, drafter_factory(ModelDrafter(d, config.params, t.n_vocab)), config)
-    finally:
-        d.close()
-        t.close()
+def test_verify_passes_on_the_smollm2_pair_with_block_verification_and_lookup(smol_pair):
+    config = VerifyConfig(samples=150, greedy_tokens=32, verify_rule="block", **_MIXED)
+    with LlamaEngine(smol_pair[0], REAL) as target:
+        report, seen = _verify_real(target, smol_pair[1], config, lookup=True)
+    assert report.passed, report.to_dict()
+    assert report.sampling is not None and report.sampling.acceptance_rate > 0.5
+    assert seen["lookup"] > 0 and seen["draft"] > 0
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_verify_passes_on_the_weak_draft(demo_target, weak_draft, rule):
+    # Block verification differs from token-wise only at K >= 2 (3 positions: K = m - 1)
+    # and only when sampling: its greedy check would run the token run's code again.
+    block = rule == "block"
+    config = VerifyConfig(
+        samples=80,
+        positions=3 if block else 2,
+        k=3 if block else 2,
+        greedy=not block,
+        greedy_ks=(4,),
+        greedy_tokens=16,
+        verify_rule=rule,
+        **_ONE,
+    )
+    report, _ = _verify_real(demo_target, weak_draft, config, lookup=False)
     assert report.passed, report.to_dict()
     # the draft is nearly always wrong: the emitted tokens come from the residual
     assert report.sampling is not None and report.sampling.acceptance_rate < 0.2
+
+
+def test_verify_passes_on_the_15_layer_draft_with_block_verification(demo_target, draft15):
+    # Moderate acceptance (0.42 measured), where block verification departs most from
+    # token-wise verification; 150 samples give position 2 a tested group (100 do not).
+    config = VerifyConfig(
+        samples=150, greedy_ks=(4,), greedy_tokens=16, verify_rule="block", **_ONE
+    )
+    report, _ = _verify_real(demo_target, draft15, config, lookup=False)
+    assert report.passed, report.to_dict()
+    assert report.sampling is not None and 0.2 < report.sampling.acceptance_rate < 0.8
+    assert {t.position for t in report.sampling.tests} == {1, 2}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -45,7 +45,7 @@ from specgen.cli.options import (
     seed_or_random,
 )
 from specgen.errors import ConfigError
-from specgen.events import Done, Step
+from specgen.events import Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
 from specgen.ui import output
 
@@ -169,7 +169,10 @@ def _lines(tty: bool) -> Iterator[str]:
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
-ShowReply = Callable[["ChatSession", str, Iterator], "Done | None"]
+# a reply's events (`ChatSession.reply`): a generator, so that Ctrl-C can be thrown into it
+Event = Prefilled | Step | Done
+Events = Generator[Event, None, None]
+ShowReply = Callable[["ChatSession", str, Events], "Done | None"]
 
 
 def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
@@ -210,23 +213,47 @@ def _note(message: str) -> None:
     output.notice(message)
 
 
-def _plain_reply(events: Iterator) -> Done | None:
-    """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
+def _consume(events: Events, fold: Callable[[Event], None]) -> Done | None:
+    """Fold every event of one reply and return its Done (None if it never came).
+
+    Ctrl-C here, between events or while `fold` draws one, is thrown into the events rather
+    than closing them: the loop then ends the reply with finish reason "interrupted" and the
+    session keeps it, as when Ctrl-C lands inside the loop; the interrupt that follows the
+    Done ends the reply only.
+    """
     done: Done | None = None
+    interrupt = False
+    while True:
+        try:
+            ev = events.throw(KeyboardInterrupt) if interrupt else next(events)
+        except (StopIteration, KeyboardInterrupt):
+            return done
+        interrupt = False
+        if isinstance(ev, Done):
+            done = ev
+        try:
+            fold(ev)
+        except KeyboardInterrupt:
+            interrupt = True
+
+
+def _plain_reply(events: Events) -> Done | None:
+    """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
     written = 0
+
+    def fold(ev: Event) -> None:
+        nonlocal written
+        text = ev.text if isinstance(ev, Step) else ""
+        if isinstance(ev, Done):
+            text = ev.text[written:]  # text released only at the end (held bytes)
+        if text:
+            output.write_text(text)
+            written += len(text)
+
     try:
-        for ev in events:
-            text = ev.text if isinstance(ev, Step) else ""
-            if isinstance(ev, Done):
-                done = ev
-                text = ev.text[written:]  # text released only at the end (held bytes)
-            if text:
-                output.write_text(text)
-                written += len(text)
-    except KeyboardInterrupt:
-        events.close()  # type: ignore[attr-defined]
+        done = _consume(events, fold)
     except BrokenPipeError:
-        events.close()  # type: ignore[attr-defined]
+        events.close()
         raise
     output.write_text("\n\n")
     return done
@@ -239,22 +266,15 @@ def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
 
     console = output.console()
 
-    def show(session: ChatSession, line: str, events: Iterator) -> Done | None:
+    def show(session: ChatSession, line: str, events: Events) -> Done | None:
         state = view.ViewState(
             session.target.name,
             None if draft_name == DRAFT_NONE else draft_name,
             show_rejected=show_rejected,
             prompt=line + "\n" if echo else "",
         )
-        done: Done | None = None
-        try:
-            with view.LiveView(console, state, summary=False) as lv:
-                for ev in events:
-                    lv.update(ev)
-                    if isinstance(ev, Done):
-                        done = ev
-        except KeyboardInterrupt:
-            events.close()  # type: ignore[attr-defined]
+        with view.LiveView(console, state, summary=False) as lv:
+            done = _consume(events, lv.update)
         output.show(view.turn_text(state), "", highlight=False)
         return done
 
