@@ -14,14 +14,16 @@ speculative statistics are the ones `specgen run` gives.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from specgen import session as _session
 from specgen.chat import prompt_tokens
-from specgen.errors import PromptError
+from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
@@ -55,6 +57,45 @@ class Result:
         """Accepted proposals over tested proposals (0 when nothing was drafted)."""
         s = self.stats
         return s.n_accepted / s.n_drafted if s.n_drafted else 0.0
+
+
+#: the CLI's flags, as this API's arguments call them (errors are raised in CLI words)
+_ARGUMENT_OF_FLAG = {
+    "-m": "target",
+    "-md": "draft",
+    "--pair": "pair",
+    "--models": "models",
+    "-c": "ctx_size",
+    "-ngl": "n_gpu_layers",
+    "-ngld": "n_gpu_layers_draft",
+    "-t": "threads",
+    "--draft-p-min": "draft_p_min",
+    "-n": "max_tokens",
+    "--temp": "temperature",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--min-p": "min_p",
+    "--seed": "seed",
+    "--draft-max": "draft_max",
+    "--stop": "stop",
+    "--ignore-eos": "ignore_eos",
+    "--verify": "verify",
+}
+_FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
+
+
+def in_python_words(message: str) -> str:
+    """A CLI error message with each flag named as this API's argument (``--top-p`` ->
+    ``top_p``); flags without an argument here are left as they are."""
+    return _FLAG.sub(lambda m: _ARGUMENT_OF_FLAG.get(m[0], m[0]), message)
+
+
+@contextmanager
+def _argument_names() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(in_python_words(str(exc))) from exc
 
 
 class Pair:
@@ -105,7 +146,8 @@ class Pair:
             sampling["temp"] = sampling.pop("temperature")
         if "draft_max" in sampling:
             sampling["draft_max"] = str(sampling["draft_max"])
-        flags = SamplingFlags(**sampling)  # type: ignore[arg-type]
+        with _argument_names():
+            flags = SamplingFlags(**sampling)  # type: ignore[arg-type]
         text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
         if not text:
             raise PromptError("the prompt is empty")
@@ -158,7 +200,8 @@ def load(
         threads=threads,
         draft_p_min=draft_p_min,
     )
-    return Pair(_session.open(flags))
+    with _argument_names():
+        return Pair(_session.open(flags))
 
 
 def events(

@@ -343,6 +343,9 @@ def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:
 
 SWAP_HINT = "did you swap -m and -md?"
 _SLOW_DRAFT_MARGIN = 1.5
+_TIMING_FLOOR_S = 1e-3
+"""Passes under a millisecond (tiny test models) differ by scheduling noise alone: a
+draft that fast is never called slow."""
 
 
 def _gb(n_bytes: int) -> str:
@@ -373,8 +376,9 @@ def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | No
     """The warning for a draft measured slower per token than its target's ordinary pass
     (`specgen.events.Prefilled`'s timings) by a clear margin, else None: no block size can
     then pay, and `--draft-max auto` decodes ordinarily. The margin (1.5x) keeps two models
-    of the same size, whose timings differ only by noise, from being called swapped."""
-    if ordinary_token_s is None or draft_token_s is None:
+    of the same size, whose timings differ only by noise, from being called swapped; a draft
+    pass under 1 ms is never called slow (noise, at that size)."""
+    if ordinary_token_s is None or draft_token_s is None or draft_token_s < _TIMING_FLOOR_S:
         return None
     if draft_token_s < _SLOW_DRAFT_MARGIN * ordinary_token_s:
         return None

@@ -53,12 +53,25 @@ def test_stream_yields_prefilled_steps_then_done(pair) -> None:
 
 
 def test_bad_settings_are_refused_before_generating(pair) -> None:
-    with pytest.raises(ConfigError, match="--draft-max"):
+    with pytest.raises(ConfigError, match="^draft_max") as e:
         pair.stream("the cat", draft_max=0)
+    assert "--" not in str(e.value)  # named as the argument the caller passed
+    with pytest.raises(ConfigError, match="^top_p must be"):
+        pair.generate("the cat", top_p=2)
     with pytest.raises(PromptError, match="empty"):
         pair.generate("")
-    with pytest.raises(ConfigError, match="needs -m"):
+    with pytest.raises(ConfigError, match="needs target"):
         specgen.load(draft="small.gguf")
+
+
+def test_cli_words_become_the_arguments_names() -> None:
+    from specgen.api import in_python_words
+
+    assert in_python_words("--top-p must be in (0, 1], got 2") == "top_p must be in (0, 1], got 2"
+    assert in_python_words("-md needs -m (the target)") == "draft needs target (the target)"
+    assert (
+        in_python_words("--rpc HOST:PORT is bad; see top-k") == "--rpc HOST:PORT is bad; see top-k"
+    )
 
 
 def test_import_specgen_is_cheap() -> None:

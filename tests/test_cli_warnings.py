@@ -65,6 +65,7 @@ def test_slow_draft_warning_from_the_timed_passes() -> None:
     assert slow_draft_warning(0.010, 0.004) is None
     assert slow_draft_warning(0.010, 0.012) is None  # same-size models: noise, not a swap
     assert slow_draft_warning(None, 0.02) is None and slow_draft_warning(0.01, None) is None
+    assert slow_draft_warning(0.0001, 0.0009) is None  # tiny models: under 1 ms is noise
     w = slow_draft_warning(0.0102, 0.0251)
     assert w is not None and "25.1 ms against 10.2 ms" in w and SWAP_HINT in w
 

@@ -112,10 +112,12 @@ def test_environment_overrides_move_the_search(machine, tmp_path, monkeypatch):
     monkeypatch.setenv("OLLAMA_MODELS", str(moved / "ollama"))
     monkeypatch.setenv("LLAMA_CACHE", str(moved / "llama"))
     monkeypatch.setenv("HF_HUB_CACHE", str(moved / "hub"))
+    monkeypatch.setenv("SPECGEN_CACHE", str(moved / "specgen"))
     roots = dict((tool, p) for tool, p in local.search_roots() if tool != local.LM_STUDIO)
     assert roots == {
         local.HUGGING_FACE: moved / "hub",
         local.LLAMA_CPP: moved / "llama",
+        local.SPECGEN: moved / "specgen",
         local.OLLAMA: moved / "ollama",
     }
     names = {m.name for m in _ours(local.find_local(), tmp_path)}

@@ -24,6 +24,7 @@ else:  # pragma: no cover - older Typer
 
 app = typer.Typer(
     name="specgen",
+    cls=help.Group,
     help="Fast local text generation with exact speculative decoding on llama.cpp.",
     no_args_is_help=True,
     add_completion=False,
@@ -51,7 +52,10 @@ def _options(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", help="Show the version and exit.", is_eager=True, callback=_version
+            "--version",
+            help="Show the version and exit.",
+            is_eager=True,
+            callback=_version,
         ),
     ] = False,
 ) -> None:

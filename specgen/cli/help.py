@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 #: the value names of options, by long name (options that take no value show none)
 METAVARS = {
@@ -94,6 +94,16 @@ def _name(param: Any) -> None:
 
 class Command(TyperCommand):
     """A Typer command whose help names each option's value (see the module)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            _name(p)
+        return params
+
+
+class Group(TyperGroup):
+    """The top-level group, whose own options (`--version`, `--help`) are named alike."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)

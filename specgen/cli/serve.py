@@ -62,8 +62,10 @@ EPILOG = (
     "  specgen serve                                   # demo pair on http://127.0.0.1:8080\n\n"
     "  specgen serve -m instruct.gguf -md small.gguf -np 8 --alias local\n\n"
     "  SPECGEN_API_KEY=secret specgen serve --host 0.0.0.0 --cors https://app.example\n\n"
+    "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json'"
+    ' -d \'{"prompt": "Once upon a time", "max_tokens": 32}\'   # raw text: any model\n\n'
     "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json'"
-    ' -d \'{"messages": [{"role": "user", "content": "Hi"}]}\''
+    ' -d \'{"messages": [{"role": "user", "content": "Hi"}]}\'   # a model with a chat template'
 )
 
 
@@ -220,8 +222,8 @@ def _opener(args: ServeArgs) -> Callable[[State], Backend]:
 def _ready(parallel: int) -> Callable[[str, Backend], None]:
     """The ready line (stdout), once the backend serves."""
     return lambda url, b: output.write_line(
-        f"specgen: serving {b.model_id} at {url}/v1 ({parallel} slots of"
-        f" {b.scheduler.n_ctx_slot} tokens)"
+        f"specgen: serving {b.model_id} at {url}/v1 ({parallel}"
+        f" slot{'s' if parallel != 1 else ''} of {b.scheduler.n_ctx_slot} tokens)"
     )
 
 

@@ -15,6 +15,8 @@ Where each tool keeps its files (looked up at each call, from the environment):
   ``~/.cache/llama.cpp`` (``~/Library/Caches/llama.cpp`` on macOS); GGUF files named as saved.
 - LM Studio: ``~/.lmstudio/models`` and the older ``~/.cache/lm-studio/models``;
   ``PUBLISHER/REPO/FILE.gguf``.
+- specgen's own cache (the demo pair and the drafts derived from it): ``$SPECGEN_CACHE``,
+  else ``$XDG_CACHE_HOME/specgen`` or ``~/.cache/specgen``; GGUF files named as saved.
 - Ollama: ``$OLLAMA_MODELS``, else ``~/.ollama/models`` (and ``/usr/share/ollama/.ollama/models``
   of the Linux service); ``manifests/HOST/NAMESPACE/MODEL/TAG`` is JSON whose layer of media
   type ``application/vnd.ollama.image.model`` names the GGUF blob ``blobs/sha256-HEX``; named
@@ -34,12 +36,14 @@ from pathlib import Path
 from specgen.compat import check_compatible
 from specgen.engine import VocabInfo
 from specgen.errors import ModelFileError, VocabMismatchError
+from specgen.models.demo import cache_dir
 from specgen.models.gguf import GGUF_MAGIC, HeaderVocab, read_magic, read_vocab
 
 HUGGING_FACE = "Hugging Face"
 LLAMA_CPP = "llama.cpp"
 LM_STUDIO = "LM Studio"
 OLLAMA = "Ollama"
+SPECGEN = "specgen"
 _OLLAMA_MODEL = "application/vnd.ollama.image.model"
 _OLLAMA_HOST = "registry.ollama.ai"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -54,7 +58,8 @@ class LocalModel:
 
     Attributes:
         name: what its tool calls it (``ORG/NAME/FILE`` on the Hub, ``MODEL:TAG`` in Ollama).
-        source: the tool: ``HUGGING_FACE``, ``LLAMA_CPP``, ``LM_STUDIO`` or ``OLLAMA``.
+        source: the tool: ``HUGGING_FACE``, ``LLAMA_CPP``, ``SPECGEN``, ``LM_STUDIO`` or
+            ``OLLAMA``.
         path: the file to load (a split set's first shard).
         size_bytes: bytes on disk, every shard of a split set included.
         vocab: its vocabulary from the header, or None (no tokenizer: a projector, a file
@@ -94,7 +99,7 @@ def search_roots() -> list[tuple[str, Path]]:
         llama = home / "Library" / "Caches" / "llama.cpp"
     else:
         llama = xdg / "llama.cpp"
-    roots = [(HUGGING_FACE, hf), (LLAMA_CPP, llama)]
+    roots = [(HUGGING_FACE, hf), (LLAMA_CPP, llama), (SPECGEN, cache_dir())]
     roots += [(LM_STUDIO, home / ".lmstudio" / "models"), (LM_STUDIO, xdg / "lm-studio" / "models")]
     if os.environ.get("OLLAMA_MODELS"):
         roots.append((OLLAMA, Path(os.environ["OLLAMA_MODELS"])))

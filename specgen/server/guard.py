@@ -17,7 +17,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 def error_json(message: str, type_: str, code: str | int | None = None) -> bytes:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return json.dumps(body).encode()
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()  # as JSONResponse
 
 
 async def send_error(
