@@ -53,6 +53,11 @@ class _Stream(httpcore.AsyncNetworkStream):
         self._writer.close()
 
     def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            # httpcore asks before reusing an idle keep-alive connection: one the server
+            # closed meanwhile (llama-server's idle timeout) is readable at EOF and must be
+            # dropped, not sent a request that then fails as a disconnect
+            return self._reader.at_eof() or self._writer.is_closing()
         if info == "socket":
             return self._writer.get_extra_info("socket")
         if info in ("client_addr", "server_addr"):
@@ -90,12 +95,16 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
 
 
 def connection_pool(url: str, connections: int) -> httpcore.AsyncConnectionPool:
-    """A keep-alive pool of up to `connections` HTTP/1.1 connections for the server at `url`
-    (asyncio streams for http://, httpcore's default backend for https://)."""
+    """A pool of up to `connections` HTTP/1.1 connections for the server at `url` (asyncio
+    streams for http://, httpcore's default backend for https://), one new connection per
+    request, as vLLM's benchmark client opens one: llama-server closes idle keep-alive
+    connections (cpp-httplib's 5 s timeout) and a request sent on one just closed failed
+    as a disconnect (4 of 8 requests per level in a sweep), which would count against the
+    server a fault of the client's reuse. A loopback connect costs well under 1 ms."""
     backend = AsyncioBackend() if url.startswith("http://") else None
     return httpcore.AsyncConnectionPool(
         max_connections=connections,
-        max_keepalive_connections=connections,
+        max_keepalive_connections=0,
         http1=True,
         http2=False,
         network_backend=backend,
