@@ -32,6 +32,7 @@ class StubConfig:
     usage: bool = True
     spec: str | None = None  # "speculative" (specgen), "timings" (llama-server), None
     hold_after: int | None = None
+    close_idle_s: float | None = None  # close a keep-alive connection idle this long
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +44,9 @@ class _Handler(BaseHTTPRequestHandler):
         # small writes of a stream: without this, Nagle's algorithm holds each one until the
         # client's delayed ACK (40 ms), and the stub measures TCP, not the client
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # as cpp-httplib's keep-alive timeout (llama-server): an idle connection is closed
+        # without a word, and a client reusing it finds it gone
+        self.connection.settimeout(self.server.config.close_idle_s)
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass

@@ -327,8 +327,8 @@ class Scheduler:
         decode0 = _decode_s(self.target)
         rows: list[Logits] | None = None
         verify_s = 0.0
+        t2 = self.clock()
         if parts:
-            t2 = self.clock()
             try:
                 rows = self.target.decode_batch(parts)
             except EngineError as exc:
@@ -338,10 +338,14 @@ class Scheduler:
         decode_s = _decode_s(self.target) - decode0
         n_rows = sum(p.n_rows for p in parts)
         if rows is not None:
-            if self.controller is not None and not chunks:
-                self.controller.observe_target(n_rows, verify_s)
             for (slot, prop), r in zip(proposals, rows, strict=False):
                 self._commit(slot, prop, r, verify_s)
+            if self.controller is not None and not chunks:
+                # the decode and every slot's stages 3-5: warping, verifying and sampling
+                # grow with the rows too (at temperature > 0 over a 262,144-token
+                # vocabulary, by about as much as the decode's own cost per row), and a
+                # cost line of the decode alone had speculation lose at 4 slots
+                self.controller.observe_target(n_rows, self.clock() - t2)
             for slot, n in chunks:
                 del slot.todo[:n]
         self._prefill_drafts()
@@ -414,7 +418,6 @@ class Scheduler:
         assert self._draft is not None
         draft, n_batch = self._draft, self._draft.n_batch
         live = [(seq, d) for seq, d in work if d.pending]
-        first = True
         while live:
             t0 = self.clock()
             for group in _groups(live, n_batch):
@@ -426,11 +429,12 @@ class Scheduler:
                 for (_, d), r in zip(group, rows, strict=True):
                     d.feed(r[-1])
             seconds = self.clock() - t0
-            # a depth's cost for the controller; a first decode that caught a slot up on
-            # more than `last` and x_K is not one
-            if self.controller is not None and (not first or all(d.behind <= 2 for _, d in live)):
+            # every depth's cost for the controller, a first decode that catches a slot up
+            # on rounds it did not draft included: under load K flips between 0 and 1, and
+            # nearly every such round pays a catch-up (a line without them had speculation
+            # lose to --draft none at 4 slots, temperature 0.8)
+            if self.controller is not None:
                 self.controller.observe_draft(len(live), seconds)
-            first = False
             live = [(seq, d) for seq, d in live if d.pending]
 
     def _prefill_drafts(self) -> None:
