@@ -153,7 +153,8 @@ class Pair:
             raise PromptError("the prompt is empty")
         ids = prompt_tokens(self.session.target, text)
         seed = seed_or_random(flags.seed)
-        return events(self.session, ids, flags, seed)[0], seed
+        with _argument_names():
+            return events(self.session, ids, flags, seed)[0], seed
 
     def close(self) -> None:
         self.session.close()
@@ -189,7 +190,36 @@ def load(
         ConfigError, ModelFileError, ModelLoadError, VocabMismatchError: as `specgen run`
             reports them (the message says what to do).
     """
-    flags = ModelFlags(
+    with _argument_names():
+        return Pair(
+            _session.open(
+                _model_flags(
+                    target,
+                    draft,
+                    pair,
+                    models,
+                    ctx_size,
+                    n_gpu_layers,
+                    n_gpu_layers_draft,
+                    threads,
+                    draft_p_min,
+                )
+            )
+        )
+
+
+def _model_flags(
+    target: str | Path | None,
+    draft: str | Path | None,
+    pair: str | None,
+    models: Path | None,
+    ctx_size: int,
+    n_gpu_layers: int,
+    n_gpu_layers_draft: int,
+    threads: int,
+    draft_p_min: float,
+) -> ModelFlags:
+    return ModelFlags(
         target=None if target is None else str(target),
         draft=None if draft is None else str(draft),
         pair=pair,
@@ -200,8 +230,6 @@ def load(
         threads=threads,
         draft_p_min=draft_p_min,
     )
-    with _argument_names():
-        return Pair(_session.open(flags))
 
 
 def events(
