@@ -343,8 +343,7 @@ class Scheduler:
             if self.controller is not None and not chunks:
                 # the decode and every slot's stages 3-5: warping, verifying and sampling
                 # grow with the rows too (at temperature > 0 over a 262,144-token
-                # vocabulary, by about as much as the decode's own cost per row), and a
-                # cost line of the decode alone had speculation lose at 4 slots
+                # vocabulary, a cost the decode's own time leaves out)
                 self.controller.observe_target(n_rows, self.clock() - t2)
             for slot, n in chunks:
                 del slot.todo[:n]
@@ -431,8 +430,7 @@ class Scheduler:
             seconds = self.clock() - t0
             # every depth's cost for the controller, a first decode that catches a slot up
             # on rounds it did not draft included: under load K flips between 0 and 1, and
-            # nearly every such round pays a catch-up (a line without them had speculation
-            # lose to --draft none at 4 slots, temperature 0.8)
+            # nearly every such round pays a catch-up, a real cost of speculating
             if self.controller is not None:
                 self.controller.observe_draft(len(live), seconds)
             live = [(seq, d) for seq, d in live if d.pending]
