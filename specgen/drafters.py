@@ -80,13 +80,6 @@ class ModelDrafter:
         least its last token to evaluate (its logits are needed)."""
         return min(common_prefix(self.engine.tokens, context), len(context) - 1)
 
-    def _sync(self, context: list[int]) -> Logits:
-        """Make the cache hold `context`, evaluating at least its last token; returns
-        the (n_vocab,) logits row after it."""
-        keep = self._reusable(context)
-        self.engine.truncate(keep)
-        return self.engine.decode(context[keep:])[-1]
-
     def prefill(self, context: list[int]) -> None:
         """Evaluate the prompt except its last token (done with the target's prefill),
         then one single-token pass that is rolled back: the first single-token decode
