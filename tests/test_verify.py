@@ -422,20 +422,13 @@ def test_verify_passes_on_the_smollm2_pair_with_block_verification_and_lookup(sm
     assert seen["lookup"] > 0 and seen["draft"] > 0
 
 
-@pytest.mark.parametrize("rule", ["token", "block"])
-def test_verify_passes_on_the_weak_draft(demo_target, weak_draft, rule):
-    # Block verification differs from token-wise only at K >= 2 (3 positions: K = m - 1)
-    # and only when sampling: its greedy check would run the token run's code again.
-    block = rule == "block"
+def test_verify_passes_on_the_weak_draft(demo_target, weak_draft):
+    # token-wise only: with this draft nearly every round rejects at x_1, where block
+    # verification is token-wise verification (it departs at K >= 2 after an acceptance),
+    # so a block run here repeated this one at twice the cost; the 15-layer draft below
+    # covers block verification on a derived draft, where acceptance is moderate
     config = VerifyConfig(
-        samples=80,
-        positions=3 if block else 2,
-        k=3 if block else 2,
-        greedy=not block,
-        greedy_ks=(4,),
-        greedy_tokens=16,
-        verify_rule=rule,
-        **_ONE,
+        samples=80, positions=2, k=2, greedy_ks=(4,), greedy_tokens=16, verify_rule="token", **_ONE
     )
     report, _ = _verify_real(demo_target, weak_draft, config, lookup=False)
     assert report.passed, report.to_dict()
