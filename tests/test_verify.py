@@ -203,7 +203,9 @@ class GreedyDraftSoftmaxQ(ModelDrafter):
 
     def draft(self, context, k, rng):
         tokens, q = [], []
-        row = self._align(self._sync(context))
+        keep = self._reusable(context)  # the cache brought up to date, as Drafting does
+        self.engine.truncate(keep)
+        row = self._align(self.engine.decode(context[keep:])[-1])
         for i in range(k):
             q_i = warp_rows(row[None, :], self.params)
             ids, probs = q_i.row(0)
