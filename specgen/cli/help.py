@@ -92,24 +92,23 @@ def _name(param: Any) -> None:
         param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
 
 
-class Command(TyperCommand):
-    """A Typer command whose help names each option's value (see the module)."""
+class _Named:
+    """Names each option's value at help time (see the module); mixed into click's
+    command and group classes."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
+        params = super().get_params(ctx)  # type: ignore[misc]
         for p in params:
             _name(p)
         return params
 
 
-class Group(TyperGroup):
+class Command(_Named, TyperCommand):
+    """A Typer command whose help names each option's value."""
+
+
+class Group(_Named, TyperGroup):
     """The top-level group, whose own options (`--version`, `--help`) are named alike."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for p in params:
-            _name(p)
-        return params
 
 
 def name_values(app: typer.Typer) -> None:

@@ -316,14 +316,9 @@ class Scheduler:
 
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
         budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
-        chunks: list[tuple[_Slot, int]] = []
-        for slot in self._slots:
-            if slot.seq is None or slot.started or not slot.todo or budget <= 0:
-                continue
-            n = min(len(slot.todo), budget, self.prefill_chunk)
-            parts.append(SeqDecode(slot.index, slot.todo[:n], 0))
-            chunks.append((slot, n))
-            budget -= n
+        chunked = self._prompt_chunks(lambda slot: slot.todo, budget)
+        parts += [part for _, part in chunked]
+        chunks = [(slot, len(part.tokens)) for slot, part in chunked]
         decode0 = _decode_s(self.target)
         rows: list[Logits] | None = None
         verify_s = 0.0
@@ -435,25 +430,34 @@ class Scheduler:
                 self.controller.observe_draft(len(live), seconds)
             live = [(seq, d) for seq, d in live if d.pending]
 
+    def _prompt_chunks(
+        self, todo_of: Callable[[_Slot], list[int]], budget: int
+    ) -> list[tuple[_Slot, SeqDecode]]:
+        """A chunk (at most `prefill_chunk` tokens, no logits rows) of each prefilling
+        slot's prompt tokens still to evaluate (`todo_of(slot)`: the target's or the
+        draft's), `budget` tokens in all."""
+        out: list[tuple[_Slot, SeqDecode]] = []
+        for slot in self._slots:
+            todo = todo_of(slot)
+            if slot.seq is None or slot.started or not todo or budget <= 0:
+                continue
+            n = min(len(todo), budget, self.prefill_chunk)
+            out.append((slot, SeqDecode(slot.index, todo[:n], 0)))
+            budget -= n
+        return out
+
     def _prefill_drafts(self) -> None:
         """The draft's share of prefilling: one draft decode holding a chunk (at most
         `prefill_chunk` tokens) of every prefilling slot's prompt, so a long prompt stalls
         the others by one chunk in the draft too."""
         if self._draft is None:
             return
-        budget = self._draft.n_batch
-        parts, chunks = [], []
-        for slot in self._slots:
-            if slot.seq is None or slot.started or not slot.draft_todo or budget <= 0:
-                continue
-            n = min(len(slot.draft_todo), budget, self.prefill_chunk)
-            parts.append(SeqDecode(slot.index, slot.draft_todo[:n], 0))
-            chunks.append((slot, n))
-            budget -= n
-        if not parts:
+        chunked = self._prompt_chunks(lambda slot: slot.draft_todo, self._draft.n_batch)
+        chunks = [(slot, len(part.tokens)) for slot, part in chunked]
+        if not chunks:
             return
         try:
-            self._draft.decode_batch(parts)
+            self._draft.decode_batch([part for _, part in chunked])
         except EngineError as exc:
             for slot, _ in chunks:
                 self._fail(slot, str(exc), "engine")
