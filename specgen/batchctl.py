@@ -16,21 +16,30 @@ speculation is used only when it is predicted to pay; acceptance alone cannot de
 (at high load the rows speculation adds compete with other requests' rows).
 
 T and S are straight lines fitted by least squares to the decodes the server actually
-makes (`LineFit`). With linear costs the step's cost is a + b * rows + c0 * D + c1 * sum K,
-so for a given ratio lambda the numerator minus lambda times the cost separates per slot
-once D is fixed: `choose` solves the ratio exactly by Dinkelbach's method over D.
+makes (`LineFit`): T over the rows of each target decode, S over the tokens of each draft
+decode, so a depth drafted by n slots costs S(n). A slot whose draft cache fell behind
+(it did not speculate for a while: the committed tokens of those steps were never drafted)
+first evaluates the missing tokens in its first depth: c1 more seconds per token. That
+catch-up is paid once and serves every later round of the request, so a step is charged
+the share of it that one round is of the rounds the request has left at that K
+(E_i(K) / tokens left); charging it whole to one round would keep a slot that stopped
+speculating under load from ever starting again.
+
+With linear costs the step's cost is a + b * rows + c0 * D + c1 * sum K (plus the
+catch-up shares), so for a given ratio lambda the numerator minus lambda times the cost
+separates per slot once D is fixed: `choose` solves the ratio exactly by Dinkelbach's
+method over D, all D at once in numpy (the server calls it every step).
 
 Pure: numpy only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from specgen.controller import expected_tokens
 
 
 @dataclass(frozen=True)
@@ -92,10 +101,16 @@ class SlotInput:
         alpha_by_pos: alpha_1, alpha_2, ...: estimated probability that block position i
             is accepted given 1..i-1 were (the last value repeats; empty = 0).
         k_max: largest K allowed (room left, -n, --draft-max; 0 = no drafter).
+        catch_up: committed tokens the draft cache lacks beyond the one every first depth
+            evaluates (0 when it is up to date); drafting first evaluates them.
+        left: tokens the request may still emit (its share of the catch-up is E(K) / left
+            per round); 0 = unknown: the whole catch-up is charged to this round.
     """
 
     alpha_by_pos: tuple[float, ...]
     k_max: int
+    catch_up: int = 0
+    left: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +120,7 @@ class Choice:
     Attributes:
         k: K per slot, in the order given.
         expected_tokens: sum of the slots' expected tokens at those K.
-        step_s: predicted seconds of the step.
+        step_s: predicted seconds of the step, catch-ups by their share (see the module).
         goodput: expected_tokens / step_s, tokens per second.
         goodput_ordinary: the same with K = 0 for every slot.
     """
@@ -117,11 +132,43 @@ class Choice:
     goodput_ordinary: float
 
 
-def step_seconds(ks: Sequence[int], target: Line, draft: Line, fixed_s: float = 0.0) -> float:
-    """Predicted seconds of a step whose slots use block sizes `ks` (bonus rows scored)."""
+def expected_gains(alpha_by_pos: Sequence[float], k_max: int) -> np.ndarray:
+    """E(K) for K = 0..k_max at once: (k_max + 1,) float64, the values of
+    `controller.expected_tokens` (Leviathan et al. 2023, eq. (1) with alpha by position)."""
+    k_max = max(0, k_max)
+    a = np.clip(np.asarray(alpha_by_pos, dtype=np.float64)[:k_max], 0.0, 1.0)
+    if a.size == 0:
+        a = np.zeros(k_max)
+    elif a.size < k_max:
+        a = np.concatenate([a, np.full(k_max - a.size, a[-1])])
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(a))])
+
+
+def _catch_up_share(slot: SlotInput, gains: np.ndarray) -> np.ndarray:
+    """(K + 1,) the fraction of the slot's catch-up charged to one round at each K."""
+    share = np.ones_like(gains)
+    if slot.left > 0:
+        share = np.minimum(1.0, gains / slot.left)
+    share[0] = 0.0  # K = 0 drafts nothing
+    return share if slot.catch_up > 0 else np.zeros_like(gains)
+
+
+def step_seconds(
+    ks: Sequence[int],
+    target: Line,
+    draft: Line,
+    fixed_s: float = 0.0,
+    slots: Sequence[SlotInput] = (),
+) -> float:
+    """Predicted seconds of a step whose slots use block sizes `ks` (bonus rows scored);
+    with `slots`, each drafting slot's catch-up by its share (see the module)."""
     rows = sum(k + 1 for k in ks)
     depth = max(ks, default=0)
     drafting = sum(draft(sum(1 for k in ks if k >= j)) for j in range(1, depth + 1))
+    for s, k in zip(slots, ks, strict=False):
+        if k > 0 and s.catch_up > 0:
+            share = _catch_up_share(s, expected_gains(s.alpha_by_pos, k))[k]
+            drafting += draft.slope_s * s.catch_up * share
     return target(rows) + drafting + fixed_s
 
 
@@ -132,7 +179,8 @@ def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float
     Args:
         slots: the active slots.
         target: seconds of one target decode as a function of its rows.
-        draft: seconds of one draft depth as a function of the slots drafting it.
+        draft: seconds of one draft decode as a function of its tokens (one per slot
+            drafting a depth).
         fixed_s: seconds the step costs whatever K is (host work, prompt chunks).
 
     Returns:
@@ -140,41 +188,54 @@ def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float
     """
     if not slots:
         return Choice((), 0.0, 0.0, 0.0, 0.0)
-    gains = [
-        np.array([expected_tokens(s.alpha_by_pos, k) for k in range(max(0, s.k_max) + 1)])
-        for s in slots
-    ]
-    zero = tuple(0 for _ in slots)
+    n, m = len(slots), max(max(0, s.k_max) for s in slots)
+    gains = np.full((n, m + 1), -np.inf)  # -inf beyond a slot's k_max: never chosen
+    catch = np.zeros((n, m + 1))  # each K's catch-up seconds charged to this round
+    for i, s in enumerate(slots):
+        g = expected_gains(s.alpha_by_pos, s.k_max)
+        gains[i, : g.size] = g
+        catch[i, : g.size] = draft.slope_s * s.catch_up * _catch_up_share(s, g)
+    ks_all = np.arange(m + 1)
+    per_k = target.slope_s + draft.slope_s  # each proposal: one more row, one more token
+    base = target.intercept_s + target.slope_s * n + fixed_s  # every slot's one row
+    rows_i = np.arange(n)
 
-    def value(ks: tuple[int, ...]) -> tuple[float, float]:
-        tokens = float(sum(g[k] for g, k in zip(gains, ks, strict=True)))
-        return tokens, step_seconds(ks, target, draft, fixed_s)
+    def value(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokens and seconds of K vectors: ks (..., n) -> arrays (...)."""
+        tokens = gains[rows_i, ks].sum(axis=-1)
+        seconds = (
+            base
+            + per_k * ks.sum(axis=-1)
+            + draft.intercept_s * ks.max(axis=-1)
+            + catch[rows_i, ks].sum(axis=-1)
+        )
+        return tokens, seconds
 
+    zero = np.zeros(n, dtype=np.int64)
     n0, c0 = value(zero)
-    best, best_n, best_c = zero, n0, c0
-    per_k = target.slope_s + draft.slope_s  # each proposal: one more row, one more draft slot
-    depth_max = max(len(g) - 1 for g in gains)
+    best, best_n, best_c = zero, float(n0), float(c0)
     for _ in range(64):  # Dinkelbach: finitely many K vectors, strictly rising ratio
         lam = best_n / best_c if best_c > 0 else 0.0
-        cand, cand_obj = best, best_n - lam * best_c
-        for depth in range(1, depth_max + 1):
-            ks = []
-            for g in gains:
-                cap = min(depth, len(g) - 1)
-                ks.append(int(np.argmax(g[: cap + 1] - lam * per_k * np.arange(cap + 1))))
-            n, c = value(tuple(ks))
-            if n - lam * c > cand_obj + 1e-12:
-                cand, cand_obj = tuple(ks), n - lam * c
-        if cand == best:
+        obj = gains - lam * (per_k * ks_all + catch)
+        # for every depth D at once: each slot's best K <= D (the first of equal ones),
+        # the index of the last strict new maximum of obj[:, :D + 1]
+        run = np.maximum.accumulate(obj, axis=1)
+        new = np.ones_like(obj, dtype=bool)
+        new[:, 1:] = obj[:, 1:] > run[:, :-1]
+        cand = np.maximum.accumulate(np.where(new, ks_all, 0), axis=1).T  # (D, n)
+        t, c = value(cand)
+        score = t - lam * c
+        d = int(np.argmax(score))  # the smallest D among equals
+        if score[d] <= best_n - lam * best_c + 1e-12 or np.array_equal(cand[d], best):
             break
-        best = cand
-        best_n, best_c = value(best)
+        best = cand[d]
+        best_n, best_c = float(t[d]), float(c[d])
     return Choice(
-        best,
+        tuple(int(k) for k in best),
         best_n,
         best_c,
         best_n / best_c if best_c > 0 else 0.0,
-        n0 / c0 if c0 > 0 else 0.0,
+        float(n0 / c0) if c0 > 0 else 0.0,
     )
 
 
@@ -211,15 +272,43 @@ class Acceptance:
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class SlotState:
+    """What the scheduler knows of one active slot each step.
+
+    Attributes:
+        acceptance: the request's estimate.
+        k_cap: its room (-n, context, --draft-max); 0 for a slot without a drafter.
+        idle_steps: steps since it last speculated (for probing).
+        catch_up: committed tokens its draft cache lacks beyond the one the first depth
+            always evaluates (`SlotInput.catch_up`).
+        left: tokens it may still emit (0 = unknown).
+    """
+
+    acceptance: Acceptance
+    k_cap: int
+    idle_steps: int = 0
+    catch_up: int = 0
+    left: int = 0
+
+
 class BatchController:
     """Fits the costs from the decodes the server makes, keeps the pooled acceptance rate
     (each new request's prior), and chooses K per slot (`choose`).
 
+    A slot held at K = 0 is probed with K = 1 now and then, so a low acceptance estimate can
+    recover, but only while a probe costs at most `probe_budget` of the time the slot spent
+    idle: a probe first makes the draft catch up on every token the slot committed while
+    idle (c1 seconds each), so where the draft is slow against the steps (a CPU under load,
+    where catch-up grows faster per step than the budget does) there are no probes at all.
+    Before this rule, probes every 32 steps at 4 sampled streams cost 16% of the time.
+
     Args:
         k_max: --draft-max's ceiling for auto (per slot, before room caps it).
         target_prior, draft_prior: the cost lines used before measurements exist.
-        probe_every: a slot that could draft but got K = 0 for this many of its steps
-            gets K = 1 once, so a low estimate can recover (0 = never).
+        probe_every: fewest idle steps before a probe (0 = never probe).
+        probe_budget: most seconds a probe may cost (its row, its one-token depth, its
+            catch-up) per second the slot has been idle (at the predicted ordinary step).
         draft_batched: one draft decode per depth serves every slot (fit S(n) = c0 +
             c1 n from `observe_draft`); False when each slot drafts in its own decodes,
             so a depth drafted by n slots costs n single-slot passes (S(n) = S(1) n).
@@ -231,6 +320,7 @@ class BatchController:
         target_prior: Line = Line(0.040, 0.005),
         draft_prior: Line = Line(0.0, 0.020),
         probe_every: int = 32,
+        probe_budget: float = 0.02,
         draft_batched: bool = False,
     ) -> None:
         self.draft_batched = draft_batched
@@ -238,6 +328,7 @@ class BatchController:
         self.target = LineFit(target_prior)
         self.draft = LineFit(draft_prior)
         self.probe_every = probe_every
+        self.probe_budget = probe_budget
         self._tested = 0.0
         self._hits = 0.0
 
@@ -245,12 +336,13 @@ class BatchController:
         """A target decode of `rows` scored rows (and no prompt chunk) took `seconds`."""
         self.target.add(rows, seconds)
 
-    def observe_draft(self, n_slots: int, seconds: float) -> None:
-        """One draft depth for `n_slots` slots took `seconds`."""
-        self.draft.add(n_slots, seconds)
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        """One draft decode of `n_tokens` tokens (a depth: one per slot drafting it, plus
+        any catch-up) took `seconds`."""
+        self.draft.add(n_tokens, seconds)
 
     def draft_line(self) -> Line:
-        """Seconds of one draft depth as a function of the slots drafting it."""
+        """Seconds of one draft decode as a function of its tokens (one per slot)."""
         line = self.draft.line()
         return line if self.draft_batched else Line(0.0, line(1))
 
@@ -263,38 +355,47 @@ class BatchController:
         self._hits += min(n_accepted, k)
 
     def new_acceptance(self) -> Acceptance:
-        """A fresh estimate for a new request, its prior the pooled rate so far (0.5 with
-        no evidence; shrunk toward 0.5 while evidence is thin)."""
-        prior = (self._hits + 1.0) / (self._tested + 2.0)
-        return Acceptance(prior)
+        """A fresh estimate for a new request, its prior the pooled rate so far made
+        optimistic by one standard deviation of its Beta(hits + 1, misses + 1) posterior:
+        0.79 with no evidence, the pooled rate once there is much. Optimism in the face of
+        uncertainty (as UCB bandits): with the plain mean (0.5) the first requests on a
+        CPU never speculated, so acceptance was never measured and never could be."""
+        n = self._tested + 2.0
+        mean = (self._hits + 1.0) / n
+        return Acceptance(min(1.0, mean + math.sqrt(mean * (1.0 - mean) / (n + 1.0))))
 
-    def choose(
-        self,
-        acceptances: Sequence[Acceptance],
-        k_caps: Sequence[int],
-        idle_steps: Sequence[int] = (),
-        fixed_s: float = 0.0,
-    ) -> Choice:
-        """K per slot for this step.
+    def choose(self, states: Sequence[SlotState], fixed_s: float = 0.0) -> Choice:
+        """K per slot for this step, probes included (see the class).
 
         Args:
-            acceptances: each active slot's estimate.
-            k_caps: each slot's room (0 for a slot without a drafter).
-            idle_steps: steps since each slot last speculated (for probing).
+            states: the active slots.
             fixed_s: seconds the step costs whatever K is.
         """
-        caps = [max(0, min(self.k_max, c)) for c in k_caps]
-        slots = [SlotInput(a.alpha_by_pos(c), c) for a, c in zip(acceptances, caps, strict=True)]
+        slots = []
+        for st in states:
+            cap = max(0, min(self.k_max, st.k_cap))
+            slots.append(SlotInput(st.acceptance.alpha_by_pos(cap), cap, st.catch_up, st.left))
         t, c = self.target.line(), self.draft_line()
         got = choose(slots, t, c, fixed_s)
-        if not self.probe_every or not idle_steps:
+        if not self.probe_every:
             return got
+        idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
         ks = tuple(
-            1 if k == 0 and cap > 0 and idle >= self.probe_every else k
-            for k, cap, idle in zip(got.k, caps, idle_steps, strict=True)
+            1 if k == 0 and self._probe_pays(s, st.idle_steps, idle_s, t, c) else k
+            for k, s, st in zip(got.k, slots, states, strict=True)
         )
         if ks == got.k:
             return got
-        n = sum(expected_tokens(s.alpha_by_pos, k) for s, k in zip(slots, ks, strict=True))
-        sec = step_seconds(ks, t, c, fixed_s)
+        n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
+        sec = step_seconds(ks, t, c, fixed_s, slots)
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)
+
+    def _probe_pays(
+        self, slot: SlotInput, idle_steps: int, step_s: float, target: Line, draft: Line
+    ) -> bool:
+        """Whether a K = 1 probe of this idle slot costs at most probe_budget of the time
+        it has been idle (its steps at the ordinary step's predicted seconds)."""
+        if slot.k_max <= 0 or idle_steps < self.probe_every:
+            return False
+        cost = target.slope_s + draft(1) + draft.slope_s * slot.catch_up
+        return cost <= self.probe_budget * idle_steps * step_s

@@ -14,12 +14,19 @@ from specgen.sampling import Dists, SamplingParams, draw, warp_rows
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
+    """Length of the longest common prefix of two token lists (slice comparisons in a
+    binary search: the server asks for every slot every step, at thousands of tokens)."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class ModelDrafter:
@@ -74,6 +81,11 @@ class ModelDrafter:
         out = np.full(v, -np.inf, dtype=np.float32)
         out[: row.shape[0]] = row
         return out
+
+    def behind(self, context: list[int]) -> int:
+        """Tokens of `context` the draft cache lacks (at least its last one, whose row a
+        block starts from): what the next block's first decode evaluates."""
+        return len(context) - self._reusable(context)
 
     def _reusable(self, context: list[int]) -> int:
         """Cached positions that can stay: the common prefix with `context`, leaving at

@@ -139,6 +139,10 @@ class HybridDrafter:
     def cached_tokens(self) -> int:
         return self.model.cached_tokens
 
+    def behind(self, context: list[int]) -> int:
+        """`ModelDrafter.behind` of the model's cache."""
+        return self.model.behind(context)
+
     def prefill(self, context: list[int]) -> None:
         self.index.reset()
         self.index.lookup(context, 0)

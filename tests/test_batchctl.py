@@ -13,7 +13,9 @@ from specgen.batchctl import (
     Line,
     LineFit,
     SlotInput,
+    SlotState,
     choose,
+    expected_gains,
     step_seconds,
 )
 from specgen.controller import expected_tokens
@@ -65,7 +67,7 @@ def brute_force(slots, target, draft, fixed_s=0.0):
     best, best_g = None, -1.0
     for ks in itertools.product(*[range(s.k_max + 1) for s in slots]):
         n = sum(expected_tokens(s.alpha_by_pos, k) for s, k in zip(slots, ks, strict=True))
-        g = n / step_seconds(ks, target, draft, fixed_s)
+        g = n / step_seconds(ks, target, draft, fixed_s, slots)
         if g > best_g + 1e-12:
             best, best_g = ks, g
     return best, best_g
@@ -76,7 +78,12 @@ def test_equals_exhaustive_search(case):
     rng = np.random.default_rng(case)
     n = int(rng.integers(1, 5))
     slots = [
-        SlotInput(tuple(rng.uniform(0, 1, size=int(rng.integers(1, 4)))), int(rng.integers(0, 5)))
+        SlotInput(
+            tuple(rng.uniform(0, 1, size=int(rng.integers(1, 4)))),
+            int(rng.integers(0, 5)),
+            catch_up=int(rng.integers(0, 40)) * int(rng.integers(0, 2)),
+            left=int(rng.integers(0, 30)),
+        )
         for _ in range(n)
     ]
     target = Line(rng.uniform(0.005, 0.05), rng.uniform(0, 0.01))
@@ -85,7 +92,32 @@ def test_equals_exhaustive_search(case):
     got = choose(slots, target, draft, fixed)
     ks, g = brute_force(slots, target, draft, fixed)
     assert got.goodput == pytest.approx(g, rel=1e-12)
-    assert got.step_s == pytest.approx(step_seconds(got.k, target, draft, fixed))
+    assert got.step_s == pytest.approx(step_seconds(got.k, target, draft, fixed, slots))
+
+
+@pytest.mark.parametrize("alpha", [(), (0.3,), (0.9, 0.5), (1.0, 0.2, 0.7, 0.1)])
+def test_expected_gains_equal_expected_tokens_for_every_k(alpha):
+    got = expected_gains(alpha, 6)
+    assert got.shape == (7,)
+    assert got == pytest.approx([expected_tokens(alpha, k) for k in range(7)], rel=1e-12)
+
+
+def test_a_catch_up_is_charged_by_the_share_of_the_rounds_left():
+    # DRAFT_BATCHED slope 2 ms a token: 30 missing tokens are 60 ms, 1.8 / 90 of it at K=1
+    t, d = TARGET, DRAFT_BATCHED
+    up = SlotInput((0.8,), 1)
+    far = SlotInput((0.8,), 1, catch_up=30, left=90)
+    whole = SlotInput((0.8,), 1, catch_up=30)
+    plain = step_seconds((1,), t, d)
+    assert step_seconds((1,), t, d, slots=[up]) == pytest.approx(plain)
+    assert step_seconds((1,), t, d, slots=[far]) == pytest.approx(plain + 0.060 * 1.8 / 90)
+    assert step_seconds((1,), t, d, slots=[whole]) == pytest.approx(plain + 0.060)
+    assert step_seconds((0,), t, d, slots=[whole]) == pytest.approx(step_seconds((0,), t, d))
+    # one stream at 0.9 speculates when up to date or when the share is small, not when a
+    # 100-token catch-up (200 ms) falls on one round
+    assert choose([SlotInput((0.9,), 4)], t, d).k[0] > 0
+    assert choose([SlotInput((0.9,), 4, catch_up=100, left=500)], t, d).k[0] > 0
+    assert choose([SlotInput((0.9,), 4, catch_up=100)], t, d).k == (0,)
 
 
 def test_step_seconds_counts_rows_and_depths():
@@ -128,24 +160,57 @@ def test_a_request_served_at_k_1_that_is_always_accepted_grows_its_k():
         ctl.observe_target(rows, 0.04 + 0.006 * rows)
     ctl.observe_draft(1, 0.005)
     acc = ctl.new_acceptance()
-    assert ctl.choose([acc], [8]).k[0] <= 2  # nothing known yet: prior 0.5
+    assert ctl.choose([SlotState(acc, 8)]).k[0] <= 2  # nothing known yet: prior 0.5
     for _ in range(20):
         acc.update(1, 1)
-    assert ctl.choose([acc], [8]).k[0] >= 4
+    assert ctl.choose([SlotState(acc, 8)]).k[0] >= 4
 
 
 def test_controller_prior_probe_and_fits():
-    ctl = BatchController(k_max=4, probe_every=8)
-    assert ctl.new_acceptance().prior == 0.5
+    ctl = BatchController(k_max=4, probe_every=8, probe_budget=0.2, draft_batched=True)
+    # the pooled rate plus one standard deviation: Beta(1, 1), then Beta(1, 2)
+    assert ctl.new_acceptance().prior == pytest.approx(0.5 + (0.25 / 3) ** 0.5)
     low = Acceptance(prior=0.0, weight=1.0)
     ctl.observe_round(low, 4, 0)
-    assert ctl.new_acceptance().prior == pytest.approx(1 / 3)
+    assert ctl.new_acceptance().prior == pytest.approx(1 / 3 + (2 / 9 / 4) ** 0.5)
     for rows in (1, 2, 5):
         ctl.observe_target(rows, 0.04 + 0.006 * rows)
     ctl.observe_draft(1, 0.019)
-    ctl.observe_draft(2, 0.038)
-    assert ctl.choose([low], [4]).k == (0,)
-    assert ctl.choose([low], [4], idle_steps=[7]).k == (0,)
-    probe = ctl.choose([low], [4], idle_steps=[8])
+    ctl.observe_draft(2, 0.021)  # a draft decode: 17 ms + 2 ms a token
+    assert ctl.choose([SlotState(low, 4)]).k == (0,)
+    assert ctl.choose([SlotState(low, 4, idle_steps=7)]).k == (0,)
+    # a probe costs a row and a one-token depth, 25 ms: within 20% of 8 idle steps (46 ms)
+    probe = ctl.choose([SlotState(low, 4, idle_steps=8)])
     assert probe.k == (1,) and probe.goodput < probe.goodput_ordinary
-    assert ctl.choose([low], [0], idle_steps=[99]).k == (0,)  # no drafter: never probes
+    assert ctl.choose([SlotState(low, 0, idle_steps=99)]).k == (0,)  # no drafter
+    # a draft 26 tokens behind adds 52 ms: 77 ms is over 20% of 8 steps (74 ms), not of 9
+    assert ctl.choose([SlotState(low, 4, idle_steps=8, catch_up=26)]).k == (0,)
+    assert ctl.choose([SlotState(low, 4, idle_steps=9, catch_up=26)]).k == (1,)
+
+
+def test_the_prior_of_a_new_request_tends_to_the_pooled_rate():
+    ctl = BatchController()
+    acc = ctl.new_acceptance()
+    for i in range(1000):  # K = 1 rounds, 300 of 1,000 accepted
+        ctl.observe_round(acc, 1, 1 if i % 10 < 3 else 0)
+    mean = 301 / 1002
+    assert ctl.new_acceptance().prior == pytest.approx(mean + (mean * (1 - mean) / 1003) ** 0.5)
+    assert abs(ctl.new_acceptance().prior - 0.3) < 0.02
+
+
+def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():
+    # 4 sampled streams on the 2-core CPU, as measured: a step 61 ms, a draft token 2.4 ms
+    # in a batch; at 2% a step buys 1.2 ms of probing, less than the catch-up grows
+    ctl = BatchController(k_max=8, draft_batched=True)
+    for rows in (4, 5, 8):
+        ctl.observe_target(rows, 0.042 + 0.0047 * rows)
+    for tokens in (4, 40, 128):
+        ctl.observe_draft(tokens, 0.010 + 0.0024 * tokens)
+    low = [Acceptance(prior=0.3) for _ in range(4)]
+    for idle in (32, 64, 256, 1024):
+        got = ctl.choose([SlotState(a, 8, idle, catch_up=idle, left=500) for a in low])
+        assert got.k == (0, 0, 0, 0)
+    # the old rule (K = 1 every 32 idle steps) is what this budget refuses
+    cheap = BatchController(k_max=8, draft_batched=True, probe_budget=1.0)
+    cheap.target, cheap.draft = ctl.target, ctl.draft
+    assert cheap.choose([SlotState(a, 8, 32, catch_up=32, left=500) for a in low]).k == (1,) * 4

@@ -21,11 +21,12 @@ from reference import probs
 from scipy import stats
 
 from specgen import rejection
-from specgen.batchctl import BatchController, Line
+from specgen.batchctl import BatchController, Choice, Line
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter
+from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
 from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
 
@@ -388,9 +389,9 @@ def test_the_controller_learns_the_cost_of_a_depth_drafted_by_several_slots():
             )
             self.depths = []
 
-        def observe_draft(self, n_slots, seconds):
-            self.depths.append(n_slots)
-            super().observe_draft(n_slots, seconds)
+        def observe_draft(self, n_tokens, seconds):
+            self.depths.append(n_tokens)
+            super().observe_draft(n_tokens, seconds)
 
     target, draft = engines(n_seq=3, noise=0.1)
     controller = Recording()
@@ -406,7 +407,111 @@ def test_the_controller_learns_the_cost_of_a_depth_drafted_by_several_slots():
     for p in ([1], [2], [3]):
         submit(sched, p, GenerateConfig(40, GREEDY, ignore_eos=True))
     sched.run_until_idle()
-    assert 3 in controller.depths  # one observation per depth, with the slots in it
+    assert 3 in controller.depths  # one observation per draft decode, with its tokens
     assert sched.controller.draft_line()(3) == pytest.approx(
         controller.draft.line()(3)
     )  # batched: S(n) is the fitted line, not n single passes
+
+
+def test_calibrate_times_both_lines_at_one_and_every_slot_and_leaves_the_caches_empty():
+    seen: list[tuple[str, int, float]] = []
+
+    class Recording(BatchController):
+        def observe_target(self, rows, seconds):
+            seen.append(("target", rows, seconds))
+            super().observe_target(rows, seconds)
+
+        def observe_draft(self, n_tokens, seconds):
+            seen.append(("draft", n_tokens, seconds))
+            super().observe_draft(n_tokens, seconds)
+
+    target, draft = engines(n_seq=3)
+    sched = Scheduler(
+        target,
+        ModelDrafter(draft, GREEDY, V),
+        n_parallel=3,
+        queue_max=8,
+        draft_max=None,
+        controller=Recording(draft_batched=True),
+        clock=itertools.count(step=0.001).__next__,  # every timed decode reads 1 ms
+    )
+    sched.calibrate(repeats=2)
+    assert [(w, n) for w, n, _ in seen] == [("target", 1)] * 2 + [("target", 3)] * 2 + [
+        ("draft", 1)
+    ] * 2 + [("draft", 3)] * 2
+    assert all(s == pytest.approx(0.001) for _, _, s in seen)
+    assert all(not e.sequence(i).tokens for e in (target, draft) for i in range(3))
+    assert sched.controller.target.n == 4 and sched.controller.draft.n == 4
+    # a single slot: sizes 1 and 2, two tokens in its one sequence
+    seen.clear()
+    target, draft = engines(n_seq=1)
+    one = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=1, queue_max=8, draft_max=None,
+        controller=Recording(draft_batched=True),
+    )  # fmt: skip
+    one.calibrate(repeats=1)
+    assert [(w, n) for w, n, _ in seen] == [
+        ("target", 1),
+        ("target", 2),
+        ("draft", 1),
+        ("draft", 2),
+    ]
+    # fixed K: no controller, nothing to time
+    sched, target, _ = make(n_parallel=2, k=3)
+    sched.calibrate()
+    assert target.decode_s == 0.0
+
+
+def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
+    # slot 0 speculates, slot 1 is held at K = 0 for 5 steps, then both draft: the first
+    # draft decode then holds slot 1's 6 missing tokens and slot 0's pending ones
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=2, draft_batched=True, probe_every=0)
+            self.steps, self.drafts, self.behind = 0, [], []
+
+        def observe_draft(self, n_tokens, seconds):
+            self.drafts.append((self.steps, n_tokens))
+
+        def choose(self, states, fixed_s=0.0):
+            self.steps += 1
+            self.behind.append([s.catch_up for s in states])
+            ks = (2, 0) if self.steps <= 5 else (2, 2)
+            return Choice(ks[: len(states)], 0.0, 0.0, 0.0, 0.0)
+
+    target, draft = engines(n_seq=2)
+    ctl = Script()
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=2, queue_max=8, draft_max=None,
+        controller=ctl,
+    )  # fmt: skip
+    for p in ([1, 2, 3], [4, 5, 1]):
+        submit(sched, p, GenerateConfig(40, GREEDY, ignore_eos=True))
+    for _ in range(7):
+        sched.step()
+    # slot 1 commits one token a step at K = 0: its catch-up grows by one a step
+    assert [b[1] for b in ctl.behind[:6]] == [0, 1, 2, 3, 4, 5]
+    assert all(b[0] <= 1 for b in ctl.behind)  # a speculating slot stays caught up
+    # step 6's first draft decode: slot 1's 5 missing tokens and its last, and slot 0's
+    # pending 1 or 2; each depth after it one token a slot
+    sixth = [n for step, n in ctl.drafts if step == 6]
+    assert sixth[0] - 6 in (1, 2) and sixth[1:] == [2]
+
+
+def test_an_ngram_drafter_costs_the_controller_no_draft_decodes():
+    target, _ = engines(n_seq=2)
+    sched = Scheduler(target, NgramDrafter(V), n_parallel=2, queue_max=8, draft_max=None)
+    assert sched.controller is not None
+    assert sched.controller.draft_line() == Line(0.0, 0.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_common_prefix_equals_the_first_difference(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 3, size=int(rng.integers(0, 200))).tolist()
+    cut = int(rng.integers(0, len(a) + 1))
+    b = a[:cut] + rng.integers(0, 3, size=int(rng.integers(0, 50))).tolist()
+    naive = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    assert common_prefix(a, b) == naive

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Acceptance, BatchController
+from specgen.batchctl import Acceptance, BatchController, Line, SlotState
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
@@ -188,11 +188,14 @@ class Scheduler:
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
         # one draft decode per depth serves every slot: its cost is fitted as S(n) = c0 + c1 n
-        self.controller = (
-            (controller or BatchController(draft_batched=self._draft is not None))
-            if draft_max is None and drafter
-            else None
+        # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
+        # target's rows only (host time is in the step's measured costs)
+        default = (
+            BatchController(draft_batched=True)
+            if self._draft is not None
+            else BatchController(draft_prior=Line(0.0, 0.0))
         )
+        self.controller = (controller or default) if draft_max is None and drafter else None
         self._slots = [
             _Slot(
                 i,
@@ -274,7 +277,48 @@ class Scheduler:
     def _has_work(self) -> bool:
         return bool(self._queue) or self.slots_busy > 0
 
+    def calibrate(self, repeats: int = 3) -> None:
+        """Time the decodes the batch controller's cost lines stand on before any request
+        (as the single stream times its passes before its first round): target decodes
+        of one row and of one row per slot, draft decodes of one token and of one token
+        per slot, `repeats` times each after an untimed warm-up, in empty sequences that
+        are emptied again. Without it the controller starts from priors that can hold K
+        at 0 for good: no round drafts, so no draft decode is ever measured.
+        Called by `start` in the worker thread; a no-op without the controller.
+
+        Raises:
+            EngineError: a decode failed (`start`'s worker then serves on the priors).
+        """
+        ctl = self.controller
+        if ctl is None:
+            return
+        # (engine, its observer, whether every token is a scored row: the target's are)
+        engines: list[tuple[BatchEngine, Callable[[int, float], None], bool]] = [
+            (self.target, ctl.observe_target, True)
+        ]
+        if self._draft is not None:
+            engines.append((self._draft, ctl.observe_draft, False))
+        n = self.n_parallel
+        for engine, observe, all_rows in engines:
+            for size in [1, n] if n > 1 else [1, 2]:
+                # one token per slot; a single slot takes both tokens of size 2
+                parts = [SeqDecode(i, [0], 1) for i in range(size)]
+                if n == 1:
+                    parts = [SeqDecode(0, [0] * size, size if all_rows else 1)]
+                for r in range(repeats + 1):
+                    t0 = self.clock()
+                    engine.decode_batch(parts)
+                    if r > 0:
+                        observe(size, self.clock() - t0)
+                    for part in parts:
+                        engine.sequence(part.seq).truncate(0)
+
     def _run(self) -> None:
+        if self.controller is not None:
+            try:
+                self.calibrate()
+            except EngineError:
+                pass  # the priors, until the first decodes are measured
         while True:
             with self._cond:
                 while not self._stopping and not self._has_work():
@@ -413,21 +457,20 @@ class Scheduler:
         draft, n_batch = self._draft, self._draft.n_batch
         live = [(seq, d) for seq, d in work if d.pending]
         while live:
-            t0 = self.clock()
             for group in _groups(live, n_batch):
+                t0 = self.clock()
+                n_tokens = sum(len(d.pending) for _, d in group)
                 if len(group) == 1 and len(group[0][1].pending) > n_batch:
                     seq, d = group[0]  # a long catch-up: the engine splits it itself
                     d.feed(draft.sequence(seq).decode(d.pending)[-1])
-                    continue
-                rows = draft.decode_batch([SeqDecode(seq, d.pending, 1) for seq, d in group])
-                for (_, d), r in zip(group, rows, strict=True):
-                    d.feed(r[-1])
-            seconds = self.clock() - t0
-            # every depth's cost for the controller, a first decode that catches a slot up
-            # on rounds it did not draft included: under load K flips between 0 and 1, and
-            # nearly every such round pays a catch-up, a real cost of speculating
-            if self.controller is not None:
-                self.controller.observe_draft(len(live), seconds)
+                else:
+                    parts = [SeqDecode(seq, d.pending, 1) for seq, d in group]
+                    for (_, d), r in zip(group, draft.decode_batch(parts), strict=True):
+                        d.feed(r[-1])
+                # every decode's cost by its tokens, a first depth's catch-up included:
+                # the controller charges a slot's catch-up by the same line
+                if self.controller is not None:
+                    self.controller.observe_draft(n_tokens, self.clock() - t0)
             live = [(seq, d) for seq, d in live if d.pending]
 
     def _prompt_chunks(
@@ -556,9 +599,14 @@ class Scheduler:
             caps.append(slot.seq.choose_k())
         if self.controller is None or not active:
             return caps
-        acc = [s.acceptance for s in active]
-        assert all(a is not None for a in acc)
-        choice = self.controller.choose(acc, caps, [s.idle for s in active])  # type: ignore[arg-type]
+        states = []
+        for slot, cap in zip(active, caps, strict=True):
+            seq, d = slot.seq, slot.drafter
+            assert seq is not None and slot.acceptance is not None
+            behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
+            left = seq.emitter.remaining
+            states.append(SlotState(slot.acceptance, cap, slot.idle, max(0, behind - 1), left))
+        choice = self.controller.choose(states)
         for slot, k in zip(active, choice.k, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
         return list(choice.k)
