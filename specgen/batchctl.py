@@ -68,18 +68,25 @@ class LineFit:
         self.window = window
         self._x: list[float] = []
         self._y: list[float] = []
+        self._line: Line | None = None  # the fit, until the next `add`
 
     def add(self, x: float, seconds: float) -> None:
         self._x.append(float(x))
         self._y.append(float(seconds))
         if len(self._x) > self.window:
             del self._x[0], self._y[0]
+        self._line = None
 
     @property
     def n(self) -> int:
         return len(self._x)
 
     def line(self) -> Line:
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> Line:
         if not self._x:
             return self.prior
         x, y = np.asarray(self._x), np.asarray(self._y)
@@ -389,6 +396,16 @@ class BatchController:
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
         sec = step_seconds(ks, t, c, fixed_s, slots)
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)
+
+    def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
+        """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of
+        steps after the draft's cost was last measured: as rarely as keeps those decodes
+        within `probe_budget` of the time (Controller.retime_draft's rule)."""
+        return (
+            self.draft_batched
+            and undrafted_s > 0
+            and self.draft_line()(n_tokens) <= self.probe_budget * undrafted_s
+        )
 
     def _probe_pays(
         self, slot: SlotInput, idle_steps: int, step_s: float, target: Line, draft: Line

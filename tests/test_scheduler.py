@@ -515,3 +515,38 @@ def test_common_prefix_equals_the_first_difference(seed):
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
     assert common_prefix(a, b) == naive
+
+
+def test_steps_without_drafting_re_time_the_draft_within_the_budget_and_keep_its_cache():
+    class Idle(BatchController):
+        def __init__(self):
+            # a draft decode predicted at 10 ms; 2% of 1 s of undrafted steps pays for one
+            super().__init__(k_max=2, draft_batched=True, draft_prior=Line(0.010, 0.0))
+            self.timed = []
+
+        def observe_draft(self, n_tokens, seconds):
+            self.timed.append(n_tokens)
+            super().observe_draft(n_tokens, seconds)
+
+        def choose(self, states, fixed_s=0.0):
+            return Choice((0,) * len(states), 0.0, 0.0, 0.0, 0.0)
+
+    target, draft = engines(n_seq=2)
+    ctl = Idle()
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=2, queue_max=8, draft_max=None,
+        controller=ctl, clock=itertools.count(step=0.01).__next__,  # 10 ms a reading
+    )  # fmt: skip
+    for p in ([1, 2, 3], [4, 5, 1]):
+        submit(sched, p, GenerateConfig(60, GREEDY, ignore_eos=True))
+    sched.step()  # prefill
+    held = [list(draft.sequence(i).tokens) for i in range(2)]
+    reports = [sched.step() for _ in range(40)]
+    assert ctl.timed and set(ctl.timed) == {2}  # one decode, one token per slot
+    # now and then: the timed decodes (one 10 ms reading each) within 2% of the steps' time
+    spent = 0.01 * len(ctl.timed)
+    assert 0.01 * sum(r.step_s for r in reports) <= spent  # and not never
+    assert spent <= 0.02 * sum(r.step_s for r in reports) + 0.01
+    assert [draft.sequence(i).tokens for i in range(2)] == held  # rolled back
+    assert reports[-1].draft_line == ctl.draft_line()
+    assert not ctl.retime_due(2, 0.0) and ctl.retime_due(2, 100.0)

@@ -19,6 +19,7 @@ import openai
 import pytest
 import uvicorn
 
+from specgen.batchctl import Line
 from specgen.errors import ChatTemplateError
 from specgen.sampling import SamplingParams
 from specgen.server import runner
@@ -479,7 +480,7 @@ def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
     served.post("/v1/chat/completions", {"messages": "nope"})
     report = BatchReport(
         n_rows=9, n_slots=2, k=(3, 4), decode_s=0.04, draft_s=0.02, step_s=0.07, host_s=0.004,
-        queue_depth=0, slots_busy=2,
+        queue_depth=0, slots_busy=2, target_line=Line(0.04, 0.005), draft_line=Line(0.015, 0.0025),
     )  # fmt: skip
     served.state.metrics.observe_batch(report)
     text = httpx.get(served.url + "/metrics", timeout=T).text
@@ -490,6 +491,8 @@ def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
     assert "specgen_k_chosen_count 2.0" in text
     assert "specgen_host_seconds_per_slot_sum 0.002" in text
     assert "specgen_queue_depth" in text and "specgen_slots_busy" in text
+    assert 'specgen_controller_cost_seconds{model="draft",term="slope"} 0.0025' in text
+    assert 'specgen_controller_cost_seconds{model="target",term="intercept"} 0.04' in text
 
 
 def test_one_log_line_per_request(served: Served) -> None:

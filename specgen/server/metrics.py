@@ -105,6 +105,12 @@ class Metrics:
         self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a slot.", registry=r)
         self.slots_busy = Gauge("specgen_slots_busy", "Slots serving a request.", registry=r)
         self.slots = Gauge("specgen_slots", "Slots (--parallel).", registry=r)
+        self.cost = Gauge(
+            "specgen_controller_cost_seconds",
+            "The batch controller's fitted cost lines: seconds = intercept + slope * x"
+            " (x: a target decode's rows, a draft decode's tokens).",
+            ["model", "term"], registry=r,
+        )  # fmt: skip
 
     def watch(self, queue_depth: Callable[[], float], slots_busy: Callable[[], float], n: int):
         """Read the scheduler's queue depth and busy slots at every scrape."""
@@ -124,6 +130,10 @@ class Metrics:
         self.decode_s.inc(report.decode_s)
         self.draft_s.inc(report.draft_s)
         self.host_s.inc(report.host_s)
+        for model, line in (("target", report.target_line), ("draft", report.draft_line)):
+            if line is not None:
+                self.cost.labels(model=model, term="intercept").set(line.intercept_s)
+                self.cost.labels(model=model, term="slope").set(line.slope_s)
 
     def observe_request(
         self,

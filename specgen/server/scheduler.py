@@ -92,6 +92,9 @@ class BatchReport:
         step_s: wall seconds of the step.
         host_s: step_s minus the time inside llama_decode (both models).
         queue_depth, slots_busy: after the step.
+        target_line, draft_line: the batch controller's cost lines after the step
+            (seconds against a decode's rows, and a draft decode's tokens); None with a
+            fixed K.
     """
 
     n_rows: int
@@ -103,6 +106,8 @@ class BatchReport:
     host_s: float
     queue_depth: int
     slots_busy: int
+    target_line: Line | None = None
+    draft_line: Line | None = None
 
 
 class Ticket:
@@ -212,6 +217,7 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.last_report: BatchReport | None = None
+        self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
 
     # -- the HTTP side's calls (any thread) --------------------------------------------
 
@@ -356,6 +362,8 @@ class Scheduler:
 
         t1 = self.clock()
         proposals = self._propose(active, ks)
+        if not any(ks):
+            self._retime_draft(active)
         draft_s = self.clock() - t1
 
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
@@ -393,6 +401,9 @@ class Scheduler:
 
         step_s = self.clock() - t_step
         inside = _decode_s(self.target) + _decode_s(self._draft) - inside0
+        ctl = self.controller
+        if ctl is not None and not any(ks):
+            self._undrafted_s += step_s
         report = BatchReport(
             n_rows=n_rows,
             n_slots=len(active),
@@ -403,6 +414,8 @@ class Scheduler:
             host_s=max(0.0, step_s - inside),
             queue_depth=self.queue_depth,
             slots_busy=self.slots_busy,
+            target_line=ctl.target.line() if ctl is not None else None,
+            draft_line=ctl.draft_line() if ctl is not None else None,
         )
         self.last_report = report
         if self.observer is not None:
@@ -444,6 +457,37 @@ class Scheduler:
             proposals.append((slot, slot.seq.propose(k, w.block(), drafted_s)))
         return proposals
 
+    def _retime_draft(self, active: list[_Slot]) -> None:
+        """A step without drafting: now and then (`BatchController.retime_due`), time one
+        draft decode of one token per model-drafting slot, appended where each slot's
+        draft cache stands and removed again, so the draft's cost line follows the machine
+        while no slot drafts (a line left high by one slow moment would hold K at 0 for
+        good: no drafting, no measurement). The single stream re-times its draft likewise
+        (`Controller.retime_draft`)."""
+        ctl, draft = self.controller, self._draft
+        if ctl is None or draft is None:
+            return
+        slots = [
+            s for s in active
+            if isinstance(s.drafter, ModelDrafter | HybridDrafter) and s.draft is not None
+            and s.seq is not None and len(s.draft.tokens) < s.draft.n_ctx
+        ]  # fmt: skip
+        if not slots or not ctl.retime_due(len(slots), self._undrafted_s):
+            return
+        held = [len(s.draft.tokens) for s in slots if s.draft is not None]
+        parts = [SeqDecode(s.index, [s.seq.committed[-1]], 1) for s in slots if s.seq]
+        t0 = self.clock()
+        try:
+            draft.decode_batch(parts)
+        except EngineError:
+            return  # only a measurement: the slots' next blocks re-sync their caches
+        finally:
+            for s, n in zip(slots, held, strict=True):
+                if s.draft is not None:
+                    s.draft.truncate(n)
+        ctl.observe_draft(len(parts), self.clock() - t0)
+        self._undrafted_s = 0.0
+
     def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
         """Drive every slot's block to its end with one draft decode per depth holding
         every slot still drafting (its sequence's pending tokens, one logits row each).
@@ -471,6 +515,7 @@ class Scheduler:
                 # the controller charges a slot's catch-up by the same line
                 if self.controller is not None:
                     self.controller.observe_draft(n_tokens, self.clock() - t0)
+                    self._undrafted_s = 0.0
             live = [(seq, d) for seq, d in live if d.pending]
 
     def _prompt_chunks(
