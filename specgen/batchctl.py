@@ -70,6 +70,11 @@ class LineFit:
         self._y: list[float] = []
         self._line: Line | None = None  # the fit, until the next `add`
 
+    def set_prior(self, prior: Line) -> None:
+        """Replace the prior (what `line` gives until two distinct x have been seen)."""
+        self.prior = prior
+        self._line = None
+
     def add(self, x: float, seconds: float) -> None:
         self._x.append(float(x))
         self._y.append(float(seconds))

@@ -413,53 +413,39 @@ def test_the_controller_learns_the_cost_of_a_depth_drafted_by_several_slots():
     )  # batched: S(n) is the fitted line, not n single passes
 
 
-def test_calibrate_times_both_lines_at_one_and_every_slot_and_leaves_the_caches_empty():
-    seen: list[tuple[str, int, float]] = []
+def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
+    class Clock:  # 1 ms per reading; a decode takes 10 ms + 2 ms a token more
+        t = 0.0
 
-    class Recording(BatchController):
-        def observe_target(self, rows, seconds):
-            seen.append(("target", rows, seconds))
-            super().observe_target(rows, seconds)
+        def __call__(self):
+            self.t += 0.001
+            return self.t
 
-        def observe_draft(self, n_tokens, seconds):
-            seen.append(("draft", n_tokens, seconds))
-            super().observe_draft(n_tokens, seconds)
-
+    clock = Clock()
     target, draft = engines(n_seq=3)
+    for engine in (target, draft):
+        decode = engine.decode_batch
+
+        def timed(parts, decode=decode):
+            clock.t += 0.010 + 0.002 * sum(len(p.tokens) for p in parts)
+            return decode(parts)
+
+        engine.decode_batch = timed
     sched = Scheduler(
-        target,
-        ModelDrafter(draft, GREEDY, V),
-        n_parallel=3,
-        queue_max=8,
-        draft_max=None,
-        controller=Recording(draft_batched=True),
-        clock=itertools.count(step=0.001).__next__,  # every timed decode reads 1 ms
-    )
-    sched.calibrate(repeats=2)
-    assert [(w, n) for w, n, _ in seen] == [("target", 1)] * 2 + [("target", 3)] * 2 + [
-        ("draft", 1)
-    ] * 2 + [("draft", 3)] * 2
-    assert all(s == pytest.approx(0.001) for _, _, s in seen)
-    assert all(not e.sequence(i).tokens for e in (target, draft) for i in range(3))
-    assert sched.controller.target.n == 4 and sched.controller.draft.n == 4
-    # a single slot: sizes 1 and 2, two tokens in its one sequence
-    seen.clear()
-    target, draft = engines(n_seq=1)
-    one = Scheduler(
-        target, ModelDrafter(draft, GREEDY, V), n_parallel=1, queue_max=8, draft_max=None,
-        controller=Recording(draft_batched=True),
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=3, queue_max=8, draft_max=None,
+        controller=BatchController(draft_batched=True), clock=clock,
     )  # fmt: skip
-    one.calibrate(repeats=1)
-    assert [(w, n) for w, n, _ in seen] == [
-        ("target", 1),
-        ("target", 2),
-        ("draft", 1),
-        ("draft", 2),
-    ]
+    sched.calibrate(repeats=2)
+    # 13 ms for one token, 17 ms for three: each line through both, 11 ms + 2 ms a token
+    for fit in (sched.controller.target, sched.controller.draft):
+        assert fit.n == 0  # priors, not observations: the first real decodes replace them
+        assert fit.line().intercept_s == pytest.approx(0.011)
+        assert fit.line().slope_s == pytest.approx(0.002)
+    assert all(not e.sequence(i).tokens for e in (target, draft) for i in range(3))
     # fixed K: no controller, nothing to time
-    sched, target, _ = make(n_parallel=2, k=3)
-    sched.calibrate()
-    assert target.decode_s == 0.0
+    fixed, target, _ = make(n_parallel=2, k=3)
+    fixed.calibrate()
+    assert target.decode_s == 0.0 and not any(target.sequence(i).tokens for i in range(2))
 
 
 def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():

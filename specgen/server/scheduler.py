@@ -30,12 +30,13 @@ The others carry on at the next step.
 from __future__ import annotations
 
 import collections
+import statistics
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Acceptance, BatchController, Line, SlotState
+from specgen.batchctl import Acceptance, BatchController, Line, LineFit, SlotState
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
@@ -285,39 +286,44 @@ class Scheduler:
 
     def calibrate(self, repeats: int = 3) -> None:
         """Time the decodes the batch controller's cost lines stand on before any request
-        (as the single stream times its passes before its first round): target decodes
-        of one row and of one row per slot, draft decodes of one token and of one token
-        per slot, `repeats` times each after an untimed warm-up, in empty sequences that
-        are emptied again. Without it the controller starts from priors that can hold K
-        at 0 for good: no round drafts, so no draft decode is ever measured.
+        (as the single stream times its passes before its first round) and make them the
+        lines' priors (`LineFit.set_prior`): target decodes of one row and of one row per
+        slot, draft decodes of one token and of one token per slot, `repeats` times each
+        after an untimed warm-up (medians), in empty sequences that are emptied again.
+        Priors, not observations: decodes at the start of empty caches were measured up to
+        2x off the server's real ones, and the first real decodes must replace them.
         Called by `start` in the worker thread; a no-op without the controller.
 
         Raises:
-            EngineError: a decode failed (`start`'s worker then serves on the priors).
+            EngineError: a decode failed (`start`'s worker then serves on the defaults).
         """
         ctl = self.controller
         if ctl is None:
             return
-        # (engine, its observer, whether every token is a scored row: the target's are)
-        engines: list[tuple[BatchEngine, Callable[[int, float], None], bool]] = [
-            (self.target, ctl.observe_target, True)
-        ]
+        # (engine, its line, whether every token is a scored row: the target's are)
+        engines: list[tuple[BatchEngine, LineFit, bool]] = [(self.target, ctl.target, True)]
         if self._draft is not None:
-            engines.append((self._draft, ctl.observe_draft, False))
+            engines.append((self._draft, ctl.draft, False))
         n = self.n_parallel
-        for engine, observe, all_rows in engines:
+        for engine, fit, all_rows in engines:
+            points = []
             for size in [1, n] if n > 1 else [1, 2]:
                 # one token per slot; a single slot takes both tokens of size 2
                 parts = [SeqDecode(i, [0], 1) for i in range(size)]
                 if n == 1:
                     parts = [SeqDecode(0, [0] * size, size if all_rows else 1)]
+                seconds = []
                 for r in range(repeats + 1):
                     t0 = self.clock()
                     engine.decode_batch(parts)
                     if r > 0:
-                        observe(size, self.clock() - t0)
+                        seconds.append(self.clock() - t0)
                     for part in parts:
                         engine.sequence(part.seq).truncate(0)
+                points.append((size, statistics.median(seconds)))
+            (x1, y1), (x2, y2) = points
+            slope = max(0.0, (y2 - y1) / (x2 - x1))
+            fit.set_prior(Line(max(0.0, y1 - slope * x1), slope))
 
     def _run(self) -> None:
         if self.controller is not None:
