@@ -295,6 +295,7 @@ class SlotState:
         catch_up: committed tokens its draft cache lacks beyond the one the first depth
             always evaluates (`SlotInput.catch_up`).
         left: tokens it may still emit (0 = unknown).
+        first: the request's first step (its draft cache is up to date).
     """
 
     acceptance: Acceptance
@@ -302,18 +303,24 @@ class SlotState:
     idle_steps: int = 0
     catch_up: int = 0
     left: int = 0
+    first: bool = False
 
 
 class BatchController:
     """Fits the costs from the decodes the server makes, keeps the pooled acceptance rate
     (each new request's prior), and chooses K per slot (`choose`).
 
-    A slot held at K = 0 is probed with K = 1 now and then, so a low acceptance estimate can
-    recover, but only while a probe costs at most `probe_budget` of the time the slot spent
-    idle: a probe first makes the draft catch up on every token the slot committed while
-    idle (c1 seconds each), so where the draft is slow against the steps (a CPU under load,
-    where catch-up grows faster per step than the budget does) there are no probes at all.
-    Before this rule, probes every 32 steps at 4 sampled streams cost 16% of the time.
+    Every request's first step is a K = 1 probe at least (its draft cache is up to date
+    then, so the probe costs one draft token and one row): it measures the costs at sizes
+    that ordinary steps never show (one stream at K = 0 decodes one row, so a slope prior
+    that was too high was never corrected, and K stayed 0 for a whole run), and gives the
+    request's own acceptance a first test. After that, a slot held at K = 0 is probed with
+    K = 1 now and then, so a low acceptance estimate can recover, but only while a probe
+    costs at most `probe_budget` of the time the slot spent idle: a probe first makes the
+    draft catch up on every token the slot committed while idle (c1 seconds each), so where
+    the draft is slow against the steps (a CPU under load, where catch-up grows faster per
+    step than the budget does) there are no such probes at all. Before this rule, probes
+    every 32 steps at 4 sampled streams cost 16% of the time.
 
     Args:
         k_max: --draft-max's ceiling for auto (per slot, before room caps it).
@@ -393,7 +400,9 @@ class BatchController:
             return got
         idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
         ks = tuple(
-            1 if k == 0 and self._probe_pays(s, st.idle_steps, idle_s, t, c) else k
+            1
+            if k == 0 and (st.first and s.k_max > 0 or self._probe_pays(s, st, idle_s, t, c))
+            else k
             for k, s, st in zip(got.k, slots, states, strict=True)
         )
         if ks == got.k:
@@ -413,11 +422,11 @@ class BatchController:
         )
 
     def _probe_pays(
-        self, slot: SlotInput, idle_steps: int, step_s: float, target: Line, draft: Line
+        self, slot: SlotInput, st: SlotState, step_s: float, target: Line, draft: Line
     ) -> bool:
         """Whether a K = 1 probe of this idle slot costs at most probe_budget of the time
         it has been idle (its steps at the ordinary step's predicted seconds)."""
-        if slot.k_max <= 0 or idle_steps < self.probe_every:
+        if slot.k_max <= 0 or st.idle_steps < self.probe_every:
             return False
         cost = target.slope_s + draft(1) + draft.slope_s * slot.catch_up
-        return cost <= self.probe_budget * idle_steps * step_s
+        return cost <= self.probe_budget * st.idle_steps * step_s

@@ -214,3 +214,12 @@ def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():
     cheap = BatchController(k_max=8, draft_batched=True, probe_budget=1.0)
     cheap.target, cheap.draft = ctl.target, ctl.draft
     assert cheap.choose([SlotState(a, 8, 32, catch_up=32, left=500) for a in low]).k == (1,) * 4
+
+
+def test_a_request_s_first_step_is_probed_even_where_costs_say_no():
+    # costs that a slope prior made too high: no K pays, not even at alpha = 1
+    ctl = BatchController(k_max=4, target_prior=Line(0.04, 0.5), draft_prior=Line(0.0, 0.5))
+    acc = ctl.new_acceptance()
+    assert ctl.choose([SlotState(acc, 4)]).k == (0,)
+    assert ctl.choose([SlotState(acc, 4, first=True)]).k == (1,)
+    assert ctl.choose([SlotState(acc, 0, first=True)]).k == (0,)  # no drafter

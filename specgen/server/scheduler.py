@@ -135,6 +135,7 @@ class _Slot:
         self.n_prefill = 0
         self.acceptance: Acceptance | None = None
         self.idle = 0  # steps since this slot last speculated
+        self.fresh = False  # its request has not had a step yet
 
 
 def _decode_s(engine: BatchEngine | None) -> float:
@@ -610,6 +611,7 @@ class Scheduler:
             slot.draft_todo = job.prompt[keep_d:-1]
         slot.started = False
         slot.idle = 0
+        slot.fresh = True
         slot.acceptance = self.controller.new_acceptance() if self.controller else None
 
     def _k_cap(self) -> int:
@@ -656,10 +658,13 @@ class Scheduler:
             assert seq is not None and slot.acceptance is not None
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
             left = seq.emitter.remaining
-            states.append(SlotState(slot.acceptance, cap, slot.idle, max(0, behind - 1), left))
+            states.append(
+                SlotState(slot.acceptance, cap, slot.idle, max(0, behind - 1), left, slot.fresh)
+            )
         choice = self.controller.choose(states)
         for slot, k in zip(active, choice.k, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
+            slot.fresh = False
         return list(choice.k)
 
     def _commit(self, slot: _Slot, prop: Proposal, rows: Logits, verify_s: float) -> None:
