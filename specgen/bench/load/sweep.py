@@ -7,9 +7,8 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
-import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpcore
@@ -202,21 +201,6 @@ def level_schedule(
     )
 
 
-def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
-    """uvloop's `run` where it is installed (Linux, macOS; `SPECGEN_LOOP=asyncio` turns it
-    off), else asyncio's: at 8 streams the client's per-chunk cost is mostly the event
-    loop's and h11's, and uvloop's loop, in C, took it from X to Y
-    (scripts/load_overhead.py)."""
-    if os.environ.get("SPECGEN_LOOP") == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run
-    return asyncio.run
-
-
 def run_load(
     servers: Sequence[Server],
     prompts: Sequence[LoadPrompt],
@@ -240,8 +224,7 @@ def run_load(
         return LoadResult(settings, tuple(infos), tuple(runs), ids, date, endpoint)
 
     try:
-        sweep = _sweep(servers, prompts, settings, endpoint, progress, clock, runs, infos)
-        _event_loop_run()(sweep)
+        asyncio.run(_sweep(servers, prompts, settings, endpoint, progress, clock, runs, infos))
     except KeyboardInterrupt:
         raise LoadInterrupted(result()) from None
     return result()
