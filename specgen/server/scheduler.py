@@ -486,13 +486,14 @@ class Scheduler:
         t0 = self.clock()
         try:
             draft.decode_batch(parts)
+            seconds = self.clock() - t0
         except EngineError:
             return  # only a measurement: the slots' next blocks re-sync their caches
         finally:
             for s, n in zip(slots, held, strict=True):
                 if s.draft is not None:
                     s.draft.truncate(n)
-        ctl.observe_draft(len(parts), self.clock() - t0)
+        ctl.observe_draft(len(parts), seconds)
         self._undrafted_s = 0.0
 
     def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
