@@ -309,9 +309,9 @@ class Scheduler:
         for engine, fit, all_rows in engines:
             points = []
             for size in [1, n] if n > 1 else [1, 2]:
-                # one token per slot; a single slot takes both tokens of size 2
-                parts = [SeqDecode(i, [0], 1) for i in range(size)]
-                if n == 1:
+                if n > 1:  # one token per slot
+                    parts = [SeqDecode(i, [0], 1) for i in range(size)]
+                else:  # a single slot takes both tokens of size 2
                     parts = [SeqDecode(0, [0] * size, size if all_rows else 1)]
                 seconds = []
                 for r in range(repeats + 1):
@@ -327,11 +327,10 @@ class Scheduler:
             fit.set_prior(Line(max(0.0, y1 - slope * x1), slope))
 
     def _run(self) -> None:
-        if self.controller is not None:
-            try:
-                self.calibrate()
-            except EngineError:
-                pass  # the priors, until the first decodes are measured
+        try:
+            self.calibrate()
+        except EngineError:
+            pass  # the default priors, until the first decodes are measured
         while True:
             with self._cond:
                 while not self._stopping and not self._has_work():
@@ -474,15 +473,15 @@ class Scheduler:
         ctl, draft = self.controller, self._draft
         if ctl is None or draft is None:
             return
-        slots = [
-            s for s in active
+        # (slot, its draft sequence, that sequence's length now, the token to append)
+        held = [
+            (s.index, s.draft, len(s.draft.tokens), s.seq.committed[-1]) for s in active
             if isinstance(s.drafter, ModelDrafter | HybridDrafter) and s.draft is not None
             and s.seq is not None and len(s.draft.tokens) < s.draft.n_ctx
         ]  # fmt: skip
-        if not slots or not ctl.retime_due(len(slots), self._undrafted_s):
+        if not held or not ctl.retime_due(len(held), self._undrafted_s):
             return
-        held = [len(s.draft.tokens) for s in slots if s.draft is not None]
-        parts = [SeqDecode(s.index, [s.seq.committed[-1]], 1) for s in slots if s.seq]
+        parts = [SeqDecode(i, [token], 1) for i, _, _, token in held]
         t0 = self.clock()
         try:
             draft.decode_batch(parts)
@@ -490,9 +489,8 @@ class Scheduler:
         except EngineError:
             return  # only a measurement: the slots' next blocks re-sync their caches
         finally:
-            for s, n in zip(slots, held, strict=True):
-                if s.draft is not None:
-                    s.draft.truncate(n)
+            for _, seq, n, _ in held:
+                seq.truncate(n)
         ctl.observe_draft(len(parts), seconds)
         self._undrafted_s = 0.0
 
