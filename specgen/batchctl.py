@@ -310,17 +310,21 @@ class BatchController:
     """Fits the costs from the decodes the server makes, keeps the pooled acceptance rate
     (each new request's prior), and chooses K per slot (`choose`).
 
-    Every request's first step is a K = 1 probe at least (its draft cache is up to date
-    then, so the probe costs one draft token and one row): it measures the costs at sizes
-    that ordinary steps never show (one stream at K = 0 decodes one row, so a slope prior
-    that was too high was never corrected, and K stayed 0 for a whole run), and gives the
-    request's own acceptance a first test. After that, a slot held at K = 0 is probed with
-    K = 1 now and then, so a low acceptance estimate can recover, but only while a probe
-    costs at most `probe_budget` of the time the slot spent idle: a probe first makes the
-    draft catch up on every token the slot committed while idle (c1 seconds each), so where
-    the draft is slow against the steps (a CPU under load, where catch-up grows faster per
-    step than the budget does) there are no such probes at all. Before this rule, probes
-    every 32 steps at 4 sampled streams cost 16% of the time.
+    A request's first step is a K = 1 probe at least when its draft cache already holds
+    its prompt (a prefix kept from an earlier request: the probe then costs one draft token
+    and one row): it measures the costs at sizes that ordinary steps never show, and gives
+    the request's own acceptance a first test. Otherwise the prompt is the draft's
+    catch-up, charged by its share like any other: the server prefills a draft only once
+    a slot is chosen to speculate, and a forced probe would buy a whole draft prefill per
+    request (at 4 sampled streams on a CPU, about a tenth of the run).
+
+    After that, a slot held at K = 0 is probed with K = 1 now and then, so a low acceptance
+    estimate can recover, but only while a probe costs at most `probe_budget` of the time
+    the slot spent idle: a probe first makes the draft catch up on every token the slot
+    committed while idle (c1 seconds each), so where the draft is slow against the steps (a
+    CPU under load, where catch-up grows faster per step than the budget does) there are no
+    such probes at all. Before this rule, probes every 32 steps at 4 sampled streams cost
+    16% of the time.
 
     Args:
         k_max: --draft-max's ceiling for auto (per slot, before room caps it).
@@ -401,7 +405,10 @@ class BatchController:
         idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
         ks = tuple(
             1
-            if k == 0 and (st.first and s.k_max > 0 or self._probe_pays(s, st, idle_s, t, c))
+            if k == 0
+            and (
+                st.first and s.k_max > 0 and not s.catch_up or self._probe_pays(s, st, idle_s, t, c)
+            )
             else k
             for k, s, st in zip(got.k, slots, states, strict=True)
         )

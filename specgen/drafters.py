@@ -92,10 +92,18 @@ class ModelDrafter:
         least its last token to evaluate (its logits are needed)."""
         return min(common_prefix(self.engine.tokens, context), len(context) - 1)
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], evaluate: bool = True) -> None:
         """Evaluate the prompt except its last token (done with the target's prefill),
         then one single-token pass that is rolled back: the first single-token decode
-        after a long batch is slow (graph set-up) and would skew the first round's cost."""
+        after a long batch is slow (graph set-up) and would skew the first round's cost.
+
+        With `evaluate` False, only drop the cached positions that are not a prefix of
+        the prompt: the rest is left to the first block's decodes (a catch-up). The
+        server prefills its drafts so, only once a slot is chosen to speculate: under
+        load, where it is not, a draft prefill per request is pure loss."""
+        if not evaluate:
+            self.rollback(context)
+            return
         if len(context) > 1:
             self.rollback(context)
             missing = context[len(self.engine.tokens) : -1]

@@ -143,11 +143,12 @@ class HybridDrafter:
         """`ModelDrafter.behind` of the model's cache."""
         return self.model.behind(context)
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], evaluate: bool = True) -> None:
+        """Index the prompt, and `ModelDrafter.prefill` the model's cache."""
         self.index.reset()
         self.index.lookup(context, 0)
         self._pending = None
-        self.model.prefill(context)
+        self.model.prefill(context, evaluate)
 
     def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,

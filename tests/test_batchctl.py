@@ -223,3 +223,14 @@ def test_a_request_s_first_step_is_probed_even_where_costs_say_no():
     assert ctl.choose([SlotState(acc, 4)]).k == (0,)
     assert ctl.choose([SlotState(acc, 4, first=True)]).k == (1,)
     assert ctl.choose([SlotState(acc, 0, first=True)]).k == (0,)  # no drafter
+
+
+def test_a_first_step_whose_draft_lacks_the_prompt_is_not_forced():
+    # the server prefills a draft lazily: a first-step probe would buy the whole prompt's
+    # draft prefill, so it is left to the goodput choice (with the catch-up's share)
+    ctl = BatchController(k_max=4, target_prior=Line(0.04, 0.5), draft_prior=Line(0.0, 0.5))
+    acc = ctl.new_acceptance()
+    assert ctl.choose([SlotState(acc, 4, catch_up=40, left=100, first=True)]).k == (0,)
+    cheap = BatchController(k_max=4, target_prior=Line(0.04, 0.001), draft_prior=Line(0.0, 0.004))
+    got = cheap.choose([SlotState(cheap.new_acceptance(), 4, catch_up=40, left=100, first=True)])
+    assert got.k[0] >= 1  # where speculation pays, the prompt's catch-up does not stop it

@@ -271,16 +271,24 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_generating_slot():
     gen, _ = submit(sched, [1], GenerateConfig(40, GREEDY, ignore_eos=True))
     sched.step()
     long_prompt = (list(range(V)) * 20)[:101]
-    late, _ = submit(sched, long_prompt, GenerateConfig(5, GREEDY))
+    late, _ = submit(sched, long_prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
     sched.run_until_idle()
     chunks = [part[1] for b in target.batches for part in b if part[0] == 1 and part[2] == 0]
     assert chunks == [16] * 6 + [4]
-    # the draft's prefill goes by the same chunks, in draft decodes that slot 0 drafts beside
-    draft_chunks = [p[1] for b in draft.batches for p in b if p[0] == 1 and p[2] == 0]
-    assert draft_chunks == [16] * 6 + [4]
     steps_with_both = [b for b in target.batches if {p[0] for p in b} == {0, 1}]
     assert len(steps_with_both) >= 7  # slot 0 kept generating while slot 1 prefilled
-    assert late.last.tokens == alone(long_prompt, GenerateConfig(5, GREEDY), k=2).tokens
+    # the draft's prefill waits for slot 1's first block, then goes by the same chunks
+    # (slot 1 at K = 0 meanwhile) until what is left fits the block's first depth
+    slot1 = [p for b in draft.batches for p in b if p[0] == 1]
+    first_rows = next(i for i, p in enumerate(slot1) if p[2] > 0)
+    assert [p[1:] for p in slot1[:first_rows]] == [(16, 0)] * (first_rows)
+    assert first_rows >= 5 and 1 < slot1[first_rows][1] <= 17
+    covered = 16 * first_rows + slot1[first_rows][1]
+    assert covered > len(long_prompt)  # the prompt and the tokens committed meanwhile
+    assert (
+        late.last.tokens
+        == alone(long_prompt, GenerateConfig(12, GREEDY, ignore_eos=True), k=2).tokens
+    )
     assert gen.last.tokens == alone([1], GenerateConfig(40, GREEDY, ignore_eos=True), k=2).tokens
 
 
@@ -450,7 +458,8 @@ def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
 
 def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
     # slot 0 speculates, slot 1 is held at K = 0 for 5 steps, then both draft: the first
-    # draft decode then holds slot 1's 6 missing tokens and slot 0's pending ones
+    # draft decode then holds slot 1's 8 missing tokens (its prompt is never prefilled in
+    # the draft before it speculates) and slot 0's pending ones
     class Script(BatchController):
         def __init__(self):
             super().__init__(k_max=2, draft_batched=True, probe_every=0)
@@ -475,13 +484,14 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
         submit(sched, p, GenerateConfig(40, GREEDY, ignore_eos=True))
     for _ in range(7):
         sched.step()
-    # slot 1 commits one token a step at K = 0: its catch-up grows by one a step
-    assert [b[1] for b in ctl.behind[:6]] == [0, 1, 2, 3, 4, 5]
-    assert all(b[0] <= 1 for b in ctl.behind)  # a speculating slot stays caught up
-    # step 6's first draft decode: slot 1's 5 missing tokens and its last, and slot 0's
+    # slot 1's catch-up starts at its prompt but its last token (2) and grows by the one
+    # token a step it commits at K = 0
+    assert [b[1] for b in ctl.behind[:6]] == [2, 3, 4, 5, 6, 7]
+    assert ctl.behind[0][0] == 2 and all(b[0] <= 1 for b in ctl.behind[1:])
+    # step 6's first draft decode: slot 1's 7 missing tokens and its last, and slot 0's
     # pending 1 or 2; each depth after it one token a slot
     sixth = [n for step, n in ctl.drafts if step == 6]
-    assert sixth[0] - 6 in (1, 2) and sixth[1:] == [2]
+    assert sixth[0] - 8 in (1, 2) and sixth[1:] == [2]
 
 
 def test_an_ngram_drafter_costs_the_controller_no_draft_decodes():

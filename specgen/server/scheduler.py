@@ -11,8 +11,7 @@ Each step (`Scheduler.step`):
      stream (`ModelDrafter.begin`); a model-free drafter drafts per slot;
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
-     prompt stalls the others by one chunk at most; the draft's prefill goes by chunks
-     too, in one draft decode per step);
+     prompt stalls the others by one chunk at most);
   4. stages 3-5 per slot through `Sequence.commit`, with that request's own sampling
      settings, random streams and stop strings; only that slot's sequence rolls back.
 
@@ -129,7 +128,6 @@ class _Slot:
         self.seq: Sequence | None = None
         self.drafter: Drafter | None = None
         self.todo: list[int] = []  # prompt tokens the target has still to evaluate
-        self.draft_todo: list[int] = []  # and the draft (its cache may hold another prefix)
         self.started = False
         self.t_admit = 0.0
         self.n_prefill = 0
@@ -361,12 +359,13 @@ class Scheduler:
         self._reap_cancelled()
         self._admit()
         for slot in self._slots:
-            if slot.seq is not None and not slot.started and not slot.todo + slot.draft_todo:
+            if slot.seq is not None and not slot.started and not slot.todo:
                 self._start(slot)
         active = [s for s in self._slots if s.seq is not None and s.started]
         ks = self._choose_ks(active)
 
         t1 = self.clock()
+        ks = self._catch_up(active, ks)
         proposals = self._propose(active, ks)
         if not any(ks):
             self._retime_draft(active)
@@ -400,9 +399,8 @@ class Scheduler:
                 self.controller.observe_target(n_rows, self.clock() - t2)
             for slot, n in chunks:
                 del slot.todo[:n]
-        self._prefill_drafts()
         for slot in self._slots:
-            if slot.seq is not None and not slot.started and not slot.todo + slot.draft_todo:
+            if slot.seq is not None and not slot.started and not slot.todo:
                 self._start(slot)
 
         step_s = self.clock() - t_step
@@ -433,6 +431,45 @@ class Scheduler:
 
     # -- the step's parts ---------------------------------------------------------------
 
+    def _catch_up(self, active: list[_Slot], ks: list[int]) -> list[int]:
+        """Bring long-behind draft caches forward by a chunk: a slot chosen to speculate
+        whose draft lacks more than `prefill_chunk` committed tokens (its prompt, never
+        drafted for, or a long stretch at K = 0) evaluates `prefill_chunk` of them (no
+        logits rows) in one draft decode with the others' chunks, and stays at K = 0 this
+        step; so a long prompt stalls the other slots by one chunk in the draft as in the
+        target. Shorter catch-ups go in the block's first depth (`_draft_depths`).
+
+        Returns:
+            ks with 0 for every slot that caught up this step.
+
+        Raises nothing: a failed draft decode fails those slots' jobs.
+        """
+        if self._draft is None:
+            return ks
+        chunks: list[tuple[_Slot, SeqDecode]] = []
+        out = list(ks)
+        for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
+            d, seq, cache = slot.drafter, slot.seq, slot.draft
+            if k == 0 or not isinstance(d, ModelDrafter | HybridDrafter) or cache is None:
+                continue
+            assert seq is not None
+            context = seq.committed
+            if d.behind(context) - 1 <= self.prefill_chunk:
+                continue
+            (d.model if isinstance(d, HybridDrafter) else d).rollback(context)
+            have = len(cache.tokens)
+            chunks.append(
+                (slot, SeqDecode(slot.index, context[have : have + self.prefill_chunk], 0))
+            )
+            out[i] = 0
+        if chunks:
+            try:
+                self._draft.decode_batch([part for _, part in chunks])
+            except EngineError as exc:
+                for slot, _ in chunks:
+                    self._fail(slot, str(exc), "engine")
+        return out
+
     def _propose(self, active: list[_Slot], ks: list[int]) -> list[tuple[_Slot, Proposal]]:
         """Stage 1 for every generating slot: model blocks drafted together
         (`_draft_depths`), the others by their own drafter."""
@@ -440,7 +477,8 @@ class Scheduler:
         together: list[tuple[_Slot, int, Stepwise]] = []
         for slot, k in zip(active, ks, strict=True):
             seq, d = slot.seq, slot.drafter
-            assert seq is not None
+            if seq is None:  # failed earlier in this step
+                continue
             try:
                 if k > 0 and isinstance(d, ModelDrafter | HybridDrafter):
                     together.append((slot, k, d.begin(seq.committed, k, seq.draft_rng)))
@@ -540,25 +578,6 @@ class Scheduler:
             budget -= n
         return out
 
-    def _prefill_drafts(self) -> None:
-        """The draft's share of prefilling: one draft decode holding a chunk (at most
-        `prefill_chunk` tokens) of every prefilling slot's prompt, so a long prompt stalls
-        the others by one chunk in the draft too."""
-        if self._draft is None:
-            return
-        chunked = self._prompt_chunks(lambda slot: slot.draft_todo, self._draft.n_batch)
-        chunks = [(slot, len(part.tokens)) for slot, part in chunked]
-        if not chunks:
-            return
-        try:
-            self._draft.decode_batch([part for _, part in chunked])
-        except EngineError as exc:
-            for slot, _ in chunks:
-                self._fail(slot, str(exc), "engine")
-            return
-        for slot, n in chunks:
-            del slot.draft_todo[:n]
-
     def _reap_cancelled(self) -> None:
         with self._cond:
             gone = [t for t in self._queue if t.cancelled]
@@ -603,11 +622,6 @@ class Scheduler:
             return
         slot.todo = job.prompt[keep:-1]
         slot.n_prefill = len(slot.todo)
-        slot.draft_todo = []
-        if slot.draft is not None and isinstance(slot.drafter, ModelDrafter | HybridDrafter):
-            keep_d = common_prefix(slot.draft.tokens, job.prompt[:-1])
-            slot.draft.truncate(keep_d)
-            slot.draft_todo = job.prompt[keep_d:-1]
         slot.started = False
         slot.idle = 0
         slot.fresh = True
@@ -636,8 +650,13 @@ class Scheduler:
     def _start(self, slot: _Slot) -> None:
         assert slot.seq is not None and slot.ticket is not None
         try:
-            if slot.drafter is not None:
-                slot.drafter.prefill(slot.ticket.job.prompt)
+            d = slot.drafter
+            if isinstance(d, ModelDrafter | HybridDrafter):
+                # the draft's prefill waits for the slot's first block (`_catch_up`): under
+                # load the controller may never choose to speculate for this request
+                d.prefill(slot.ticket.job.prompt, evaluate=False)
+            elif d is not None:
+                d.prefill(slot.ticket.job.prompt)
             slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
         except EngineError as exc:
             self._fail(slot, str(exc), "engine")
@@ -699,7 +718,6 @@ class Scheduler:
         slot.ticket = slot.seq = slot.drafter = None
         slot.started = False
         slot.todo = []
-        slot.draft_todo = []
         if ticket is not None:
             ev = event if event is not None else done
             if ev is not None:
