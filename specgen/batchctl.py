@@ -41,6 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_RESIDUAL_RATE = 0.05  # weight of each new step in `BatchController.observe_step`'s means
+_FORGET_RATE = 0.01  # per step without speculation, of its measured overhead
+
 
 @dataclass(frozen=True)
 class Line:
@@ -171,9 +174,11 @@ def step_seconds(
     draft: Line,
     fixed_s: float = 0.0,
     slots: Sequence[SlotInput] = (),
+    spec_s: float = 0.0,
 ) -> float:
     """Predicted seconds of a step whose slots use block sizes `ks` (bonus rows scored);
-    with `slots`, each drafting slot's catch-up by its share (see the module)."""
+    with `slots`, each drafting slot's catch-up by its share (see the module); `spec_s`
+    more when any K >= 1 (see `choose`)."""
     rows = sum(k + 1 for k in ks)
     depth = max(ks, default=0)
     drafting = sum(draft(sum(1 for k in ks if k >= j)) for j in range(1, depth + 1))
@@ -181,10 +186,16 @@ def step_seconds(
         if k > 0 and s.catch_up > 0:
             share = _catch_up_share(s, expected_gains(s.alpha_by_pos, k))[k]
             drafting += draft.slope_s * s.catch_up * share
-    return target(rows) + drafting + fixed_s
+    return target(rows) + drafting + fixed_s + (spec_s if depth > 0 else 0.0)
 
 
-def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float = 0.0) -> Choice:
+def choose(
+    slots: Sequence[SlotInput],
+    target: Line,
+    draft: Line,
+    fixed_s: float = 0.0,
+    spec_s: float = 0.0,
+) -> Choice:
     """The K per slot that maximizes predicted goodput for one step (exact for linear
     costs; ties go to the smaller K).
 
@@ -194,6 +205,9 @@ def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float
         draft: seconds of one draft decode as a function of its tokens (one per slot
             drafting a depth).
         fixed_s: seconds the step costs whatever K is (host work, prompt chunks).
+        spec_s: seconds a step costs more when any slot speculates, beyond its rows and
+            depths (host work the lines leave out: `BatchController.observe_step`). A
+            constant for every depth D >= 1, so the search over D stays exact.
 
     Returns:
         The Choice; k is () for no slots.
@@ -220,6 +234,7 @@ def choose(slots: Sequence[SlotInput], target: Line, draft: Line, fixed_s: float
             + per_k * ks.sum(axis=-1)
             + draft.intercept_s * ks.max(axis=-1)
             + catch[rows_i, ks].sum(axis=-1)
+            + spec_s * (ks.max(axis=-1) > 0)
         )
         return tokens, seconds
 
@@ -354,6 +369,11 @@ class BatchController:
         self.probe_budget = probe_budget
         self._tested = 0.0
         self._hits = 0.0
+        # moving means of (measured - predicted) seconds of whole steps, without and with
+        # speculation: see `observe_step`
+        self._residual: dict[bool, float] = {}
+        # the last all-zero choice's inputs, for `retime_due`
+        self._idle_inputs: tuple[list[SlotInput], float] | None = None
 
     def observe_target(self, rows: int, seconds: float) -> None:
         """A target decode of `rows` scored rows (and no prompt chunk) took `seconds`."""
@@ -363,6 +383,32 @@ class BatchController:
         """One draft decode of `n_tokens` tokens (a depth: one per slot drafting it, plus
         any catch-up) took `seconds`."""
         self.draft.add(n_tokens, seconds)
+
+    def observe_step(self, ks: Sequence[int], catch_up: int, seconds: float) -> None:
+        """A whole step (no prompt chunks) whose slots used block sizes `ks`, evaluating
+        `catch_up` tokens of draft catch-up in all, took `seconds`. Its residual against
+        the lines' prediction (everything the step does outside the fitted decodes:
+        choosing, beginning blocks, building proposals) is kept apart for steps with and
+        without speculation; their difference is `spec_overhead_s`."""
+        t, c = self.target.line(), self.draft_line()
+        predicted = step_seconds(ks, t, c) + c.slope_s * catch_up
+        key = any(k > 0 for k in ks)
+        old = self._residual.get(key)
+        r = seconds - predicted
+        self._residual[key] = r if old is None else old + _RESIDUAL_RATE * (r - old)
+        if not key and True in self._residual:
+            # steps without speculation say nothing new of its overhead: forget it slowly,
+            # so that one busy moment while speculating cannot hold K at 0 for good
+            gap = self._residual[True] - self._residual[False]
+            self._residual[True] = self._residual[False] + gap * (1.0 - _FORGET_RATE)
+
+    @property
+    def spec_overhead_s(self) -> float:
+        """Seconds a speculating step costs beyond its rows and depths, measured against a
+        step without speculation (0 until both were seen; never negative)."""
+        if True not in self._residual or False not in self._residual:
+            return 0.0
+        return max(0.0, self._residual[True] - self._residual[False])
 
     def draft_line(self) -> Line:
         """Seconds of one draft decode as a function of its tokens (one per slot)."""
@@ -398,8 +444,9 @@ class BatchController:
         for st in states:
             cap = max(0, min(self.k_max, st.k_cap))
             slots.append(SlotInput(st.acceptance.alpha_by_pos(cap), cap, st.catch_up, st.left))
-        t, c = self.target.line(), self.draft_line()
-        got = choose(slots, t, c, fixed_s)
+        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
+        got = choose(slots, t, c, fixed_s, spec)
+        self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         if not self.probe_every:
             return got
         idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
@@ -415,18 +462,28 @@ class BatchController:
         if ks == got.k:
             return got
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
-        sec = step_seconds(ks, t, c, fixed_s, slots)
+        sec = step_seconds(ks, t, c, fixed_s, slots, spec)
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)
 
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
         """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of
         steps after the draft's cost was last measured: as rarely as keeps those decodes
-        within `probe_budget` of the time (Controller.retime_draft's rule)."""
-        return (
+        within `probe_budget` of the time (Controller.retime_draft's rule), and only
+        where a draft at half the fitted cost would make the last choice speculate (where
+        the target's rows alone rule speculation out, re-timing the draft cannot change
+        it, and would cost its 2%)."""
+        if not (
             self.draft_batched
             and undrafted_s > 0
             and self.draft_line()(n_tokens) <= self.probe_budget * undrafted_s
-        )
+        ):
+            return False
+        if self._idle_inputs is None:
+            return True
+        slots, fixed_s = self._idle_inputs
+        c = self.draft_line()
+        half = Line(c.intercept_s / 2, c.slope_s / 2)
+        return any(choose(slots, self.target.line(), half, fixed_s, self.spec_overhead_s).k)
 
     def _probe_pays(
         self, slot: SlotInput, st: SlotState, step_s: float, target: Line, draft: Line

@@ -63,11 +63,11 @@ def test_certain_acceptance_with_a_cheap_draft_takes_the_largest_k():
     assert got.k == (7,)
 
 
-def brute_force(slots, target, draft, fixed_s=0.0):
+def brute_force(slots, target, draft, fixed_s=0.0, spec_s=0.0):
     best, best_g = None, -1.0
     for ks in itertools.product(*[range(s.k_max + 1) for s in slots]):
         n = sum(expected_tokens(s.alpha_by_pos, k) for s, k in zip(slots, ks, strict=True))
-        g = n / step_seconds(ks, target, draft, fixed_s, slots)
+        g = n / step_seconds(ks, target, draft, fixed_s, slots, spec_s)
         if g > best_g + 1e-12:
             best, best_g = ks, g
     return best, best_g
@@ -89,10 +89,11 @@ def test_equals_exhaustive_search(case):
     target = Line(rng.uniform(0.005, 0.05), rng.uniform(0, 0.01))
     draft = Line(rng.uniform(0, 0.02), rng.uniform(0, 0.02))
     fixed = float(rng.uniform(0, 0.01))
-    got = choose(slots, target, draft, fixed)
-    ks, g = brute_force(slots, target, draft, fixed)
+    spec = float(rng.uniform(0, 0.02)) * int(rng.integers(0, 2))
+    got = choose(slots, target, draft, fixed, spec)
+    ks, g = brute_force(slots, target, draft, fixed, spec)
     assert got.goodput == pytest.approx(g, rel=1e-12)
-    assert got.step_s == pytest.approx(step_seconds(got.k, target, draft, fixed, slots))
+    assert got.step_s == pytest.approx(step_seconds(got.k, target, draft, fixed, slots, spec))
 
 
 @pytest.mark.parametrize("alpha", [(), (0.3,), (0.9, 0.5), (1.0, 0.2, 0.7, 0.1)])
@@ -234,3 +235,51 @@ def test_a_first_step_whose_draft_lacks_the_prompt_is_not_forced():
     cheap = BatchController(k_max=4, target_prior=Line(0.04, 0.001), draft_prior=Line(0.0, 0.004))
     got = cheap.choose([SlotState(cheap.new_acceptance(), 4, catch_up=40, left=100, first=True)])
     assert got.k[0] >= 1  # where speculation pays, the prompt's catch-up does not stop it
+
+
+def test_the_overhead_of_speculating_steps_is_their_residual_over_ordinary_ones():
+    ctl = BatchController(
+        target_prior=Line(0.040, 0.005), draft_prior=Line(0.010, 0.002), draft_batched=True
+    )
+    assert ctl.spec_overhead_s == 0.0
+    ctl.observe_step((0, 0), 0, 0.050 + 0.001)  # predicted 0.050: residual 1 ms
+    assert ctl.spec_overhead_s == 0.0  # no speculating step seen yet
+    # (2, 1): rows 5 -> 0.065, depths 0.014 + 0.012, 3 catch-up tokens 0.006: 0.097
+    ctl.observe_step((2, 1), 3, 0.097 + 0.009)
+    assert ctl.spec_overhead_s == pytest.approx(0.008)
+    ctl.observe_step((2, 1), 3, 0.097 + 0.029)  # moving mean: 9 + 0.05 * (29 - 9) = 10 ms
+    assert ctl.spec_overhead_s == pytest.approx(0.009)
+    for _ in range(100):  # ordinary steps forget it slowly (1% a step)
+        ctl.observe_step((0, 0), 0, 0.050 + 0.001)
+    assert ctl.spec_overhead_s == pytest.approx(0.009 * 0.99**100)
+    ctl.observe_step((0, 0), 0, 0.050 + 0.101)  # an ordinary step slower than all: never < 0
+    assert ctl.spec_overhead_s >= 0.0
+
+
+def test_a_measured_overhead_stops_speculation_that_pays_only_without_it():
+    acc = Acceptance(0.7)
+    slots = [SlotState(acc, 4)] * 4
+    ctl = BatchController(
+        k_max=4, target_prior=Line(0.040, 0.004), draft_prior=Line(0.005, 0.002), draft_batched=True
+    )
+    ctl.probe_every = 0
+    assert any(ctl.choose(slots).k)
+    n_spec = ctl.choose(slots).expected_tokens
+    ctl.observe_step((0,) * 4, 0, ctl.target.line()(4))
+    ctl.observe_step((1,) * 4, 0, step_seconds((1,) * 4, ctl.target.line(), ctl.draft_line()) + 0.5)
+    got = ctl.choose(slots)
+    assert got.k == (0,) * 4 and n_spec > got.expected_tokens
+
+
+def test_the_draft_is_re_timed_only_where_a_cheaper_one_would_speculate():
+    acc = Acceptance(0.9)
+    rows_rule = BatchController(
+        k_max=4, target_prior=Line(0.040, 0.200), draft_prior=Line(0.0, 0.100), draft_batched=True
+    )
+    assert rows_rule.choose([SlotState(acc, 4)]).k == (0,)  # a row costs more than it gives
+    assert not rows_rule.retime_due(1, 1000.0)
+    draft_rule = BatchController(
+        k_max=4, target_prior=Line(0.040, 0.001), draft_prior=Line(0.0, 0.060), draft_batched=True
+    )
+    assert draft_rule.choose([SlotState(acc, 4)]).k == (0,)  # the draft alone rules it out
+    assert draft_rule.retime_due(1, 1000.0) and not draft_rule.retime_due(1, 1.0)

@@ -546,3 +546,43 @@ def test_steps_without_drafting_re_time_the_draft_within_the_budget_and_keep_its
     assert [draft.sequence(i).tokens for i in range(2)] == held  # rolled back
     assert reports[-1].draft_line == ctl.draft_line()
     assert not ctl.retime_due(2, 0.0) and ctl.retime_due(2, 100.0)
+
+
+def test_the_controller_learns_its_residual_from_plain_steps_only():
+    # steps holding a prompt chunk, or a re-timed draft decode, are not the rounds'
+    # cost: only the others reach observe_step, with the catch-up the choice was told of
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=2, draft_batched=True, probe_every=0)
+            self.step, self.seen, self.told = 0, [], {}
+
+        def choose(self, states, fixed_s=0.0):
+            self.step += 1
+            ks = (2,) * len(states) if self.step % 3 else (0,) * len(states)
+            self.told[self.step] = [s.catch_up for s, k in zip(states, ks, strict=True) if k > 0]
+            return Choice(ks, 0.0, 0.0, 0.0, 0.0)
+
+        def observe_step(self, ks, catch_up, seconds):
+            self.seen.append((self.step, ks, catch_up))
+
+    target, draft = engines(n_seq=2)
+    ctl = Script()
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=2, queue_max=8, draft_max=None,
+        controller=ctl, prefill_chunk=8,
+    )  # fmt: skip
+    submit(sched, [1, 2, 3], GenerateConfig(20, GREEDY, ignore_eos=True))
+    sched.step()  # the prompt's prefill: no rounds yet
+    sched.step()
+    submit(sched, (list(range(V)) * 10)[:30], GenerateConfig(20, GREEDY, ignore_eos=True))
+    n_chunked = 0  # steps with a chunk of the long prompt, in the target or in the draft
+    for _ in range(12):
+        n_t, n_d = len(target.batches), len(draft.batches)
+        sched.step()
+        made = target.batches[n_t:] + draft.batches[n_d:]
+        n_chunked += any(p[2] == 0 for b in made for p in b)
+    steps = [s for s, _, _ in ctl.seen]
+    assert len(steps) == len(set(steps)) and n_chunked >= 5
+    assert len(steps) == ctl.step - n_chunked
+    for step, ks, catch_up in ctl.seen:
+        assert catch_up == sum(ctl.told[step]) and len(ks) >= 1

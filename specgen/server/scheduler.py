@@ -134,6 +134,7 @@ class _Slot:
         self.acceptance: Acceptance | None = None
         self.idle = 0  # steps since this slot last speculated
         self.fresh = False  # its request has not had a step yet
+        self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
 
 
 def _decode_s(engine: BatchEngine | None) -> float:
@@ -362,13 +363,16 @@ class Scheduler:
             if slot.seq is not None and not slot.started and not slot.todo:
                 self._start(slot)
         active = [s for s in self._slots if s.seq is not None and s.started]
-        ks = self._choose_ks(active)
+        t_choose = self.clock()
+        chosen = self._choose_ks(active)
 
         t1 = self.clock()
-        ks = self._catch_up(active, ks)
+        ks = self._catch_up(active, chosen)
         proposals = self._propose(active, ks)
+        # a step the controller's residual may learn from: nothing in it but the rounds
+        plain = ks == chosen
         if not any(ks):
-            self._retime_draft(active)
+            plain = not self._retime_draft(active) and plain
         draft_s = self.clock() - t1
 
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
@@ -399,6 +403,9 @@ class Scheduler:
                 self.controller.observe_target(n_rows, self.clock() - t2)
             for slot, n in chunks:
                 del slot.todo[:n]
+        if self.controller is not None and plain and not chunks and rows is not None:
+            catch_up = sum(s.catch_up for s, k in zip(active, ks, strict=True) if k > 0)
+            self.controller.observe_step(ks, catch_up, self.clock() - t_choose)
         for slot in self._slots:
             if slot.seq is not None and not slot.started and not slot.todo:
                 self._start(slot)
@@ -501,16 +508,20 @@ class Scheduler:
             proposals.append((slot, slot.seq.propose(k, w.block(), drafted_s)))
         return proposals
 
-    def _retime_draft(self, active: list[_Slot]) -> None:
+    def _retime_draft(self, active: list[_Slot]) -> bool:
         """A step without drafting: now and then (`BatchController.retime_due`), time one
         draft decode of one token per model-drafting slot, appended where each slot's
         draft cache stands and removed again, so the draft's cost line follows the machine
         while no slot drafts (a line left high by one slow moment would hold K at 0 for
         good: no drafting, no measurement). The single stream re-times its draft likewise
-        (`Controller.retime_draft`)."""
+        (`Controller.retime_draft`).
+
+        Returns:
+            whether a draft decode was made.
+        """
         ctl, draft = self.controller, self._draft
         if ctl is None or draft is None:
-            return
+            return False
         # (slot, its draft sequence, that sequence's length now, the token to append)
         held = [
             (s.index, s.draft, len(s.draft.tokens), s.seq.committed[-1]) for s in active
@@ -518,19 +529,20 @@ class Scheduler:
             and s.seq is not None and len(s.draft.tokens) < s.draft.n_ctx
         ]  # fmt: skip
         if not held or not ctl.retime_due(len(held), self._undrafted_s):
-            return
+            return False
         parts = [SeqDecode(i, [token], 1) for i, _, _, token in held]
         t0 = self.clock()
         try:
             draft.decode_batch(parts)
             seconds = self.clock() - t0
         except EngineError:
-            return  # only a measurement: the slots' next blocks re-sync their caches
+            return True  # only a measurement: the slots' next blocks re-sync their caches
         finally:
             for _, seq, n, _ in held:
                 seq.truncate(n)
         ctl.observe_draft(len(parts), seconds)
         self._undrafted_s = 0.0
+        return True
 
     def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
         """Drive every slot's block to its end with one draft decode per depth holding
@@ -675,9 +687,10 @@ class Scheduler:
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
+            slot.catch_up = max(0, behind - 1)
             left = seq.emitter.remaining
             states.append(
-                SlotState(slot.acceptance, cap, slot.idle, max(0, behind - 1), left, slot.fresh)
+                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh)
             )
         choice = self.controller.choose(states)
         for slot, k in zip(active, choice.k, strict=True):
