@@ -11,9 +11,10 @@ from typing import Any
 from openai_stub import Stub, StubConfig
 
 from specgen.bench import load
+from specgen.bench.load import transport
 from specgen.bench.load.client import COMPLETIONS, ROUTES
 from specgen.bench.load.report import failures_text, to_dict
-from specgen.bench.load.transport import connection_pool
+from specgen.bench.load.transport import AsyncioBackend, connection_pool
 from specgen.bench.loadstats import LoadLevel, RequestRecord
 
 
@@ -93,3 +94,40 @@ def test_retries_are_counted_per_level_in_the_summary_the_json_and_the_table() -
     assert saved["summary"]["n_retried"] == 2
     assert [q["retried"] for q in saved["requests"]] == [True, False, True]
     assert failures_text(s) == "0 (2 retried)"
+
+
+def test_writes_are_held_until_the_request_ends_or_its_response_is_read() -> None:
+    """The transport sends a request's pieces as one, at httpcore's end of request (an
+    empty write); a request ended otherwise is sent when its response is read."""
+    get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    async def go(port: int) -> bytes:
+        s = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+        assert isinstance(s, transport._Stream)
+        sent: list[bytes] = []
+        write = s._writer.write
+        s._writer.write = lambda data: (sent.append(data), write(data))[1]  # type: ignore[method-assign]
+        got = b""
+
+        async def responses(n: int) -> None:  # until n whole `/v1/models` bodies came
+            nonlocal got
+            while got.count(b"}]}") < n:
+                data = await s.read(65536, timeout=30)  # a hang guard, never reached
+                assert data, "the server closed the connection"
+                got += data
+
+        await s.write(get[:20])
+        await s.write(get[20:])
+        await s.write(b"")
+        assert sent == [get]
+        await responses(1)
+        await s.write(get)  # no end: sent by the read
+        assert sent == [get]
+        await responses(2)
+        assert sent == [get, get]
+        await s.aclose()
+        return got
+
+    with Stub() as stub:
+        got = asyncio.run(go(stub.server.server_address[1]))
+    assert got.count(b"HTTP/1.1 200 OK") == 2

@@ -73,8 +73,12 @@ class _Stream(httpcore.AsyncNetworkStream):
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader, self._writer = reader, writer
+        self._held: list[bytes] = []
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:  # a request whose end did not come as b"" (see `write`)
+            await self.send(b"".join(self._held), timeout)
+            self._held.clear()
         try:
             if timeout is None:  # the load client bounds each whole request instead
                 data = await self._reader.read(max_bytes)
@@ -89,8 +93,17 @@ class _Stream(httpcore.AsyncNetworkStream):
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
-            return
+        # httpcore writes a request's head, then its body, then its end (b"" for a body of
+        # known length): they go as one send, since each loopback send costs ~0.1 ms of
+        # kernel time on the 2-vCPU VM; `read` sends anything still held
+        if buffer:
+            self._held.append(buffer)
+        elif self._held:
+            await self.send(b"".join(self._held), timeout)
+            self._held.clear()
+
+    async def send(self, buffer: bytes, timeout: float | None = None) -> None:
+        """`buffer` onto the socket now."""
         try:
             self._writer.write(buffer)
             await asyncio.wait_for(self._writer.drain(), timeout)
