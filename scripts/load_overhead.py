@@ -53,15 +53,15 @@ def main() -> None:
     from specgen.bench.load import LoadPrompt, LoadSettings, parse_servers, run_load, transport
     from specgen.bench.loadstats import LoadLevel
 
-    written: list[float] = []  # when each request's head reached the socket
-    write = transport._Stream.write
+    written: list[float] = []  # when each request reached the socket
+    send = transport._Stream.send
 
     async def stamped(self, buffer: bytes, timeout: float | None = None) -> None:
         if buffer.startswith(b"POST "):
             written.append(time.perf_counter())
-        await write(self, buffer, timeout)
+        await send(self, buffer, timeout)
 
-    transport._Stream.write = stamped  # type: ignore[method-assign]
+    transport._Stream.send = stamped  # type: ignore[method-assign]
 
     stub = subprocess.Popen(
         [

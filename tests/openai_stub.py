@@ -3,7 +3,12 @@
 (HTTP/1.1, chunked, keep-alive), with a usage chunk and optional speculative statistics.
 
 A prompt (or last message) containing a marker misbehaves: `FAIL500` answers HTTP 500,
-`DROP` closes the connection after the first chunk, `HANG` never answers (until `close`).
+`DROP` closes the connection after the first chunk, `SILENT` closes it without answering,
+`HALF` after half a status line,
+`HANG` never answers (until `close`). `answers_per_connection=N` closes a kept-alive
+connection, unanswered, when its (N+1)-th POST has been read (as a server closing an idle
+connection just as a request comes); `peers` lists each POST's client address, so a test
+can tell which went on one connection.
 `hold_after=N` makes every request after the N-th wait until `release()`: a test can then
 act while the client is provably in the middle of a level. `served` counts requests begun;
 `times_s` holds, per completed stream (by its seed), the server's `time.perf_counter()` when
@@ -33,6 +38,7 @@ class StubConfig:
     spec: str | None = None  # "speculative" (specgen), "timings" (llama-server), None
     hold_after: int | None = None
     close_idle_s: float | None = None  # close a keep-alive connection idle this long
+    answers_per_connection: int | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -41,6 +47,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.posts = 0  # on this connection
         # small writes of a stream: without this, Nagle's algorithm holds each one until the
         # client's delayed ACK (40 ms), and the stub measures TCP, not the client
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -75,11 +82,22 @@ class _Handler(BaseHTTPRequestHandler):
             srv.served += 1
             n = srv.served
             srv.bodies.append(body)
+            srv.peers.append(self.client_address)
             srv.changed.notify_all()
         cfg = srv.config
+        self.posts += 1
+        text = body.get("prompt") or (body.get("messages") or [{}])[-1].get("content", "")
+        limit = cfg.answers_per_connection
+        if "SILENT" in text or (limit is not None and self.posts > limit):
+            self.close_connection = True  # the request was read whole: a FIN, not a reset
+            return
+        if "HALF" in text:
+            self.wfile.write(b"HTTP/1.1 2")
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if cfg.hold_after is not None and n > cfg.hold_after:
             srv.release_event.wait()
-        text = body.get("prompt") or (body.get("messages") or [{}])[-1].get("content", "")
         if "FAIL500" in text:
             self._send_json(500, {"error": {"message": "planted failure", "type": "server_error"}})
             return
@@ -147,6 +165,7 @@ class _Server(ThreadingHTTPServer):
         self.release_event = threading.Event()
         self.served = 0
         self.bodies: list[Any] = []
+        self.peers: list[Any] = []  # (host, port) of each POST's connection
         self.times_s: dict[Any, tuple[float, float]] = {}  # by seed (the last one wins)
 
 

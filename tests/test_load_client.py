@@ -269,8 +269,9 @@ def test_open_loop_levels_share_one_seeded_schedule() -> None:
 
 def test_a_server_that_closes_idle_connections_costs_no_request() -> None:
     """llama-server closes a keep-alive connection idle 5 s; open-loop arrivals leave gaps
-    longer than the stub's 20 ms, so a client that reused connections would send requests
-    into closed ones (a sweep against llama-server lost 4 of 8 per level so)."""
+    longer than the stub's 20 ms, so the pool's idle connections are closed by the server
+    (a sweep against llama-server once lost 4 of 8 per level so): the client must drop
+    them, or resend a request one refused (tests/test_load_keepalive.py)."""
     s = _settings(levels=(LoadLevel(0.0, request_rate=10.0),), num_prompts=6, warmup=1)
     with Stub(StubConfig(n_chunks=2, close_idle_s=0.02)) as stub:
         res = load.run_load(load.parse_servers([stub.url], []), PROMPTS, s)

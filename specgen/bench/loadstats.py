@@ -52,6 +52,9 @@ class RequestRecord:
     prompt and seed on every server, which pairs requests across servers. `failure` is None
     for a completed request, else its kind: `http NNN`, `timeout`, `disconnect` (the stream
     or connection ended early), `connect`, `stream error` (an error event in the stream).
+    `retried`: the first send found its kept-alive connection closed by the server, before
+    any byte of a response, and the request went again on a fresh connection (times start at
+    the first send).
     """
 
     index: int
@@ -65,6 +68,7 @@ class RequestRecord:
     spec: SpecStats | None = None
     failure: str | None = None
     finish_reason: str | None = None
+    retried: bool = False
 
     @property
     def ok(self) -> bool:
@@ -217,6 +221,7 @@ class LevelSummary:
     acceptance_rate: float | None  # accepted / drafted, where the server reported them
     slo_met: int | None
     slo_goodput: float | None  # requests / s meeting the SLO
+    n_retried: int = 0  # requests resent once on a fresh connection (`RequestRecord.retried`)
 
     @property
     def n_failed(self) -> int:
@@ -266,6 +271,7 @@ def summarize_level(
         acceptance_rate=accepted / drafted if drafted else None,
         slo_met=met,
         slo_goodput=None if met is None else met * per_s,
+        n_retried=sum(r.retried for r in records),
     )
 
 

@@ -12,8 +12,11 @@ Then `warmup` requests per server, one at a time, not counted. Then for each lev
 machine affects them alike. Every request streams (`stream_options.include_usage`), its
 output length fixed by `max_tokens` and `ignore_eos`; each chunk with text is stamped on
 the client's clock (injectable) when it is parsed. A failed request (HTTP status, timeout,
-disconnect, an error event) is recorded by kind and never stops the run. The figures and
-their definitions (TTFT, TPOT, ITL, E2EL, SLO goodput): `specgen.bench.loadstats`.
+disconnect, an error event) is recorded by kind and never stops the run. Connections are
+kept alive; a request the server refused by closing its idle connection, before any byte
+of a response, is resent once on a fresh connection and counted (`retried`, `n_retried`).
+The figures and their definitions (TTFT, TPOT, ITL, E2EL, SLO goodput):
+`specgen.bench.loadstats`.
 
 Modules: `prompts` (the inputs), `results` (the data), `transport` (the connection pool),
 `client` (one request and its stream), `sweep` (the schedule and the levels), `report`

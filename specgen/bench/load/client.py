@@ -11,6 +11,7 @@ from typing import Any
 
 import httpcore
 
+from specgen.bench.load import transport
 from specgen.bench.load.prompts import LoadPrompt
 from specgen.bench.load.results import LoadSettings
 from specgen.bench.loadstats import RequestRecord, SpecStats
@@ -126,19 +127,24 @@ async def send_one(
 ) -> RequestRecord:
     """One streaming request through `pool` (see `transport.connection_pool`), whatever
     happens: a failure is a record, never an exception. `timeout_s` bounds the whole
-    request (connecting: at most 10 s of it)."""
+    request, a retry included (connecting: at most 10 s of it). A request that the server
+    refused by closing its kept-alive connection (`transport.retryable`) is resent once on
+    a fresh connection and marked `retried`; its times still start at the first send."""
     st = StreamState(endpoint)
     failure: str | None = None
+    retried = False
     content = json.dumps(body).encode()
     head = [("Content-Type", "application/json"), ("Accept", "text/event-stream")]
     head += list((headers or {}).items())
-    limit = {"timeout": {"connect": min(timeout_s, 10.0), "pool": timeout_s}}
+    limit = {"connect": min(timeout_s, 10.0), "pool": timeout_s}
     start = clock()
 
-    async def stream() -> str | None:
-        async with pool.stream(
-            "POST", url, headers=head, content=content, extensions=limit
-        ) as resp:
+    async def once(
+        via: httpcore.AsyncConnectionPool | httpcore.AsyncHTTPConnection, attempt: transport.Attempt
+    ) -> str | None:
+        transport.current.set(attempt)
+        ext = {"timeout": limit, "trace": attempt.trace}
+        async with via.stream("POST", url, headers=head, content=content, extensions=ext) as resp:
             if resp.status != 200:
                 await resp.aread()
                 return f"http {resp.status}"
@@ -147,6 +153,18 @@ async def send_one(
             async for data in resp.aiter_stream():
                 st.feed(data, clock())
         return st.error or (None if st.done else "disconnect")
+
+    async def stream() -> str | None:
+        nonlocal retried
+        attempt = transport.Attempt()
+        try:
+            return await once(pool, attempt)
+        except (httpcore.NetworkError, httpcore.ProtocolError) as e:
+            if not transport.retryable(attempt, e):
+                raise
+        retried = True  # nothing of a response came: `st` is as it was
+        async with transport.fresh_connection(url) as conn:
+            return await once(conn, transport.Attempt())
 
     try:
         failure = await asyncio.wait_for(stream(), timeout_s)
@@ -163,5 +181,5 @@ async def send_one(
     return RequestRecord(
         index=index, prompt_id=p.id, kind=p.kind, start_s=start, chunk_s=tuple(st.chunk_s),
         end_s=end, output_tokens=tokens, tokens_from_usage=st.usage_tokens is not None,
-        spec=st.spec, failure=failure, finish_reason=st.finish_reason,
+        spec=st.spec, failure=failure, finish_reason=st.finish_reason, retried=retried,
     )  # fmt: skip

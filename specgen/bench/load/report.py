@@ -26,6 +26,8 @@ DEFINITIONS = (
     " chunks (a speculative server streams a round's tokens in one chunk: see tok/chunk)."
     " E2EL: request sent → end of stream. SLO goodput: requests/s meeting every --slo bound"
     " (vLLM's goodput), not the tokens/s goodput a speculation controller maximizes."
+    " Retried: sent into a kept-alive connection the server had closed, unanswered, and resent"
+    " once on a new one (not a failure)."
 )
 
 # -- side by side -------------------------------------------------------------------------------
@@ -157,7 +159,9 @@ def ratio_text(r: Ratio | None) -> str:
 
 
 def failures_text(s: LevelSummary) -> str:
-    return ", ".join(f"{n} {kind}" for kind, n in s.failures) or "0"
+    """'1 http 500, 2 disconnect' or '0', and the requests resent: '0 (1 retried)'."""
+    text = ", ".join(f"{n} {kind}" for kind, n in s.failures) or "0"
+    return text + (f" ({s.n_retried} retried)" if s.n_retried else "")
 
 
 def accept_text(s: LevelSummary) -> str:

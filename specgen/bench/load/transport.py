@@ -8,12 +8,18 @@ reading the same stream through httpcore on asyncio streams costs about half
 (scripts/load_overhead.py measures it). HTTP itself (framing, chunked bodies, keep-alive,
 the pool) stays the library's. https goes through httpcore's default backend (TLS is
 rare on the loopback this is for, and asyncio's TLS upgrade needs Python 3.11).
+
+Keep-alive, and the one retry it needs: servers close idle kept-alive connections
+(llama-server's cpp-httplib and uvicorn after 5 s), and a request sent into one as the server
+closed it fails without a byte of response. `Attempt` tells such a request apart, so that
+the client can resend it once on a fresh connection (`retryable`, `fresh_connection`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 
 import httpcore
@@ -22,25 +28,82 @@ import httpcore
 SocketOption = Any
 
 
+class Attempt:
+    """What one try of a request saw of its connection: `connected` (httpcore connected for
+    it; else the pool reused a kept-alive connection) and `received` (response bytes read).
+
+    `trace` is httpcore's `trace` request extension (called at each phase's start and end:
+    `connection.connect_tcp.started`, `http11.receive_response_headers.complete`, ...; the
+    body is one phase, not one call per chunk). Bytes are counted by `_Stream.read` for the
+    attempt in `current` (set in the request's task); httpcore's own streams (https) count
+    none, so there a complete response head stands for the first byte."""
+
+    __slots__ = ("connected", "received")
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.received = 0
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event.startswith("connection.connect_"):  # connect_tcp, connect_unix_socket
+            self.connected = True
+        elif event == "http11.receive_response_headers.complete":
+            self.received = max(self.received, 1)
+
+
+#: the attempt whose response `_Stream.read` is reading (None outside a request)
+current: ContextVar[Attempt | None] = ContextVar("specgen_load_attempt", default=None)
+
+
+def retryable(attempt: Attempt, exc: BaseException) -> bool:
+    """Whether a request that raised `exc` may be resent: it went on a reused connection
+    and failed before any byte of a response (the server had closed the connection:
+    httpcore's "Server disconnected without sending a response", or a reset). A fresh
+    connection's failure, a timeout, or a failure after any response byte is the server's
+    and is never retried: resending would hide it, or count its load twice."""
+    return (
+        not attempt.connected
+        and attempt.received == 0
+        and isinstance(exc, httpcore.ReadError | httpcore.WriteError | httpcore.RemoteProtocolError)
+    )
+
+
 class _Stream(httpcore.AsyncNetworkStream):
     """One TCP connection as asyncio's reader and writer."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader, self._writer = reader, writer
+        self._held: list[bytes] = []
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:  # a request whose end did not come as b"" (see `write`)
+            await self.send(b"".join(self._held), timeout)
+            self._held.clear()
         try:
             if timeout is None:  # the load client bounds each whole request instead
-                return await self._reader.read(max_bytes)
-            return await asyncio.wait_for(self._reader.read(max_bytes), timeout)
+                data = await self._reader.read(max_bytes)
+            else:
+                data = await asyncio.wait_for(self._reader.read(max_bytes), timeout)
         except asyncio.TimeoutError:
             raise httpcore.ReadTimeout("read timed out") from None
         except OSError as e:
             raise httpcore.ReadError(str(e)) from e
+        if data and (attempt := current.get()) is not None:
+            attempt.received += len(data)
+        return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
-            return
+        # httpcore writes a request's head, then its body, then its end (b"" for a body of
+        # known length): they go as one send, since each loopback send costs ~0.1 ms of
+        # kernel time on the 2-vCPU VM; `read` sends anything still held
+        if buffer:
+            self._held.append(buffer)
+        elif self._held:
+            await self.send(b"".join(self._held), timeout)
+            self._held.clear()
+
+    async def send(self, buffer: bytes, timeout: float | None = None) -> None:
+        """`buffer` onto the socket now."""
         try:
             self._writer.write(buffer)
             await asyncio.wait_for(self._writer.drain(), timeout)
@@ -94,18 +157,34 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         await asyncio.sleep(seconds)
 
 
+def _backend(url: str) -> httpcore.AsyncNetworkBackend | None:
+    return AsyncioBackend() if url.startswith("http://") else None
+
+
+#: below the 5 s after which cpp-httplib (llama-server) and uvicorn close an idle connection,
+#: so that the pool mostly drops one before the server does, rather than race it
+KEEPALIVE_EXPIRY_S = 4.0
+
+
 def connection_pool(url: str, connections: int) -> httpcore.AsyncConnectionPool:
-    """A pool of up to `connections` HTTP/1.1 connections for the server at `url` (asyncio
-    streams for http://, httpcore's default backend for https://), one new connection per
-    request, as vLLM's benchmark client opens one: llama-server closes idle keep-alive
-    connections (cpp-httplib's 5 s timeout) and a request sent on one just closed failed
-    as a disconnect (4 of 8 requests per level in a sweep), which would count against the
-    server a fault of the client's reuse. A loopback connect costs well under 1 ms."""
-    backend = AsyncioBackend() if url.startswith("http://") else None
+    """A keep-alive pool of up to `connections` HTTP/1.1 connections for the server at `url`
+    (asyncio streams for http://, httpcore's default backend for https://), keeping as many
+    idle: a new loopback connection per request cost the client ~3 ms of sending time
+    (scripts/load_overhead.py). An idle connection is dropped after `KEEPALIVE_EXPIRY_S`, or
+    when the server has closed it (EOF seen: `_Stream.get_extra_info("is_readable")`); one
+    the server closes as a request goes out is what `retryable` lets the client resend."""
     return httpcore.AsyncConnectionPool(
         max_connections=connections,
-        max_keepalive_connections=0,
+        max_keepalive_connections=connections,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
         http1=True,
         http2=False,
-        network_backend=backend,
+        network_backend=_backend(url),
     )
+
+
+def fresh_connection(url: str) -> httpcore.AsyncHTTPConnection:
+    """One new connection to the server of `url` (any path), outside the pool: the retry's,
+    so that it cannot be handed another kept-alive connection the server has closed. Use as
+    `async with`; it is closed after its one response."""
+    return httpcore.AsyncHTTPConnection(httpcore.URL(url).origin, network_backend=_backend(url))
