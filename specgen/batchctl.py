@@ -35,14 +35,16 @@ Pure: numpy only.
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-_RESIDUAL_RATE = 0.05  # weight of each new step in `BatchController.observe_step`'s means
-_FORGET_RATE = 0.01  # per step without speculation, of its measured overhead
+_RESIDUAL_WINDOW = 32  # steps in each of `BatchController.observe_step`'s medians
+_FORGET_EVERY = 4  # steps without speculation that forget one speculating step's residual
 
 
 @dataclass(frozen=True)
@@ -369,9 +371,13 @@ class BatchController:
         self.probe_budget = probe_budget
         self._tested = 0.0
         self._hits = 0.0
-        # moving means of (measured - predicted) seconds of whole steps, without and with
+        # (measured - predicted) seconds of recent whole steps, without and with
         # speculation: see `observe_step`
-        self._residual: dict[bool, float] = {}
+        self._residual: dict[bool, collections.deque[float]] = {
+            False: collections.deque(maxlen=_RESIDUAL_WINDOW),
+            True: collections.deque(maxlen=_RESIDUAL_WINDOW),
+        }
+        self._ordinary_steps = 0
         # the last all-zero choice's inputs, for `retime_due`
         self._idle_inputs: tuple[list[SlotInput], float] | None = None
 
@@ -388,27 +394,31 @@ class BatchController:
         """A whole step (no prompt chunks) whose slots used block sizes `ks`, evaluating
         `catch_up` tokens of draft catch-up in all, took `seconds`. Its residual against
         the lines' prediction (everything the step does outside the fitted decodes:
-        choosing, beginning blocks, building proposals) is kept apart for steps with and
-        without speculation; their difference is `spec_overhead_s`."""
+        choosing, beginning blocks, building proposals) is kept for the recent steps with
+        and without speculation apart; `spec_overhead_s` compares their medians."""
         t, c = self.target.line(), self.draft_line()
         predicted = step_seconds(ks, t, c) + c.slope_s * catch_up
-        key = any(k > 0 for k in ks)
-        old = self._residual.get(key)
-        r = seconds - predicted
-        self._residual[key] = r if old is None else old + _RESIDUAL_RATE * (r - old)
-        if not key and True in self._residual:
+        spec = any(k > 0 for k in ks)
+        self._residual[spec].append(seconds - predicted)
+        if not spec:
             # steps without speculation say nothing new of its overhead: forget it slowly,
             # so that one busy moment while speculating cannot hold K at 0 for good
-            gap = self._residual[True] - self._residual[False]
-            self._residual[True] = self._residual[False] + gap * (1.0 - _FORGET_RATE)
+            self._ordinary_steps += 1
+            if self._ordinary_steps % _FORGET_EVERY == 0 and self._residual[True]:
+                self._residual[True].popleft()
 
     @property
     def spec_overhead_s(self) -> float:
-        """Seconds a speculating step costs beyond its rows and depths, measured against a
-        step without speculation (0 until both were seen; never negative)."""
-        if True not in self._residual or False not in self._residual:
+        """Seconds a speculating step costs beyond its rows and depths: the median residual
+        of recent speculating steps less that of recent ordinary ones (0 where none were
+        seen: a bias against speculation of the ordinary steps' own host time, ~1 ms on
+        this CPU; medians, because a shared machine's stalls of a second must not stop
+        speculation on their own). Never negative; 0 until a speculating step was seen,
+        and again once `_RESIDUAL_WINDOW` * `_FORGET_EVERY` ordinary steps followed it."""
+        spec, plain = self._residual[True], self._residual[False]
+        if not spec:
             return 0.0
-        return max(0.0, self._residual[True] - self._residual[False])
+        return max(0.0, statistics.median(spec) - (statistics.median(plain) if plain else 0.0))
 
     def draft_line(self) -> Line:
         """Seconds of one draft decode as a function of its tokens (one per slot)."""
