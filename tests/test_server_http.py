@@ -481,6 +481,7 @@ def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
     report = BatchReport(
         n_rows=9, n_slots=2, k=(3, 4), decode_s=0.04, draft_s=0.02, step_s=0.07, host_s=0.004,
         queue_depth=0, slots_busy=2, target_line=Line(0.04, 0.005), draft_line=Line(0.015, 0.0025),
+        spec_overhead_s=0.006,
     )  # fmt: skip
     served.state.metrics.observe_batch(report)
     text = httpx.get(served.url + "/metrics", timeout=T).text
@@ -493,6 +494,7 @@ def test_metrics_count_requests_tokens_and_steps(served: Served) -> None:
     assert "specgen_queue_depth" in text and "specgen_slots_busy" in text
     assert 'specgen_controller_cost_seconds{model="draft",term="slope"} 0.0025' in text
     assert 'specgen_controller_cost_seconds{model="target",term="intercept"} 0.04' in text
+    assert 'specgen_controller_cost_seconds{model="step",term="spec_overhead"} 0.006' in text
 
 
 def test_one_log_line_per_request(served: Served) -> None:

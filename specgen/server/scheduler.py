@@ -8,7 +8,10 @@ Each step (`Scheduler.step`):
      controller's goodput choice), then the blocks: with a draft model, ONE draft decode
      per depth holds every slot still drafting (llama-server keeps one draft context for
      all slots too), each slot sampling its own row with its own settings and random
-     stream (`ModelDrafter.begin`); a model-free drafter drafts per slot;
+     stream (`ModelDrafter.begin`); a model-free drafter drafts per slot. A slot's draft
+     is prefilled only once it is chosen to speculate (under load it may never be): its
+     prompt is then a catch-up, in the block's first depth, or by `prefill_chunk` chunks
+     at K = 0 while longer (`_catch_up`);
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
      prompt stalls the others by one chunk at most);
@@ -95,6 +98,8 @@ class BatchReport:
         target_line, draft_line: the batch controller's cost lines after the step
             (seconds against a decode's rows, and a draft decode's tokens); None with a
             fixed K.
+        spec_overhead_s: the controller's `spec_overhead_s` after the step (None with a
+            fixed K).
     """
 
     n_rows: int
@@ -108,6 +113,7 @@ class BatchReport:
     slots_busy: int
     target_line: Line | None = None
     draft_line: Line | None = None
+    spec_overhead_s: float | None = None
 
 
 class Ticket:
@@ -427,6 +433,7 @@ class Scheduler:
             slots_busy=self.slots_busy,
             target_line=ctl.target.line() if ctl is not None else None,
             draft_line=ctl.draft_line() if ctl is not None else None,
+            spec_overhead_s=ctl.spec_overhead_s if ctl is not None else None,
         )
         self.last_report = report
         if self.observer is not None:
