@@ -122,12 +122,16 @@ class SlotInput:
             evaluates (0 when it is up to date); drafting first evaluates them.
         left: tokens the request may still emit (its share of the catch-up is E(K) / left
             per round); 0 = unknown: the whole catch-up is charged to this round.
+        free: block positions a prompt-lookup match proposes (`HybridDrafter`): K <= free
+            costs rows only, no draft decode; beyond, the model drafts K - free tokens,
+            its first decode evaluating the free ones too (and any catch-up).
     """
 
     alpha_by_pos: tuple[float, ...]
     k_max: int
     catch_up: int = 0
     left: int = 0
+    free: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,16 +183,18 @@ def step_seconds(
     spec_s: float = 0.0,
 ) -> float:
     """Predicted seconds of a step whose slots use block sizes `ks` (bonus rows scored);
-    with `slots`, each drafting slot's catch-up by its share (see the module); `spec_s`
-    more when any K >= 1 (see `choose`)."""
+    with `slots`, each drafting slot's catch-up by its share and its free positions (see
+    `SlotInput`); `spec_s` more when any K >= 1 (see `choose`)."""
     rows = sum(k + 1 for k in ks)
-    depth = max(ks, default=0)
-    drafting = sum(draft(sum(1 for k in ks if k >= j)) for j in range(1, depth + 1))
-    for s, k in zip(slots, ks, strict=False):
-        if k > 0 and s.catch_up > 0:
+    free = [s.free for s in slots] + [0] * (len(ks) - len(slots))
+    model = [max(0, k - f) for k, f in zip(ks, free, strict=True)]  # tokens the model drafts
+    depth = max(model, default=0)
+    drafting = sum(draft(sum(1 for m in model if m >= j)) for j in range(1, depth + 1))
+    for s, k, m in zip(slots, ks, model, strict=False):
+        if m > 0:
             share = _catch_up_share(s, expected_gains(s.alpha_by_pos, k))[k]
-            drafting += draft.slope_s * s.catch_up * share
-    return target(rows) + drafting + fixed_s + (spec_s if depth > 0 else 0.0)
+            drafting += draft.slope_s * (s.catch_up * share + s.free)
+    return target(rows) + drafting + fixed_s + (spec_s if any(ks) else 0.0)
 
 
 def choose(
@@ -218,13 +224,18 @@ def choose(
         return Choice((), 0.0, 0.0, 0.0, 0.0)
     n, m = len(slots), max(max(0, s.k_max) for s in slots)
     gains = np.full((n, m + 1), -np.inf)  # -inf beyond a slot's k_max: never chosen
-    catch = np.zeros((n, m + 1))  # each K's catch-up seconds charged to this round
+    ks_all = np.arange(m + 1)
+    free = np.array([max(0, s.free) for s in slots], dtype=np.int64)
+    model = np.maximum(ks_all[None, :] - free[:, None], 0)  # (n, m + 1) tokens the model drafts
+    # each K's own seconds beyond the rows: its model tokens, and where the model runs at
+    # all, the free tokens its first decode evaluates and the catch-up's share
+    own = draft.slope_s * model
     for i, s in enumerate(slots):
         g = expected_gains(s.alpha_by_pos, s.k_max)
         gains[i, : g.size] = g
-        catch[i, : g.size] = draft.slope_s * s.catch_up * _catch_up_share(s, g)
-    ks_all = np.arange(m + 1)
-    per_k = target.slope_s + draft.slope_s  # each proposal: one more row, one more token
+        runs = model[i, : g.size] > 0
+        own[i, : g.size] += runs * draft.slope_s * (s.catch_up * _catch_up_share(s, g) + s.free)
+    own += target.slope_s * ks_all  # each proposal: one more row
     base = target.intercept_s + target.slope_s * n + fixed_s  # every slot's one row
     rows_i = np.arange(n)
 
@@ -233,9 +244,8 @@ def choose(
         tokens = gains[rows_i, ks].sum(axis=-1)
         seconds = (
             base
-            + per_k * ks.sum(axis=-1)
-            + draft.intercept_s * ks.max(axis=-1)
-            + catch[rows_i, ks].sum(axis=-1)
+            + own[rows_i, ks].sum(axis=-1)
+            + draft.intercept_s * model[rows_i, ks].max(axis=-1)
             + spec_s * (ks.max(axis=-1) > 0)
         )
         return tokens, seconds
@@ -245,13 +255,15 @@ def choose(
     best, best_n, best_c = zero, float(n0), float(c0)
     for _ in range(64):  # Dinkelbach: finitely many K vectors, strictly rising ratio
         lam = best_n / best_c if best_c > 0 else 0.0
-        obj = gains - lam * (per_k * ks_all + catch)
-        # for every depth D at once: each slot's best K <= D (the first of equal ones),
-        # the index of the last strict new maximum of obj[:, :D + 1]
+        obj = gains - lam * own
+        # for every depth D at once: each slot's best K <= D + free (the first of equal
+        # ones), the index of the last strict new maximum of obj[:, :D + free + 1]
         run = np.maximum.accumulate(obj, axis=1)
         new = np.ones_like(obj, dtype=bool)
         new[:, 1:] = obj[:, 1:] > run[:, :-1]
-        cand = np.maximum.accumulate(np.where(new, ks_all, 0), axis=1).T  # (D, n)
+        best_upto = np.maximum.accumulate(np.where(new, ks_all, 0), axis=1)  # (n, m + 1)
+        reach = np.minimum(ks_all[:, None] + free[None, :], m)  # (D, n)
+        cand = best_upto[rows_i[None, :], reach]  # (D, n)
         t, c = value(cand)
         score = t - lam * c
         d = int(np.argmax(score))  # the smallest D among equals
@@ -312,7 +324,8 @@ class SlotState:
         catch_up: committed tokens its draft cache lacks beyond the one the first depth
             always evaluates (`SlotInput.catch_up`).
         left: tokens it may still emit (0 = unknown).
-        first: the request's first step (its draft cache is up to date).
+        first: the request's first step.
+        free: positions a prompt-lookup match proposes this step (`SlotInput.free`).
     """
 
     acceptance: Acceptance
@@ -321,6 +334,7 @@ class SlotState:
     catch_up: int = 0
     left: int = 0
     first: bool = False
+    free: int = 0
 
 
 class BatchController:
@@ -453,7 +467,10 @@ class BatchController:
         slots = []
         for st in states:
             cap = max(0, min(self.k_max, st.k_cap))
-            slots.append(SlotInput(st.acceptance.alpha_by_pos(cap), cap, st.catch_up, st.left))
+            free = min(max(0, st.free), cap)
+            slots.append(
+                SlotInput(st.acceptance.alpha_by_pos(cap), cap, st.catch_up, st.left, free)
+            )
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
         got = choose(slots, t, c, fixed_s, spec)
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)

@@ -150,6 +150,12 @@ class HybridDrafter:
         self._pending = None
         self.model.prefill(context, evaluate)
 
+    def lookup_len(self, context: list[int], k: int) -> int:
+        """How many of a k-token block's positions `begin` would fill by prompt lookup
+        now (0 when no trusted match): the positions that cost no draft decode."""
+        n_match, found = self.index.match(context, k, wrap=False)
+        return len(found) if n_match >= self.min_match and self.record.trusts(n_match) else 0
+
     def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,
         the model's continuation is left to the caller's decodes (`pending`/`feed`)."""

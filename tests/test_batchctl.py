@@ -73,7 +73,7 @@ def brute_force(slots, target, draft, fixed_s=0.0, spec_s=0.0):
     return best, best_g
 
 
-@pytest.mark.parametrize("case", range(40))
+@pytest.mark.parametrize("case", range(60))
 def test_equals_exhaustive_search(case):
     rng = np.random.default_rng(case)
     n = int(rng.integers(1, 5))
@@ -83,6 +83,7 @@ def test_equals_exhaustive_search(case):
             int(rng.integers(0, 5)),
             catch_up=int(rng.integers(0, 40)) * int(rng.integers(0, 2)),
             left=int(rng.integers(0, 30)),
+            free=int(rng.integers(0, 4)) * int(rng.integers(0, 2)),
         )
         for _ in range(n)
     ]
@@ -287,3 +288,19 @@ def test_the_draft_is_re_timed_only_where_a_cheaper_one_would_speculate():
     )
     assert draft_rule.choose([SlotState(acc, 4)]).k == (0,)  # the draft alone rules it out
     assert draft_rule.retime_due(1, 1000.0) and not draft_rule.retime_due(1, 1.0)
+
+
+def test_lookup_positions_cost_rows_only():
+    # a draft too dear to pay: the model alone is not worth a depth, but the 5 positions a
+    # prompt-lookup match proposes cost rows only, so K = 5 exactly
+    t, d = Line(0.040, 0.001), Line(0.030, 0.030)
+    up = SlotInput((0.95,), 8)
+    assert choose([up], t, d).k == (0,)
+    assert choose([SlotInput((0.95,), 8, free=5)], t, d).k == (5,)
+    # beyond the free ones the model's first decode also evaluates them: 1 + 5 tokens
+    plain = step_seconds((6,), t, d)
+    assert step_seconds((6,), t, d, slots=[SlotInput((0.95,), 8, free=5)]) == pytest.approx(
+        t(7) + d(1) + 0.030 * 5
+    )
+    assert step_seconds((5,), t, d, slots=[SlotInput((0.95,), 8, free=5)]) == pytest.approx(t(6))
+    assert plain == pytest.approx(t(7) + 6 * d(1))

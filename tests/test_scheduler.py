@@ -586,3 +586,35 @@ def test_the_controller_learns_its_residual_from_plain_steps_only():
     assert len(steps) == ctl.step - n_chunked
     for step, ks, catch_up in ctl.seen:
         assert catch_up == sum(ctl.told[step]) and len(ks) >= 1
+
+
+def test_the_controller_is_told_which_positions_prompt_lookup_fills():
+    # a repeating prompt: the hybrid's lookup proposes its continuation, and a block no
+    # longer than that match needs no draft decode at all
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=3, draft_batched=True, probe_every=0)
+            self.free = []
+
+        def choose(self, states, fixed_s=0.0):
+            self.free.append([s.free for s in states])
+            ks = tuple(max(1, min(s.free, s.k_cap)) for s in states)
+            return Choice(ks, 0.0, 0.0, 0.0, 0.0)
+
+    target, draft = engines(n_seq=2)
+    ctl = Script()
+    hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
+    sched = Scheduler(target, hybrid, n_parallel=2, queue_max=8, draft_max=None, controller=ctl)
+    sched.calibrate = lambda repeats=3: None
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    sink, _ = submit(sched, prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
+    sched.run_until_idle()
+    assert ctl.free[0] == [3]  # "1 2" matched: "3 1 2" follows, capped at k_max
+    steps = [e for e in sink.events if isinstance(e, Step)]
+    lookup_only = [
+        s for s in steps if s.n_drafted_by.get("lookup", 0) and not s.n_drafted_by.get("draft")
+    ]
+    assert lookup_only  # blocks within the match were drafted by lookup alone
+    assert (
+        sink.last.tokens == alone(prompt, GenerateConfig(12, GREEDY, ignore_eos=True), k=3).tokens
+    )

@@ -696,8 +696,9 @@ class Scheduler:
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
             slot.catch_up = max(0, behind - 1)
             left = seq.emitter.remaining
+            free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
             states.append(
-                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh)
+                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, free)
             )
         choice = self.controller.choose(states)
         for slot, k in zip(active, choice.k, strict=True):
