@@ -404,14 +404,19 @@ class BatchController:
         any catch-up) took `seconds`."""
         self.draft.add(n_tokens, seconds)
 
-    def observe_step(self, ks: Sequence[int], catch_up: int, seconds: float) -> None:
-        """A whole step (no prompt chunks) whose slots used block sizes `ks`, evaluating
-        `catch_up` tokens of draft catch-up in all, took `seconds`. Its residual against
-        the lines' prediction (everything the step does outside the fitted decodes:
-        choosing, beginning blocks, building proposals) is kept for the recent steps with
-        and without speculation apart; `spec_overhead_s` compares their medians."""
+    def observe_step(
+        self, ks: Sequence[int], catch_up: int, seconds: float, free: Sequence[int] = ()
+    ) -> None:
+        """A whole step (no prompt chunks) whose slots used block sizes `ks` (`free` of
+        each filled by prompt lookup, `SlotInput.free`), evaluating `catch_up` tokens of
+        draft catch-up in all, took `seconds`. Its residual against the lines' prediction
+        (everything the step does outside the fitted decodes: choosing, beginning blocks,
+        building proposals) is kept for the recent steps with and without speculation
+        apart; `spec_overhead_s` compares their medians."""
         t, c = self.target.line(), self.draft_line()
-        predicted = step_seconds(ks, t, c) + c.slope_s * catch_up
+        free = list(free) + [0] * (len(ks) - len(free))
+        slots = [SlotInput((), k, free=f) for k, f in zip(ks, free, strict=True)]
+        predicted = step_seconds(ks, t, c, 0.0, slots) + c.slope_s * catch_up
         spec = any(k > 0 for k in ks)
         self._residual[spec].append(seconds - predicted)
         if not spec:

@@ -261,6 +261,18 @@ def test_the_overhead_of_speculating_steps_is_their_residual_over_ordinary_ones(
     assert ctl.spec_overhead_s == 0.0
 
 
+def test_a_lookup_block_s_residual_is_against_its_rows_only():
+    ctl = BatchController(
+        target_prior=Line(0.040, 0.005), draft_prior=Line(0.010, 0.002), draft_batched=True
+    )
+    ctl.observe_step((0,), 0, 0.045)  # residual 0
+    ctl.observe_step((4,), 0, 0.065 + 0.003, free=(4,))  # 5 rows, no draft decode: 0.065
+    assert ctl.spec_overhead_s == pytest.approx(0.003)
+    # 2 beyond 3 free: one decode of 1 + 3 tokens, one of 1: 0.010 + 0.008 + 0.012
+    ctl.observe_step((5,), 0, 0.070 + 0.030 + 0.003, free=(3,))
+    assert ctl.spec_overhead_s == pytest.approx(0.003)
+
+
 def test_a_measured_overhead_stops_speculation_that_pays_only_without_it():
     acc = Acceptance(0.7)
     slots = [SlotState(acc, 4)] * 4

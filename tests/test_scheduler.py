@@ -562,8 +562,9 @@ def test_the_controller_learns_its_residual_from_plain_steps_only():
             self.told[self.step] = [s.catch_up for s, k in zip(states, ks, strict=True) if k > 0]
             return Choice(ks, 0.0, 0.0, 0.0, 0.0)
 
-        def observe_step(self, ks, catch_up, seconds):
+        def observe_step(self, ks, catch_up, seconds, free=()):
             self.seen.append((self.step, ks, catch_up))
+            assert list(free) == [0] * len(ks)  # a model drafter: no lookup positions
 
     target, draft = engines(n_seq=2)
     ctl = Script()

@@ -141,6 +141,7 @@ class _Slot:
         self.idle = 0  # steps since this slot last speculated
         self.fresh = False  # its request has not had a step yet
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
+        self.free = 0  # positions prompt lookup fills in its next block (as last chosen)
 
 
 def _decode_s(engine: BatchEngine | None) -> float:
@@ -410,8 +411,10 @@ class Scheduler:
             for slot, n in chunks:
                 del slot.todo[:n]
         if self.controller is not None and plain and not chunks and rows is not None:
-            catch_up = sum(s.catch_up for s, k in zip(active, ks, strict=True) if k > 0)
-            self.controller.observe_step(ks, catch_up, self.clock() - t_choose)
+            # a catch-up is evaluated where the model drafts: beyond the lookup's positions
+            catch_up = sum(s.catch_up for s, k in zip(active, ks, strict=True) if k > s.free)
+            free = [s.free for s in active]
+            self.controller.observe_step(ks, catch_up, self.clock() - t_choose, free)
         for slot in self._slots:
             if slot.seq is not None and not slot.started and not slot.todo:
                 self._start(slot)
@@ -696,9 +699,11 @@ class Scheduler:
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
             slot.catch_up = max(0, behind - 1)
             left = seq.emitter.remaining
-            free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
+            slot.free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
             states.append(
-                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, free)
+                SlotState(
+                    slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, slot.free
+                )
             )
         choice = self.controller.choose(states)
         for slot, k in zip(active, choice.k, strict=True):
