@@ -150,17 +150,22 @@ class HybridDrafter:
         self._pending = None
         self.model.prefill(context, evaluate)
 
+    def _lookup(self, context: list[int], k: int) -> tuple[int, list[int], list[int]]:
+        """(n_match, found, use): the suffix match, the tokens it proposes, and those to
+        propose (all of them when the match is long enough and trusted, else none)."""
+        n_match, found = self.index.match(context, k, wrap=False)
+        use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
+        return n_match, found, use
+
     def lookup_len(self, context: list[int], k: int) -> int:
         """How many of a k-token block's positions `begin` would fill by prompt lookup
         now (0 when no trusted match): the positions that cost no draft decode."""
-        n_match, found = self.index.match(context, k, wrap=False)
-        return len(found) if n_match >= self.min_match and self.record.trusts(n_match) else 0
+        return len(self._lookup(context, k)[2])
 
     def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,
         the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
-        n_match, found = self.index.match(context, k, wrap=False)
-        use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
+        n_match, found, use = self._lookup(context, k)
         inner = self.model.begin(context + use, k - len(use), rng) if len(use) < k else None
         return HybridDrafting(self, len(context), n_match, found, use, inner)
 

@@ -376,10 +376,9 @@ class Scheduler:
         t1 = self.clock()
         ks = self._catch_up(active, chosen)
         proposals = self._propose(active, ks)
+        retimed = not any(ks) and self._retime_draft(active)
         # a step the controller's residual may learn from: nothing in it but the rounds
-        plain = ks == chosen
-        if not any(ks):
-            plain = not self._retime_draft(active) and plain
+        plain = ks == chosen and not retimed
         draft_s = self.clock() - t1
 
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
@@ -469,10 +468,10 @@ class Scheduler:
             d, seq, cache = slot.drafter, slot.seq, slot.draft
             if k == 0 or not isinstance(d, ModelDrafter | HybridDrafter) or cache is None:
                 continue
+            if slot.catch_up <= self.prefill_chunk:  # set by `_choose_ks` this step
+                continue
             assert seq is not None
             context = seq.committed
-            if d.behind(context) - 1 <= self.prefill_chunk:
-                continue
             (d.model if isinstance(d, HybridDrafter) else d).rollback(context)
             have = len(cache.tokens)
             chunks.append(
@@ -686,18 +685,21 @@ class Scheduler:
         slot.started = True
 
     def _choose_ks(self, active: list[_Slot]) -> list[int]:
+        """K per slot; also each slot's `catch_up` this step (what `_catch_up`, the
+        controller and its residual read)."""
         caps = []
         for slot in active:
-            assert slot.seq is not None
-            caps.append(slot.seq.choose_k())
+            seq, d = slot.seq, slot.drafter
+            assert seq is not None
+            caps.append(seq.choose_k())
+            behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
+            slot.catch_up = max(0, behind - 1)
         if self.controller is None or not active:
             return caps
         states = []
         for slot, cap in zip(active, caps, strict=True):
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
-            behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
-            slot.catch_up = max(0, behind - 1)
             left = seq.emitter.remaining
             slot.free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
             states.append(
