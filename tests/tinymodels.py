@@ -20,9 +20,9 @@ from specgen.models.gguf import (
     _TOKENS_KEY,
     _arch_and_alignment,
     _field_kvs,
-    _open_reader,
     _raw_tensor_spec,
     _write_gguf,
+    open_reader,
 )
 
 
@@ -44,7 +44,7 @@ def replace_token(src: Path | str, dst: Path | str, token_id: int, text: str) ->
         ModelFileError: ``src`` is missing, not a readable GGUF file, or has no token list.
         ValueError: ``token_id`` out of range.
     """
-    reader = _open_reader(src)
+    reader = open_reader(src)
     arch, alignment = _arch_and_alignment(reader)
     if reader.get_field(_TOKENS_KEY) is None:
         raise ModelFileError(f"{src}: no {_TOKENS_KEY} key")

@@ -129,8 +129,8 @@ def ensure_weak_draft(n_layers: int = 6, status: StatusFn | None = None) -> Path
     """Return a cached copy of the Q4_K_M demo model keeping only its first ``n_layers`` blocks.
 
     Gemma 3 270M has 18 blocks; 6 (the default, about 208 MB) gives a draft with the same
-    vocabulary that almost never agrees with the target. Takes about 10 s the first time
-    (mostly reading the 262,144-token vocabulary).
+    vocabulary that almost never agrees with the target. Takes about 7 s the first time
+    (mostly reading and writing the 262,144-token vocabulary).
 
     Raises:
         ValueError: ``n_layers`` outside 1..18.

@@ -23,6 +23,7 @@ and models/hub.py import this module for its header checks alone.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "dequantize_to_f32",
     "header_fields",
     "keep_first_layers",
+    "open_reader",
     "read_magic",
     "read_vocab",
 ]
@@ -382,19 +384,41 @@ def implied_size(path: Path | str) -> int | None:
 # shared plumbing
 
 
-def _open_reader(src: Path | str) -> Any:
-    """Open ``src`` with ``gguf.GGUFReader`` (memory-mapped, read-only).
+@functools.cache
+def _plain_reader_class() -> Any:
+    """``gguf.GGUFReader`` whose buffer is a plain ``ndarray`` view of its ``np.memmap``.
+
+    The reader slices its buffer once per value: about a million slices for a 262,144-token
+    vocabulary. Each slice of an ``np.memmap`` runs ``memmap.__array_finalize__``, which took
+    most of the 16-20 s that parsing Gemma 3's header took; slices of the plain view take
+    4-5 s. The view shares the same read-only mapping, so tensors stay memory-mapped.
+    """
+    import gguf
+
+    class PlainReader(gguf.GGUFReader):  # type: ignore[misc]
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)
+
+    return PlainReader
+
+
+def open_reader(src: Path | str) -> Any:
+    """Open ``src`` as a ``gguf.GGUFReader`` (memory-mapped, read-only), 3-4x faster to parse
+    than ``gguf.GGUFReader(src)`` itself on large vocabularies (see :func:`_plain_reader_class`).
 
     Raises:
         ModelFileError: ``src`` is missing, not a regular file, not GGUF, or truncated.
     """
-    import gguf
-
     path = Path(src)
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     try:
-        return gguf.GGUFReader(path, "r")
+        return _plain_reader_class()(path, "r")
     except Exception as exc:  # bad magic, truncated header or tensor data, bad version
         raise ModelFileError(f"not a readable GGUF file: {path} ({exc})") from exc
 
@@ -490,7 +514,7 @@ def dequantize_to_f32(src: Path | str, dst: Path | str) -> None:
     """
     import gguf
 
-    reader = _open_reader(src)
+    reader = open_reader(src)
     arch, alignment = _arch_and_alignment(reader)
     kvs: list[_KV] = []
     for name, value, vtype, sub_type in _field_kvs(reader):
@@ -534,7 +558,7 @@ def keep_first_layers(src: Path | str, dst: Path | str, n_layers: int) -> None:
             ``<arch>.block_count`` key.
         ValueError: ``n_layers`` out of range.
     """
-    reader = _open_reader(src)
+    reader = open_reader(src)
     arch, alignment = _arch_and_alignment(reader)
     count_key = f"{arch}.block_count"
     count_field = reader.get_field(count_key)
