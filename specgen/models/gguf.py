@@ -395,9 +395,9 @@ def _plain_reader_class() -> Any:
     """
     import gguf
 
-    class PlainReader(gguf.GGUFReader):  # type: ignore[misc]
+    class PlainReader(gguf.GGUFReader):
         @property
-        def data(self) -> np.ndarray:
+        def data(self) -> np.ndarray:  # type: ignore[override]
             return self._plain
 
         @data.setter
