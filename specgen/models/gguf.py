@@ -396,8 +396,8 @@ def _plain_reader_class() -> Any:
     import gguf
 
     class PlainReader(gguf.GGUFReader):
-        @property
-        def data(self) -> np.ndarray:  # type: ignore[override]
+        @property  # type: ignore[override]
+        def data(self) -> np.ndarray:
             return self._plain
 
         @data.setter
