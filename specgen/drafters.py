@@ -230,6 +230,11 @@ class Drafting:
         if len(self.tokens) < self.k:
             self.pending = [self.tokens[-1]]
 
+    def stop(self) -> None:
+        """End the block at the proposals so far (`specgen.hybrid` continues it by lookup):
+        nothing more is pending, and the cache holds the context and x_1..x_{m-1}."""
+        self.pending = []
+
     def block(self) -> Block:
         """The proposals so far: tokens (m,) int64 and their q rows."""
         d = self.drafter

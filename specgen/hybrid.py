@@ -7,14 +7,19 @@ tokens long and lookups of that length have a good record, the tokens that follo
 match are proposed first, with one-hot q rows (a deterministic proposal), up to K or to
 the end of the context (a copy "runs out" where its source does); the draft model then
 continues the block from there, each token with its warped q row. Otherwise the model
-drafts the whole block.
+drafts. After each model token the lookup is tried again on the text with the block so
+far: where the model's tokens start a copy (a quote begins in mid-block), a trusted match
+fills the rest of the block with lookup tokens and the model stops drafting.
 
 Why the output is still the target's: a block's q rows only need to be the exact law
 each x_i was drawn from given everything before the verification. A lookup token is a
 function of the committed context and of the statistics of earlier rounds (never of
 this round's target output), so its law is one-hot on it; a model token after it is a
 draw from the model's warped row after the context and the earlier proposals. Either
-acceptance rule (`specgen.rejection`) then applies to the mixed block unchanged.
+acceptance rule (`specgen.rejection`) then applies to the mixed block unchanged. The same
+holds for lookup tokens after model tokens: whether and what the lookup proposes there is
+a function of the context, of x_1..x_{i-1} and of earlier rounds' record, so q_i is
+one-hot on the proposal given everything before it.
 
 The record. After each round (`rollback`, with the committed context) the lookup that
 was, or would have been, proposed is scored against the tokens the round committed.
@@ -92,7 +97,9 @@ class _Pending:
     n_match: int  # matched n-gram length (0: no match)
     lookup: list[int]  # the lookup's proposal, used or not
     tokens: list[int]  # the block proposed
-    sources: tuple[Source, ...]
+    n_head: int  # lookup tokens before the model's
+    tail_at: int  # where the lookup took over after the model's tokens (len(tokens): never)
+    n_tail_match: int  # the matched length there
 
 
 def _matched(proposal: list[int], new: list[int]) -> tuple[int, int]:
@@ -167,14 +174,15 @@ class HybridDrafter:
         the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
         n_match, found, use = self._lookup(context, k)
         inner = self.model.begin(context + use, k - len(use), rng) if len(use) < k else None
-        return HybridDrafting(self, len(context), n_match, found, use, inner)
+        return HybridDrafting(self, context, k, n_match, found, use, inner)
 
     def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
-        """Up to k proposals: lookup tokens first (when trusted), then the model's.
+        """Up to k proposals: lookup tokens first (when trusted), then the model's, then
+        lookup tokens again where the model's start a trusted copy.
 
         Returns:
             Block with tokens (m,) int64, q (m rows: one-hot for lookup tokens, the
-            model's warped rows after them; dense when the model's rows are) and
+            model's warped rows for its own; dense when the model's rows are) and
             `sources` ("lookup" or "draft" per token), m <= k.
         """
         block = self.model.run(self.begin(context, k, rng))
@@ -190,9 +198,14 @@ class HybridDrafter:
             if pending.n_match:
                 rate = self.record.lookup.setdefault(pending.n_match, Rate())
                 rate.add(*_matched(pending.lookup, new))
-            n_lookup = pending.sources.count("lookup")
-            if pending.tokens[n_lookup:] and common_prefix(pending.tokens, new) >= n_lookup:
-                self.record.model.add(*_matched(pending.tokens[n_lookup:], new[n_lookup:]))
+            p, head, tail = pending, pending.n_head, pending.tail_at
+            reached = common_prefix(p.tokens, new)
+            if tail > head and reached >= head:
+                self.record.model.add(*_matched(p.tokens[head:tail], new[head:]))
+            if tail < len(p.tokens) and reached >= tail:
+                # a used lookup, tested only where the round reached it: still unbiased
+                rate = self.record.lookup.setdefault(p.n_tail_match, Rate())
+                rate.add(*_matched(p.tokens[tail:], new[tail:]))
         self.model.rollback(context)
 
     def close(self) -> None:
@@ -202,22 +215,27 @@ class HybridDrafter:
 
 class HybridDrafting:
     """A hybrid block being drafted (`HybridDrafter.begin`): the lookup tokens, then the
-    model's `Drafting` after them (None when the lookup filled the block). `pending`,
-    `behind` and `feed` are the model's; `block` joins both and records the block for
-    the next `rollback`'s scoring."""
+    model's `Drafting` after them (None when the lookup filled the block), then lookup
+    tokens again where the model's tokens start a copy (`feed`). `pending` and `behind`
+    are the model's; `block` joins the parts and records the block for the next
+    `rollback`'s scoring."""
 
     def __init__(
         self,
         hybrid: HybridDrafter,
-        start: int,
+        context: list[int],
+        k: int,
         n_match: int,
         found: list[int],
         use: list[int],
         inner: Drafting | None,
     ) -> None:
         self.hybrid = hybrid
-        self.start, self.n_match, self.found, self.use = start, n_match, found, use
+        self.context, self.k = context, k
+        self.start, self.n_match, self.found, self.use = len(context), n_match, found, use
         self.inner = inner
+        self.tail: list[int] = []  # lookup tokens after the model's
+        self.n_tail_match = 0
 
     @property
     def pending(self) -> list[int]:
@@ -228,23 +246,40 @@ class HybridDrafting:
         return self.inner.behind if self.inner is not None else 0
 
     def feed(self, row: Logits) -> None:
-        assert self.inner is not None, "nothing pending"
-        self.inner.feed(row)
+        """The model's next row (`Drafting.feed`); then, if the model would go on, the
+        lookup on the text so far: a trusted match of at least `min_match` tokens ends
+        the model's part and proposes the copy for the rest of the block."""
+        inner = self.inner
+        assert inner is not None, "nothing pending"
+        inner.feed(row)
+        if not inner.pending:
+            return
+        h = self.hybrid
+        left = self.k - len(self.use) - len(inner.tokens)
+        n, found = h.index.match_after(self.context, self.use + inner.tokens, left)
+        if found and n >= h.min_match and h.record.trusts(n):
+            self.tail, self.n_tail_match = found, n
+            inner.stop()
 
     def block(self) -> Block:
-        h, use = self.hybrid, self.use
-        rows: list[Dists] = []
-        if use:
-            rows.append(Dists.one_hot(np.array(use, dtype=np.int64), h.n_vocab))
-        model_tokens: list[int] = []
-        if self.inner is not None:
-            block = self.inner.block()
-            model_tokens = block.tokens.tolist()
-            if model_tokens:
-                if block.q.dense and rows:
-                    rows[0] = Dists(None, rows[0].to_dense(), h.n_vocab)
-                rows.append(block.q)
-        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens)
-        tokens = use + model_tokens
-        h._pending = _Pending(self.start, self.n_match, self.found, tokens, sources)
+        h, use, tail = self.hybrid, self.use, self.tail
+        model = self.inner.block() if self.inner is not None else None
+        model_tokens = model.tokens.tolist() if model is not None else []
+        dense = model is not None and bool(model_tokens) and model.q.dense
+
+        def one_hot(tokens: list[int]) -> Dists:
+            rows = Dists.one_hot(np.array(tokens, dtype=np.int64), h.n_vocab)
+            return Dists(None, rows.to_dense(), h.n_vocab) if dense else rows
+
+        rows = [one_hot(use)] if use else []
+        if model is not None and model_tokens:
+            rows.append(model.q)
+        if tail:
+            rows.append(one_hot(tail))
+        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens) + (LOOKUP,) * len(tail)
+        tokens = use + model_tokens + tail
+        tail_at = len(use) + len(model_tokens) if tail else len(tokens)
+        h._pending = _Pending(
+            self.start, self.n_match, self.found, tokens, len(use), tail_at, self.n_tail_match
+        )
         return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, h.n_vocab), sources)

@@ -133,6 +133,33 @@ class NgramIndex:
                 return n, _continue(self._tokens, j + n, stop)
         return 0, []
 
+    def match_after(
+        self, context: Sequence[int], extra: Sequence[int], k: int
+    ) -> tuple[int, list[int]]:
+        """`match` for `context + extra` where `extra` (a block's proposals so far) is not
+        committed: the index is synced with `context` only, so a proposal rejected later
+        never enters it (re-indexing after a rollback costs O(context)).
+
+        The pattern is the longest suffix n-gram of `context + extra` (it may span the
+        join); only occurrences in the indexed `context` count (ending before its last
+        token, as in `match`), and the proposal is the committed tokens after the most
+        recent one, stopping where `context` does (no wrap), cut at k.
+
+        Returns:
+            (n, proposal): the matched length (0 when none) and up to k token ids.
+        """
+        self._sync(context)
+        toks = self._tokens
+        size = len(toks)
+        if k <= 0 or size < 2:
+            return 0, []
+        tail = list(toks[max(0, size - self.n_max) :]) + [int(t) for t in extra]
+        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
+            j = self._last[n].get(tuple(tail[len(tail) - n :]))
+            if j is not None:
+                return n, toks[j + n : j + n + min(k, size - j - n)]
+        return 0, []
+
 
 class NgramDrafter:
     """A `Drafter` (see `specgen.engine`) that proposes by prompt lookup, with one-hot q.

@@ -46,6 +46,49 @@ def test_lookup_first_then_the_model_where_the_copy_runs_out():
         ctx.append(int(block.tokens[i]))
 
 
+# every (0, x) pair of 1..5 occurs earlier, the suffix (5, 0) does not: the block starts
+# with the model, and whichever x_1 in 1..5 it draws starts a copy of "0 x_1 0 ..."
+STARTS_A_COPY = [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0]
+
+
+def test_the_model_starts_a_copy_and_the_lookup_finishes_the_block():
+    d = hybrid(SAMPLED)
+    context = STARTS_A_COPY
+    d.prefill(context)
+    for seed in range(40):
+        block = d.draft(context, 5, np.random.default_rng(seed))
+        toks = block.tokens.tolist()
+        if toks[0] == 0:
+            continue  # "0 0" occurs nowhere: the model goes on
+        j = context.index(toks[0]) - 1  # where "0 x_1" occurs
+        assert toks[1:] == context[j + 2 : j + 6][:4]
+        assert block.sources == ("draft",) + ("lookup",) * (len(toks) - 1)
+        assert block.q.at(block.tokens)[1:].tolist() == [1.0] * (len(toks) - 1)
+        want = warp_rows(d.model.engine.logits_after(context)[None, :], SAMPLED)
+        np.testing.assert_allclose(block.q[:1].to_dense(), want.to_dense())
+        d.rollback(context)
+        break
+    else:
+        raise AssertionError("the model never drew a token in 1..5")
+
+
+def test_the_record_scores_a_lookup_after_model_tokens_where_the_round_reached_it():
+    d = hybrid(GREEDY, noise=0.0)  # the draft is the target: deterministic
+    context = STARTS_A_COPY
+    d.prefill(context)
+    block = d.draft(context, 4, np.random.default_rng(0))
+    x1, tail = int(block.tokens[0]), block.tokens[1:].tolist()
+    assert block.sources == ("draft",) + ("lookup",) * 3 and x1 != 0
+    d.record.lookup.clear()
+    d.rollback(context + [x1, tail[0], 9])  # the tail's second token was rejected
+    assert d.record.lookup[2].accepted == pytest.approx(1.0)
+    assert d.record.lookup[2].tested == pytest.approx(2.0)
+    d.draft(context, 4, np.random.default_rng(0))
+    d.record.lookup.clear()
+    d.rollback(context + [9])  # x_1 rejected: the tail was never reached, nothing tested
+    assert 2 not in d.record.lookup
+
+
 def test_dense_model_rows_make_the_lookup_rows_dense():
     d = hybrid(DENSE)
     context = [1, 2, 3, 1, 2]
@@ -152,6 +195,78 @@ def test_hybrid_loop_samples_the_targets_joint_distribution(params, rule):
     obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
     exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
     assert stats.chisquare(obs_p, exp_p).pvalue > 1e-4
+
+
+def _joint_law(target, prompt, params, depth):
+    law = {}
+    for seq in itertools.product(range(V), repeat=depth):
+        ctx, pr = list(prompt), 1.0
+        for x in seq:
+            pr *= probs(target.logits_after(ctx), params)[x]
+            ctx.append(x)
+        law[seq] = pr
+    return law
+
+
+def _chisquare_p(law, counts, n):
+    keys = sorted(law)
+    exp = np.array([law[k] for k in keys]) * n
+    obs = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    if obs[exp == 0].sum():
+        return 0.0
+    big = exp >= 5
+    small = (exp > 0) & ~big
+    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
+    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
+    return float(stats.chisquare(obs_p, exp_p).pvalue)
+
+
+def _sample_after_a_started_copy(drafter, params, rule, n=3000):
+    """(law, counts, blocks that started with the model and ended by lookup): the first
+    three tokens after `STARTS_A_COPY` from the loop at K 4, seeds 0..n-1."""
+    target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
+    prompt = STARTS_A_COPY
+    counts: dict[tuple[int, ...], int] = {}
+    started = 0
+    cfg = {"max_tokens": 3, "params": params, "verify_rule": rule, "trace": True}
+    for s in range(n):
+        drafter.record = LookupRecord()  # a fresh record trusts the first match
+        events = list(generate(target, drafter, prompt, GenerateConfig(seed=s, **cfg), FixedK(4)))
+        key = tuple(events[-1].tokens[:3])
+        counts[key] = counts.get(key, 0) + 1
+        started += sum(
+            e.trace.sources[:2] == ("draft", "lookup") for e in events if hasattr(e, "trace")
+        )
+    return _joint_law(target, prompt, params, 3), counts, started
+
+
+@pytest.mark.parametrize(("params", "rule"), [(SAMPLED, "token"), (SAMPLED, "block")])
+def test_lookup_after_model_tokens_keeps_the_targets_joint_distribution(params, rule):
+    """Blocks of a model token then lookup tokens (`STARTS_A_COPY`): the first three
+    tokens' law is the product of the target's warped conditionals (p > 1e-4)."""
+    law, counts, started = _sample_after_a_started_copy(hybrid(params), params, rule)
+    assert started >= 1500  # most runs verified a model-then-lookup block
+    assert _chisquare_p(law, counts, 3000) > 1e-4
+
+
+def test_a_lookup_after_model_tokens_with_the_wrong_q_is_detected():
+    """The test above has power: the lookup tokens after a model token given the model's
+    warped rows as q (not the law they were proposed from) fail it."""
+
+    class Mislabeled(HybridDrafter):
+        def draft(self, context, k, rng):
+            block = super().draft(context, k, rng)
+            if block.sources[:2] != ("draft", "lookup"):
+                return block
+            ctx, rows = list(context), [block.q[:1]]
+            for i in range(1, len(block.tokens)):
+                ctx.append(int(block.tokens[i - 1]))
+                rows.append(warp_rows(self.model.engine.logits_after(ctx)[None, :], SAMPLED))
+            return Block(block.tokens, Dists.concat(rows, V), block.sources)
+
+    model = ModelDrafter(FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0), SAMPLED, V)
+    law, counts, _ = _sample_after_a_started_copy(Mislabeled(model), SAMPLED, "token")
+    assert _chisquare_p(law, counts, 3000) < 1e-4
 
 
 def test_a_lookup_row_with_the_wrong_q_is_detected():

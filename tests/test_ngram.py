@@ -67,6 +67,40 @@ def test_index_agrees_with_lookup_on_random_growing_contexts() -> None:
         assert idx.lookup(ctx, 4) == lookup(ctx, 4, idx.n_max, idx.n_min)
 
 
+def _match_after_by_scan(ctx, extra, k, n_max, n_min):
+    """`NgramIndex.match_after` by its definition: the longest suffix n-gram of
+    ctx + extra, its most recent occurrence ending before ctx's last token, the committed
+    tokens after it."""
+    text = ctx + extra
+    if k <= 0 or len(ctx) < 2:
+        return 0, []
+    for n in range(min(n_max, len(text)), n_min - 1, -1):
+        pattern = text[len(text) - n :]
+        starts = [j for j in range(len(ctx) - n) if ctx[j : j + n] == pattern]
+        if starts:
+            j = starts[-1]
+            return n, ctx[j + n : j + n + k]
+    return 0, []
+
+
+def test_match_after_agrees_with_its_definition_and_leaves_the_index_alone() -> None:
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        n_vocab = int(rng.integers(2, 8))
+        n_max = int(rng.integers(1, 5))
+        n_min = int(rng.integers(1, n_max + 1))
+        idx = NgramIndex(n_max=n_max, n_min=n_min)
+        ctx = rng.integers(0, n_vocab, size=int(rng.integers(0, 40))).tolist()
+        extra = rng.integers(0, n_vocab, size=int(rng.integers(0, 6))).tolist()
+        k = int(rng.integers(0, 7))
+        got = idx.match_after(ctx, extra, k)
+        assert got == _match_after_by_scan(ctx, extra, k, n_max, n_min), (trial, ctx, extra)
+        # the proposals were not indexed: the committed context is, and a lookup on it
+        # is the plain one (no re-indexing from a rejected extension)
+        assert idx._tokens == ctx
+        assert idx.match(ctx, k) == NgramIndex(n_max, n_min).match(ctx, k)
+
+
 def test_drafter_block_is_one_hot() -> None:
     d = NgramDrafter(n_vocab=50, n_max=3)
     ctx = [1, 2, 3, 4, 5, 1, 2]

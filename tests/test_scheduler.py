@@ -619,3 +619,34 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
     assert (
         sink.last.tokens == alone(prompt, GenerateConfig(12, GREEDY, ignore_eos=True), k=3).tokens
     )
+
+
+def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
+    # every "0 x" pair occurs in the prompt, its suffix "5 0" does not: the first block
+    # starts with the model, and its x_1 starts a copy that lookup finishes; the step's
+    # residual must be taken against those positions' cost (rows only), not a model block
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=4, draft_batched=True, probe_every=0)
+            self.chosen_free, self.told_free = [], []
+
+        def choose(self, states, fixed_s=0.0):
+            self.chosen_free.append([s.free for s in states])
+            return Choice((4,) * len(states), 0.0, 0.0, 0.0, 0.0)
+
+        def observe_step(self, ks, catch_up, seconds, free=()):
+            self.told_free.append(list(free))
+
+    target, draft = engines(n_seq=1, noise=0.0)
+    ctl = Script()
+    hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
+    sched = Scheduler(target, hybrid, n_parallel=1, queue_max=8, draft_max=None, controller=ctl)
+    sched.calibrate = lambda repeats=3: None
+    prompt = [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0]
+    sink, _ = submit(sched, prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
+    sched.run_until_idle()
+    first = next(e for e in sink.events if isinstance(e, Step))
+    assert sink.last.tokens[0] != 0  # x_1 starts a copy (0 would not)
+    assert ctl.chosen_free[0] == [0]  # no trusted match before drafting
+    assert set(first.n_drafted_by) == {"draft", "lookup"}  # tested: up to the rejection
+    assert ctl.told_free[0] == [3]  # x_1 by the model, the rest by lookup

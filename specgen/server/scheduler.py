@@ -410,9 +410,12 @@ class Scheduler:
             for slot, n in chunks:
                 del slot.todo[:n]
         if self.controller is not None and plain and not chunks and rows is not None:
-            # a catch-up is evaluated where the model drafts: beyond the lookup's positions
-            catch_up = sum(s.catch_up for s, k in zip(active, ks, strict=True) if k > s.free)
-            free = [s.free for s in active]
+            # the positions lookup really filled: also those after model tokens, which
+            # the choice could not foresee (`HybridDrafting.feed`); a catch-up is
+            # evaluated where the model drafts, beyond them
+            filled = {slot.index: p.block.sources.count("lookup") for slot, p in proposals}
+            free = [min(k, filled.get(s.index, 0)) for s, k in zip(active, ks, strict=True)]
+            catch_up = sum(s.catch_up for s, k, f in zip(active, ks, free, strict=True) if k > f)
             self.controller.observe_step(ks, catch_up, self.clock() - t_choose, free)
         for slot in self._slots:
             if slot.seq is not None and not slot.started and not slot.todo:
