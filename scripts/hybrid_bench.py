@@ -10,7 +10,7 @@ hits all alike; the figure is the median over those runs.
 
 Usage (hold the model lock: two llama.cpp processes slow each other down):
     flock /tmp/specgen-model.lock .venv/bin/python scripts/hybrid_bench.py \
-        [--reps 2] [-n 64] [--json out.json]
+        [--reps 2] [-n 64] [--part 1|2|both] [--json out.json]
 """
 
 from __future__ import annotations
@@ -149,98 +149,104 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--part", choices=("1", "2", "both"), default="both")
     a = ap.parse_args()
     quoting, stories = prompts()
     target_path, draft_path = ensure_demo_pair()
     greedy = SamplingParams(temp=0.0)
     out: dict = {"machine": platform.processor() or platform.machine(), "n": a.n, "k": a.k}
 
-    loaded = load(ModelSpec.from_flags(target_path, draft_path, 2048, 0, 0, 0), greedy)
-    try:
-        target, model = loaded.target, loaded.drafter
-        assert isinstance(model, ModelDrafter)
-        hybrid = HybridDrafter(model)
-        ngram = NgramDrafter(target.n_vocab)
-        texts = {**quoting, **stories}
+    if a.part in ("1", "both"):
+        loaded = load(ModelSpec.from_flags(target_path, draft_path, 2048, 0, 0, 0), greedy)
+        try:
+            target, model = loaded.target, loaded.drafter
+            assert isinstance(model, ModelDrafter)
+            hybrid = HybridDrafter(model)
+            ngram = NgramDrafter(target.n_vocab)
+            texts = {**quoting, **stories}
 
-        def mode(d):
-            def run(text, seed):
-                if isinstance(d, HybridDrafter):  # each `specgen run` starts a fresh record
-                    d.record = LookupRecord()
-                return one(target, d, text, greedy, a.k, a.n, seed, "token")
+            def mode(d):
+                def run(text, seed):
+                    if isinstance(d, HybridDrafter):  # each `specgen run` starts a fresh record
+                        d.record = LookupRecord()
+                    return one(target, d, text, greedy, a.k, a.n, seed, "token")
 
-            return run
+                return run
 
-        print("part 1: greedy, K", a.k, file=sys.stderr)
-        runs = interleaved(
-            {"hybrid": mode(hybrid), "model": mode(model), "ngram": mode(ngram)}, texts, a.reps
-        )
-    finally:
-        loaded.close()
-    out["part1"] = {
-        kind: {
-            "tokens_per_s": medians(runs, "tokens_per_s", pids),
-            "tokens_per_pass": medians(runs, "tokens_per_pass", pids),
+            print("part 1: greedy, K", a.k, file=sys.stderr)
+            runs = interleaved(
+                {"hybrid": mode(hybrid), "model": mode(model), "ngram": mode(ngram)}, texts, a.reps
+            )
+        finally:
+            loaded.close()
+        out["part1"] = {
+            kind: {
+                "tokens_per_s": medians(runs, "tokens_per_s", pids),
+                "tokens_per_pass": medians(runs, "tokens_per_pass", pids),
+            }
+            for kind, pids in (("quoting", list(quoting)), ("stories", list(stories)))
         }
-        for kind, pids in (("quoting", list(quoting)), ("stories", list(stories)))
-    }
-    out["part1_runs"] = runs
+        out["part1_runs"] = runs
 
-    weak = ensure_weak_draft(15)
-    sampled = SamplingParams(temp=1.0)
-    loaded = load(ModelSpec.from_flags(target_path, weak, 2048, 0, 0, 0), sampled)
-    try:
-        target, model = loaded.target, loaded.drafter
-        assert isinstance(model, ModelDrafter)
+    if a.part in ("2", "both"):
+        weak = ensure_weak_draft(15)
+        sampled = SamplingParams(temp=1.0)
+        loaded = load(ModelSpec.from_flags(target_path, weak, 2048, 0, 0, 0), sampled)
+        try:
+            target, model = loaded.target, loaded.drafter
+            assert isinstance(model, ModelDrafter)
 
-        def rule(r):
-            return lambda text, seed: one(target, model, text, sampled, a.k, a.n, seed, r)
+            def rule(r):
+                return lambda text, seed: one(target, model, text, sampled, a.k, a.n, seed, r)
 
-        print("part 2: temperature 1, 15-layer draft, K", a.k, file=sys.stderr)
-        texts = dict(stories)
-        runs2 = interleaved({"block": rule("block"), "token": rule("token")}, texts, a.reps)
-    finally:
-        loaded.close()
-    pids = list(texts)
-    rows = [r for by in runs2["block"].values() for r in by]
-    n_rounds = sum(r["paired_rounds"] for r in rows)
-    e_token = sum(r["expected_accepted_token"] for r in rows) / n_rounds
-    e_block = sum(r["expected_accepted_block"] for r in rows) / n_rounds
-    out["part2_paired"] = {
-        "rounds": n_rounds,
-        "tokens_per_pass_token": 1 + e_token,
-        "tokens_per_pass_block": 1 + e_block,
-        "ratio": (1 + e_block) / (1 + e_token),
-    }
-    out["part2"] = {
-        "tokens_per_s": medians(runs2, "tokens_per_s", pids),
-        "tokens_per_pass": medians(runs2, "tokens_per_pass", pids),
-        "acceptance_rate": medians(runs2, "acceptance_rate", pids),
-    }
-    out["part2_runs"] = runs2
+            print("part 2: temperature 1, 15-layer draft, K", a.k, file=sys.stderr)
+            texts = dict(stories)
+            runs2 = interleaved({"block": rule("block"), "token": rule("token")}, texts, a.reps)
+        finally:
+            loaded.close()
+        pids = list(texts)
+        rows = [r for by in runs2["block"].values() for r in by]
+        n_rounds = sum(r["paired_rounds"] for r in rows)
+        e_token = sum(r["expected_accepted_token"] for r in rows) / n_rounds
+        e_block = sum(r["expected_accepted_block"] for r in rows) / n_rounds
+        out["part2_paired"] = {
+            "rounds": n_rounds,
+            "tokens_per_pass_token": 1 + e_token,
+            "tokens_per_pass_block": 1 + e_block,
+            "ratio": (1 + e_block) / (1 + e_token),
+        }
+        out["part2"] = {
+            "tokens_per_s": medians(runs2, "tokens_per_s", pids),
+            "tokens_per_pass": medians(runs2, "tokens_per_pass", pids),
+            "acceptance_rate": medians(runs2, "acceptance_rate", pids),
+        }
+        out["part2_runs"] = runs2
 
-    for kind in ("quoting", "stories"):
-        t = out["part1"][kind]["tokens_per_s"]
-        best = max(t["model"], t["ngram"])
+    if "part1" in out:
+        for kind in ("quoting", "stories"):
+            t = out["part1"][kind]["tokens_per_s"]
+            best = max(t["model"], t["ngram"])
+            print(
+                f"{kind:8s} tok/s hybrid {t['hybrid']:.1f}  model {t['model']:.1f}  ngram"
+                f" {t['ngram']:.1f}  hybrid/best {t['hybrid'] / best:.3f}  hybrid/model"
+                f" {t['hybrid'] / t['model']:.3f}"
+            )
+    if "part2" in out:
+        p2 = out["part2"]
         print(
-            f"{kind:8s} tok/s hybrid {t['hybrid']:.1f}  model {t['model']:.1f}  ngram"
-            f" {t['ngram']:.1f}  hybrid/best {t['hybrid'] / best:.3f}  hybrid/model"
-            f" {t['hybrid'] / t['model']:.3f}"
+            f"temp 1 K {a.k}: tok/pass block {p2['tokens_per_pass']['block']:.3f} token"
+            f" {p2['tokens_per_pass']['token']:.3f} ratio"
+            f" {p2['tokens_per_pass']['block'] / p2['tokens_per_pass']['token']:.3f};"
+            f" tok/s block {p2['tokens_per_s']['block']:.1f}"
+            f" token {p2['tokens_per_s']['token']:.1f}"
+            f" ratio {p2['tokens_per_s']['block'] / p2['tokens_per_s']['token']:.3f}"
         )
-    p2 = out["part2"]
-    print(
-        f"temp 1 K {a.k}: tok/pass block {p2['tokens_per_pass']['block']:.3f} token"
-        f" {p2['tokens_per_pass']['token']:.3f} ratio"
-        f" {p2['tokens_per_pass']['block'] / p2['tokens_per_pass']['token']:.3f};"
-        f" tok/s block {p2['tokens_per_s']['block']:.1f} token {p2['tokens_per_s']['token']:.1f}"
-        f" ratio {p2['tokens_per_s']['block'] / p2['tokens_per_s']['token']:.3f}"
-    )
-    pp = out["part2_paired"]
-    print(
-        f"paired, same {pp['rounds']} drafted blocks: expected tok/pass block"
-        f" {pp['tokens_per_pass_block']:.3f} token {pp['tokens_per_pass_token']:.3f}"
-        f" ratio {pp['ratio']:.3f}"
-    )
+        pp = out["part2_paired"]
+        print(
+            f"paired, same {pp['rounds']} drafted blocks: expected tok/pass block"
+            f" {pp['tokens_per_pass_block']:.3f} token {pp['tokens_per_pass_token']:.3f}"
+            f" ratio {pp['ratio']:.3f}"
+        )
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -87,8 +87,13 @@ class LookupRecord:
 
     def trusts(self, n: int) -> bool:
         """Propose lookup tokens after an n-token match: its rate is at least the model's
-        less `MARGIN`."""
-        return self.lookup.get(n, Rate()).value >= self.model.value - MARGIN
+        less `MARGIN`, or no n-token lookup was scored yet. Untried lengths are tried: the
+        prior alone would fall below a model that has been right for a few rounds (text
+        that starts copying itself after a fully accepted block was drafted by the model
+        for a whole block before its lookup had a record), and one try costs little (its
+        tokens cost no draft pass) and gives the record its first score."""
+        rate = self.lookup.get(n)
+        return rate is None or rate.tested == 0 or rate.value >= self.model.value - MARGIN
 
 
 @dataclass

@@ -140,6 +140,17 @@ def test_record_trusts_lookup_at_least_as_good_as_the_model():
     assert r.lookup[4].value < r.model.value and r.trusts(4)
 
 
+def test_record_tries_a_match_length_it_has_not_scored_yet():
+    r = LookupRecord()
+    for _ in range(5):
+        r.model.add(16, 16)  # a model right for a few blocks: the prior alone is far below
+    assert Rate().value < r.model.value - 0.15
+    assert r.trusts(2)  # never scored: tried
+    r.lookup[2] = Rate()
+    r.lookup[2].add(0, 3)
+    assert not r.trusts(2)  # scored, and poor
+
+
 def run(target, drafter, prompt, k, **cfg):
     events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))
     assert isinstance(events[-1], Done)
