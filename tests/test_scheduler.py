@@ -27,7 +27,7 @@ from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
-from specgen.sampling import SamplingParams
+from specgen.sampling import Dists, SamplingParams
 from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
 
 ALPHA = 1e-4
@@ -72,11 +72,24 @@ def submit(sched, prompt, config, name="job"):
     return sink, ticket
 
 
+class OrdinaryFirst(FixedK):
+    """K, after a first round of ordinary decoding (as the server's first step is)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.rounds = iter(itertools.count())
+
+    def choose_k(self, remaining: int) -> int:
+        return 0 if next(self.rounds) == 0 else super().choose_k(remaining)
+
+
 def alone(prompt, config, k=3, noise=1.0):
-    """The request served by the single-stream loop (`generate`)."""
+    """The request served by the single-stream loop (`generate`), its first round
+    ordinary as in the server."""
     target, draft = engines(n_seq=1, noise=noise)
     drafter = ModelDrafter(draft.sequence(0), config.params, V)
-    return list(generate(target.sequence(0), drafter, list(prompt), config, FixedK(k)))[-1]
+    policy = OrdinaryFirst(k)
+    return list(generate(target.sequence(0), drafter, list(prompt), config, policy))[-1]
 
 
 def test_batched_greedy_equals_each_request_alone():
@@ -130,11 +143,18 @@ def test_a_random_stream_shared_between_slots_is_detected(monkeypatch):
     assert seeded_outputs(make()[0], jobs) != expected
 
 
-def first_two_law(prompt, params):
-    """Exact law of the first two emitted tokens: p(a | prompt) p(b | prompt, a)."""
+def second_third_law(prompt, params):
+    """Exact law of the second and third emitted tokens (those of a request's first block:
+    its first step is ordinary): sum over a of p(a | prompt) p(b | prompt, a)
+    p(c | prompt, a, b)."""
     m = FakeBatchEngine(1, n_vocab=V, seed=0).model
     p1 = probs(m.logits_after(prompt), params)
-    return np.stack([p1[a] * probs(m.logits_after([*prompt, a]), params) for a in range(V)])
+    law = np.zeros((V, V))
+    for a in range(V):
+        p2 = probs(m.logits_after([*prompt, a]), params)
+        for b in range(V):
+            law[b] += p1[a] * p2[b] * probs(m.logits_after([*prompt, a, b]), params)
+    return law
 
 
 def chi2_pvalue(counts, expected):
@@ -153,27 +173,31 @@ N_PER_SETTING = 1500
 
 def sample_pairs():
     """N_PER_SETTING requests per setting, interleaved so every batch mixes settings and
-    seeds; returns counts[setting] of (first, second) token pairs."""
+    seeds; returns counts[setting] of (second, third) token pairs: after the ordinary
+    first step, a block of K = 2 (4 tokens asked for: room for x_1, x_2 and the bonus)."""
     sched, target, _ = make(k=3)
     counts = np.zeros((len(SETTINGS), V, V))
     sinks = []
     for i in range(N_PER_SETTING * len(SETTINGS)):
         s = i % len(SETTINGS)
-        config = GenerateConfig(2, SETTINGS[s], ignore_eos=True, seed=10_000 + i)
+        config = GenerateConfig(4, SETTINGS[s], ignore_eos=True, seed=10_000 + i)
         sinks.append((s, submit(sched, PROMPTS[s], config)[0]))
     sched.run_until_idle()
     assert max(len(b) for b in target.batches) == 4
+    blocks = 0
     for s, sink in sinks:
         done = sink.last
-        assert isinstance(done, Done) and len(done.tokens) == 2
-        counts[s][done.tokens] += 1
+        assert isinstance(done, Done) and len(done.tokens) == 4
+        counts[s][done.tokens[1:3]] += 1
+        blocks += sum(e.k == 2 for e in sink.events if isinstance(e, Step))
+    assert blocks == len(sinks)  # every request's second step drafted a block of 2
     return counts
 
 
 def test_every_setting_in_a_mixed_batch_follows_its_target_law():
     counts = sample_pairs()
     for s, params in enumerate(SETTINGS):
-        assert chi2_pvalue(counts[s], first_two_law(PROMPTS[s], params)) > ALPHA
+        assert chi2_pvalue(counts[s], second_third_law(PROMPTS[s], params)) > ALPHA
 
 
 def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch):
@@ -186,7 +210,9 @@ def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch):
 
     monkeypatch.setattr(rejection, "correct", broken)
     counts = sample_pairs()
-    pvalues = [chi2_pvalue(counts[s], first_two_law(PROMPTS[s], p)) for s, p in enumerate(SETTINGS)]
+    pvalues = [
+        chi2_pvalue(counts[s], second_third_law(PROMPTS[s], p)) for s, p in enumerate(SETTINGS)
+    ]
     assert min(pvalues) < ALPHA
 
 
@@ -344,6 +370,7 @@ def test_every_depth_is_one_draft_decode_for_all_slots():
     for p in ([1], [2], [3, 4], [5]):
         submit(sched, p, long)
     sched.step()  # every slot starts (prompts of one token need no prefill chunk)
+    sched.step()  # each request's first step is ordinary
     for _ in range(5):
         decodes = _drafting_step(sched, draft)
         # K = 3: x_1's row comes from the catch-up decode, x_2's and x_3's from one each
@@ -358,6 +385,7 @@ def test_a_failed_draft_decode_ends_the_drafting_jobs_and_the_next_succeed():
     a, _ = submit(sched, [1, 2], GenerateConfig(50, GREEDY, ignore_eos=True))
     b, _ = submit(sched, [4], GenerateConfig(50, GREEDY, ignore_eos=True))
     sched.step()
+    sched.step()  # each request's first step is ordinary
     draft.fail_next = True
     sched.step()
     for sink in (a, b):
@@ -598,8 +626,9 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
             self.free = []
 
         def choose(self, states, fixed_s=0.0):
-            self.free.append([s.free for s in states])
-            ks = tuple(max(1, min(s.free, s.k_cap)) for s in states)
+            if any(s.k_cap for s in states):  # not the request's first, ordinary step
+                self.free.append([s.free for s in states])
+            ks = tuple(min(max(1, s.free), s.k_cap) for s in states)
             return Choice(ks, 0.0, 0.0, 0.0, 0.0)
 
     target, draft = engines(n_seq=2)
@@ -607,10 +636,11 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
     hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
     sched = Scheduler(target, hybrid, n_parallel=2, queue_max=8, draft_max=None, controller=ctl)
     sched.calibrate = lambda repeats=3: None
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    prompt = [0, 2, 1, 0, 2, 1, 0, 2]  # the target's first (ordinary) token is 1
     sink, _ = submit(sched, prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
     sched.run_until_idle()
-    assert ctl.free[0] == [3]  # "1 2" matched: "3 1 2" follows, capped at k_max
+    assert sink.last.tokens[0] == 1
+    assert ctl.free[0] == [3]  # "0 2 1" matched: "0 2 1" follows, capped at k_max
     steps = [e for e in sink.events if isinstance(e, Step)]
     lookup_only = [
         s for s in steps if s.n_drafted_by.get("lookup", 0) and not s.n_drafted_by.get("draft")
@@ -622,31 +652,54 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
 
 
 def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
-    # every "0 x" pair occurs in the prompt, its suffix "5 0" does not: the first block
-    # starts with the model, and its x_1 starts a copy that lookup finishes; the step's
-    # residual must be taken against those positions' cost (rows only), not a model block
+    # after the prompt and the target's first (ordinary) token 1, no 2-gram matches: the
+    # first block starts with the model, whose x_1 = 5 makes "1 5", which occurs in the
+    # prompt: lookup finishes the block with what followed it; the step's residual must
+    # be taken against those positions' cost (rows only), not a model block's
     class Script(BatchController):
         def __init__(self):
             super().__init__(k_max=4, draft_batched=True, probe_every=0)
             self.chosen_free, self.told_free = [], []
 
         def choose(self, states, fixed_s=0.0):
-            self.chosen_free.append([s.free for s in states])
-            return Choice((4,) * len(states), 0.0, 0.0, 0.0, 0.0)
+            if any(s.k_cap for s in states):  # not the request's first, ordinary step
+                self.chosen_free.append([s.free for s in states])
+            return Choice(tuple(min(4, s.k_cap) for s in states), 0.0, 0.0, 0.0, 0.0)
 
         def observe_step(self, ks, catch_up, seconds, free=()):
-            self.told_free.append(list(free))
+            if any(ks):
+                self.told_free.append(list(free))
 
     target, draft = engines(n_seq=1, noise=0.0)
     ctl = Script()
     hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
     sched = Scheduler(target, hybrid, n_parallel=1, queue_max=8, draft_max=None, controller=ctl)
     sched.calibrate = lambda repeats=3: None
-    prompt = [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0]
+    prompt = [3, 2, 5, 1, 5, 0, 3, 3, 5, 1]
     sink, _ = submit(sched, prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
     sched.run_until_idle()
-    first = next(e for e in sink.events if isinstance(e, Step))
-    assert sink.last.tokens[0] != 0  # x_1 starts a copy (0 would not)
+    first = next(e for e in sink.events if isinstance(e, Step) and e.k)
+    assert sink.last.tokens[:2] == (1, 5)  # the ordinary token, then the model's x_1
     assert ctl.chosen_free[0] == [0]  # no trusted match before drafting
     assert set(first.n_drafted_by) == {"draft", "lookup"}  # tested: up to the rejection
     assert ctl.told_free[0] == [3]  # x_1 by the model, the rest by lookup
+
+
+def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
+    from specgen.engine import Block
+    from specgen.round import Proposal
+    from specgen.server.scheduler import _model_part
+
+    def prop(sources, k=None):
+        tokens = np.zeros(len(sources), dtype=np.int64)
+        block = Block(tokens, Dists.one_hot(tokens, V), tuple(sources))
+        return Proposal(k or len(sources), block, True, 0, 0.0, 0.0)
+
+    L, D = "lookup", "draft"
+    assert _model_part(prop([D] * 3, k=4), 1) == (4, 1)  # no lookup: as before
+    assert _model_part(prop([L] * 4), 2) == (0, 0)  # lookup alone: the model untested
+    assert _model_part(prop([L, L, D, D]), 1) == (0, 0)  # rejected before the model's part
+    assert _model_part(prop([L, L, D, D]), 2) == (2, 0)  # the model's first token rejected
+    assert _model_part(prop([L, L, D, D]), 3) == (2, 1)
+    assert _model_part(prop([D, L, L, L]), 0) == (1, 0)  # x_1 by the model, rejected
+    assert _model_part(prop([D, L, L, L]), 2) == (1, 1)  # accepted; the tail is lookup's

@@ -139,9 +139,30 @@ class _Slot:
         self.n_prefill = 0
         self.acceptance: Acceptance | None = None
         self.idle = 0  # steps since this slot last speculated
-        self.fresh = False  # its request has not had a step yet
+        self.fresh = False  # its request has not had a step that could speculate yet
+        self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.free = 0  # positions prompt lookup fills in its next block (as last chosen)
+
+
+def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
+    """(k, accepted) of the draft model's part of a round, what the controller's
+    acceptance estimate learns from: prompt-lookup tokens (hybrid blocks) have their own
+    record (`specgen.hybrid.LookupRecord`), and a failed lookup would otherwise mark the
+    model down too, so that a slot whose draft lacks its prompt never drafted with it
+    again (the catch-up's cost outweighs a low estimate). (0, 0) where the model's part
+    was not reached or there is none; a block without lookup tokens counts as before,
+    at the K asked for."""
+    sources = prop.block.sources
+    if "lookup" not in sources:
+        return prop.k, n_accepted
+    head = 0
+    while head < len(sources) and sources[head] == "lookup":
+        head += 1
+    m = sources.count("draft")
+    if m == 0 or n_accepted < head:
+        return 0, 0
+    return m, min(m, n_accepted - head)
 
 
 def _decode_s(engine: BatchEngine | None) -> float:
@@ -648,7 +669,7 @@ class Scheduler:
         slot.n_prefill = len(slot.todo)
         slot.started = False
         slot.idle = 0
-        slot.fresh = True
+        slot.fresh = slot.first = True
         slot.acceptance = self.controller.new_acceptance() if self.controller else None
 
     def _k_cap(self) -> int:
@@ -694,7 +715,13 @@ class Scheduler:
         for slot in active:
             seq, d = slot.seq, slot.drafter
             assert seq is not None
-            caps.append(seq.choose_k())
+            # a request's first step is ordinary decoding: its first token comes at
+            # ordinary decoding's latency (the prefill and one target row), where a first
+            # block would hold it back by the draft's catch-up on the prompt and K draft
+            # decodes (2-4x the TTFT of --draft none on the demo pair); its draft catches
+            # up in its next step
+            caps.append(0 if slot.first else seq.choose_k())
+            slot.first = False
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
             slot.catch_up = max(0, behind - 1)
         if self.controller is None or not active:
@@ -711,9 +738,9 @@ class Scheduler:
                 )
             )
         choice = self.controller.choose(states)
-        for slot, k in zip(active, choice.k, strict=True):
+        for slot, k, cap in zip(active, choice.k, caps, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
-            slot.fresh = False
+            slot.fresh = slot.fresh and cap == 0
         return list(choice.k)
 
     def _commit(self, slot: _Slot, prop: Proposal, rows: Logits, verify_s: float) -> None:
@@ -726,7 +753,8 @@ class Scheduler:
             self._fail(slot, str(exc), "engine")
             return
         if self.controller is not None and slot.acceptance is not None:
-            self.controller.observe_round(slot.acceptance, prop.k, step.n_accepted)
+            k, n = _model_part(prop, step.n_accepted)
+            self.controller.observe_round(slot.acceptance, k, n)
         assert slot.ticket is not None
         _send(slot.ticket, step)
         if seq.ended():
