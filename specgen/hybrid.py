@@ -28,9 +28,10 @@ meets a committed prefix is matched with probability p(x), exactly its acceptanc
 probability with a one-hot q: the match rate is an unbiased estimate of the lookup's
 acceptance rate, measured also in rounds where the model drafted. The model's own
 acceptance is estimated from the rounds where it drafted. Lookup is trusted for a match
-length when its rate is at least the model's less a margin (`MARGIN`): a lookup token
-costs no draft pass, so where both are nearly always right (a model copying a passage
-it can see) the free one wins.
+length when its rate is at least the model's less a margin (`MARGIN`), or when no lookup
+of that length was scored yet: a lookup token costs no draft pass, so where both are
+nearly always right (a model copying a passage it can see) the free one wins. A lookup
+made after model tokens is scored only where the round reached it.
 """
 
 from __future__ import annotations
