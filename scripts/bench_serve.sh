@@ -164,10 +164,12 @@ serve specgen-nodraft --draft none
   <<'PY' | tee "$OUT/summary.md"
 import json, sys
 out, labels = sys.argv[1], sys.argv[2:]
-runs = {}
+runs, cpu = {}, []
 for label in labels:
     for r in json.load(open(f"{out}/{label}.json"))["runs"]:
         runs[(r["level"]["temp"], r["level"]["name"], label)] = r["summary"]
+        if r.get("client_cpu_percent") is not None:
+            cpu.append((r["client_cpu_percent"], label, r["level"]["temp"], r["level"]["name"]))
 levels = list(dict.fromkeys((t, n) for t, n, _ in runs))
 def cell(s):
     tpot = s["tpot"]["p99"]
@@ -185,5 +187,9 @@ for t, n in levels:
     r2 = f"{spec['output_throughput'] / nod['output_throughput']:.2f}×" if spec and nod and nod["output_throughput"] else "–"
     cells = [cell(got[l]) if got[l] else "–" for l in labels]
     print(f"| {t:g} | {n} | " + " | ".join(cells) + f" | {r1} | {r2} |")
+if cpu:
+    top = max(cpu)
+    print(f"\nThe load client's own CPU: at most {top[0]:.1f}% of one core in a level"
+          f" ({top[1]}, temp {top[2]:g}, {top[3]}).")
 PY
 echo "== wrote $OUT/summary.md and one .json/.md per server"

@@ -15,6 +15,7 @@ import pytest
 from openai_stub import Stub, StubConfig
 
 from specgen.bench import load
+from specgen.bench.load import report as load_report
 from specgen.bench.loadstats import LoadLevel, Slo, SpecStats, e2el_s, itls_s, tpot_s, ttft_s
 from specgen.errors import ConfigError
 
@@ -277,3 +278,30 @@ def test_a_server_that_closes_idle_connections_costs_no_request() -> None:
         res = load.run_load(load.parse_servers([stub.url], []), PROMPTS, s)
     (run,) = res.runs
     assert run.summary.failures == () and run.summary.n_completed == 6
+
+
+def test_each_level_reports_the_clients_own_cpu_share() -> None:
+    """client_cpu = this process's CPU seconds over the level's wall seconds, exactly, with
+    scripted clocks (each wall reading +1 s, each CPU reading +0.25 s); the JSON and the
+    Markdown carry it."""
+    wall, seen = [0.0], []
+
+    def clock() -> float:
+        wall[0] += 1.0
+        return wall[0]
+
+    def cpu_clock() -> float:
+        seen.append(wall[0])  # the wall clock when the CPU clock was read
+        return 0.25 * len(seen)
+
+    with Stub(StubConfig(n_chunks=2)) as stub:
+        res = load.run_load(
+            load.parse_servers([stub.url], []), PROMPTS, _settings(num_prompts=2, warmup=0),
+            clock=clock, cpu_clock=cpu_clock,
+        )  # fmt: skip
+    (run,) = res.runs
+    before, after = seen  # read once before the level's first wall reading, once after its last
+    assert run.client_cpu == pytest.approx(0.25 / (after - (before + 1)))
+    data = load_report.to_dict(res)
+    assert data["runs"][0]["client_cpu_percent"] == pytest.approx(100 * run.client_cpu)
+    assert f"{100 * run.client_cpu:.1f}% of one core" in load_report.render_markdown(res)

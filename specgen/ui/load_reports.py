@@ -11,6 +11,7 @@ from specgen.bench.load.report import (
     DEFINITIONS,
     LoadComparison,
     accept_text,
+    client_cpu_text,
     failures_text,
     pair_text,
     ratio_text,
@@ -83,6 +84,8 @@ def render_load(
     err: list[RenderableType] = [Text(DEFINITIONS, style="dim")]
     if result.settings.slo is not None:
         err.append(Text(f"SLO: {result.settings.slo.text()}", style="dim"))
+    if (cpu := client_cpu_text(result)) is not None:
+        err.append(Text(cpu, style="dim"))
     if compared is not None:
         head = f"compared with {compared.file}" + (
             ""

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import platform
+import statistics
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -122,6 +123,7 @@ def to_dict(result: LoadResult) -> dict[str, Any]:
             "label": r.label,
             "level": asdict(r.level) | {"name": r.level.name},
             "summary": asdict(r.summary) | {"n_failed": r.summary.n_failed},
+            "client_cpu_percent": None if r.client_cpu is None else 100 * r.client_cpu,
             "vs": sb.base_label,
             "ratio": None if sb.ratio is None else asdict(sb.ratio),
             "requests": [
@@ -168,6 +170,18 @@ def accept_text(s: LevelSummary) -> str:
     return "–" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
 
 
+def client_cpu_text(result: LoadResult) -> str | None:
+    """'load client: at most 1.9% of one core in a level (median 1.1%)', or None when no
+    level measured it."""
+    cpu = sorted(r.client_cpu for r in result.runs if r.client_cpu is not None)
+    if not cpu:
+        return None
+    return (
+        f"load client: at most {100 * cpu[-1]:.1f}% of one core in a level"
+        f" (median {100 * statistics.median(cpu):.1f}%)"
+    )
+
+
 def render_markdown(result: LoadResult) -> str:
     """One README-ready table of every run, the definitions, and the record in a sentence."""
     slo = result.settings.slo
@@ -194,6 +208,8 @@ def render_markdown(result: LoadResult) -> str:
     lines += ["", DEFINITIONS]
     if slo:
         lines.append(f"SLO: {slo.text()}.")
+    if (cpu := client_cpu_text(result)) is not None:
+        lines.append(cpu[0].upper() + cpu[1:] + ".")
     lines += ["", describe_record(build_record(result))]
     return "\n".join(lines) + "\n"
 

@@ -89,12 +89,18 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class LevelRun:
-    """One server at one level: every request and the figures."""
+    """One server at one level: every request and the figures.
+
+    `client_cpu` is the load client's own CPU over the level, as a fraction of one core:
+    this process's CPU seconds (`time.process_time`: every thread, the progress display
+    included) over the level's wall seconds; None when not measured. On a machine the
+    server shares, it is what the measurement took from the server measured."""
 
     label: str
     level: LoadLevel
     records: tuple[RequestRecord, ...]
     summary: LevelSummary
+    client_cpu: float | None = None
 
 
 @dataclass(frozen=True)

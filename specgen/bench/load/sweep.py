@@ -207,8 +207,11 @@ def run_load(
     settings: LoadSettings,
     progress: Callable[[LoadProgress], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    cpu_clock: Callable[[], float] = time.process_time,
 ) -> LoadResult:
-    """Measure every server at every level (see the package docstring).
+    """Measure every server at every level (see the package docstring). `clock` stamps the
+    requests (seconds); `cpu_clock` is this process's CPU seconds, for each level's
+    `LevelRun.client_cpu`.
 
     Raises:
         ConfigError: a server cannot be reached; prompts that the endpoint cannot take.
@@ -224,7 +227,9 @@ def run_load(
         return LoadResult(settings, tuple(infos), tuple(runs), ids, date, endpoint)
 
     try:
-        asyncio.run(_sweep(servers, prompts, settings, endpoint, progress, clock, runs, infos))
+        asyncio.run(
+            _sweep(servers, prompts, settings, endpoint, progress, clock, cpu_clock, runs, infos)
+        )
     except KeyboardInterrupt:
         raise LoadInterrupted(result()) from None
     return result()
@@ -237,6 +242,7 @@ async def _sweep(
     endpoint: str,
     progress: Callable[[LoadProgress], None] | None,
     clock: Callable[[], float],
+    cpu_clock: Callable[[], float],
     runs: list[LevelRun],
     infos: list[ServerInfo],
 ) -> None:
@@ -264,8 +270,11 @@ async def _sweep(
             for pool, info in zip(pools, infos, strict=True):
                 count.description = f"{info.server.label} · temp {level.temp:g} · {level.name}"
                 count.tell()
+                cpu0, wall0 = cpu_clock(), clock()
                 records, start, end = await _run_level(
                     pool, info, level, order, offsets, prompts, settings, endpoint, clock, count
                 )
+                wall = clock() - wall0
+                cpu = (cpu_clock() - cpu0) / wall if wall > 0 else None
                 summary = summarize_level(records, end - start, settings.slo)
-                runs.append(LevelRun(info.server.label, level, tuple(records), summary))
+                runs.append(LevelRun(info.server.label, level, tuple(records), summary, cpu))
