@@ -324,7 +324,8 @@ class SlotState:
         catch_up: committed tokens its draft cache lacks beyond the one the first depth
             always evaluates (`SlotInput.catch_up`).
         left: tokens it may still emit (0 = unknown).
-        first: the request's first step.
+        first: the request's first step that may speculate (the server makes its first
+            step ordinary, `specgen.server.scheduler`).
         free: positions a prompt-lookup match proposes this step (`SlotInput.free`).
     """
 
@@ -341,7 +342,8 @@ class BatchController:
     """Fits the costs from the decodes the server makes, keeps the pooled acceptance rate
     (each new request's prior), and chooses K per slot (`choose`).
 
-    A request's first step is a K = 1 probe at least when its draft cache already holds
+    A request's first step that may speculate (the server's second for it: its first is
+    ordinary) is a K = 1 probe at least when its draft cache already holds
     its prompt (a prefix kept from an earlier request: the probe then costs one draft token
     and one row): it measures the costs at sizes that ordinary steps never show, and gives
     the request's own acceptance a first test. Otherwise the prompt is the draft's

@@ -5,9 +5,10 @@ Each step (`Scheduler.step`):
   1. cancelled jobs leave their slot; queued jobs take free slots (the slot whose cache
      shares the longest prefix with the prompt, which then evaluates only the rest);
   2. stage 1 for every slot that is generating: K per slot (fixed, or the batch
-     controller's goodput choice), then the blocks: with a draft model, ONE draft decode
-     per depth holds every slot still drafting (llama-server keeps one draft context for
-     all slots too), each slot sampling its own row with its own settings and random
+     controller's goodput choice; 0 in a request's first step, so that its first token
+     comes at ordinary decoding's latency), then the blocks: with a draft model, ONE
+     draft decode per depth holds every slot still drafting (llama-server keeps one draft
+     context for all slots too), each slot sampling its own row with its own settings and random
      stream (`ModelDrafter.begin`); a model-free drafter drafts per slot. A slot's draft
      is prefilled only once it is chosen to speculate (under load it may never be): its
      prompt is then a catch-up, in the block's first depth, or by `prefill_chunk` chunks
