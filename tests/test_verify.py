@@ -407,16 +407,24 @@ _MIXED = dict(
     ids=["token", "block-lookup"],
 )
 def test_verify_passes_on_the_demo_pair(demo_pair, demo_target, rule, lookup, prompts):
-    config = VerifyConfig(samples=150, greedy_tokens=32, verify_rule=rule, **prompts)
+    # 100 samples per prompt (the statistical power against broken rules is the tiny
+    # pair's, above): on the repeating prompt that reaches groups at positions 1-3; the
+    # hybrid's greedy check at K 8 only (sampling is 80% of the test's time)
+    ks = (4, 8) if rule == "token" else (8,)
+    config = VerifyConfig(samples=100, greedy_ks=ks, greedy_tokens=32, verify_rule=rule, **prompts)
     report, seen = _verify_real(demo_target, demo_pair[1], config, lookup)
     assert report.passed, report.to_dict()
-    assert [c.k for c in report.greedy] == [4, 8] * len(prompts["greedy_prompts"])
+    assert [c.k for c in report.greedy] == list(ks) * len(prompts["greedy_prompts"])
+    if lookup:  # block verification judged past position 1, on lookup and model rows
+        assert {t.position for t in report.sampling.tests} == {1, 2, 3}
     assert report.sampling is not None and report.sampling.acceptance_rate > 0.5
     assert (seen["lookup"] > 0) == lookup
 
 
 def test_verify_passes_on_the_smollm2_pair_with_block_verification_and_lookup(smol_pair):
-    config = VerifyConfig(samples=150, greedy_tokens=32, verify_rule="block", **_MIXED)
+    config = VerifyConfig(
+        samples=100, greedy_ks=(8,), greedy_tokens=32, verify_rule="block", **_MIXED
+    )
     with LlamaEngine(smol_pair[0], REAL) as target:
         report, seen = _verify_real(target, smol_pair[1], config, lookup=True)
     assert report.passed, report.to_dict()
