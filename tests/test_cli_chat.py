@@ -113,6 +113,27 @@ def test_chat_pipe_keeps_the_caches_across_turns(smol_args, draft):
         assert "speedup" in second[3] and "n/a" not in second[3].split("speedup")[1]
 
 
+def test_chat_stop_strings_end_each_reply_where_they_begin(smol_args):
+    # greedy: the same replies as without --stop, each cut just before the stop string
+    lines = ["What is the capital of France?", "And of Italy?"]
+    full, _ = chat_pipe([*smol_args, "-n", "24"], lines)
+    cut, _ = chat_pipe([*smol_args, "-n", "24", "--stop", " is"], lines[:1])
+    assert " is" in full[0]
+    assert cut[0] == full[0][: full[0].index(" is")]
+    # and the session goes on after a stopped reply
+    both, _ = chat_pipe([*smol_args, "-n", "24", "--stop", " is"], lines)
+    assert len(both) == 2 and both[0] == cut[0] and " is" not in both[1]
+
+
+def test_chat_ignore_eos_runs_each_reply_to_n(smol_args):
+    _, err = chat_pipe([*smol_args, "-n", "48"], ["Hi", "/stats"])
+    (short,) = stats_lines(err)
+    assert int(short[2]) < 48  # the reply ends at its end of turn
+    _, err = chat_pipe([*smol_args, "-n", "48", "--ignore-eos"], ["Hi", "/stats"])
+    (full,) = stats_lines(err)
+    assert int(full[2]) == 48
+
+
 def test_chat_pipe_reset_and_a_turn_that_does_not_fit(smol_args):
     lines = ["Hi", "sea " * 600, "/reset", "Hi", "/stats", "/exit", "never read"]
     blocks, err = chat_pipe(smol_args, lines)

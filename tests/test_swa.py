@@ -130,3 +130,17 @@ def test_run_sizes_the_sliding_window_cache_as_asked(demo_pair, flags, cells):
     )
     assert r.returncode == 0, r.stderr.decode()
     assert f"SWA KV cache, size = {cells} cells" in r.stderr.decode()
+
+
+def test_chat_passes_swa_full_to_llama_cpp_too(demo_pair):
+    """`specgen chat --swa-full`: the cache is sized before the base model is refused."""
+    args = ["chat", "-m", str(demo_pair[0]), "--draft", "none", "-c", "2048", "--verbose"]
+    r = subprocess.run(
+        [sys.executable, "-m", "specgen", *args, "--swa-full"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    err = r.stderr.decode()
+    assert r.returncode != 0 and "no chat template" in err
+    assert "SWA KV cache, size = 2048 cells" in err
