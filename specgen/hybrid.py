@@ -238,7 +238,7 @@ class HybridDrafting:
     ) -> None:
         self.hybrid = hybrid
         self.context, self.k = context, k
-        self.start, self.n_match, self.found, self.use = len(context), n_match, found, use
+        self.n_match, self.found, self.use = n_match, found, use
         self.inner = inner
         self.tail: list[int] = []  # lookup tokens after the model's
         self.n_tail_match = 0
@@ -286,6 +286,12 @@ class HybridDrafting:
         tokens = use + model_tokens + tail
         tail_at = len(use) + len(model_tokens) if tail else len(tokens)
         h._pending = _Pending(
-            self.start, self.n_match, self.found, tokens, len(use), tail_at, self.n_tail_match
+            len(self.context),
+            self.n_match,
+            self.found,
+            tokens,
+            len(use),
+            tail_at,
+            self.n_tail_match,
         )
         return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, h.n_vocab), sources)

@@ -123,15 +123,23 @@ class NgramIndex:
         does (fewer than k tokens when the match is close to the end) instead of
         continuing into itself."""
         self._sync(context)
-        size = len(self._tokens)
+        toks = self._tokens
+        size = len(toks)
         if k <= 0 or size < 2:
             return 0, []
-        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
-            j = self._last[n].get(tuple(self._tokens[size - n :]))
+        n, j = self._longest(toks[max(0, size - self.n_max) :], size - 1)
+        if j is None:
+            return 0, []
+        return n, _continue(toks, j + n, k if wrap else min(k, size - j - n))
+
+    def _longest(self, tail: list[int], n_top: int) -> tuple[int, int | None]:
+        """(n, j): the longest suffix n-gram of `tail` (n <= n_top) with an indexed
+        occurrence, and where that occurrence starts; (0, None) when none has one."""
+        for n in range(min(self.n_max, n_top), self.n_min - 1, -1):
+            j = self._last[n].get(tuple(tail[len(tail) - n :]))
             if j is not None:
-                stop = k if wrap else min(k, size - j - n)
-                return n, _continue(self._tokens, j + n, stop)
-        return 0, []
+                return n, j
+        return 0, None
 
     def match_after(
         self, context: Sequence[int], extra: Sequence[int], k: int
@@ -153,12 +161,11 @@ class NgramIndex:
         size = len(toks)
         if k <= 0 or size < 2:
             return 0, []
-        tail = list(toks[max(0, size - self.n_max) :]) + [int(t) for t in extra]
-        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
-            j = self._last[n].get(tuple(tail[len(tail) - n :]))
-            if j is not None:
-                return n, toks[j + n : j + n + min(k, size - j - n)]
-        return 0, []
+        tail = toks[max(0, size - self.n_max) :] + [int(t) for t in extra]
+        n, j = self._longest(tail, len(tail))
+        if j is None:
+            return 0, []
+        return n, toks[j + n : j + n + min(k, size - j - n)]
 
 
 class NgramDrafter:

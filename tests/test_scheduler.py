@@ -77,7 +77,7 @@ class OrdinaryFirst(FixedK):
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
-        self.rounds = iter(itertools.count())
+        self.rounds = itertools.count()
 
     def choose_k(self, remaining: int) -> int:
         return 0 if next(self.rounds) == 0 else super().choose_k(remaining)

@@ -143,7 +143,6 @@ class _Slot:
         self.fresh = False  # its request has not had a step that could speculate yet
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
-        self.free = 0  # positions prompt lookup fills in its next block (as last chosen)
 
 
 def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -732,11 +731,9 @@ class Scheduler:
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
-            slot.free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
+            free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
             states.append(
-                SlotState(
-                    slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, slot.free
-                )
+                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, free)
             )
         choice = self.controller.choose(states)
         for slot, k, cap in zip(active, choice.k, caps, strict=True):
