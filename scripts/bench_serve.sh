@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # `specgen serve` against llama.cpp's own server on the demo pair, under load: the same
 # prompts, schedule, slots, context per slot and sampling for every server, measured by
-# `specgen bench --url`. One server at a time (two model processes on the same cores slow
-# each other 50-150x), in this order:
+# one `specgen bench --url` run. All five servers are loaded at once, each on its own
+# port, and measured in turn, level by level (at each level every server runs the same
+# requests before the next level starts), so that each ratio comes from one run with the
+# servers alternating, not from runs minutes apart. Only the server being measured has
+# work: the others wait idle (two model processes computing on the same cores would slow
+# each other 50-150x). The servers, in the order measured at each level:
 #
 #   llama-server with the draft, --spec-draft-n-max 3 (its default)   label llama-draft3
 #   llama-server with the draft, --spec-draft-n-max $K                 label llama-draft$K
@@ -24,7 +28,8 @@
 #
 # The first run builds llama-server from the llama.cpp sources vendored in the
 # llama-cpp-python 0.3.36 source archive, the same sources as the installed bindings
-# (10-14 minutes on 2 cores; cached in $SERVE_BUILD_DIR). Run it on a quiet machine.
+# (10-14 minutes on 2 cores; cached in $SERVE_BUILD_DIR). Run it on a quiet machine with
+# memory for five servers at once (about 9 GB with the defaults).
 set -euo pipefail
 
 OUT=${1:-bench-serve}
@@ -76,8 +81,7 @@ PY=${PY:-$(dirname "$(command -v "$SPECGEN")")/python}
 { read -r TARGET; read -r DRAFT; } < <("$PY" -c '
 from specgen.models.demo import ensure_demo_pair
 print(*ensure_demo_pair(), sep="\n")')
-PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-URL=http://127.0.0.1:$PORT
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 {
   echo "== machine"
@@ -92,19 +96,17 @@ URL=http://127.0.0.1:$PORT
   echo "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PROMPTS requests per level"
 } | tee "$OUT/machine.txt"
 
-SERVER=
-stop_server() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-    SERVER=
-  fi
+PIDS=()
+stop_servers() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  PIDS=()
 }
-trap stop_server EXIT
-trap 'stop_server; exit 130' INT TERM
+trap stop_servers EXIT
+trap 'stop_servers; exit 130' INT TERM
 
-wait_ready() { # until GET /health answers 200 (both servers: 503 while loading)
-  "$PY" - "$URL/health" "$SERVER" <<'PY'
+wait_ready() { # URL PID: until GET /health answers 200 (both servers: 503 while loading)
+  "$PY" - "$1/health" "$2" <<'PY'
 import os, sys, time, urllib.request
 url, pid = sys.argv[1], int(sys.argv[2])
 deadline = time.monotonic() + 600
@@ -124,52 +126,48 @@ sys.exit(f"{url} not ready after 600 s")
 PY
 }
 
-measure() { # LABEL: the sweep against the server now running
-  echo "== $1"
-  "$SPECGEN" bench --url "$URL" --label "$1" --concurrency "$CONC" --temp "$TEMPS" -n "$N" \
-    --num-prompts "$NUM_PROMPTS" --warmup 2 --json "$OUT/$1.json" --markdown "$OUT/$1.md"
-  stop_server
-}
-
-llama() { # LABEL ARGS...: llama-server on the pair with the same slots, context and threads
-  local label=$1
+URLS=()
+start() { # LABEL COMMAND...: one server on a port of its own, loaded before the next starts
+  local label=$1 port
   shift
-  # -c is the whole cache, split between the -np slots: NP x CTX gives each slot CTX
-  "$LLAMA_SERVER" -m "$TARGET" -np "$NP" -c $((NP * CTX)) -t "$THREADS" -ngl 0 \
-    --host 127.0.0.1 --port "$PORT" --no-webui "$@" >"$OUT/$label.log" 2>&1 &
-  SERVER=$!
-  wait_ready
-  measure "$label"
+  port=$(free_port)
+  echo "== loading $label on port $port"
+  "$@" --port "$port" >"$OUT/$label.log" 2>&1 &
+  PIDS+=("$!")
+  wait_ready "http://127.0.0.1:$port" "$!"
+  URLS+=(--url "http://127.0.0.1:$port" --label "$label")
 }
 
-serve() { # LABEL ARGS...: specgen serve on the demo pair (its default models)
-  local label=$1
-  shift
-  "$SPECGEN" serve --parallel "$NP" -c "$CTX" -t "$THREADS" --port "$PORT" "$@" \
-    >"$OUT/$label.log" 2>&1 &
-  SERVER=$!
-  wait_ready
-  measure "$label"
-}
-
+# llama-server on the pair with the same slots, context and threads: -c is the whole cache,
+# split between the -np slots, so NP x CTX gives each slot CTX
+LLAMA=("$LLAMA_SERVER" -m "$TARGET" -np "$NP" -c $((NP * CTX)) -t "$THREADS" -ngl 0
+  --host 127.0.0.1 --no-webui)
+SERVE=("$SPECGEN" serve --parallel "$NP" -c "$CTX" -t "$THREADS")
 # --spec-type draft-simple: without it this llama.cpp loads the draft and never uses it
-llama llama-draft3 -md "$DRAFT" -ngld 0 --spec-type draft-simple --spec-draft-n-max 3
-llama "llama-draft$K" -md "$DRAFT" -ngld 0 --spec-type draft-simple --spec-draft-n-max "$K"
-llama llama-nodraft
-serve specgen
-serve specgen-nodraft --draft none
+start llama-draft3 "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
+  --spec-draft-n-max 3
+start "llama-draft$K" "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
+  --spec-draft-n-max "$K"
+start llama-nodraft "${LLAMA[@]}"
+start specgen "${SERVE[@]}"
+start specgen-nodraft "${SERVE[@]}" --draft none
+
+echo "== measuring (servers alternating level by level)"
+"$SPECGEN" bench "${URLS[@]}" --concurrency "$CONC" --temp "$TEMPS" -n "$N" \
+  --num-prompts "$NUM_PROMPTS" --warmup 2 --json "$OUT/all.json" --markdown "$OUT/all.md"
+stop_servers
 
 # -- all five side by side ------------------------------------------------------------------
-"$PY" - "$OUT" "llama-draft3" "llama-draft$K" "llama-nodraft" "specgen" "specgen-nodraft" \
+"$PY" - "$OUT/all.json" "llama-draft3" "llama-draft$K" "llama-nodraft" "specgen" "specgen-nodraft" \
   <<'PY' | tee "$OUT/summary.md"
 import json, sys
-out, labels = sys.argv[1], sys.argv[2:]
+path, labels = sys.argv[1], sys.argv[2:]
 runs, cpu = {}, []
-for label in labels:
-    for r in json.load(open(f"{out}/{label}.json"))["runs"]:
-        runs[(r["level"]["temp"], r["level"]["name"], label)] = r["summary"]
-        if r.get("client_cpu_percent") is not None:
-            cpu.append((r["client_cpu_percent"], label, r["level"]["temp"], r["level"]["name"]))
+for r in json.load(open(path))["runs"]:
+    label = r["label"]
+    runs[(r["level"]["temp"], r["level"]["name"], label)] = r["summary"]
+    if r.get("client_cpu_percent") is not None:
+        cpu.append((r["client_cpu_percent"], label, r["level"]["temp"], r["level"]["name"]))
 levels = list(dict.fromkeys((t, n) for t, n, _ in runs))
 def cell(s):
     tpot = s["tpot"]["p99"]
@@ -192,4 +190,4 @@ if cpu:
     print(f"\nThe load client's own CPU: at most {top[0]:.1f}% of one core in a level"
           f" ({top[1]}, temp {top[2]:g}, {top[3]}).")
 PY
-echo "== wrote $OUT/summary.md and one .json/.md per server"
+echo "== wrote $OUT/summary.md, $OUT/all.json and $OUT/all.md"

@@ -215,9 +215,9 @@ def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     holds the i = a mod g); (n, n_blocks) block maxima. Rows are padded with -inf to a
     multiple of b.
 
-    The maxima come from halving: the first np.maximum streams through the row once and
-    the rest works on half of it, in cache (a reduction over the strided axis reads the
-    row in a cache-hostile order)."""
+    Both maxima come from reductions whose innermost axis is the contiguous one (n_blocks),
+    so numpy runs them as elementwise np.maximum over whole lines: one streaming pass over
+    the row, then one over the (n, g, n_blocks) sub-block maxima."""
     n, v = z.shape
     b = _BLOCK if v >= _BLOCK * _MIN_BLOCKS else 1
     nb = -(-v // b)
@@ -226,10 +226,9 @@ def _blocks(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         padded[:, :v] = z
         z = padded
     z3 = z.reshape(n, b, nb)
-    sub = z3
-    while sub.shape[1] > _SUB_BLOCKS:
-        h = sub.shape[1] // 2
-        sub = np.maximum(sub[:, :h], sub[:, h:])
+    g = min(b, _SUB_BLOCKS)
+    # i = m * g + a: reducing over m leaves sub-block a = the i with i mod g = a
+    sub = np.maximum.reduce(z3.reshape(n, b // g, g, nb), axis=1)
     return z3, sub, sub.max(axis=1)
 
 
@@ -377,23 +376,12 @@ def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists
 
 def _warp_one(z: np.ndarray, params: SamplingParams, k: int) -> Dists:
     """`warp_rows` for one row with top-k on (the draft's and ordinary decoding's case):
-    the same rule and the same float operations on 1-d arrays, in a few numpy calls.
-
-    Candidates are the logits within delta of the max, widened until at least k are
-    in: then every logit >= the k-th largest is one of them, ties included."""
-    top = float(z.max())
-    for delta in (8.0, 12.0, 16.0, 24.0, 48.0, math.inf):
-        cand = (z >= top - delta).nonzero()[0]  # ascending ids
-        if cand.size >= k:
-            break
-    vals = z[cand]
-    if cand.size > k:  # keep those >= the k-th largest (all its ties), in id order
-        kth = np.partition(vals, cand.size - k)[cand.size - k]
-        near = (vals >= kth).nonzero()[0]
-        cand, vals = cand[near], vals[near]
-    # stable: equal logits keep their ascending-id order (rule 1's tie rule)
-    first = (-vals).argsort(kind="stable")[:k]
-    ids, zs = cand[first].astype(np.int64), vals[first].astype(np.float64)
+    the same candidates and the same float operations, on 1-d arrays after the top-k."""
+    z3, sub, bm = _blocks(z[None, :])
+    nb = bm.shape[1]
+    t = np.partition(bm[0], nb - k)[nb - k : nb - k + 1] if nb >= k else np.full(1, -np.inf)
+    _, ids, zs = _at_least(z3, sub, bm, t.astype(np.float64), z.shape[0])
+    ids, zs = ids[:k], zs[:k]
     m = k
     if params.top_p < 1.0:
         w = np.exp(zs - zs[0])

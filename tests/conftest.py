@@ -9,6 +9,7 @@ across runs (otherwise they go to a per-session pytest temporary directory).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +28,15 @@ TINY_DRAFT_NOISE = 0.015
 # Token id changed in ``vocab_mismatch_draft``: a normal word token ("▁the"), past llama.cpp's
 # compatibility check start (id 5).
 MISMATCH_TOKEN_ID = 262
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control (`make test &` in a script) starts background jobs with
+    # SIGINT ignored, and an ignored signal stays ignored across exec: every child the
+    # Ctrl-C tests start would then run to its end. A handler (unlike SIG_IGN) is reset to
+    # the default in a child, so the children get Python's usual KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --- cache isolation ---------------------------------------------------------------------------
