@@ -19,6 +19,7 @@ from specgen.batchctl import (
     step_seconds,
 )
 from specgen.controller import expected_tokens
+from specgen.sampling import SamplingParams
 
 # FIELD.md's costs on the 2-core CPU: one row 38 ms, each extra row ~6 ms, a draft token 19 ms
 TARGET = Line(0.038, 0.006)
@@ -198,6 +199,24 @@ def test_the_prior_of_a_new_request_tends_to_the_pooled_rate():
     mean = 301 / 1002
     assert ctl.new_acceptance().prior == pytest.approx(mean + (mean * (1 - mean) / 1003) ** 0.5)
     assert abs(ctl.new_acceptance().prior - 0.3) < 0.02
+
+
+def test_each_sampling_setting_pools_its_own_rate():
+    ctl = BatchController()
+    greedy, sampled = SamplingParams(temp=0.0), SamplingParams(temp=0.8)
+    acc = ctl.new_acceptance(greedy)
+    for i in range(1000):  # greedy rounds: 900 of 1,000 accepted
+        ctl.observe_round(acc, 1, 1 if i % 10 < 9 else 0)
+    assert abs(ctl.new_acceptance(greedy).prior - 0.9) < 0.02
+    # a sampled request starts from no evidence (Beta(1, 1) plus one deviation), not 0.9
+    fresh = 0.5 + (0.25 / 3) ** 0.5
+    assert ctl.new_acceptance(sampled).prior == pytest.approx(fresh)
+    assert ctl.new_acceptance(SamplingParams(temp=0.8)).pool == sampled  # equal settings
+    for t in range(1, 64):  # 62 new settings (0.8 is sampled's): 64 pools, greedy's oldest
+        ctl.new_acceptance(SamplingParams(temp=t / 10))
+    assert ctl.new_acceptance(sampled).prior == pytest.approx(fresh)
+    ctl.new_acceptance(SamplingParams(temp=99.0))  # the 65th setting drops greedy's
+    assert ctl.new_acceptance(greedy).prior == pytest.approx(fresh)
 
 
 def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():

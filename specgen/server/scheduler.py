@@ -670,7 +670,9 @@ class Scheduler:
         slot.started = False
         slot.idle = 0
         slot.fresh = slot.first = True
-        slot.acceptance = self.controller.new_acceptance() if self.controller else None
+        slot.acceptance = (
+            self.controller.new_acceptance(job.config.params) if self.controller else None
+        )
 
     def _k_cap(self) -> int:
         return self.controller.k_max if self.controller is not None else 0
