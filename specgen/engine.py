@@ -124,13 +124,15 @@ class BatchEngine(Protocol):
         sequence's share of the cache."""
         ...
 
-    def decode_batch(self, parts: list[SeqDecode]) -> list[Logits]:
+    def decode_batch(self, parts: list[SeqDecode], copy: bool = True) -> list[Logits]:
         """Evaluate every part in ONE decode (each sequence's positions continue its own
         `tokens`, which are extended).
 
         Returns:
             per part, in order, (n_rows, n_vocab) float32 rows: row i scores the token
-            after tokens[len - n_rows + i]. Copies: they stay valid after the next decode.
+            after tokens[len - n_rows + i]. Copies, which stay valid after the next
+            decode; with `copy=False`, views into the engine's buffer, valid only until
+            its next decode (a truncation that re-evaluates evicted cells is one).
 
         Raises:
             EngineError: the parts exceed one batch or a sequence's context, or llama.cpp

@@ -237,6 +237,10 @@ class Sequence:
             The round's Step (spans, counts, timings).
         """
         p, params = proposal, self.config.params
+        if self.config.trace:
+            # the trace reads the rows after the rollback, which may re-evaluate evicted
+            # window cells: a decode that overwrites the buffer a view of them points into
+            logits = np.array(logits)
         t2 = self.clock()
         verify_s = t2 - p.t_drafted if verify_s is None else verify_s
         v = target_distributions(logits, params)

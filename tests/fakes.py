@@ -147,7 +147,7 @@ class FakeBatchEngine:
     def sequence(self, seq: int) -> FakeSeqView:
         return self._views[seq]
 
-    def decode_batch(self, parts):
+    def decode_batch(self, parts, copy=True):  # rows are fresh arrays either way
         from specgen.errors import EngineError
 
         seqs = [p.seq for p in parts]

@@ -74,6 +74,13 @@ def test_batched_decode_equals_each_sequence_alone_and_rollback_is_per_sequence(
     np.testing.assert_array_equal(nxt[0], kept)
     ref3 = rows_alone(single, prompts[3] + [10], [14])
     assert np.abs(np.array(multi.sequence(3).decode([14])) - ref3).max() < TOL
+    # copy=False: the same rows, as views of the buffer that the next decode overwrites
+    multi.sequence(0).truncate(5)
+    view = multi.decode_batch([SeqDecode(0, [11, 12], 1)], copy=False)[0]
+    assert np.abs(view - ref0).max() < TOL and not view.flags.owndata
+    before = view.copy()
+    multi.sequence(2).decode([15])
+    assert not np.array_equal(view, before)
 
 
 def test_a_bad_batch_is_refused_and_keeps_every_sequence(tiny_engines):

@@ -598,7 +598,10 @@ class Scheduler:
                     d.feed(draft.sequence(seq).decode(d.pending)[-1])
                 else:
                     parts = [SeqDecode(seq, d.pending, 1) for seq, d in group]
-                    for (_, d), r in zip(group, draft.decode_batch(parts), strict=True):
+                    # views, not a copy of the rows: each feed warps and draws from its
+                    # row at once and never decodes, so no row outlives the buffer
+                    rows = draft.decode_batch(parts, copy=False)
+                    for (_, d), r in zip(group, rows, strict=True):
                         d.feed(r[-1])
                 # every decode's cost by its tokens, a first depth's catch-up included:
                 # the controller charges a slot's catch-up by the same line
