@@ -337,6 +337,34 @@ def test_auto_k_reports_its_choice_and_stays_exact():
         assert sink.last.tokens == alone(p, GenerateConfig(30, GREEDY, ignore_eos=True), 0).tokens
 
 
+def test_start_returns_once_the_worker_has_calibrated():
+    # the server says it is ready when `start` returns: the calibration must be over by
+    # then (run beside the first requests, it measured the draft 17x too slow per token),
+    # and done on the worker thread, which owns llama.cpp from then on
+    sched, _, _ = make(n_parallel=2)
+    order: list[str] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    def calibrate(repeats=3):
+        order.append(threading.current_thread().name)
+        entered.set()
+        assert gate.wait(60)  # a guard against a hang, not a speed bound
+
+    sched.calibrate = calibrate
+    starter = threading.Thread(target=lambda: (sched.start(), order.append("returned")))
+    starter.start()
+    try:
+        assert entered.wait(60)
+        order.append("released")  # start cannot have returned: its worker is calibrating
+        gate.set()
+        starter.join(60)
+        assert order == ["specgen-scheduler", "released", "returned"]
+    finally:
+        gate.set()
+        starter.join(60)
+        sched.shutdown()
+
+
 def test_the_worker_thread_serves_submissions():
     sched, _, _ = make(n_parallel=2)
     finished = threading.Event()

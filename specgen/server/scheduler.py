@@ -245,15 +245,27 @@ class Scheduler:
         self._queue: collections.deque[Ticket] = collections.deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._calibrated = threading.Event()  # set once `start`'s worker has calibrated
         self.last_report: BatchReport | None = None
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
 
     # -- the HTTP side's calls (any thread) --------------------------------------------
 
     def start(self) -> None:
-        """Start the worker thread that owns llama.cpp."""
+        """Start the worker thread that owns llama.cpp, and return once it has calibrated
+        the controller's cost lines (`calibrate`).
+
+        Waiting here means the server says it is ready only after the calibration, so
+        that nothing else of the server's runs beside it: timed while the first requests
+        were being parsed (their thread holding the GIL when a decode returned) or while
+        another process loaded a model, a draft line of 0 ms + 40 ms a token was measured
+        against a real 22 ms + 2.3 ms, and one greedy stream then never speculated (its
+        draft's catch-up on each prompt looked too dear, and re-timing one token at a time
+        cannot correct a slope)."""
+        self._calibrated.clear()
         self._thread = threading.Thread(target=self._run, name="specgen-scheduler", daemon=True)
         self._thread.start()
+        self._calibrated.wait()
 
     def submit(self, job: Job, sink: Sink) -> Ticket:
         """Queue a job; `sink` gets its events from the worker thread (it must not block).
@@ -358,6 +370,8 @@ class Scheduler:
             self.calibrate()
         except EngineError:
             pass  # the default priors, until the first decodes are measured
+        finally:
+            self._calibrated.set()
         while True:
             with self._cond:
                 while not self._stopping and not self._has_work():
