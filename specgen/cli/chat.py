@@ -21,6 +21,7 @@ from specgen.cli.options import (
     DraftMaxOpt,
     DraftOpt,
     DraftPMinOpt,
+    IgnoreEosOpt,
     LookupOpt,
     MinPOpt,
     ModelFlags,
@@ -35,6 +36,7 @@ from specgen.cli.options import (
     SamplingFlags,
     SeedOpt,
     ShowRejectedOpt,
+    StopOpt,
     SwaFullOpt,
     SystemOpt,
     TargetOpt,
@@ -87,13 +89,8 @@ def chat(
     seed: SeedOpt = None,
     draft_max: DraftMaxOpt = "auto",
     draft_p_min: DraftPMinOpt = 0.0,
-    stop: Annotated[
-        list[str] | None,
-        typer.Option("--stop", help="Stop string ending each reply (repeatable)."),
-    ] = None,
-    ignore_eos: Annotated[
-        bool, typer.Option("--ignore-eos", help="Do not end a reply at end of turn.")
-    ] = False,
+    stop: StopOpt = None,
+    ignore_eos: IgnoreEosOpt = False,
     system: SystemOpt = None,
     chat_template: ChatTemplateOpt = None,
     no_live: NoLiveOpt = False,

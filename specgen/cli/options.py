@@ -124,6 +124,13 @@ RpcOpt = Annotated[
         " them; the draft stays local. No authentication: trusted networks only.",
     ),
 ]
+StopOpt = Annotated[
+    list[str] | None,
+    typer.Option("--stop", help="Stop string (repeatable): the text ends where it begins."),
+]
+IgnoreEosOpt = Annotated[
+    bool, typer.Option("--ignore-eos", help="Do not stop at end of generation (EOS, end of turn).")
+]
 SwaFullOpt = Annotated[
     bool,
     typer.Option(

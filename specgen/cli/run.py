@@ -21,6 +21,7 @@ from specgen.cli.options import (
     DraftMaxOpt,
     DraftOpt,
     DraftPMinOpt,
+    IgnoreEosOpt,
     JsonOpt,
     LookupOpt,
     MinPOpt,
@@ -37,6 +38,7 @@ from specgen.cli.options import (
     SamplingFlags,
     SeedOpt,
     ShowRejectedOpt,
+    StopOpt,
     SwaFullOpt,
     SystemOpt,
     TargetOpt,
@@ -123,10 +125,8 @@ def run(
     seed: SeedOpt = None,
     draft_max: DraftMaxOpt = "auto",
     draft_p_min: DraftPMinOpt = 0.0,
-    stop: Annotated[
-        list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
-    ] = None,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at EOS.")] = False,
+    stop: StopOpt = None,
+    ignore_eos: IgnoreEosOpt = False,
     json_out: JsonOpt = False,
     no_live: NoLiveOpt = False,
     show_rejected: ShowRejectedOpt = False,
