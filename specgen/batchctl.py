@@ -481,8 +481,8 @@ class BatchController:
         return Acceptance(prior, pool=pool)
 
     def _pool(self, key: Hashable) -> list[float]:
-        pool = self._pools.pop(key, None) or [0.0, 0.0]
-        self._pools[key] = pool  # the most recently used last
+        pool = self._pools.setdefault(key, [0.0, 0.0])
+        self._pools.move_to_end(key)  # the most recently used last
         while len(self._pools) > _POOLS:
             self._pools.popitem(last=False)
         return pool

@@ -258,6 +258,16 @@ def _at_least(
     return rows[order].astype(np.int64), ids[order].astype(np.int64), z[order]
 
 
+def _top_k_floor(bm: np.ndarray, k: int) -> Floats:
+    """(n,) float64 thresholds that every top-k logit of each row reaches: the k-th
+    largest block maximum (k blocks reach it, so >= k logits do, and every logit >= the
+    row's k-th largest does too); -inf with fewer than k blocks."""
+    nb = bm.shape[1]
+    if nb < k:
+        return np.full(bm.shape[0], -np.inf)
+    return np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
+
+
 def _pad(
     rows: TokenIds, ids: TokenIds, z: Floats, n: int, cap: int | None = None
 ) -> tuple[TokenIds, Floats, TokenIds]:
@@ -308,14 +318,7 @@ def _sorted_support(z: np.ndarray, params: SamplingParams, k: int) -> tuple[Toke
     z3, sub, bm = _blocks(z)
     zmax = bm.max(axis=1).astype(np.float64)
     if k > 0:
-        nb = bm.shape[1]
-        # the k-th largest block maximum: k blocks reach it, so >= k logits do, and every
-        # top-k logit (>= the row's k-th largest) does too
-        if nb >= k:
-            t = np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
-        else:
-            t = np.full(n, -np.inf)
-        ids, zs, _ = _pad(*_at_least(z3, sub, bm, t, v), n, cap=k)
+        ids, zs, _ = _pad(*_at_least(z3, sub, bm, _top_k_floor(bm, k), v), n, cap=k)
         if params.top_p < 1.0:
             w = np.exp(zs - zs[:, :1])
             length = _top_p_len(w, ids, params.top_p, _id_order_sum(w, ids))
@@ -378,9 +381,7 @@ def _warp_one(z: np.ndarray, params: SamplingParams, k: int) -> Dists:
     """`warp_rows` for one row with top-k on (the draft's and ordinary decoding's case):
     the same candidates and the same float operations, on 1-d arrays after the top-k."""
     z3, sub, bm = _blocks(z[None, :])
-    nb = bm.shape[1]
-    t = np.partition(bm[0], nb - k)[nb - k : nb - k + 1] if nb >= k else np.full(1, -np.inf)
-    _, ids, zs = _at_least(z3, sub, bm, t.astype(np.float64), z.shape[0])
+    _, ids, zs = _at_least(z3, sub, bm, _top_k_floor(bm, k), z.shape[0])
     ids, zs = ids[:k], zs[:k]
     m = k
     if params.top_p < 1.0:
