@@ -112,7 +112,6 @@ def test_ctrl_c_mid_sweep_shows_the_finished_levels_as_incomplete(tmp_path: Path
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             assert stub.wait_served(5), "the child never reached level two"

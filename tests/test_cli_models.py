@@ -228,8 +228,6 @@ def test_ctrl_c_during_a_download_exits_130_and_keeps_the_partial_file_to_resume
         env={**os.environ, "PYTHONPATH": str(root)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        # a shell without job control starts background jobs ignoring SIGINT; undo that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300  # never reached when well: a wait, not a bound

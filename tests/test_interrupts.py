@@ -54,9 +54,6 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            # a shell without job control starts its background jobs ignoring SIGINT, and
-            # Python then installs no handler: give the child the default disposition
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.out = bytearray()
