@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specgen.controller import expected_gains
+
 _RESIDUAL_WINDOW = 32  # steps in each of `BatchController.observe_step`'s medians
 _FORGET_EVERY = 4  # steps without speculation that forget one speculating step's residual
 _POOLS = 64  # sampling settings whose pooled acceptance `BatchController` keeps
@@ -152,18 +154,6 @@ class Choice:
     step_s: float
     goodput: float
     goodput_ordinary: float
-
-
-def expected_gains(alpha_by_pos: Sequence[float], k_max: int) -> np.ndarray:
-    """E(K) for K = 0..k_max at once: (k_max + 1,) float64, the values of
-    `controller.expected_tokens` (Leviathan et al. 2023, eq. (1) with alpha by position)."""
-    k_max = max(0, k_max)
-    a = np.clip(np.asarray(alpha_by_pos, dtype=np.float64)[:k_max], 0.0, 1.0)
-    if a.size == 0:
-        a = np.zeros(k_max)
-    elif a.size < k_max:
-        a = np.concatenate([a, np.full(k_max - a.size, a[-1])])
-    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(a))])
 
 
 def _catch_up_share(slot: SlotInput, gains: np.ndarray) -> np.ndarray:

@@ -67,31 +67,36 @@ Reason = Literal["warmup", "model", "fallback", "probe", "fixed", "limit"]
 FloatArray = npt.NDArray[np.float64]
 
 
-def expected_tokens(alpha_by_pos: Sequence[float], k: int) -> float:
-    """Expected tokens emitted by one round with block size k.
+def expected_gains(alpha_by_pos: Sequence[float], k_max: int) -> np.ndarray:
+    """Expected tokens emitted by one round, for every block size K = 0..k_max at once.
 
-    E = 1 + sum_{i=1..k} prod_{j<=i} alpha_j: the accepted prefix plus the one token the
+    E(K) = 1 + sum_{i=1..K} prod_{j<=i} alpha_j: the accepted prefix plus the one token the
     target always adds (the residual draw after a rejection, or the bonus token). With a
-    constant alpha this is Leviathan et al. 2023, eq. (1): (1 - alpha^(k+1)) / (1 - alpha).
+    constant alpha this is Leviathan et al. 2023, eq. (1): (1 - alpha^(K+1)) / (1 - alpha).
 
     Args:
         alpha_by_pos: alpha_1, alpha_2, ...: probability that position i is accepted given
             positions 1..i-1 were (to account for a drafter that may stop early, pass
-            s_i * alpha_i, the probability it is drafted *and* accepted). Shorter than k:
-            the last value repeats. Empty: alpha = 0.
-        k: block size (>= 0).
+            s_i * alpha_i, the probability it is drafted *and* accepted). Shorter than
+            k_max: the last value repeats. Empty: alpha = 0. Clipped to [0, 1].
+        k_max: the largest block size (< 0 counts as 0).
 
     Returns:
-        Expected tokens, in [1, k + 1].
+        (k_max + 1,) float64, E(0) = 1 <= E(K) <= K + 1, non-decreasing in K.
     """
-    if k <= 0:
-        return 1.0
-    a = np.asarray(alpha_by_pos, dtype=np.float64)[:k]
+    k_max = max(0, k_max)
+    a = np.clip(np.asarray(alpha_by_pos, dtype=np.float64)[:k_max], 0.0, 1.0)
     if a.size == 0:
-        return 1.0
-    if a.size < k:
-        a = np.concatenate([a, np.full(k - a.size, a[-1])])
-    return 1.0 + float(np.cumprod(np.clip(a, 0.0, 1.0)).sum())
+        a = np.zeros(k_max)
+    elif a.size < k_max:
+        a = np.concatenate([a, np.full(k_max - a.size, a[-1])])
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(a))])
+
+
+def expected_tokens(alpha_by_pos: Sequence[float], k: int) -> float:
+    """Expected tokens emitted by one round with block size k (>= 0): `expected_gains`'s
+    E(k), in [1, k + 1]."""
+    return float(expected_gains(alpha_by_pos, k)[-1])
 
 
 def break_even_alpha(

@@ -15,10 +15,9 @@ from specgen.batchctl import (
     SlotInput,
     SlotState,
     choose,
-    expected_gains,
     step_seconds,
 )
-from specgen.controller import expected_tokens
+from specgen.controller import expected_gains, expected_tokens
 from specgen.sampling import SamplingParams
 
 # FIELD.md's costs on the 2-core CPU: one row 38 ms, each extra row ~6 ms, a draft token 19 ms
