@@ -146,6 +146,31 @@ def test_line_fit():
     assert falling.line() == Line(pytest.approx(0.15), 0.0)
 
 
+def test_a_line_fitted_under_its_bounds_passes_through_what_was_measured():
+    # one size only, a prior steeper than the measurement allows (the one-stream server's
+    # draft line after a disturbed calibration: 0 ms + 40 ms a token, re-timed at one token,
+    # 22 ms): through the origin and the measured point, not 40 ms at x = 1 for ever
+    steep = LineFit(Line(0.0, 0.040))
+    for _ in range(3):
+        steep.add(1, 0.022)
+    assert steep.line()(1) == pytest.approx(0.022)
+    assert steep.line() == Line(0.0, pytest.approx(0.022))
+    # two sizes whose free line has a negative intercept: the least-squares line through
+    # the origin (sum xy / sum x^2), below the clamped fit's at every measured x
+    low = LineFit(Line(0.0, 0.0))
+    low.add(1, 0.010)
+    low.add(3, 0.050)
+    assert low.line() == Line(0.0, pytest.approx((0.010 + 0.150) / 10))
+    x, y = np.array([1.0, 3.0]), np.array([0.010, 0.050])
+    slope, intercept = np.polyfit(x, y, 1)
+    clamped = Line(0.0, slope)  # what clamping the free fit's intercept gave
+    assert all(low.line()(xi) < clamped(xi) for xi in x)
+    # the constrained fit minimizes the squared error among lines with both terms >= 0
+    err = lambda ln: float(((ln.intercept_s + ln.slope_s * x - y) ** 2).sum())  # noqa: E731
+    grid = [Line(a, b) for a in np.linspace(0, 0.02, 41) for b in np.linspace(0, 0.03, 61)]
+    assert err(low.line()) <= min(err(g) for g in grid) + 1e-12
+
+
 def test_acceptance_counts_tested_positions():
     a = Acceptance(prior=0.5, weight=2.0, depth=4)
     a.update(3, 1)  # x_1 accepted, x_2 rejected, x_3 untested
@@ -160,9 +185,11 @@ def test_a_request_served_at_k_1_that_is_always_accepted_grows_its_k():
     ctl = BatchController(k_max=8)
     for rows in (1, 2, 5):
         ctl.observe_target(rows, 0.04 + 0.006 * rows)
-    ctl.observe_draft(1, 0.005)
+    ctl.observe_draft(1, 0.005)  # the draft line passes through it: 5 ms a token
     acc = ctl.new_acceptance()
-    assert ctl.choose([SlotState(acc, 8)]).k[0] <= 2  # nothing known yet: prior 0.5
+    # nothing known yet: the prior, 0.79 at every position; E(K) / (46 ms + 11 ms K) is
+    # 35.5, 36.8 and 36.6 tokens/s at K = 2, 3, 4
+    assert ctl.choose([SlotState(acc, 8)]).k[0] == 3
     for _ in range(20):
         acc.update(1, 1)
     assert ctl.choose([SlotState(acc, 8)]).k[0] >= 4
