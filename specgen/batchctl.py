@@ -15,17 +15,19 @@ K_i >= j. K = 0 everywhere (ordinary batched decoding) is always a candidate, so
 speculation is used only when it is predicted to pay; acceptance alone cannot decide it
 (at high load the rows speculation adds compete with other requests' rows).
 
-T and S are straight lines fitted by least squares to the decodes the server actually
-makes (`LineFit`): T over the rows of each target decode, S over the tokens of each draft
-decode, so a depth drafted by n slots costs S(n). A slot whose draft cache fell behind
-(it did not speculate for a while: the committed tokens of those steps were never drafted)
-first evaluates the missing tokens in its first depth: c1 more seconds per token. That
+T and S are fitted by least squares to the decodes the server actually makes: T a line
+over the rows of each target decode (`LineFit`), S over the logits rows of each draft
+decode and, apart, its tokens without a row (`DraftFit`: on a CPU a draft row costs
+several times a token), so a depth drafted by n slots costs S(n) = c0 + c_row n. A slot
+whose draft cache fell behind (it did not speculate for a while: the committed tokens of
+those steps were never drafted) first evaluates the missing tokens in its first depth:
+c_tok more seconds per token. That
 catch-up is paid once and serves every later round of the request, so a step is charged
 the share of it that one round is of the rounds the request has left at that K
 (E_i(K) / tokens left); charging it whole to one round would keep a slot that stopped
 speculating under load from ever starting again.
 
-With linear costs the step's cost is a + b * rows + c0 * D + c1 * sum K (plus the
+With linear costs the step's cost is a + b * rows + c0 * D + c_row * sum K (plus the
 catch-up shares), so for a given ratio lambda the numerator minus lambda times the cost
 separates per slot once D is fixed: `choose` solves the ratio exactly by Dinkelbach's
 method over D, all D at once in numpy (the server calls it every step).
@@ -122,6 +124,100 @@ class LineFit:
         return Line(intercept, slope)
 
 
+class DraftFit:
+    """The draft's seconds per decode as c0 + c_row * rows + c_tok * (tokens - rows): a
+    logits row (one per slot drafting a depth) and a token evaluated without one (a
+    catch-up on committed tokens, lookup tokens the model's first decode takes in) cost
+    apart. Measured on the demo draft (Gemma 3 270M Q4_K_M, 2 AMD EPYC cores): one token
+    with its row 12.4 ms; four tokens of one sequence with one row 17.3 ms, with four rows
+    39.9 ms; four slots' one token each 37.4 ms. A row costs about 9 ms (the 262,144-wide
+    output layer), a token without one 1.4 ms: one line in the tokens, fitted mostly to
+    catch-ups, had priced a depth of four slots at a third of its cost, and the server
+    speculated at four sampled streams where it could not pay.
+
+    The fit is least squares over the last `window` decodes with each coefficient >= 0,
+    plus a small ridge toward the prior (c0, c_row, c_tok): `_PRIOR_WEIGHT` *
+    ||beta - prior||^2, seconds squared. It decides only what the decodes leave open (no
+    catch-up seen yet: c_tok stays the prior's; one size of depth only: c0 + c_row is
+    fitted, their split follows the prior), so the first real decodes replace the prior
+    where they can, as `LineFit`'s do. Exact under the bounds: the penalized objective is
+    strictly convex, and its minimum over the faces of the orthant is found by trying each
+    set of coefficients held at 0 (eight).
+    """
+
+    def __init__(self, prior: Line, token_s: float | None = None, window: int = 256) -> None:
+        self.window = window
+        self._rows: list[float] = []
+        self._extra: list[float] = []
+        self._y: list[float] = []
+        self._coef: tuple[float, float, float] | None = None
+        self.set_prior(prior, token_s)
+
+    def set_prior(self, prior: Line, token_s: float | None = None) -> None:
+        """A depth of n slots at `prior`(n); a token without a row at `token_s` seconds
+        (the prior's slope when None)."""
+        tok = prior.slope_s if token_s is None else token_s
+        self.prior = (prior.intercept_s, prior.slope_s, tok)
+        self._coef = None
+
+    def add(self, rows: int, tokens: int, seconds: float) -> None:
+        self._rows.append(float(rows))
+        self._extra.append(float(max(0, tokens - rows)))
+        self._y.append(float(seconds))
+        if len(self._y) > self.window:
+            del self._rows[0], self._extra[0], self._y[0]
+        self._coef = None
+
+    @property
+    def n(self) -> int:
+        return len(self._y)
+
+    def coef(self) -> tuple[float, float, float]:
+        """(c0, c_row, c_tok), seconds."""
+        if self._coef is None:
+            self._coef = self._fit()
+        return self._coef
+
+    def line(self) -> Line:
+        """Seconds of a depth drafted by n slots (n rows, n tokens): c0 + c_row n."""
+        c0, c_row, _ = self.coef()
+        return Line(c0, c_row)
+
+    @property
+    def token_s(self) -> float:
+        """Seconds of one token evaluated without a logits row (c_tok)."""
+        return self.coef()[2]
+
+    def _fit(self) -> tuple[float, float, float]:
+        p = np.asarray(self.prior, dtype=np.float64)
+        if not self._y:
+            return self.prior
+        x = np.column_stack([np.ones(len(self._y)), self._rows, self._extra])
+        y = np.asarray(self._y)
+        gram, rhs = x.T @ x, x.T @ y
+        best, best_obj = p.clip(0.0), np.inf
+        for free in _FACES:
+            beta = np.zeros(3)
+            idx = list(free)
+            if idx:
+                beta[idx] = np.linalg.solve(
+                    gram[np.ix_(idx, idx)] + _PRIOR_WEIGHT * np.eye(len(idx)),
+                    rhs[idx] + _PRIOR_WEIGHT * p[idx],
+                )
+            if (beta < 0.0).any():
+                continue
+            obj = float(((x @ beta - y) ** 2).sum() + _PRIOR_WEIGHT * ((beta - p) ** 2).sum())
+            if obj < best_obj:
+                best, best_obj = beta, obj
+        return float(best[0]), float(best[1]), float(best[2])
+
+
+# DraftFit's ridge: a coefficient 10 ms off its prior costs as much as a 0.3 ms residual
+_PRIOR_WEIGHT = 1e-3
+# the sets of DraftFit's coefficients left free (the others held at 0), all first
+_FACES = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,), ())
+
+
 @dataclass(frozen=True)
 class SlotInput:
     """One active slot as the controller sees it.
@@ -181,10 +277,13 @@ def step_seconds(
     fixed_s: float = 0.0,
     slots: Sequence[SlotInput] = (),
     spec_s: float = 0.0,
+    token_s: float | None = None,
 ) -> float:
     """Predicted seconds of a step whose slots use block sizes `ks` (bonus rows scored);
     with `slots`, each drafting slot's catch-up by its share and its free positions (see
-    `SlotInput`); `spec_s` more when any K >= 1 (see `choose`)."""
+    `SlotInput`), `token_s` seconds a token (the draft line's slope when None); `spec_s`
+    more when any K >= 1 (see `choose`)."""
+    tok = draft.slope_s if token_s is None else token_s
     rows = sum(k + 1 for k in ks)
     free = [s.free for s in slots] + [0] * (len(ks) - len(slots))
     model = [max(0, k - f) for k, f in zip(ks, free, strict=True)]  # tokens the model drafts
@@ -193,7 +292,7 @@ def step_seconds(
     for s, k, m in zip(slots, ks, model, strict=False):
         if m > 0:
             share = _catch_up_share(s, expected_gains(s.alpha_by_pos, k))[k]
-            drafting += draft.slope_s * (s.catch_up * share + s.free)
+            drafting += tok * (s.catch_up * share + s.free)
     return target(rows) + drafting + fixed_s + (spec_s if any(ks) else 0.0)
 
 
@@ -203,6 +302,7 @@ def choose(
     draft: Line,
     fixed_s: float = 0.0,
     spec_s: float = 0.0,
+    token_s: float | None = None,
 ) -> Choice:
     """The K per slot that maximizes predicted goodput for one step (exact for linear
     costs; ties go to the smaller K).
@@ -216,6 +316,8 @@ def choose(
         spec_s: seconds a step costs more when any slot speculates, beyond its rows and
             depths (host work the lines leave out: `BatchController.observe_step`). A
             constant for every depth D >= 1, so the search over D stays exact.
+        token_s: seconds of a token the draft evaluates without a logits row (a catch-up,
+            free positions: `DraftFit`); the draft line's slope when None.
 
     Returns:
         The Choice; k is () for no slots.
@@ -229,12 +331,13 @@ def choose(
     model = np.maximum(ks_all[None, :] - free[:, None], 0)  # (n, m + 1) tokens the model drafts
     # each K's own seconds beyond the rows: its model tokens, and where the model runs at
     # all, the free tokens its first decode evaluates and the catch-up's share
+    tok = draft.slope_s if token_s is None else token_s
     own = draft.slope_s * model
     for i, s in enumerate(slots):
         g = expected_gains(s.alpha_by_pos, s.k_max)
         gains[i, : g.size] = g
         runs = model[i, : g.size] > 0
-        own[i, : g.size] += runs * draft.slope_s * (s.catch_up * _catch_up_share(s, g) + s.free)
+        own[i, : g.size] += runs * tok * (s.catch_up * _catch_up_share(s, g) + s.free)
     own += target.slope_s * ks_all  # each proposal: one more row
     base = target.intercept_s + target.slope_s * n + fixed_s  # every slot's one row
     rows_i = np.arange(n)
@@ -358,7 +461,7 @@ class BatchController:
     After that, a slot held at K = 0 is probed with K = 1 now and then, so a low acceptance
     estimate can recover, but only while a probe costs at most `probe_budget` of the time
     the slot spent idle: a probe first makes the draft catch up on every token the slot
-    committed while idle (c1 seconds each), so where the draft is slow against the steps (a
+    committed while idle (c_tok seconds each), so where the draft is slow against the steps (a
     CPU under load, where catch-up grows faster per step than the budget does) there are no
     such probes at all. Before this rule, probes every 32 steps at 4 sampled streams cost
     16% of the time.
@@ -370,8 +473,11 @@ class BatchController:
         probe_budget: most seconds a probe may cost (its row, its one-token depth, its
             catch-up) per second the slot has been idle (at the predicted ordinary step).
         draft_batched: one draft decode per depth serves every slot (fit S(n) = c0 +
-            c1 n from `observe_draft`); False when each slot drafts in its own decodes,
-            so a depth drafted by n slots costs n single-slot passes (S(n) = S(1) n).
+            c_row n from `observe_draft`, `DraftFit`); False when each slot drafts in its
+            own decodes, so a depth drafted by n slots costs n single-slot passes (S(n) =
+            S(1) n).
+        draft_token_prior: seconds of a draft token evaluated without a logits row (a
+            catch-up) before measurements exist; draft_prior's slope when None.
     """
 
     def __init__(
@@ -382,11 +488,12 @@ class BatchController:
         probe_every: int = 32,
         probe_budget: float = 0.02,
         draft_batched: bool = False,
+        draft_token_prior: float | None = None,
     ) -> None:
         self.draft_batched = draft_batched
         self.k_max = k_max
         self.target = LineFit(target_prior)
-        self.draft = LineFit(draft_prior)
+        self.draft = DraftFit(draft_prior, draft_token_prior)
         self.probe_every = probe_every
         self.probe_budget = probe_budget
         # pooled (tested, hits) per sampling setting, least recently used first
@@ -405,10 +512,11 @@ class BatchController:
         """A target decode of `rows` scored rows (and no prompt chunk) took `seconds`."""
         self.target.add(rows, seconds)
 
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        """One draft decode of `n_tokens` tokens (a depth: one per slot drafting it, plus
-        any catch-up) took `seconds`."""
-        self.draft.add(n_tokens, seconds)
+    def observe_draft(self, n_tokens: int, seconds: float, n_rows: int | None = None) -> None:
+        """One draft decode of `n_tokens` tokens with `n_rows` logits rows (a depth: one
+        row per slot drafting it, the other tokens a catch-up; every token a row when
+        None) took `seconds`."""
+        self.draft.add(n_tokens if n_rows is None else n_rows, n_tokens, seconds)
 
     def observe_step(
         self, ks: Sequence[int], catch_up: int, seconds: float, free: Sequence[int] = ()
@@ -419,10 +527,10 @@ class BatchController:
         (everything the step does outside the fitted decodes: choosing, beginning blocks,
         building proposals) is kept for the recent steps with and without speculation
         apart; `spec_overhead_s` compares their medians."""
-        t, c = self.target.line(), self.draft_line()
+        t, c, tok = self.target.line(), self.draft_line(), self.draft.token_s
         free = list(free) + [0] * (len(ks) - len(free))
         slots = [SlotInput((), k, free=f) for k, f in zip(ks, free, strict=True)]
-        predicted = step_seconds(ks, t, c, 0.0, slots) + c.slope_s * catch_up
+        predicted = step_seconds(ks, t, c, 0.0, slots, token_s=tok) + tok * catch_up
         spec = any(k > 0 for k in ks)
         self._residual[spec].append(seconds - predicted)
         if not spec:
@@ -446,7 +554,8 @@ class BatchController:
         return max(0.0, statistics.median(spec) - (statistics.median(plain) if plain else 0.0))
 
     def draft_line(self) -> Line:
-        """Seconds of one draft decode as a function of its tokens (one per slot)."""
+        """Seconds of one draft depth as a function of the slots drafting it (a row and a
+        token each); a token without a row costs `draft.token_s` more."""
         line = self.draft.line()
         return line if self.draft_batched else Line(0.0, line(1))
 
@@ -501,7 +610,8 @@ class BatchController:
                 SlotInput(st.acceptance.alpha_by_pos(cap), cap, st.catch_up, st.left, free)
             )
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
-        got = choose(slots, t, c, fixed_s, spec)
+        tok = self.draft.token_s
+        got = choose(slots, t, c, fixed_s, spec, tok)
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         if not self.probe_every:
             return got
@@ -510,7 +620,10 @@ class BatchController:
             1
             if k == 0
             and (
-                st.first and s.k_max > 0 and not s.catch_up or self._probe_pays(s, st, idle_s, t, c)
+                st.first
+                and s.k_max > 0
+                and not s.catch_up
+                or self._probe_pays(s, st, idle_s, t, c, tok)
             )
             else k
             for k, s, st in zip(got.k, slots, states, strict=True)
@@ -518,7 +631,7 @@ class BatchController:
         if ks == got.k:
             return got
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
-        sec = step_seconds(ks, t, c, fixed_s, slots, spec)
+        sec = step_seconds(ks, t, c, fixed_s, slots, spec, tok)
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)
 
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
@@ -539,14 +652,21 @@ class BatchController:
         slots, fixed_s = self._idle_inputs
         c = self.draft_line()
         half = Line(c.intercept_s / 2, c.slope_s / 2)
-        return any(choose(slots, self.target.line(), half, fixed_s, self.spec_overhead_s).k)
+        spec, tok = self.spec_overhead_s, self.draft.token_s / 2
+        return any(choose(slots, self.target.line(), half, fixed_s, spec, tok).k)
 
     def _probe_pays(
-        self, slot: SlotInput, st: SlotState, step_s: float, target: Line, draft: Line
+        self,
+        slot: SlotInput,
+        st: SlotState,
+        step_s: float,
+        target: Line,
+        draft: Line,
+        token_s: float,
     ) -> bool:
         """Whether a K = 1 probe of this idle slot costs at most probe_budget of the time
         it has been idle (its steps at the ordinary step's predicted seconds)."""
         if slot.k_max <= 0 or st.idle_steps < self.probe_every:
             return False
-        cost = target.slope_s + draft(1) + draft.slope_s * slot.catch_up
+        cost = target.slope_s + draft(1) + token_s * slot.catch_up
         return cost <= self.probe_budget * st.idle_steps * step_s

@@ -10,6 +10,7 @@ import pytest
 from specgen.batchctl import (
     Acceptance,
     BatchController,
+    DraftFit,
     Line,
     LineFit,
     SlotInput,
@@ -205,7 +206,8 @@ def test_controller_prior_probe_and_fits():
     for rows in (1, 2, 5):
         ctl.observe_target(rows, 0.04 + 0.006 * rows)
     ctl.observe_draft(1, 0.019)
-    ctl.observe_draft(2, 0.021)  # a draft decode: 17 ms + 2 ms a token
+    ctl.observe_draft(2, 0.021)  # a draft depth: 17 ms + 2 ms a slot
+    ctl.observe_draft(17, 0.051, n_rows=1)  # a catch-up of 16 tokens: 2 ms each
     assert ctl.choose([SlotState(low, 4)]).k == (0,)
     assert ctl.choose([SlotState(low, 4, idle_steps=7)]).k == (0,)
     # a probe costs a row and a one-token depth, 25 ms: within 20% of 8 idle steps (46 ms)
@@ -361,3 +363,69 @@ def test_lookup_positions_cost_rows_only():
     )
     assert step_seconds((5,), t, d, slots=[SlotInput((0.95,), 8, free=5)]) == pytest.approx(t(6))
     assert plain == pytest.approx(t(7) + 6 * d(1))
+
+
+def test_draft_fit_prices_a_row_and_a_token_without_one_apart():
+    # the demo draft on 2 CPU cores: 3 ms + 9 ms a row + 1.4 ms a token without one; the
+    # server's decodes: depths of 1-4 slots, some with a catch-up, and a chunked prefill
+    c0, c_row, c_tok = 0.003, 0.009, 0.0014
+    fit = DraftFit(Line(0.0, 0.020))
+    shapes = [(1, 1), (4, 4), (2, 2), (4, 10), (1, 100), (3, 3), (0, 256), (2, 40)]
+    for rows, tokens in shapes:
+        fit.add(rows, tokens, c0 + c_row * rows + c_tok * (tokens - rows))
+    # within 10 us: the ridge toward the prior pulls that little
+    assert fit.coef() == pytest.approx((c0, c_row, c_tok), abs=1e-5)
+    assert fit.line()(4) == pytest.approx(0.039, abs=1e-5)
+    assert fit.token_s == pytest.approx(c_tok, abs=1e-6)
+    # one line in the tokens, fitted to the same decodes (the controller's model before;
+    # it came out 24 ms + 1.4 ms a token in a real server too) prices a depth of four
+    # slots at under three quarters of its cost, and one of one slot at twice its cost
+    tokens_line = LineFit(Line(0.0, 0.020))
+    for rows, tokens in shapes:
+        tokens_line.add(tokens, c0 + c_row * rows + c_tok * (tokens - rows))
+    assert tokens_line.line()(4) < 0.75 * fit.line()(4)
+    assert tokens_line.line()(1) > 2 * fit.line()(1)
+
+
+def test_draft_fit_keeps_the_prior_only_where_the_decodes_leave_it_open():
+    fit = DraftFit(Line(0.010, 0.002), token_s=0.0015)
+    assert fit.coef() == (0.010, 0.002, 0.0015) and fit.n == 0
+    for _ in range(3):  # depths of two slots only, no catch-up
+        fit.add(2, 2, 0.030)
+    c0, c_row, c_tok = fit.coef()
+    assert c0 + 2 * c_row == pytest.approx(0.030, abs=1e-5)  # through what was measured
+    assert c_tok == pytest.approx(0.0015)  # never measured: the prior's
+    # the split of c0 and c_row follows the prior: equal moves from it (the ridge)
+    assert (c0 - 0.010) * 2 == pytest.approx(c_row - 0.002, abs=1e-5)
+    # a steep prior at one slot only: the line goes through the measured point, >= 0
+    steep = DraftFit(Line(0.0, 0.040))
+    for _ in range(3):
+        steep.add(1, 1, 0.022)
+    assert steep.line()(1) == pytest.approx(0.022, abs=1e-5)
+    assert min(steep.coef()) >= 0.0
+
+
+def test_draft_fit_is_the_least_squares_fit_under_its_bounds():
+    # decodes whose free fit has a negative intercept: the bounded optimum has c0 = 0, and
+    # no point of a grid of non-negative coefficients fits better
+    data = [(1, 1, 0.008), (2, 2, 0.020), (4, 4, 0.044), (1, 9, 0.020), (3, 20, 0.062)]
+    fit = DraftFit(Line(0.0, 0.0), token_s=0.0)
+    for rows, tokens, y in data:
+        fit.add(rows, tokens, y)
+    x = np.array([[1.0, r, t - r] for r, t, _ in data])
+    y = np.array([d[2] for d in data])
+    free = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert free[0] < 0  # the bound binds
+    got = np.array(fit.coef())
+    assert got[0] == 0.0 and (got >= 0).all()
+
+    def err(b):
+        return float(((x @ b - y) ** 2).sum())
+
+    grid = np.stack(
+        np.meshgrid(
+            np.linspace(0, 0.004, 21), np.linspace(0, 0.015, 61), np.linspace(0, 0.004, 41)
+        ),
+        -1,
+    ).reshape(-1, 3)
+    assert err(got) <= min(err(b) for b in grid) + 1e-9

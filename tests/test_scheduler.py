@@ -453,9 +453,9 @@ def test_the_controller_learns_the_cost_of_a_depth_drafted_by_several_slots():
             )
             self.depths = []
 
-        def observe_draft(self, n_tokens, seconds):
+        def observe_draft(self, n_tokens, seconds, n_rows=None):
             self.depths.append(n_tokens)
-            super().observe_draft(n_tokens, seconds)
+            super().observe_draft(n_tokens, seconds, n_rows)
 
     target, draft = engines(n_seq=3, noise=0.1)
     controller = Recording()
@@ -505,6 +505,8 @@ def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
         assert fit.n == 0  # priors, not observations: the first real decodes replace them
         assert fit.line().intercept_s == pytest.approx(0.011)
         assert fit.line().slope_s == pytest.approx(0.002)
+    # and a catch-up-shaped draft decode (17 tokens, one row: 45 ms): 2 ms a token more
+    assert sched.controller.draft.token_s == pytest.approx(0.002)
     assert all(not e.sequence(i).tokens for e in (target, draft) for i in range(3))
     # fixed K: no controller, nothing to time
     fixed, target, _ = make(n_parallel=2, k=3)
@@ -521,7 +523,7 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
             super().__init__(k_max=2, draft_batched=True, probe_every=0)
             self.steps, self.drafts, self.behind = 0, [], []
 
-        def observe_draft(self, n_tokens, seconds):
+        def observe_draft(self, n_tokens, seconds, n_rows=None):
             self.drafts.append((self.steps, n_tokens))
 
         def choose(self, states, fixed_s=0.0):
@@ -576,9 +578,9 @@ def test_steps_without_drafting_re_time_the_draft_within_the_budget_and_keep_its
             super().__init__(k_max=2, draft_batched=True, draft_prior=Line(0.010, 0.0))
             self.timed = []
 
-        def observe_draft(self, n_tokens, seconds):
+        def observe_draft(self, n_tokens, seconds, n_rows=None):
             self.timed.append(n_tokens)
-            super().observe_draft(n_tokens, seconds)
+            super().observe_draft(n_tokens, seconds, n_rows)
 
         def choose(self, states, fixed_s=0.0):
             return Choice((0,) * len(states), 0.0, 0.0, 0.0, 0.0)

@@ -108,8 +108,10 @@ class Metrics:
         self.cost = Gauge(
             "specgen_controller_cost_seconds",
             "The batch controller's fitted cost lines: seconds = intercept + slope * x"
-            " (x: a target decode's rows, a draft decode's tokens); model=\"step\","
-            " term=\"spec_overhead\": what a step with K >= 1 costs beyond its lines.",
+            " (x: a target decode's rows, a draft depth's slots); model=\"draft\","
+            " term=\"token\": a draft token without a logits row (a catch-up's);"
+            " model=\"step\", term=\"spec_overhead\": what a step with K >= 1 costs"
+            " beyond its lines.",
             ["model", "term"], registry=r,
         )  # fmt: skip
 
@@ -135,6 +137,8 @@ class Metrics:
             if line is not None:
                 self.cost.labels(model=model, term="intercept").set(line.intercept_s)
                 self.cost.labels(model=model, term="slope").set(line.slope_s)
+        if report.draft_token_s is not None:
+            self.cost.labels(model="draft", term="token").set(report.draft_token_s)
         if report.spec_overhead_s is not None:
             self.cost.labels(model="step", term="spec_overhead").set(report.spec_overhead_s)
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Acceptance, BatchController, Line, LineFit, SlotState
+from specgen.batchctl import Acceptance, BatchController, Line, SlotState
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
@@ -51,6 +51,9 @@ from specgen.round import Proposal, Sequence
 from specgen.sampling import SamplingParams
 
 Clock = Callable[[], float]
+
+#: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
+_CALIBRATE_RUN = 16
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,10 @@ class BatchReport:
         host_s: step_s minus the time inside llama_decode (both models).
         queue_depth, slots_busy: after the step.
         target_line, draft_line: the batch controller's cost lines after the step
-            (seconds against a decode's rows, and a draft decode's tokens); None with a
+            (seconds against a decode's rows, and a draft depth's slots); None with a
             fixed K.
+        draft_token_s: seconds of a draft token without a logits row (a catch-up's),
+            after the step; None with a fixed K.
         spec_overhead_s: the controller's `spec_overhead_s` after the step (None with a
             fixed K).
     """
@@ -115,6 +120,7 @@ class BatchReport:
     target_line: Line | None = None
     draft_line: Line | None = None
     spec_overhead_s: float | None = None
+    draft_token_s: float | None = None
 
 
 class Ticket:
@@ -327,9 +333,11 @@ class Scheduler:
     def calibrate(self, repeats: int = 3) -> None:
         """Time the decodes the batch controller's cost lines stand on before any request
         (as the single stream times its passes before its first round) and make them the
-        lines' priors (`LineFit.set_prior`): target decodes of one row and of one row per
-        slot, draft decodes of one token and of one token per slot, `repeats` times each
-        after an untimed warm-up (medians), in empty sequences that are emptied again.
+        lines' priors (`LineFit.set_prior`, `DraftFit.set_prior`): target decodes of one
+        row and of one row per slot; draft decodes of one token, of one token per slot,
+        and of `_CALIBRATE_RUN` + 1 tokens with one row (a catch-up's cost per token);
+        `repeats` times each after an untimed warm-up (medians), in empty sequences that
+        are emptied again.
         Priors, not observations: decodes at the start of empty caches were measured up to
         2x off the server's real ones, and the first real decodes must replace them.
         Called by `start` in the worker thread; a no-op without the controller.
@@ -340,30 +348,41 @@ class Scheduler:
         ctl = self.controller
         if ctl is None:
             return
-        # (engine, its line, whether every token is a scored row: the target's are)
-        engines: list[tuple[BatchEngine, LineFit, bool]] = [(self.target, ctl.target, True)]
-        if self._draft is not None:
-            engines.append((self._draft, ctl.draft, False))
         n = self.n_parallel
-        for engine, fit, all_rows in engines:
-            points = []
-            for size in [1, n] if n > 1 else [1, 2]:
-                if n > 1:  # one token per slot
-                    parts = [SeqDecode(i, [0], 1) for i in range(size)]
-                else:  # a single slot takes both tokens of size 2
-                    parts = [SeqDecode(0, [0] * size, size if all_rows else 1)]
-                seconds = []
-                for r in range(repeats + 1):
-                    t0 = self.clock()
-                    engine.decode_batch(parts)
-                    if r > 0:
-                        seconds.append(self.clock() - t0)
-                    for part in parts:
-                        engine.sequence(part.seq).truncate(0)
-                points.append((size, statistics.median(seconds)))
-            (x1, y1), (x2, y2) = points
+
+        def median_s(engine: BatchEngine, parts: list[SeqDecode]) -> float:
+            seconds = []
+            for r in range(repeats + 1):
+                t0 = self.clock()
+                engine.decode_batch(parts)
+                if r > 0:
+                    seconds.append(self.clock() - t0)
+                for part in parts:
+                    engine.sequence(part.seq).truncate(0)
+            return statistics.median(seconds)
+
+        def line(x1: int, y1: float, x2: int, y2: float) -> Line:
             slope = max(0.0, (y2 - y1) / (x2 - x1))
-            fit.set_prior(Line(max(0.0, y1 - slope * x1), slope))
+            return Line(max(0.0, y1 - slope * x1), slope)
+
+        # the target: one row per token (its decodes score every row)
+        one = median_s(self.target, [SeqDecode(0, [0], 1)])
+        if n > 1:
+            many = median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
+        else:  # a single slot takes both tokens
+            many = median_s(self.target, [SeqDecode(0, [0, 0], 2)])
+        ctl.target.set_prior(line(1, one, max(n, 2), many))
+        if self._draft is None:
+            return
+        # the draft: a row per slot drafting a depth, and a catch-up's tokens without one
+        one = median_s(self._draft, [SeqDecode(0, [0], 1)])
+        run = median_s(self._draft, [SeqDecode(0, [0] * (1 + _CALIBRATE_RUN), 1)])
+        token_s = max(0.0, (run - one) / _CALIBRATE_RUN)
+        if n > 1:
+            many = median_s(self._draft, [SeqDecode(i, [0], 1) for i in range(n)])
+            ctl.draft.set_prior(line(1, one, n, many), token_s)
+        else:  # one slot: a depth is always one row
+            ctl.draft.set_prior(Line(0.0, one), token_s)
 
     def _run(self) -> None:
         try:
@@ -474,6 +493,7 @@ class Scheduler:
             target_line=ctl.target.line() if ctl is not None else None,
             draft_line=ctl.draft_line() if ctl is not None else None,
             spec_overhead_s=ctl.spec_overhead_s if ctl is not None else None,
+            draft_token_s=ctl.draft.token_s if ctl is not None else None,
         )
         self.last_report = report
         if self.observer is not None:
@@ -517,11 +537,17 @@ class Scheduler:
             )
             out[i] = 0
         if chunks:
+            parts = [part for _, part in chunks]
+            t0 = self.clock()
             try:
-                self._draft.decode_batch([part for _, part in chunks])
+                self._draft.decode_batch(parts)
             except EngineError as exc:
                 for slot, _ in chunks:
                     self._fail(slot, str(exc), "engine")
+            else:
+                if self.controller is not None:  # tokens without rows: the catch-up's cost
+                    n_tokens = sum(len(part.tokens) for part in parts)
+                    self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows=0)
         return out
 
     def _propose(self, active: list[_Slot], ks: list[int]) -> list[tuple[_Slot, Proposal]]:
@@ -587,7 +613,7 @@ class Scheduler:
         finally:
             for _, seq, n, _ in held:
                 seq.truncate(n)
-        ctl.observe_draft(len(parts), seconds)
+        ctl.observe_draft(len(parts), seconds, n_rows=len(parts))
         self._undrafted_s = 0.0
         return True
 
@@ -607,6 +633,7 @@ class Scheduler:
             for group in _groups(live, n_batch):
                 t0 = self.clock()
                 n_tokens = sum(len(d.pending) for _, d in group)
+                n_rows = len(group)  # each slot's last pending token: its next q row
                 if len(group) == 1 and len(group[0][1].pending) > n_batch:
                     seq, d = group[0]  # a long catch-up: the engine splits it itself
                     d.feed(draft.sequence(seq).decode(d.pending)[-1])
@@ -620,7 +647,7 @@ class Scheduler:
                 # every decode's cost by its tokens, a first depth's catch-up included:
                 # the controller charges a slot's catch-up by the same line
                 if self.controller is not None:
-                    self.controller.observe_draft(n_tokens, self.clock() - t0)
+                    self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows)
                     self._undrafted_s = 0.0
             live = [(seq, d) for seq, d in live if d.pending]
 
