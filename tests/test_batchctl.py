@@ -15,6 +15,7 @@ from specgen.batchctl import (
     LineFit,
     SlotInput,
     SlotState,
+    _catch_up_share,
     choose,
     step_seconds,
 )
@@ -429,3 +430,45 @@ def test_draft_fit_is_the_least_squares_fit_under_its_bounds():
         -1,
     ).reshape(-1, 3)
     assert err(got) <= min(err(b) for b in grid) + 1e-9
+
+
+def test_a_catch_up_is_charged_over_the_rounds_a_run_of_them_lasts():
+    # a slot 100 tokens behind with 200 tokens left: charged by the rounds left, the
+    # catch-up is nearly free per round and the slot speculates; once runs are known to
+    # last 2 rounds (slots under load start and stop), half of it goes to this round and
+    # K = 0 is chosen
+    alpha = (0.8,) * 4
+    target, draft, tok = Line(0.040, 0.004), Line(0.004, 0.009), 0.0015
+    slot = SlotInput(alpha, 4, catch_up=100, left=200)
+    g = expected_gains(alpha, 4)
+    np.testing.assert_allclose(_catch_up_share(slot, g), np.r_[0.0, g[1:] / 200])
+    short = SlotInput(alpha, 4, catch_up=100, left=200, run_rounds=2.0)
+    np.testing.assert_allclose(_catch_up_share(short, g), [0.0, 0.5, 0.5, 0.5, 0.5])
+    long_ = SlotInput(alpha, 4, catch_up=100, left=200, run_rounds=500.0)
+    np.testing.assert_allclose(_catch_up_share(long_, g), _catch_up_share(slot, g))
+    assert choose([slot], target, draft, token_s=tok).k[0] > 0
+    assert choose([short], target, draft, token_s=tok).k == (0,)
+    # step_seconds charges the same share
+    want = target(3) + 2 * draft(1) + tok * 100 * 0.5
+    assert step_seconds((2,), target, draft, 0.0, [short], token_s=tok) == pytest.approx(want)
+
+
+def test_the_controller_learns_how_long_runs_last():
+    ctl = BatchController(k_max=4, draft_batched=True)
+    assert ctl.run_rounds == 0.0
+    for rounds in (1, 2, 0, 3):  # a run of 0 rounds is none
+        ctl.observe_run(rounds)
+    assert ctl.run_rounds == 0.0  # three runs: not yet known
+    ctl.observe_run(6)
+    assert ctl.run_rounds == pytest.approx(3.0)
+    for rows in (1, 2, 5):
+        ctl.observe_target(rows, 0.040 + 0.004 * rows)
+    ctl.observe_draft(1, 0.013)
+    ctl.observe_draft(4, 0.040)
+    ctl.observe_draft(17, 0.013 + 16 * 0.0015, n_rows=1)
+    acc = Acceptance(prior=0.8)
+    behind = SlotState(acc, 4, catch_up=100, left=200)
+    assert ctl.choose([behind]).k == (0,)  # 1/3 of 150 ms is more than K buys
+    fresh = BatchController(k_max=4, draft_batched=True)
+    fresh.target, fresh.draft = ctl.target, ctl.draft
+    assert fresh.choose([behind]).k[0] > 0  # runs unknown: the rounds left, as before

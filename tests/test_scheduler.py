@@ -733,3 +733,38 @@ def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     assert _model_part(prop([L, L, D, D]), 3) == (2, 1)
     assert _model_part(prop([D, L, L, L]), 0) == (1, 0)  # x_1 by the model, rejected
     assert _model_part(prop([D, L, L, L]), 2) == (1, 1)  # accepted; the tail is lookup's
+
+
+def test_runs_of_speculative_rounds_are_reported_when_they_end():
+    # one slot, K scripted per step: runs of 2 and 1 rounds end at K = 0; the last run
+    # (3 rounds) ends with the request
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=2, draft_batched=True, probe_every=0)
+            self.steps, self.runs = 0, []
+
+        def observe_run(self, rounds):
+            self.runs.append((self.steps, rounds))
+            super().observe_run(rounds)
+
+        def choose(self, states, fixed_s=0.0):
+            self.steps += 1
+            ks = (2, 2, 0, 2, 0, 0, 1, 1)
+            k = ks[self.steps - 1] if self.steps <= len(ks) else 1
+            return Choice(tuple(min(k, st.k_cap) for st in states), 0.0, 0.0, 0.0, 0.0)
+
+    target, draft = engines(n_seq=1)
+    ctl = Script()
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=1, queue_max=8, draft_max=None,
+        controller=ctl,
+    )  # fmt: skip
+    sink, _ = submit(sched, [1, 2, 3], GenerateConfig(12, GREEDY, ignore_eos=True))
+    sched.run_until_idle()
+    assert isinstance(sink.last, Done)
+    # the request's first step is ordinary (its cap is 0, so step 1's K = 2 is not
+    # drafted); step 2's run of 1 ends at step 3, step 4's at step 5
+    assert ctl.runs[:2] == [(3, 1), (5, 1)]
+    last_step, last_run = ctl.runs[-1]
+    assert last_run >= 2 and last_step == ctl.steps  # the run the request's end ended
+    assert ctl.run_rounds == 0.0  # three runs: not known yet

@@ -149,6 +149,7 @@ class _Slot:
         self.fresh = False  # its request has not had a step that could speculate yet
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
+        self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
 
 
 def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -429,6 +430,7 @@ class Scheduler:
 
         t1 = self.clock()
         ks = self._catch_up(active, chosen)
+        self._count_runs(active, chosen, ks)
         proposals = self._propose(active, ks)
         retimed = not any(ks) and self._retime_draft(active)
         # a step the controller's residual may learn from: nothing in it but the rounds
@@ -504,6 +506,22 @@ class Scheduler:
         return report
 
     # -- the step's parts ---------------------------------------------------------------
+
+    def _count_runs(self, active: list[_Slot], chosen: list[int], ks: list[int]) -> None:
+        """Count each model-drafting slot's consecutive speculative rounds and report a run
+        when it ends at K = 0 (`BatchController.observe_run`); a step spent on a chunk of
+        catch-up (chosen K >= 1, run at 0) starts a run rather than ending one."""
+        ctl = self.controller
+        if ctl is None:
+            return
+        for slot, k_chosen, k in zip(active, chosen, ks, strict=True):
+            if not isinstance(slot.drafter, ModelDrafter | HybridDrafter):
+                continue
+            if k > 0:
+                slot.run += 1
+            elif k_chosen == 0 and slot.run:
+                ctl.observe_run(slot.run)
+                slot.run = 0
 
     def _catch_up(self, active: list[_Slot], ks: list[int]) -> list[int]:
         """Bring long-behind draft caches forward by a chunk: a slot chosen to speculate
@@ -808,6 +826,9 @@ class Scheduler:
         """Free the slot: roll its caches back to the committed tokens and send `event`
         (the Done from `Sequence.finish` when None)."""
         seq, ticket = slot.seq, slot.ticket
+        if slot.run and self.controller is not None:
+            self.controller.observe_run(slot.run)  # a run the request's end ended
+        slot.run = 0
         done: JobEvent | None = None
         if seq is not None:
             try:
