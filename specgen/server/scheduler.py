@@ -228,7 +228,7 @@ class Scheduler:
         self.observer = observer
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
-        # one draft decode per depth serves every slot: its cost is fitted as S(n) = c0 + c1 n
+        # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row n
         # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
         # target's rows only (host time is in the step's measured costs)
         default = (
@@ -363,8 +363,15 @@ class Scheduler:
             return statistics.median(seconds)
 
         def line(x1: int, y1: float, x2: int, y2: float) -> Line:
-            slope = max(0.0, (y2 - y1) / (x2 - x1))
-            return Line(max(0.0, y1 - slope * x1), slope)
+            """Through both points, or the least-squares line within the bounds
+            (`LineFit`): level where it would fall, through the origin where its
+            intercept would be negative."""
+            slope = (y2 - y1) / (x2 - x1)
+            if slope < 0.0:
+                return Line((y1 + y2) / 2, 0.0)
+            if y1 - slope * x1 < 0.0:
+                return Line(0.0, (x1 * y1 + x2 * y2) / (x1 * x1 + x2 * x2))
+            return Line(y1 - slope * x1, slope)
 
         # the target: one row per token (its decodes score every row)
         one = median_s(self.target, [SeqDecode(0, [0], 1)])
