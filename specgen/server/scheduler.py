@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Acceptance, BatchController, Line, SlotState
+from specgen.batchctl import Acceptance, BatchController, Line, LineFit, SlotState
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
@@ -363,15 +363,11 @@ class Scheduler:
             return statistics.median(seconds)
 
         def line(x1: int, y1: float, x2: int, y2: float) -> Line:
-            """Through both points, or the least-squares line within the bounds
-            (`LineFit`): level where it would fall, through the origin where its
-            intercept would be negative."""
-            slope = (y2 - y1) / (x2 - x1)
-            if slope < 0.0:
-                return Line((y1 + y2) / 2, 0.0)
-            if y1 - slope * x1 < 0.0:
-                return Line(0.0, (x1 * y1 + x2 * y2) / (x1 * x1 + x2 * x2))
-            return Line(y1 - slope * x1, slope)
+            """The line through both points, within `LineFit`'s bounds."""
+            fit = LineFit(Line(0.0, 0.0))
+            fit.add(x1, y1)
+            fit.add(x2, y2)
+            return fit.line()
 
         # the target: one row per token (its decodes score every row)
         one = median_s(self.target, [SeqDecode(0, [0], 1)])
