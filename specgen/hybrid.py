@@ -96,6 +96,12 @@ class LookupRecord:
         rate = self.lookup.get(n)
         return rate is None or rate.tested == 0 or rate.value >= self.model.value - MARGIN
 
+    def rate(self, n: int) -> float:
+        """The estimated acceptance rate of a lookup token after an n-token match (the
+        prior where none was scored yet)."""
+        rate = self.lookup.get(n)
+        return (rate or Rate()).value
+
 
 @dataclass
 class _Pending:
@@ -126,10 +132,20 @@ class HybridDrafter:
         n_max, n_min: longest and shortest n-gram matched (`--ngram-max`).
         min_match: shortest match that may propose lookup tokens (a 1-token match is
             right too seldom to be worth a round).
+        record: the acceptance record to read and update (a fresh one when None); a
+            server passes one per sampling setting, shared by the requests made with it
+            (statistics of earlier rounds only: it decides whether lookup tokens are
+            proposed, never what a round's law is, so sharing it keeps every request's
+            output the target's; see the module docstring).
     """
 
     def __init__(
-        self, model: ModelDrafter, n_max: int = 4, n_min: int = 1, min_match: int = 2
+        self,
+        model: ModelDrafter,
+        n_max: int = 4,
+        n_min: int = 1,
+        min_match: int = 2,
+        record: LookupRecord | None = None,
     ) -> None:
         self.model = model
         self.engine = model.engine
@@ -138,7 +154,7 @@ class HybridDrafter:
         self.n_vocab = model.n_vocab
         self.index = NgramIndex(n_max, n_min)
         self.min_match = min_match
-        self.record = LookupRecord()
+        self.record = record if record is not None else LookupRecord()
         self._pending: _Pending | None = None
 
     def with_params(self, params: SamplingParams) -> HybridDrafter:
@@ -174,6 +190,15 @@ class HybridDrafter:
         """How many of a k-token block's positions `begin` would fill by prompt lookup
         now (0 when no trusted match): the positions that cost no draft decode."""
         return len(self._lookup(context, k)[2])
+
+    def lookup_offer(self, context: list[int], k: int) -> tuple[int, float]:
+        """(positions, rate): `lookup_len`, and the estimated acceptance rate of each of
+        those lookup tokens (`LookupRecord.rate` of the match's length): what a
+        controller values them at. Not the model's rate: the two differ most at a high
+        temperature, and lookup tokens valued at the model's rate were proposed where
+        their own rate did not pay for the target rows they cost."""
+        n_match, _, use = self._lookup(context, k)
+        return len(use), self.record.rate(n_match)
 
     def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,

@@ -148,6 +148,33 @@ def test_line_fit():
     assert falling.line() == Line(pytest.approx(0.15), 0.0)
 
 
+def test_a_line_fitted_by_size_stays_true_at_a_size_the_server_seldom_makes():
+    # a server that speculates decodes at 33-40 rows almost always, where the demo
+    # target's concave cost looked locally like 132 ms + 3.4 ms a row (measured at four
+    # sampled streams), and at the ordinary four rows (65 ms) a few times: the line must
+    # still price four rows near 65 ms, or K = 0 is judged at twice its cost
+    rng = np.random.default_rng(7)
+    fit = LineFit(Line(0.040, 0.005))
+    for _ in range(4):
+        fit.add(4, 0.065 + rng.normal(0, 0.003))
+    xs, ys = [], []
+    for _ in range(400):
+        x = int(rng.integers(33, 41))
+        y = 0.132 + 0.0034 * x + rng.normal(0, 0.015)
+        fit.add(x, y)
+        xs.append(x)
+        ys.append(y)
+    assert fit.line()(4) == pytest.approx(0.065, rel=0.1)
+    assert fit.line()(36) == pytest.approx(0.132 + 0.0034 * 36, rel=0.05)
+    # one window of the latest 256 decodes (the rule before) priced four rows at 2.3x
+    slope, intercept = np.polyfit(xs[-256:], ys[-256:], 1)
+    assert intercept + 4 * slope > 1.5 * 0.065
+    # each size keeps its last `per_size` measurements: a size measured anew moves
+    for _ in range(32):
+        fit.add(4, 0.080)
+    assert fit.line()(4) == pytest.approx(0.080, rel=0.1)
+
+
 def test_a_line_fitted_under_its_bounds_passes_through_what_was_measured():
     # one size only, a prior steeper than the measurement allows (the one-stream server's
     # draft line after a disturbed calibration: 0 ms + 40 ms a token, re-timed at one token,
@@ -364,6 +391,26 @@ def test_lookup_positions_cost_rows_only():
     )
     assert step_seconds((5,), t, d, slots=[SlotInput((0.95,), 8, free=5)]) == pytest.approx(t(6))
     assert plain == pytest.approx(t(7) + 6 * d(1))
+
+
+def test_lookup_positions_are_valued_at_the_lookups_own_rate():
+    # 40 ms + 10 ms a row: ordinary decoding gives 20 tokens/s; five lookup positions at
+    # the model's 0.95 give 5.5 tokens in 100 ms, at the lookup's own 0.15 K = 1 gives
+    # 1.15 tokens in 60 ms (19.2/s): not worth its row
+    ctl = BatchController(
+        k_max=8,
+        target_prior=Line(0.040, 0.010),
+        draft_prior=Line(0.030, 0.030),
+        draft_batched=True,
+        probe_every=0,
+    )
+    acc = Acceptance(0.95)
+    assert ctl.choose([SlotState(acc, 8, free=5)]).k == (5,)
+    assert ctl.choose([SlotState(acc, 8, free=5, free_alpha=0.15)]).k == (0,)
+    assert ctl.choose([SlotState(acc, 8, free=5, free_alpha=0.9)]).k == (5,)
+    # beside a slot without lookup, only the lookup's positions take its rate
+    both = ctl.choose([SlotState(acc, 8), SlotState(acc, 8, free=2, free_alpha=0.15)])
+    assert both.k[1] == 0
 
 
 def test_draft_fit_prices_a_row_and_a_token_without_one_apart():

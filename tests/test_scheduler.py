@@ -25,7 +25,7 @@ from specgen.batchctl import BatchController, Choice, Line
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.hybrid import HybridDrafter
+from specgen.hybrid import HybridDrafter, Rate
 from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams
 from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
@@ -679,6 +679,42 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
     assert (
         sink.last.tokens == alone(prompt, GenerateConfig(12, GREEDY, ignore_eos=True), k=3).tokens
     )
+
+
+def test_prompt_lookup_is_valued_at_its_own_record_shared_by_one_settings_requests():
+    # the controller is offered each lookup with the lookup's own estimated rate, not the
+    # model's; a request starts from the record its setting's earlier requests left (a
+    # fresh one per request valued every first lookup at the prior), another setting
+    # from its own
+    class Script(BatchController):
+        def __init__(self):
+            super().__init__(k_max=3, draft_batched=True, probe_every=0)
+            self.offers = []
+
+        def choose(self, states, fixed_s=0.0):
+            self.offers += [s.free_alpha for s in states if s.free]
+            ks = tuple(min(max(1, s.free), s.k_cap) for s in states)
+            return Choice(ks, 0.0, 0.0, 0.0, 0.0)
+
+    target, draft = engines(n_seq=1)
+    ctl = Script()
+    hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, V))
+    sched = Scheduler(target, hybrid, n_parallel=1, queue_max=8, draft_max=None, controller=ctl)
+    sched.calibrate = lambda repeats=3: None
+    prompt = [0, 2, 1, 0, 2, 1, 0, 2]
+    prior = Rate().value
+
+    def first_offer(params, seed=0):
+        ctl.offers.clear()
+        submit(sched, prompt, GenerateConfig(12, params, seed=seed, ignore_eos=True))
+        sched.run_until_idle()
+        assert ctl.offers
+        return ctl.offers[0]
+
+    assert first_offer(GREEDY) == pytest.approx(prior)  # nothing scored yet
+    assert first_offer(GREEDY) > prior + 0.05  # the first request's copies were right
+    assert first_offer(SETTINGS[0]) == pytest.approx(prior)  # another setting's own record
+    assert first_offer(GREEDY) > prior + 0.05
 
 
 def test_the_residual_is_told_of_lookup_positions_after_model_tokens():

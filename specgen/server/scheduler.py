@@ -45,7 +45,7 @@ from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig
-from specgen.hybrid import HybridDrafter
+from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
 from specgen.round import Proposal, Sequence
 from specgen.sampling import SamplingParams
@@ -54,6 +54,7 @@ Clock = Callable[[], float]
 
 #: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
 _CALIBRATE_RUN = 16
+_LOOKUP_RECORDS = 64  # sampling settings whose shared prompt-lookup record is kept
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,11 @@ class Scheduler:
         self._calibrated = threading.Event()  # set once `start`'s worker has calibrated
         self.last_report: BatchReport | None = None
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
+        # prompt lookup's record per sampling setting, shared by the requests made with it
+        # (`HybridDrafter`'s record argument), the least recently used first
+        self._lookup_records: collections.OrderedDict[SamplingParams, LookupRecord] = (
+            collections.OrderedDict()
+        )
 
     # -- the HTTP side's calls (any thread) --------------------------------------------
 
@@ -754,10 +760,23 @@ class Scheduler:
         if isinstance(d, HybridDrafter):
             assert slot.draft is not None
             m = ModelDrafter(slot.draft, params, d.n_vocab, d.model.p_min)
-            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match)
+            record = self._lookup_record(params)
+            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match, record)
         if isinstance(d, NgramDrafter):
             return NgramDrafter(d.n_vocab, d.index.n_max, d.index.n_min)
         return d  # a single slot: its one drafter
+
+    def _lookup_record(self, params: SamplingParams) -> LookupRecord:
+        """The prompt-lookup record of requests with these settings: a request's own
+        would start from the prior each time (its first lookups valued at 0.6, where at
+        temperature 0.8 they may be right far less often), and under load, where its
+        slot rarely speculates, it would hardly learn before the request ends."""
+        records = self._lookup_records
+        record = records.setdefault(params, LookupRecord())
+        records.move_to_end(params)
+        while len(records) > _LOOKUP_RECORDS:
+            records.popitem(last=False)
+        return record
 
     def _start(self, slot: _Slot) -> None:
         assert slot.seq is not None and slot.ticket is not None
@@ -798,9 +817,20 @@ class Scheduler:
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
-            free = d.lookup_len(seq.committed, cap) if isinstance(d, HybridDrafter) else 0
+            free, free_alpha = (
+                d.lookup_offer(seq.committed, cap) if isinstance(d, HybridDrafter) else (0, None)
+            )
             states.append(
-                SlotState(slot.acceptance, cap, slot.idle, slot.catch_up, left, slot.fresh, free)
+                SlotState(
+                    slot.acceptance,
+                    cap,
+                    slot.idle,
+                    slot.catch_up,
+                    left,
+                    slot.fresh,
+                    free,
+                    free_alpha,
+                )
             )
         choice = self.controller.choose(states)
         for slot, k, cap in zip(active, choice.k, caps, strict=True):
