@@ -52,6 +52,7 @@ _FORGET_EVERY = 4  # steps without speculation that forget one speculating step'
 _POOLS = 64  # sampling settings whose pooled acceptance `BatchController` keeps
 _RUN_WINDOW = 64  # recent runs of speculative rounds `BatchController.run_rounds` averages
 _RUN_MIN = 4  # runs seen before their mean bounds the catch-up share
+_MIN_PER_SIZE = 3  # decodes of a size before `LineFit` fits on it (once two sizes have them)
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,22 @@ class Line:
 
 
 class LineFit:
-    """Least-squares line through the mean seconds of each size x measured, each mean over
-    that size's last `per_size` observations, every size weighing the same.
+    """Least-squares line through one point per decode size x: the median seconds of that
+    size's last `per_size` observations, every size weighing the same; a size seen fewer
+    than `_MIN_PER_SIZE` times is left out while two sizes have been seen that often.
 
     By size, not one window of the latest decodes: a server that speculates makes its
     decodes at a few large sizes (four slots at K = 8: 36 rows), and the target's cost is
     concave in rows, so a line fitted there alone extrapolates badly to the ordinary size
     (one row per slot), the one K = 0 is judged by. Measured on the demo pair at four
-    sampled streams: 132 ms + 3.4 ms a row, where a four-row decode took 65 ms; every
-    choice then favoured speculation, which measured 0.6-0.7x ordinary batched decoding.
-    A size seen rarely (the ordinary one, a ramp with fewer slots) keeps its last
-    measurements until newer ones of that size replace them, and weighs as much as the
-    size the server makes all the time.
+    sampled streams (model drafting, prompt lookup off): 132 ms + 3.4 ms a row, where a
+    four-row decode took 65 ms; every choice then favoured speculation, which measured
+    0.60x ordinary batched decoding (`--draft none`), 0.79x at eight streams. A size seen
+    rarely (the ordinary one, a ramp with fewer slots) keeps its last measurements until
+    newer ones of that size replace them, and weighs as much as the size the server makes
+    all the time. Medians, and sizes seen a few times only, because one far size carries
+    much weight in a line: a single 68-row decode of 868 ms (a steady one took about 400)
+    alone had made a server's line 12 ms + 12.4 ms a row.
 
     Until two distinct x have been seen the prior's slope is kept and the line is moved to
     pass through the mean of what was seen (one measured size fixes the level); where that
@@ -122,10 +127,13 @@ class LineFit:
     def _fit(self) -> Line:
         if not self._bins:
             return self.prior
-        # one point per size, its mean: the sizes a server rarely makes weigh as much as
-        # those it makes all the time, so the line stays true at both ends
-        x = np.asarray(list(self._bins), dtype=np.float64)
-        y = np.asarray([statistics.fmean(b) for b in self._bins.values()])
+        # one point per size: the sizes a server rarely makes weigh as much as those it
+        # makes all the time, so the line stays true at both ends
+        sizes = [x for x, b in self._bins.items() if len(b) >= _MIN_PER_SIZE]
+        if len(sizes) < 2:
+            sizes = list(self._bins)
+        x = np.asarray(sizes, dtype=np.float64)
+        y = np.asarray([statistics.median(self._bins[size]) for size in sizes])
         if np.ptp(x) == 0:
             slope = self.prior.slope_s
             if x[0] > 0:

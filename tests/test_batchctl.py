@@ -173,6 +173,18 @@ def test_a_line_fitted_by_size_stays_true_at_a_size_the_server_seldom_makes():
     for _ in range(32):
         fit.add(4, 0.080)
     assert fit.line()(4) == pytest.approx(0.080, rel=0.1)
+    for _ in range(32):
+        fit.add(4, 0.065)
+    assert fit.line()(4) == pytest.approx(0.065, rel=0.1)
+    # one far decode that took twice its cost (a 68-row one, 868 ms against about 400 ms
+    # steady) moves nothing; that size counts once seen three times, by its median
+    before = fit.line()
+    fit.add(68, 0.868)
+    assert fit.line() == before
+    for _ in range(2):
+        fit.add(68, 0.400)
+    assert fit.line() != before
+    assert fit.line()(68) < 0.5
 
 
 def test_a_line_fitted_under_its_bounds_passes_through_what_was_measured():
