@@ -23,7 +23,10 @@ Isolation: slot i's target cells are sequence i of the target's cache and its dr
 sequence i of the draft's; each request gets its own drafter (q under its own settings)
 and its own `Sequence` (random streams from its own seed). A drafter keeps only the prefix
 its sequence shares with the new prompt (`ModelDrafter` re-syncs on the first draft), so
-nothing drafted for one request is proposed for another.
+nothing drafted for one request is proposed for another. What requests share is
+statistics of earlier rounds: the controller's pooled acceptance and prompt lookup's
+record per sampling setting (`_lookup_record`), which decide how many tokens are
+proposed and from where, never a round's law or its proposals' content.
 
 Faults: a llama.cpp failure in the batched decode ends the jobs in that decode with
 `Failed(kind="engine")`; a failure while one slot drafts or commits ends that job only.
