@@ -132,11 +132,11 @@ class HybridDrafter:
         n_max, n_min: longest and shortest n-gram matched (`--ngram-max`).
         min_match: shortest match that may propose lookup tokens (a 1-token match is
             right too seldom to be worth a round).
-        record: the acceptance record to read and update (a fresh one when None); a
-            server passes one per sampling setting, shared by the requests made with it
-            (statistics of earlier rounds only: it decides whether lookup tokens are
-            proposed, never what a round's law is, so sharing it keeps every request's
-            output the target's; see the module docstring).
+        pool: a record that this drafter's scorings are also added to, and that
+            `lookup_offer` reads for a match length its own record has not scored yet (a
+            server keeps one per sampling setting for all its requests). Only the offer's
+            rate reads it, never what is proposed: a request's proposals, and so its
+            seeded output at a fixed K, do not depend on other requests.
     """
 
     def __init__(
@@ -145,7 +145,7 @@ class HybridDrafter:
         n_max: int = 4,
         n_min: int = 1,
         min_match: int = 2,
-        record: LookupRecord | None = None,
+        pool: LookupRecord | None = None,
     ) -> None:
         self.model = model
         self.engine = model.engine
@@ -154,7 +154,8 @@ class HybridDrafter:
         self.n_vocab = model.n_vocab
         self.index = NgramIndex(n_max, n_min)
         self.min_match = min_match
-        self.record = record if record is not None else LookupRecord()
+        self.record = LookupRecord()
+        self.pool = pool
         self._pending: _Pending | None = None
 
     def with_params(self, params: SamplingParams) -> HybridDrafter:
@@ -193,11 +194,15 @@ class HybridDrafter:
 
     def lookup_offer(self, context: list[int], k: int) -> tuple[int, float]:
         """(positions, rate): `lookup_len`, and the estimated acceptance rate of each of
-        those lookup tokens (`LookupRecord.rate` of the match's length): what a
+        those lookup tokens (`LookupRecord.rate` of the match's length, from the pool
+        where this drafter has not scored that length yet): what a
         controller values them at. Not the model's rate: the two differ most at a high
         temperature, and lookup tokens valued at the model's rate were proposed where
         their own rate did not pay for the target rows they cost."""
         n_match, _, use = self._lookup(context, k)
+        own = self.record.lookup.get(n_match)
+        if (own is None or own.tested == 0) and self.pool is not None:
+            return len(use), self.pool.rate(n_match)
         return len(use), self.record.rate(n_match)
 
     def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
@@ -226,17 +231,19 @@ class HybridDrafter:
         pending, self._pending = self._pending, None
         if pending is not None and len(context) > pending.start:
             new = context[pending.start :]
-            if pending.n_match:
-                rate = self.record.lookup.setdefault(pending.n_match, Rate())
-                rate.add(*_matched(pending.lookup, new))
+            records = [self.record] if self.pool is None else [self.record, self.pool]
             p, head, tail = pending, pending.n_head, pending.tail_at
             reached = common_prefix(p.tokens, new)
-            if tail > head and reached >= head:
-                self.record.model.add(*_matched(p.tokens[head:tail], new[head:]))
-            if tail < len(p.tokens) and reached >= tail:
-                # a used lookup, tested only where the round reached it: still unbiased
-                rate = self.record.lookup.setdefault(p.n_tail_match, Rate())
-                rate.add(*_matched(p.tokens[tail:], new[tail:]))
+            for record in records:
+                if pending.n_match:
+                    rate = record.lookup.setdefault(pending.n_match, Rate())
+                    rate.add(*_matched(pending.lookup, new))
+                if tail > head and reached >= head:
+                    record.model.add(*_matched(p.tokens[head:tail], new[head:]))
+                if tail < len(p.tokens) and reached >= tail:
+                    # a used lookup, tested only where the round reached it: still unbiased
+                    rate = record.lookup.setdefault(p.n_tail_match, Rate())
+                    rate.add(*_matched(p.tokens[tail:], new[tail:]))
         self.model.rollback(context)
 
     def close(self) -> None:

@@ -681,11 +681,12 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
     )
 
 
-def test_prompt_lookup_is_valued_at_its_own_record_shared_by_one_settings_requests():
-    # the controller is offered each lookup with the lookup's own estimated rate, not the
-    # model's; a request starts from the record its setting's earlier requests left (a
-    # fresh one per request valued every first lookup at the prior), another setting
-    # from its own
+def test_prompt_lookup_is_valued_at_its_record_pooled_over_one_settings_requests():
+    # the controller is offered each lookup with the lookup's estimated rate, not the
+    # model's; at a match length a request has not scored itself, the rate its setting's
+    # earlier requests left (a fresh record valued every first lookup at the prior),
+    # another setting's its own; what is proposed depends on the request alone, so a
+    # seeded request gives the same tokens whatever ran before it
     class Script(BatchController):
         def __init__(self):
             super().__init__(k_max=3, draft_batched=True, probe_every=0)
@@ -706,15 +707,18 @@ def test_prompt_lookup_is_valued_at_its_own_record_shared_by_one_settings_reques
 
     def first_offer(params, seed=0):
         ctl.offers.clear()
-        submit(sched, prompt, GenerateConfig(12, params, seed=seed, ignore_eos=True))
+        sink, _ = submit(sched, prompt, GenerateConfig(12, params, seed=seed, ignore_eos=True))
         sched.run_until_idle()
         assert ctl.offers
-        return ctl.offers[0]
+        return ctl.offers[0], sink.last.tokens
 
-    assert first_offer(GREEDY) == pytest.approx(prior)  # nothing scored yet
-    assert first_offer(GREEDY) > prior + 0.05  # the first request's copies were right
-    assert first_offer(SETTINGS[0]) == pytest.approx(prior)  # another setting's own record
-    assert first_offer(GREEDY) > prior + 0.05
+    assert first_offer(GREEDY)[0] == pytest.approx(prior)  # nothing scored yet
+    assert first_offer(GREEDY)[0] > prior + 0.05  # the first request's copies were right
+    offer, tokens = first_offer(SETTINGS[0], seed=5)
+    assert offer == pytest.approx(prior)  # another setting's own pool
+    again, tokens_again = first_offer(SETTINGS[0], seed=5)
+    assert again != pytest.approx(prior) and tokens_again == tokens
+    assert first_offer(GREEDY)[0] > prior + 0.05
 
 
 def test_the_residual_is_told_of_lookup_positions_after_model_tokens():

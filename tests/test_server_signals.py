@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from specgen.errors import ConfigError
+from specgen.server import runner
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS / "fake_server.py"
@@ -48,6 +52,20 @@ class Child:
 
     def wait(self) -> int:
         return self.proc.wait(timeout=30)
+
+
+def test_the_bound_socket_already_accepts_connections() -> None:
+    # the URL is printed before uvicorn starts: a client that connects at once must wait
+    # in the backlog, not be refused (a /health right after the line was, once in CI)
+    sock = runner.bind("127.0.0.1", 0)
+    try:
+        host, port = sock.getsockname()[:2]
+        with socket.create_connection((host, port), timeout=5):
+            pass
+        with pytest.raises(ConfigError, match="cannot listen there"):
+            runner.bind("127.0.0.1", port)
+    finally:
+        sock.close()
 
 
 @pytest.fixture

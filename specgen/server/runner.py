@@ -24,6 +24,7 @@ from specgen.server.app import Backend, Settings, State, create_app
 
 EXIT_INTERRUPTED = 130
 GRACEFUL_S = 10  # uvicorn's wait for open responses after the streams have ended
+_BACKLOG = 2048  # uvicorn's default (`uvicorn.Config.backlog`)
 
 
 class _Server(uvicorn.Server):
@@ -58,7 +59,10 @@ def open_warning(host: str, api_key: str | None) -> str | None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (port 0: any free port), before anything loads.
+    """A socket bound to host:port (port 0: any free port) and listening, before anything
+    loads: a client that connects as soon as the URL is printed waits in the backlog until
+    uvicorn accepts, where a socket only bound refused it (a test's /health right after
+    the line failed that way once in a full run).
 
     Raises:
         ConfigError: the host does not resolve, or the address cannot be bound (in use,
@@ -74,6 +78,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
+        sock.listen(_BACKLOG)  # uvicorn's own listen on it later sets the same backlog
     except OSError as e:
         sock.close()
         raise ConfigError(

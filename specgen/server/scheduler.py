@@ -25,8 +25,8 @@ and its own `Sequence` (random streams from its own seed). A drafter keeps only 
 its sequence shares with the new prompt (`ModelDrafter` re-syncs on the first draft), so
 nothing drafted for one request is proposed for another. What requests share is
 statistics of earlier rounds: the controller's pooled acceptance and prompt lookup's
-record per sampling setting (`_lookup_record`), which decide how many tokens are
-proposed and from where, never a round's law or its proposals' content.
+pooled record per sampling setting (`_lookup_pool`), which value a slot's proposals for
+the choice of K, never decide what is proposed or a round's law.
 
 Faults: a llama.cpp failure in the batched decode ends the jobs in that decode with
 `Failed(kind="engine")`; a failure while one slot drafts or commits ends that job only.
@@ -259,8 +259,8 @@ class Scheduler:
         self._calibrated = threading.Event()  # set once `start`'s worker has calibrated
         self.last_report: BatchReport | None = None
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
-        # prompt lookup's record per sampling setting, shared by the requests made with it
-        # (`HybridDrafter`'s record argument), the least recently used first
+        # prompt lookup's pooled record per sampling setting (`HybridDrafter`'s pool), the
+        # least recently used first
         self._lookup_records: collections.OrderedDict[SamplingParams, LookupRecord] = (
             collections.OrderedDict()
         )
@@ -763,17 +763,18 @@ class Scheduler:
         if isinstance(d, HybridDrafter):
             assert slot.draft is not None
             m = ModelDrafter(slot.draft, params, d.n_vocab, d.model.p_min)
-            record = self._lookup_record(params)
-            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match, record)
+            pool = self._lookup_pool(params)
+            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match, pool)
         if isinstance(d, NgramDrafter):
             return NgramDrafter(d.n_vocab, d.index.n_max, d.index.n_min)
         return d  # a single slot: its one drafter
 
-    def _lookup_record(self, params: SamplingParams) -> LookupRecord:
-        """The prompt-lookup record of requests with these settings: a request's own
-        would start from the prior each time (its first lookups valued at 0.6, where at
-        temperature 0.8 they may be right far less often), and under load, where its
-        slot rarely speculates, it would hardly learn before the request ends."""
+    def _lookup_pool(self, params: SamplingParams) -> LookupRecord:
+        """Prompt lookup's pooled record of the requests with these settings
+        (`HybridDrafter`'s pool), which values a request's lookups at match lengths it has
+        not scored itself: its own record starts from the prior each time (a first lookup
+        valued at 0.6, where at temperature 0.8 lookups may be right far less often), and
+        under load, where its slot rarely speculates, it hardly learns before the end."""
         records = self._lookup_records
         record = records.setdefault(params, LookupRecord())
         records.move_to_end(params)
