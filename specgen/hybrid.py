@@ -194,11 +194,11 @@ class HybridDrafter:
 
     def lookup_offer(self, context: list[int], k: int) -> tuple[int, float]:
         """(positions, rate): `lookup_len`, and the estimated acceptance rate of each of
-        those lookup tokens (`LookupRecord.rate` of the match's length, from the pool
-        where this drafter has not scored that length yet): what a
-        controller values them at. Not the model's rate: the two differ most at a high
-        temperature, and lookup tokens valued at the model's rate were proposed where
-        their own rate did not pay for the target rows they cost."""
+        those lookup tokens (`LookupRecord.rate` of the match's length; the pool's where
+        this drafter has not scored that length yet), what a controller values them at.
+        Not the model's rate: the two differ most at a high temperature, and lookup
+        tokens valued at the model's rate were proposed where their own rate did not pay
+        for the target rows they cost."""
         n_match, _, use = self._lookup(context, k)
         own = self.record.lookup.get(n_match)
         if (own is None or own.tested == 0) and self.pool is not None:

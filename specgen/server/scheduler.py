@@ -57,7 +57,7 @@ Clock = Callable[[], float]
 
 #: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
 _CALIBRATE_RUN = 16
-_LOOKUP_RECORDS = 64  # sampling settings whose shared prompt-lookup record is kept
+_LOOKUP_POOLS = 64  # sampling settings whose pooled prompt-lookup record is kept
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class Scheduler:
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
         # prompt lookup's pooled record per sampling setting (`HybridDrafter`'s pool), the
         # least recently used first
-        self._lookup_records: collections.OrderedDict[SamplingParams, LookupRecord] = (
+        self._lookup_pools: collections.OrderedDict[SamplingParams, LookupRecord] = (
             collections.OrderedDict()
         )
 
@@ -775,12 +775,12 @@ class Scheduler:
         not scored itself: its own record starts from the prior each time (a first lookup
         valued at 0.6, where at temperature 0.8 lookups may be right far less often), and
         under load, where its slot rarely speculates, it hardly learns before the end."""
-        records = self._lookup_records
-        record = records.setdefault(params, LookupRecord())
-        records.move_to_end(params)
-        while len(records) > _LOOKUP_RECORDS:
-            records.popitem(last=False)
-        return record
+        pools = self._lookup_pools
+        pool = pools.setdefault(params, LookupRecord())
+        pools.move_to_end(params)
+        while len(pools) > _LOOKUP_POOLS:
+            pools.popitem(last=False)
+        return pool
 
     def _start(self, slot: _Slot) -> None:
         assert slot.seq is not None and slot.ticket is not None
