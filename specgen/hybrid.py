@@ -187,18 +187,15 @@ class HybridDrafter:
         use = found if n_match >= self.min_match and self.record.trusts(n_match) else []
         return n_match, found, use
 
-    def lookup_len(self, context: list[int], k: int) -> int:
-        """How many of a k-token block's positions `begin` would fill by prompt lookup
-        now (0 when no trusted match): the positions that cost no draft decode."""
-        return len(self._lookup(context, k)[2])
-
     def lookup_offer(self, context: list[int], k: int) -> tuple[int, float]:
-        """(positions, rate): `lookup_len`, and the estimated acceptance rate of each of
-        those lookup tokens (`LookupRecord.rate` of the match's length; the pool's where
-        this drafter has not scored that length yet), what a controller values them at.
-        Not the model's rate: the two differ most at a high temperature, and lookup
-        tokens valued at the model's rate were proposed where their own rate did not pay
-        for the target rows they cost."""
+        """(positions, rate): how many of a k-token block's positions `begin` would fill by
+        prompt lookup now (0 when no trusted match: the positions that cost no draft
+        decode), and the estimated acceptance rate of each of those lookup tokens
+        (`LookupRecord.rate` of the match's length; the pool's where this drafter has not
+        scored that length yet), what a controller values them at. Not the model's rate:
+        the two differ most at a high temperature, and lookup tokens valued at the model's
+        rate were proposed where their own rate did not pay for the target rows they
+        cost."""
         n_match, _, use = self._lookup(context, k)
         own = self.record.lookup.get(n_match)
         if (own is None or own.tested == 0) and self.pool is not None:
