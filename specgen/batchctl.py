@@ -40,8 +40,9 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -53,6 +54,24 @@ _POOLS = 64  # sampling settings whose pooled acceptance `BatchController` keeps
 _RUN_WINDOW = 64  # recent runs of speculative rounds `BatchController.run_rounds` averages
 _RUN_MIN = 4  # runs seen before their mean bounds the catch-up share
 _MIN_PER_SIZE = 3  # decodes of a size before `LineFit` fits on it (once two sizes have them)
+
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+def recent_entry(
+    entries: collections.OrderedDict[_K, _V], key: _K, make: Callable[[], _V], cap: int
+) -> _V:
+    """entries[key], made by `make` when absent, marked the most recently used (last); the
+    least recently used beyond `cap` entries are dropped (the per-sampling-setting pools
+    of `BatchController` and of the server's prompt lookup)."""
+    if key not in entries:
+        entries[key] = make()
+    entries.move_to_end(key)
+    while len(entries) > cap:
+        entries.popitem(last=False)
+    return entries[key]
 
 
 @dataclass(frozen=True)
@@ -646,11 +665,7 @@ class BatchController:
         return Acceptance(prior, pool=pool)
 
     def _pool(self, key: Hashable) -> list[float]:
-        pool = self._pools.setdefault(key, [0.0, 0.0])
-        self._pools.move_to_end(key)  # the most recently used last
-        while len(self._pools) > _POOLS:
-            self._pools.popitem(last=False)
-        return pool
+        return recent_entry(self._pools, key, lambda: [0.0, 0.0], _POOLS)
 
     def choose(self, states: Sequence[SlotState], fixed_s: float = 0.0) -> Choice:
         """K per slot for this step, probes included (see the class).

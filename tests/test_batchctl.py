@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import numpy as np
@@ -17,6 +18,7 @@ from specgen.batchctl import (
     SlotState,
     _catch_up_share,
     choose,
+    recent_entry,
     step_seconds,
 )
 from specgen.controller import expected_gains, expected_tokens
@@ -531,3 +533,14 @@ def test_the_controller_learns_how_long_runs_last():
     fresh = BatchController(k_max=4, draft_batched=True)
     fresh.target, fresh.draft = ctl.target, ctl.draft
     assert fresh.choose([behind]).k[0] > 0  # runs unknown: the rounds left, as before
+
+
+def test_recent_entry_makes_marks_and_drops_the_least_recently_used():
+    entries: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+    a = recent_entry(entries, "a", list, 2)
+    a.append(1)
+    recent_entry(entries, "b", list, 2)
+    assert recent_entry(entries, "a", list, 2) is a  # kept, and now the most recent
+    recent_entry(entries, "c", list, 2)
+    assert list(entries) == ["a", "c"]  # "b" was the least recently used
+    assert recent_entry(entries, "b", list, 2) == []  # made anew

@@ -42,7 +42,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Acceptance, BatchController, Line, LineFit, SlotState
+from specgen.batchctl import (
+    Acceptance,
+    BatchController,
+    Line,
+    LineFit,
+    SlotState,
+    recent_entry,
+)
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import EngineError
@@ -775,12 +782,7 @@ class Scheduler:
         not scored itself: its own record starts from the prior each time (a first lookup
         valued at 0.6, where at temperature 0.8 lookups may be right far less often), and
         under load, where its slot rarely speculates, it hardly learns before the end."""
-        pools = self._lookup_pools
-        pool = pools.setdefault(params, LookupRecord())
-        pools.move_to_end(params)
-        while len(pools) > _LOOKUP_POOLS:
-            pools.popitem(last=False)
-        return pool
+        return recent_entry(self._lookup_pools, params, LookupRecord, _LOOKUP_POOLS)
 
     def _start(self, slot: _Slot) -> None:
         assert slot.seq is not None and slot.ticket is not None
