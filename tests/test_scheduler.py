@@ -244,6 +244,52 @@ def test_a_cancel_frees_the_slot_within_one_step():
     assert isinstance(second.last, Done)
 
 
+def test_a_steps_events_are_delivered_together_when_it_ends_in_the_order_sent():
+    target, draft = engines(n_seq=3)
+    batches = []
+    sched = Scheduler(
+        target,
+        ModelDrafter(draft, GREEDY, V),
+        n_parallel=3,
+        queue_max=10,
+        draft_max=2,
+        deliver=batches.append,
+    )
+    names = ("a", "b", "c")
+    tickets = [
+        sched.submit(Job(n, [1, i + 2], GenerateConfig(9, GREEDY)), Collect())
+        for i, n in enumerate(names)
+    ]
+    sent = []
+    while sched.slots_busy or sched.queue_depth:
+        before = len(batches)
+        sched.step()
+        assert len(batches) <= before + 1  # at most one delivery per step
+        sent += batches[before:]
+    assert all(batch for batch in sent)
+    # every step with all three generating sends one event for each, slot order
+    assert [t.job.id for t, _ in sent[1]] == list(names)
+    for t in tickets:
+        mine = [e for batch in sent for tk, e in batch if tk is t]
+        assert all(isinstance(e, Step) for e in mine[:-1]) and isinstance(mine[-1], Done)
+        assert not t.sink.events  # `deliver` replaced the sinks: nothing bypassed it
+
+
+def test_the_default_delivery_survives_a_sink_that_raises():
+    sched, _, _ = make(n_parallel=2)
+
+    def broken(ev):
+        raise RuntimeError("a client's broken sink")
+
+    sched.submit(Job("x", [1, 2], GenerateConfig(5, GREEDY)), broken)
+    good, _ = submit(sched, [4], GenerateConfig(5, GREEDY))
+    sched.run_until_idle()
+    assert (
+        isinstance(good.last, Done)
+        and good.last.tokens == alone([4], GenerateConfig(5, GREEDY)).tokens
+    )
+
+
 def test_an_engine_failure_ends_the_jobs_in_that_decode_and_the_next_succeed():
     sched, target, _ = make(n_parallel=2)
     a, _ = submit(sched, [1, 2], GenerateConfig(50, GREEDY, ignore_eos=True))

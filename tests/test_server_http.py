@@ -21,10 +21,11 @@ import uvicorn
 
 from specgen.batchctl import Line
 from specgen.errors import ChatTemplateError
+from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server import runner
-from specgen.server.app import Backend, Settings, State, create_app
-from specgen.server.scheduler import BatchReport
+from specgen.server.app import Backend, Settings, State, _Events, create_app, deliver
+from specgen.server.scheduler import BatchReport, Failed, Job, Ticket
 from specgen.server.shapes import Defaults
 
 USER = [{"role": "user", "content": "Hi there"}]
@@ -502,3 +503,37 @@ def test_one_log_line_per_request(served: Served) -> None:
     (line,) = [x for x in served.log if x.startswith("cmpl-")]
     assert "prompt 3 tokens" in line and "output 4 tokens" in line
     assert "acceptance" in line and "tok/s" in line and line.endswith("finish length")
+
+
+class _RecordingLoop:
+    """Stands for an event loop: records the callbacks handed to it."""
+
+    def __init__(self, closed: bool = False) -> None:
+        self.calls: list = []
+        self.closed = closed
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        if self.closed:
+            raise RuntimeError("Event loop is closed")
+        self.calls.append((fn, args))
+
+
+def test_a_steps_events_wake_each_event_loop_once_in_the_order_sent() -> None:
+    one, other = _RecordingLoop(), _RecordingLoop()
+    a, b, c = _Events(one), _Events(one), _Events(other)  # type: ignore[arg-type]
+    plain: list = []
+    job = Job("j", [1], GenerateConfig(4, SamplingParams()))
+    ev = [Failed(f"event {i}", "engine") for i in range(5)]
+    batch = [(Ticket(job, a), ev[0]), (Ticket(job, b), ev[1]), (Ticket(job, plain.append), ev[2])]
+    batch += [(Ticket(job, c), ev[3]), (Ticket(job, a), ev[4])]
+    deliver(batch)
+    assert len(one.calls) == 1 and len(other.calls) == 1  # one wake-up per loop
+    assert plain == [ev[2]]  # a sink that is not a request's queue is called in turn
+    for loop in (one, other):
+        fn, args = loop.calls[0]
+        fn(*args)
+    assert [a.queue.get_nowait(), a.queue.get_nowait()] == [ev[0], ev[4]]
+    assert b.queue.get_nowait() is ev[1] and c.queue.get_nowait() is ev[3]
+    closed = _Events(_RecordingLoop(closed=True))  # type: ignore[arg-type]
+    deliver([(Ticket(job, closed), ev[0])])  # the process is ending: nobody listens
+    assert closed.queue.empty()

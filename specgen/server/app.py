@@ -3,8 +3,9 @@ scheduler owns the models in its worker thread.
 
 The async side never touches llama.cpp's decode: it tokenizes (the vocabulary is read
 only, in the thread pool), submits a `Job`, and turns the events the worker thread hands
-it (through ``loop.call_soon_threadsafe``) into OpenAI bodies. A client that goes away
-mid-request has its job cancelled, which frees the slot within one step.
+it (a step's events for all requests in one ``loop.call_soon_threadsafe``: `deliver`)
+into OpenAI bodies. A client that goes away mid-request has its job cancelled, which
+frees the slot within one step.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
 ``GET /health`` (503 while loading or shutting down; the one route without the API key)
@@ -34,7 +35,15 @@ from specgen.errors import ChatTemplateError, PromptError
 from specgen.events import Done, Step
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
-from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull
+from specgen.server.scheduler import (
+    DoesNotFit,
+    Failed,
+    Job,
+    JobEvent,
+    QueueFull,
+    Ticket,
+    deliver_each,
+)
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -118,17 +127,44 @@ class State:
 
 
 class _Events:
-    """One request's events, handed from the worker thread to the event loop."""
+    """One request's events, handed from the worker thread to the event loop: the
+    request's sink (called with one event) and its queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self.queue: asyncio.Queue[Step | Done | Failed] = asyncio.Queue()
 
-    def sink(self, event: Step | Done | Failed) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the loop has closed (the process is ending): nobody listens
-            pass
+    def __call__(self, event: Step | Done | Failed) -> None:
+        _post(self.loop, [(self.queue, event)])
+
+
+def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
+    """The scheduler's `Deliver` for the server: one step's events for every request
+    reach their queues in one wake-up of each event loop, in the order sent (a wake-up
+    per event let the loop take the GIL while the worker still committed other slots).
+    Sinks that are not a request's `_Events` are called in turn."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], JobEvent]]] = {}
+    for ticket, event in batch:
+        sink = ticket.sink
+        if isinstance(sink, _Events):
+            by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+        else:
+            deliver_each([(ticket, event)])
+    for loop, items in by_loop.items():
+        _post(loop, items)
+
+
+def _post(
+    loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], JobEvent]]
+) -> None:
+    def put() -> None:
+        for queue, event in items:
+            queue.put_nowait(event)
+
+    try:
+        loop.call_soon_threadsafe(put)
+    except RuntimeError:  # the loop has closed (the process is ending): nobody listens
+        pass
 
 
 def _error_response(e: RequestError) -> JSONResponse:
@@ -237,7 +273,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         job = Job(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", prompt, config)
         events = _Events(asyncio.get_running_loop())
         try:
-            ticket = b.scheduler.submit(job, events.sink)
+            ticket = b.scheduler.submit(job, events)
         except QueueFull:
             raise RequestError(
                 503,

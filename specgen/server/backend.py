@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from specgen.flags import ModelFlags, SamplingFlags
 from specgen.hybrid import HybridDrafter
-from specgen.server.app import Backend
+from specgen.server.app import Backend, deliver
 from specgen.server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -118,6 +118,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         queue_max=a.queue,
         draft_max=a.sampling.k,
         observer=metrics.observe_batch,
+        deliver=deliver,
     )
     card = model_card(opened, template.to_dict() if template is not None else None, a)
     card["n_ctx_slot"] = scheduler.n_ctx_slot

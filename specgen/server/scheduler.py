@@ -28,6 +28,13 @@ statistics of earlier rounds: the controller's pooled acceptance and prompt look
 pooled record per sampling setting (`_lookup_pool`), which value a slot's proposals for
 the choice of K, never decide what is proposed or a round's law.
 
+Events leave once per step: what a step sends (each slot's `Step`, the `Done` or `Failed`
+that ends a job) waits in an outbox and is handed to `deliver` together when the step
+ends, just before the worker goes back into llama_decode. The server's `deliver` wakes its
+event loop once for them all; a wake-up per event let the loop take the GIL while the
+worker still had other slots to commit (measured in `serve` at four streams: host time
+per step 3.6 ms instead of 2.2 ms).
+
 Faults: a llama.cpp failure in the batched decode ends the jobs in that decode with
 `Failed(kind="engine")`; a failure while one slot drafts or commits ends that job only.
 The others carry on at the next step.
@@ -87,6 +94,8 @@ class Failed:
 
 JobEvent = Step | Done | Failed
 Sink = Callable[[JobEvent], None]
+#: hands one step's events to their sinks, in the order they were sent (`Scheduler.deliver`)
+Deliver = Callable[[list[tuple["Ticket", JobEvent]]], None]
 
 
 class QueueFull(Exception):
@@ -199,6 +208,8 @@ class Scheduler:
         queue_max: jobs allowed to wait for a slot (--queue).
         draft_max: fixed K (--draft-max K), or None for the batch controller (auto).
         observer: called with a BatchReport after every step (from the worker thread).
+        deliver: hands each step's events to their tickets' sinks at the step's end (from
+            the worker thread; it must not block); default: each sink in turn.
         prefill_chunk: most prompt tokens one slot adds to a step.
         controller: the batch controller for auto (default: `BatchController()`).
         clock: seconds; tests replace it.
@@ -217,6 +228,7 @@ class Scheduler:
         queue_max: int,
         draft_max: int | None,
         observer: Callable[[BatchReport], None] | None = None,
+        deliver: Deliver | None = None,
         prefill_chunk: int = 256,
         controller: BatchController | None = None,
         clock: Clock = time.perf_counter,
@@ -237,6 +249,8 @@ class Scheduler:
         self.queue_max = queue_max
         self.draft_max = draft_max
         self.observer = observer
+        self.deliver: Deliver = deliver or deliver_each
+        self._outbox: list[tuple[Ticket, JobEvent]] = []  # this step's events (worker only)
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
         # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row n
@@ -423,6 +437,7 @@ class Scheduler:
                 for slot in self._slots:
                     if slot.ticket is not None:
                         self._fail(slot, f"internal error: {exc}", "engine")
+                self._flush()
         self._finish_all()
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
@@ -435,7 +450,25 @@ class Scheduler:
         return n
 
     def step(self) -> BatchReport:
-        """One batched step (see the module docstring). Worker thread only."""
+        """One batched step (see the module docstring); its events are delivered when it
+        ends, also when it raises. Worker thread only."""
+        try:
+            return self._step()
+        finally:
+            self._flush()
+
+    def _send(self, ticket: Ticket, event: JobEvent) -> None:
+        self._outbox.append((ticket, event))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            batch, self._outbox = self._outbox, []
+            try:
+                self.deliver(batch)
+            except Exception:  # noqa: BLE001 - delivery must not stop the rounds
+                pass
+
+    def _step(self) -> BatchReport:
         t_step = self.clock()
         inside0 = _decode_s(self.target) + _decode_s(self._draft)
         self._reap_cancelled()
@@ -710,7 +743,7 @@ class Scheduler:
             for t in gone:
                 self._queue.remove(t)
         for t in gone:
-            _send(t, Failed("cancelled by the client", "cancelled"))
+            self._send(t, Failed("cancelled by the client", "cancelled"))
         for slot in self._slots:
             if slot.ticket is not None and slot.ticket.cancelled:
                 self._end(slot, Failed("cancelled by the client", "cancelled"))
@@ -857,7 +890,7 @@ class Scheduler:
             k, n = _model_part(prop, step.n_accepted)
             self.controller.observe_round(slot.acceptance, k, n)
         assert slot.ticket is not None
-        _send(slot.ticket, step)
+        self._send(slot.ticket, step)
         if seq.ended():
             self._end(slot, None)
 
@@ -884,7 +917,7 @@ class Scheduler:
         if ticket is not None:
             ev = event if event is not None else done
             if ev is not None:
-                _send(ticket, ev)
+                self._send(ticket, ev)
 
     def _fail(self, slot: _Slot, message: str, kind: str) -> None:
         self._end(slot, Failed(message, kind))
@@ -897,14 +930,18 @@ class Scheduler:
             queued = list(self._queue)
             self._queue.clear()
         for t in queued:
-            _send(t, Failed("the server is shutting down", "shutdown"))
+            self._send(t, Failed("the server is shutting down", "shutdown"))
+        self._flush()
 
 
-def _send(ticket: Ticket, event: JobEvent) -> None:
-    try:
-        ticket.sink(event)
-    except Exception:  # noqa: BLE001 - one client's broken sink must not stop the rounds
-        pass
+def deliver_each(batch: list[tuple[Ticket, JobEvent]]) -> None:
+    """The default `Deliver`: each event to its ticket's sink, in order; a sink that
+    raises loses that event only."""
+    for ticket, event in batch:
+        try:
+            ticket.sink(event)
+        except Exception:  # noqa: BLE001 - one client's broken sink must not stop the rounds
+            pass
 
 
 def _groups(live: list[tuple[int, Stepwise]], n_batch: int) -> list[list[tuple[int, Stepwise]]]:
