@@ -53,12 +53,13 @@ ONE_DOOR = {
     "openai": "specgen.bench.load",  # the load client for servers
     "httpx": "specgen.bench.load",  # the load client of `bench --url`
     "httpcore": "specgen.bench.load",  # httpx's core, which that client drives directly
+    "uvloop": "specgen.eventloop",  # the event loop of the server and the load client
 }
 
 #: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
 #: its own rank or below. Names are relative to `specgen`; a package covers all under it.
 RANKS: tuple[tuple[str, ...], ...] = (
-    ("errors", "fileio"),
+    ("errors", "fileio", "eventloop"),
     # the math, the protocols and the typed flags (flags.params() reaches sampling lazily)
     # and llama.cpp's vocabulary rules (compat: models/local.py groups files by them)
     (

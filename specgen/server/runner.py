@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import uvicorn
 from sse_starlette.sse import AppStatus
 
+from specgen import eventloop
 from specgen.errors import ConfigError
 from specgen.server.app import Backend, Settings, State, create_app
 
@@ -202,4 +203,4 @@ def serve(
         ready: called once the backend serves, with the base URL (the ready line).
         say: one line to stderr (per-request log, shutdown notes).
     """
-    return asyncio.run(_main(sock, settings, open_backend, ready, say))
+    return eventloop.run(_main(sock, settings, open_backend, ready, say))

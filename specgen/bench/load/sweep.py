@@ -14,6 +14,7 @@ from typing import Any
 import httpcore
 import numpy as np
 
+from specgen import eventloop
 from specgen.bench.load.client import CHAT, COMPLETIONS, ROUTES, request_body, send_one
 from specgen.bench.load.prompts import LoadPrompt
 from specgen.bench.load.results import (
@@ -227,7 +228,7 @@ def run_load(
         return LoadResult(settings, tuple(infos), tuple(runs), ids, date, endpoint)
 
     try:
-        asyncio.run(
+        eventloop.run(
             _sweep(servers, prompts, settings, endpoint, progress, clock, cpu_clock, runs, infos)
         )
     except KeyboardInterrupt:
