@@ -8,8 +8,10 @@ run in its own process so that only the client's CPU is counted.
 
 The stub streams `--chunks` one-token chunks `--delay-ms` apart (25 ms: about a 2-core CPU's
 pace at 4-8 streams). Figures:
-- client CPU: the client process's user + system time during the sweep / its wall time
-  (percent of one core);
+- client CPU during the level: what `bench --url` itself reports (`client_cpu_percent`:
+  the process's CPU seconds over the level's wall seconds, while requests run); and from
+  the level's start to `run_load`'s return, its summary and teardown included (percent of
+  one core);
 - added latency per request: the client's E2EL − the server's own time for the same
   request (request read to `[DONE]` written), split into sending and receiving (both
   processes stamp `time.perf_counter()`, one monotonic clock on Linux): an upper bound on
@@ -112,7 +114,10 @@ def main() -> None:
     chunks = sum(len(r.chunk_s) for r in run.records)
     print(f"{a.streams} streams, {a.requests} requests of {a.chunks} chunks {a.delay_ms:g} ms"
           f" apart ({chunks / wall:.0f} chunks/s); {run.summary.n_failed} failed")  # fmt: skip
-    print(f"client CPU: {100 * cpu / wall:.1f}% of one core over {wall:.1f} s"
+    level_cpu = run.client_cpu if run.client_cpu is not None else float("nan")
+    print(f"client CPU during the level: {100 * level_cpu:.1f}% of one core (bench's own"
+          f" client_cpu_percent); from the level's start to run_load's return, its summary"
+          f" and teardown included: {100 * cpu / wall:.1f}% over {wall:.1f} s"
           f" ({1e6 * cpu / chunks:.0f} µs per chunk, {1000 * cpu / a.requests:.1f} ms per"
           f" request)")  # fmt: skip
     print(f"added latency per request (client E2EL − server time): mean {added_ms.mean():.2f} ms,"
