@@ -245,16 +245,9 @@ def test_a_cancel_frees_the_slot_within_one_step():
 
 
 def test_a_steps_events_are_delivered_together_when_it_ends_in_the_order_sent():
-    target, draft = engines(n_seq=3)
+    sched, _, _ = make(n_parallel=3, k=2)
     batches = []
-    sched = Scheduler(
-        target,
-        ModelDrafter(draft, GREEDY, V),
-        n_parallel=3,
-        queue_max=10,
-        draft_max=2,
-        deliver=batches.append,
-    )
+    sched.deliver = batches.append
     names = ("a", "b", "c")
     tickets = [
         sched.submit(Job(n, [1, i + 2], GenerateConfig(9, GREEDY)), Collect())
