@@ -8,6 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
+from specgen.constraints import processor_for
 from specgen.cutoff import should_stop, top_probability
 from specgen.engine import Block, Engine, Logits
 from specgen.sampling import Dists, SamplingParams, draw, warp_rows
@@ -47,6 +48,15 @@ class ModelDrafter:
             depends only on the draft's own distribution, known before the target sees the
             block, so it changes how many tokens are proposed, never the accept/resample
             law at a proposed position: the output is still distributed as the target's.
+
+    Attributes:
+        processor: `params.constraints` for this drafter's rows (None when none are set),
+            a `specgen.constraints.Processor` of its own: each row is processed with the
+            history context + the proposals so far before it is warped into q, as the
+            target's row at that position is.
+
+    Raises:
+        ConfigError: a biased token outside the target's vocabulary.
     """
 
     def __init__(
@@ -61,6 +71,7 @@ class ModelDrafter:
         # drafter pays for x_1's row, so a catch-up is charged only for the rest
         self._decode_s: float | None = None
         self.catchup_s = 0.0  # see `specgen.engine.Drafter`
+        self.processor = processor_for(params.constraints, n_vocab)
 
     def with_params(self, params: SamplingParams) -> ModelDrafter:
         """The same draft engine (and cache) under other sampling settings: q must come
@@ -201,6 +212,7 @@ class Drafting:
         self, drafter: ModelDrafter, context: list[int], k: int, rng: np.random.Generator
     ) -> None:
         self.drafter = drafter
+        self.context = context
         self.rng = rng
         # the draft evaluates the context then k - 1 proposals: keep that inside its own
         # context, which may be smaller than the target's
@@ -217,9 +229,13 @@ class Drafting:
 
     def feed(self, row: Logits) -> None:
         """The (n_vocab,) logits row after `pending`: draw the next proposal from it, or
-        stop (k reached, or the confidence cut-off)."""
+        stop (k reached, or the confidence cut-off). With constraints, the row is processed
+        first (history: the context and the proposals so far), so q_i is exactly the law
+        x_i is drawn from and the law the target's row i is held to."""
         d = self.drafter
         row = d._align(row)
+        if d.processor is not None:
+            row = d.processor.row(row, self.context, self.tokens)
         q_i = warp_rows(row[None, :], d.params)
         ids, probs = q_i.row(0)
         self.pending = []

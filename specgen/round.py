@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specgen.constraints import processor_for
 from specgen.controller import Baseline
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
@@ -129,6 +130,8 @@ class Sequence:
         )
         self.stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
         self.committed = list(prompt)
+        # the target side's constraints (the drafter holds its own, from the same settings)
+        self.processor = processor_for(config.params.constraints, target.n_vocab)
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
         self._t_decode = self._t_last = self.clock()
@@ -243,7 +246,9 @@ class Sequence:
             logits = np.array(logits)
         t2 = self.clock()
         verify_s = t2 - p.t_drafted if verify_s is None else verify_s
-        v = target_distributions(logits, params)
+        v = target_distributions(
+            logits, params, self.processor, self.committed, p.block.tokens.tolist()
+        )
         verdict = verify_block(p.block, v, self.target_rng, self.config.verify_rule)
         n, x_next = verdict.n, verdict.x_next
         t3 = self.clock()
@@ -270,7 +275,7 @@ class Sequence:
         trace = None
         if self.config.trace:
             trace = make_trace(
-                self.target, self.drafter, self.committed, new, p.block, logits, v, verdict,
+                self.target, self.drafter, self.committed, new, p.block, v.rows, v, verdict,
                 self.config.verify_rule,
             )  # fmt: skip
         n_drafted, n_acc = min(m, len(new)), min(n, len(new))

@@ -41,6 +41,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from specgen.constraints import NO_CONSTRAINTS, Constraints
 from specgen.errors import ConfigError
 
 TokenIds = npt.NDArray[np.int64]
@@ -67,12 +68,17 @@ class SamplingParams:
         top_k: keep the k largest logits; <= 0 disables.
         top_p: keep the smallest set of most likely tokens whose mass is >= top_p; 1 disables.
         min_p: keep tokens with probability >= min_p * max probability; 0 disables.
+        constraints: logit bias and penalties, applied to the logits before the warpers
+            (`specgen.constraints`). They live here, not in the generation's settings,
+            because everything that builds q from these settings (`Drafter.with_params`,
+            the server's drafter per slot) then processes q exactly as p is processed.
     """
 
     temp: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    constraints: Constraints = NO_CONSTRAINTS
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:

@@ -12,13 +12,14 @@ K = 0 is a plain ordinary-decoding pass through the same code.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
 from specgen import rejection
+from specgen.constraints import Processor
 from specgen.controller import Baseline
 from specgen.drafters import common_prefix
 from specgen.engine import Block, Drafter, Engine, Logits
@@ -147,10 +148,12 @@ class GenerateConfig:
 
 @dataclass
 class Verified:
-    """Target side of a round: p rows (or their argmax when greedy)."""
+    """Target side of a round: p rows (or their argmax when greedy), and the logits they
+    came from (processed by the request's constraints when it has any)."""
 
     p: Dists | None  # k+1 rows (k without the bonus row), None when greedy
     argmax: np.ndarray | None  # (k+1,) int64 when greedy
+    rows: Logits  # (k+1, n_vocab) float32: what p and argmax were taken from
 
 
 # -- the five stages --------------------------------------------------------------------
@@ -184,12 +187,31 @@ def score_block(target: Engine, last: int, block: Block, bonus: bool = True) -> 
     return target.decode(tokens_to_score(last, block, bonus), all_logits=True)
 
 
-def target_distributions(logits: Logits, params: SamplingParams) -> Verified:
+def target_distributions(
+    logits: Logits,
+    params: SamplingParams,
+    processor: Processor | None = None,
+    context: Sequence[int] = (),
+    block: Sequence[int] = (),
+) -> Verified:
     """p rows under the same warpers as q, all rows in one call; greedy keeps only the
-    argmax per row."""
+    argmax per row.
+
+    Args:
+        logits: (n, n_vocab) float32 raw rows of stage 2 (row i scores the token after
+            context + block[:i]).
+        params: the warpers.
+        processor: the request's constraints (`specgen.constraints.processor_for`), or
+            None: then the rows are used as they are (no copy).
+        context: the committed tokens, prompt included; block: x_1..x_K. Read only with a
+            processor: row i is processed with history context + block[:i], the same
+            history the draft's q_{i+1} was processed with.
+    """
+    if processor is not None:
+        logits = processor.rows(logits, context, block)
     if params.greedy:
-        return Verified(p=None, argmax=np.argmax(logits, axis=1))
-    return Verified(p=warp_rows(logits, params), argmax=None)
+        return Verified(p=None, argmax=np.argmax(logits, axis=1), rows=logits)
+    return Verified(p=warp_rows(logits, params), argmax=None, rows=logits)
 
 
 def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
@@ -268,7 +290,8 @@ def make_trace(
     verdict: Verdict,
     rule: VerifyRule,
 ) -> RoundTrace:
-    """The round's RoundTrace, built after its rollback (`logits` still this round's rows;
+    """The round's RoundTrace, built after its rollback (`logits` still this round's rows,
+    as p was taken from them: `Verified.rows`;
     `new`: the tokens it committed; `verdict`: stages 3-4's outcome under `rule`)."""
     n, x_next, u = verdict.n, verdict.x_next, verdict.u
     x = block.tokens.tolist()

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from specgen.constraints import processor_for
 from specgen.drafters import common_prefix
 from specgen.engine import Drafter, Engine, Logits
 from specgen.errors import ConfigError
@@ -488,9 +489,11 @@ def _examine_divergence(
     ordinary: Sequence[int],
     spec_traces: list[RoundTrace],
     i: int,
+    params: SamplingParams = GREEDY,
 ) -> tuple[float, float, np.ndarray]:
     """At generated position i, where the runs first differ: (gap_top2, drift, single),
-    single being the (n_vocab,) float64 single-token logits row."""
+    single being the (n_vocab,) float64 single-token logits row (processed by `params`'
+    constraints, as both runs processed it)."""
     # single-token arithmetic, as ordinary decoding did: the prompt batched, then one
     # token per pass
     target.truncate(0)
@@ -500,16 +503,22 @@ def _examine_divergence(
     for tok in [prompt[-1], *ordinary[:i]]:
         row_single = target.decode([tok])[-1]
     assert row_single is not None
+    proc = processor_for(params.constraints, target.n_vocab)
+    context = [*prompt, *ordinary[:i]]
+    if proc is not None:  # the rows each run took its argmax of
+        row_single = proc.row(row_single, context, ())
     single = row_single.astype(np.float64)
     # batched arithmetic: the speculative round that produced position i, re-run
     at = len(prompt) + i  # committed index of the divergent token
     rnd = max((t for t in spec_traces if t.position <= at), key=lambda t: t.position)
-    context = [*prompt, *ordinary[:i]]
     target.truncate(0)
     if rnd.position > 1:
         target.decode(context[: rnd.position - 1])
     rows = target.decode([context[rnd.position - 1], *rnd.drafted], all_logits=True)
-    batched = rows[at - rnd.position].astype(np.float64)
+    row_batched = rows[at - rnd.position]
+    if proc is not None:  # the drafted tokens before it are context's (the runs agree there)
+        row_batched = proc.row(row_batched, context, ())
+    batched = row_batched.astype(np.float64)
     top2 = np.sort(single)[-2:]
     drift = float(np.abs(batched - single).max())
     return float(top2[1] - top2[0]), drift, single
@@ -526,14 +535,16 @@ def check_greedy(
     Returns one GreedyCase per (prompt, K); see the module docstring for the near-tie rule.
     """
     say = progress or (lambda _m: None)
-    drafter = make_drafter(GREEDY)
+    # the user's logit bias and penalties hold in the greedy check too
+    greedy = replace(GREEDY, constraints=config.params.constraints)
+    drafter = make_drafter(greedy)
     cases: list[GreedyCase] = []
     gen = GenerateConfig(
-        max_tokens=config.greedy_tokens, params=GREEDY, ignore_eos=True, seed=config.seed
+        max_tokens=config.greedy_tokens, params=greedy, ignore_eos=True, seed=config.seed
     )
     spec_gen = GenerateConfig(
         max_tokens=config.greedy_tokens,
-        params=GREEDY,
+        params=greedy,
         ignore_eos=True,
         seed=config.seed,
         trace=True,
@@ -568,7 +579,9 @@ def check_greedy(
                     )
                 )
                 continue
-            gap_top2, drift, single = _examine_divergence(target, prompt, ordinary, traces, i)
+            gap_top2, drift, single = _examine_divergence(
+                target, prompt, ordinary, traces, i, greedy
+            )
             gap = float(single[ordinary[i]] - single[spec[i]])
             threshold = max(config.noise_gap, 2.0 * drift)
             cases.append(
@@ -635,6 +648,7 @@ def _tests_for_prompt(
     """One pooled chi-square test per position against the exact conditional laws."""
     tests: list[ChiSquareTest] = []
     keep = len(prompt) - 1  # the cache holds prompt[:-1] after sampling (kept by _PromptCache)
+    proc = processor_for(config.params.constraints, target.n_vocab)
     for j in range(1, config.positions + 1):
         groups: dict[tuple[int, ...], Counter[int]] = defaultdict(Counter)
         for s in seqs:
@@ -647,6 +661,8 @@ def _tests_for_prompt(
             if j > 1 and size < config.min_group:
                 continue
             row = _last_row(target, [*prompt, *prefix], keep)
+            if proc is not None:  # the exact law includes the bias and the penalties
+                row = proc.row(row, prompt, prefix)
             ids, p = warp(row, config.params)
             c, d, o = pooled_chisquare(counts, ids, p)
             if d == 0:

@@ -21,6 +21,7 @@ PURE = frozenset(
     f"specgen.{m}"
     for m in (
         "sampling",
+        "constraints",
         "rejection",
         "cutoff",
         "controller",
@@ -64,6 +65,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     # and llama.cpp's vocabulary rules (compat: models/local.py groups files by them)
     (
         "sampling",
+        "constraints",
         "rejection",
         "cutoff",
         "controller",
