@@ -1,11 +1,12 @@
 # Entry points (see README): `make demo`, `make test`, `make test-rpc` (RPC build + its tests);
-# `make lint` (ruff, mypy) in CI.
+# `make lint` (ruff, mypy, mkdocs build --strict) in CI; `make docs`, `make docs-serve` and
+# `make docs-ref` (regenerate docs/reference/cli.md from the commands) for the documentation.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test test-rpc install dev lint clean
+.PHONY: demo test test-rpc install dev lint docs docs-serve docs-ref clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,20 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check specgen tests
 	$(VENV)/bin/ruff format --check specgen tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# The documentation site (MkDocs Material, mkdocs.yml): built into site/, previewed on
+# http://127.0.0.1:8000 with live reload.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+# The command-line reference is generated from the Typer app; tests/test_docs_reference.py
+# fails when the committed page differs from what this writes.
+docs-ref: $(STAMP)
+	$(PY) -m specgen.cli.reference docs/reference/cli.md
 
 clean:
-	rm -rf $(VENV) .venv-rpc .rpc-build .pytest_cache
+	rm -rf $(VENV) .venv-rpc .rpc-build .pytest_cache site
