@@ -1,18 +1,29 @@
 """The OpenAI wire format as pydantic models: requests (validated here, never by hand) and
 responses, and the error body every refusal uses.
 
-Requests ignore fields they do not know (clients send many: ``user``, ``logprobs``,
-``presence_penalty``...) and refuse known fields of the wrong type: the models are strict
-(``"10"`` is no integer, ``1`` is no boolean; an integer is a number), and a number must be
-finite. Omitted or null sampling fields take the server's defaults (`Defaults`).
+Requests refuse, with a 400 naming it, a field that would change what is generated and is
+not served (``tools``, ``audio``...: the table of `specgen.server.fields`, read before the
+fields are validated); they ignore fields that change nothing (``user``, ``metadata``...)
+and fields they do not know, and refuse known fields of the wrong type: the models are
+strict (``"10"`` is no integer, ``1`` is no boolean; an integer is a number), and a number
+must be finite. Omitted or null sampling fields take the server's defaults (`Defaults`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from specgen.server.fields import Route, refusal
 from specgen.server.stats import Speculative, Timings
 
 MAX_STOP = 16
@@ -56,6 +67,17 @@ class _Generation(_Request):
     ignore_eos: bool | None = None
     return_tokens: bool | None = None  # llama-server's: the generated token ids too
 
+    route: ClassVar[Route]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, body: Any) -> Any:
+        found = refusal(body, cls.route)
+        if found is not None:
+            name, message = found
+            raise PydanticCustomError("refused_field", message, {"param": name})
+        return body
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, n: int | None) -> int | None:
@@ -93,6 +115,7 @@ class _Generation(_Request):
 
 
 class ChatCompletionRequest(_Generation):
+    route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, gt=0)
 
@@ -103,6 +126,7 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
+    route: ClassVar[Route] = "completions"
     prompt: str | list[int] | list[str]
 
     @field_validator("prompt")
@@ -208,6 +232,8 @@ def validation_error(e: ValidationError) -> tuple[str, str | None]:
         body that is no JSON object.
     """
     first = e.errors(include_url=False)[0]
+    if first["type"] == "refused_field":
+        return str(first["msg"]), str(first["ctx"]["param"])
     if first["type"] == "json_invalid":
         return f"the request body is not valid JSON: {first['ctx']['error']}", None
     loc = [p for p in first["loc"] if not _is_type_tag(p)]

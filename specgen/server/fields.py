@@ -1,0 +1,209 @@
+"""Every request field the server knows, with what it does about it: the one table that
+request validation reads (`refusal`) and that the docs' field table is checked against.
+
+A field is
+
+* ``honoured``: a field of the pydantic request models (`specgen.server.schemas`), served
+  as OpenAI or llama-server define it;
+* ``ignored``: accepted and ignored because it changes nothing generated (``user``,
+  ``metadata``, ``store``...): the output is the same with or without it;
+* ``refused``: it would change what is generated and is not honoured, so a request that
+  gives it a value other than one of its `inert` values (the values that ask for nothing,
+  such as ``logit_bias: {}`` or ``tools: []``) gets HTTP 400 naming the field, never a 200
+  with output as if it had not been sent.
+
+Fields in no entry (a client's own extras) are accepted and ignored.
+
+To honour a refused field: add it to the request model in ``schemas.py`` and flip its
+entry here to ``HONOURED``; ``tests/test_server_fields.py`` checks that the honoured
+entries are exactly the models' fields and that every field of OpenAI's request types
+(from the installed ``openai`` package) has an entry.
+
+Sources: OpenAI's ``CompletionCreateParams`` of ``/v1/chat/completions`` and
+``/v1/completions`` (the ``openai`` package's types), and llama-server's
+``params_from_json_cmpl`` (``tools/server/server-common.cpp``, ``server-task.cpp``) for its
+extras.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+Route = Literal["chat", "completions"]
+BOTH: frozenset[Route] = frozenset({"chat", "completions"})
+CHAT: frozenset[Route] = frozenset({"chat"})
+COMPLETIONS: frozenset[Route] = frozenset({"completions"})
+
+
+class Status(str, Enum):
+    HONOURED = "honoured"
+    IGNORED = "ignored"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field.
+
+    Attributes:
+        status: honoured, ignored (changes nothing generated) or refused.
+        note: what is served instead, or why it changes nothing (one phrase, shown in
+            the 400's message and in the docs' table).
+        origin: "openai" or "llama-server" (whose request defines it).
+        routes: the routes that define it.
+        inert: values of a refused field that ask for nothing and are accepted (compared
+            with ``==`` and the same type, so ``0`` is not ``False``).
+    """
+
+    status: Status
+    note: str
+    origin: Literal["openai", "llama-server"] = "openai"
+    routes: frozenset[Route] = BOTH
+    inert: tuple[Any, ...] = (None,)
+
+
+H, IG, R = Status.HONOURED, Status.IGNORED, Status.REFUSED
+_TEXT = "only text is generated"
+_NO_TOOLS = "tool calling is not served yet; send tools as text in the messages"
+_CHAIN = "the samplers served are temperature, top_k, top_p and min_p"
+
+FIELDS: dict[str, Field] = {
+    # -- OpenAI, both routes ----------------------------------------------------------
+    "model": Field(H, "accepted; the server serves the one model it loaded"),
+    "max_tokens": Field(H, "the most tokens to generate"),
+    "temperature": Field(H, "0 samples greedily"),
+    "top_p": Field(H, "nucleus sampling"),
+    "seed": Field(H, "the request's random stream; a negative seed draws one"),
+    "stop": Field(H, "up to 16 stop strings"),
+    "n": Field(H, "one choice per request (n=1)"),
+    "stream": Field(H, "server-sent events"),
+    "stream_options": Field(H, "include_usage"),
+    "user": Field(IG, "an end-user id for abuse monitoring: changes nothing generated"),
+    "frequency_penalty": Field(R, "penalties are not served yet", inert=(None, 0, 0.0)),
+    "presence_penalty": Field(R, "penalties are not served yet", inert=(None, 0, 0.0)),
+    "logit_bias": Field(R, "logit bias is not served yet", inert=(None, {})),
+    "logprobs": Field(
+        R, "log-probabilities are not served yet", inert=(None, False)
+    ),  # chat: a boolean; completions: an integer (0 asks for the chosen token's)
+    # -- OpenAI, chat ------------------------------------------------------------------
+    "messages": Field(H, "text content; image and audio parts are refused", routes=CHAT),
+    "max_completion_tokens": Field(H, "max_tokens' newer name (it wins)", routes=CHAT),
+    "top_logprobs": Field(R, "log-probabilities are not served yet", routes=CHAT, inert=(None, 0)),
+    "response_format": Field(
+        R,
+        "structured output is not served yet; only {'type': 'text'}",
+        routes=CHAT,
+        inert=(None, {"type": "text"}),
+    ),
+    "tools": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
+    "tool_choice": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
+    "functions": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
+    "function_call": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
+    "parallel_tool_calls": Field(IG, "changes nothing without tools", routes=CHAT),
+    "audio": Field(R, _TEXT, routes=CHAT),
+    "modalities": Field(R, _TEXT, routes=CHAT, inert=(None, ["text"])),
+    "prediction": Field(R, "predicted outputs are not served", routes=CHAT),
+    "reasoning_effort": Field(R, "the model's reasoning is not controlled", routes=CHAT),
+    "verbosity": Field(R, "the answer's length is set by max_tokens only", routes=CHAT),
+    "web_search_options": Field(R, "no web search", routes=CHAT),
+    "moderation": Field(IG, "OpenAI's moderation: changes nothing generated", routes=CHAT),
+    "metadata": Field(IG, "stored tags: changes nothing generated", routes=CHAT),
+    "store": Field(IG, "nothing is stored: changes nothing generated", routes=CHAT),
+    "service_tier": Field(IG, "one tier: changes nothing generated", routes=CHAT),
+    "safety_identifier": Field(IG, "an end-user id: changes nothing generated", routes=CHAT),
+    "prompt_cache_key": Field(IG, "prompt caching is automatic", routes=CHAT),
+    "prompt_cache_options": Field(IG, "prompt caching is automatic", routes=CHAT),
+    "prompt_cache_retention": Field(IG, "prompt caching is automatic", routes=CHAT),
+    # -- OpenAI, completions -----------------------------------------------------------
+    "prompt": Field(H, "one prompt: a string, or token ids", routes=COMPLETIONS),
+    "echo": Field(R, "the prompt is not echoed", routes=COMPLETIONS, inert=(None, False)),
+    "suffix": Field(R, "no fill-in-the-middle", routes=COMPLETIONS, inert=(None, "")),
+    "best_of": Field(R, "one candidate per choice", routes=COMPLETIONS, inert=(None, 1)),
+    # -- llama-server's extras -------------------------------------------------------------
+    "top_k": Field(H, "top-k sampling; 0 keeps all", "llama-server"),
+    "min_p": Field(H, "min-p sampling", "llama-server"),
+    "ignore_eos": Field(H, "generate past end-of-generation", "llama-server"),
+    "return_tokens": Field(H, "the generated token ids in the response", "llama-server"),
+    "repeat_penalty": Field(
+        R, "penalties are not served yet", "llama-server", inert=(None, 1, 1.0)
+    ),
+    "repeat_last_n": Field(R, "penalties are not served yet", "llama-server", inert=(None, 64)),
+    "grammar": Field(R, "grammars are not served yet", "llama-server", inert=(None, "")),
+    "json_schema": Field(R, "JSON schemas are not served yet", "llama-server"),
+    "n_probs": Field(R, "log-probabilities are not served yet", "llama-server", inert=(None, 0)),
+    "post_sampling_probs": Field(
+        R, "post-sampling probabilities are not served", "llama-server", inert=(None, False)
+    ),
+    "n_predict": Field(R, "send max_tokens", "llama-server", inert=(None, -1)),
+    "typical_p": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
+    "typ_p": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
+    "min_keep": Field(R, _CHAIN, "llama-server", inert=(None, 0)),
+    "top_n_sigma": Field(R, _CHAIN, "llama-server", inert=(None, -1, -1.0)),
+    "dynatemp_range": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
+    "dynatemp_exponent": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
+    "xtc_probability": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
+    "xtc_threshold": Field(R, _CHAIN, "llama-server", inert=(None, 0.1)),
+    "mirostat": Field(R, _CHAIN, "llama-server", inert=(None, 0)),
+    "mirostat_tau": Field(R, _CHAIN, "llama-server", inert=(None, 5, 5.0)),
+    "mirostat_eta": Field(R, _CHAIN, "llama-server", inert=(None, 0.1)),
+    "dry_multiplier": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
+    "dry_base": Field(R, _CHAIN, "llama-server", inert=(None, 1.75)),
+    "dry_allowed_length": Field(R, _CHAIN, "llama-server", inert=(None, 2)),
+    "dry_penalty_last_n": Field(R, _CHAIN, "llama-server", inert=(None, -1)),
+    "dry_sequence_breakers": Field(R, _CHAIN, "llama-server"),
+    "penalize_nl": Field(R, "penalties are not served yet", "llama-server", inert=(None, False)),
+    "samplers": Field(R, _CHAIN + ", in that fixed order", "llama-server"),
+    "lora": Field(R, "no LoRA adapters", "llama-server", inert=(None, [])),
+    "chat_template_kwargs": Field(
+        R, "the chat template is rendered with its defaults", "llama-server", routes=CHAT
+    ),
+    "n_keep": Field(R, "the context is never shifted", "llama-server", inert=(None, 0)),
+    "t_max_predict_ms": Field(R, "no time limit; send max_tokens", "llama-server"),
+    "cache_prompt": Field(IG, "prompt caching is automatic and exact", "llama-server"),
+    "id_slot": Field(IG, "slots are assigned by the server", "llama-server"),
+    "timings_per_token": Field(IG, "timings come in every response", "llama-server"),
+    "speculative.n_max": Field(
+        IG, "K is chosen per step; the output law is the same", "llama-server"
+    ),
+    "speculative.n_min": Field(
+        IG, "K is chosen per step; the output law is the same", "llama-server"
+    ),
+    "speculative.p_min": Field(
+        IG, "K is chosen per step; the output law is the same", "llama-server"
+    ),
+}
+"""Field name -> its status on this server (`Field`)."""
+
+
+def _is_inert(value: Any, inert: tuple[Any, ...]) -> bool:
+    return any(type(value) is type(v) and value == v for v in inert)
+
+
+def refusal(body: Any, route: Route) -> tuple[str, str] | None:
+    """The first refused field the body gives a value that asks for something.
+
+    Args:
+        body: the request's decoded JSON (anything; only a dict is looked at).
+        route: which route the body came to.
+
+    Returns:
+        (field, message) for the 400, or None when nothing is refused.
+    """
+    if not isinstance(body, dict):
+        return None
+    for name, value in body.items():
+        f = FIELDS.get(name)
+        if f is None or f.status is not Status.REFUSED or route not in f.routes:
+            continue
+        if _is_inert(value, f.inert):
+            continue
+        shown = ", ".join(json.dumps(v) for v in f.inert)
+        return name, (
+            f"{name} is not supported by this server: {f.note}. It would change what is"
+            f" generated, so the request is refused rather than served without it (values"
+            f" accepted: {shown})"
+        )
+    return None

@@ -1,0 +1,135 @@
+"""No request field silently ignored: the table of `specgen.server.fields` against OpenAI's
+request types and the pydantic request models, and every refused field's 400 over real
+HTTP through the official `openai` client (the scripted scheduler of `fake_server` behind
+the real routes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai.types import completion_create_params as text_params
+from openai.types.chat import completion_create_params as chat_params
+from test_server_http import USER, Served, serving
+
+from specgen.server.fields import FIELDS, Status, refusal
+from specgen.server.schemas import ChatCompletionRequest, CompletionRequest, _Generation
+
+OPENAI = {
+    "chat": set(chat_params.CompletionCreateParamsBase.__annotations__) | {"stream"},
+    "completions": set(text_params.CompletionCreateParamsBase.__annotations__) | {"stream"},
+}
+MODELS: dict[str, type[_Generation]] = {
+    "chat": ChatCompletionRequest,
+    "completions": CompletionRequest,
+}
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_every_openai_field_has_an_entry_for_its_route(route: str) -> None:
+    missing = sorted(f for f in OPENAI[route] if f not in FIELDS or route not in FIELDS[f].routes)
+    assert missing == [], f"OpenAI's {route} fields with no entry in specgen.server.fields"
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_the_honoured_entries_are_exactly_the_request_models_fields(route: str) -> None:
+    honoured = {
+        name for name, f in FIELDS.items() if f.status is Status.HONOURED and route in f.routes
+    }
+    assert honoured == set(MODELS[route].model_fields)
+
+
+def test_refused_fields_are_no_model_fields_and_openai_ones_are_named_by_openai() -> None:
+    every_openai = OPENAI["chat"] | OPENAI["completions"]
+    for name, f in FIELDS.items():
+        if f.status is not Status.HONOURED:
+            assert all(name not in m.model_fields for m in MODELS.values()), name
+        if f.origin == "openai":
+            assert name in every_openai, f"{name} is no OpenAI field: origin llama-server?"
+        assert None in f.inert, f"{name}: null must always mean 'not asked'"
+
+
+def test_inert_values_compare_by_type_as_well() -> None:
+    assert refusal({"logprobs": False}, "chat") is None
+    found = refusal({"logprobs": 0}, "completions")  # 0 asks for the chosen token's
+    assert found is not None and found[0] == "logprobs"
+    assert refusal({"response_format": {"type": "text"}}, "chat") is None
+    assert refusal({"echo": True}, "chat") is None  # a completions field: chat ignores it
+    assert refusal(["not", "a", "dict"], "chat") is None
+
+
+# realistic values for the fields clients send most; the others get a bare 7
+ACTIVE: dict[str, Any] = {
+    "logit_bias": {"7042": -100},
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "repeat_penalty": 1.1,
+    "logprobs": True,
+    "top_logprobs": 3,
+    "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "auto",
+    "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"],
+    "prediction": {"type": "content", "content": "hello"},
+    "grammar": 'root ::= "yes"',
+    "json_schema": {"type": "object"},
+}
+
+REFUSED = sorted(
+    (route, name) for name, f in FIELDS.items() if f.status is Status.REFUSED for route in f.routes
+)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    with serving() as s:
+        yield s
+
+
+def _create(client: openai.OpenAI, route: str, extra: dict[str, Any]) -> Any:
+    if route == "chat":
+        return client.chat.completions.create(
+            model="m",
+            messages=USER,  # type: ignore[arg-type]
+            max_tokens=4,
+            extra_body=extra,
+        )
+    return client.completions.create(model="m", prompt="Hi", max_tokens=4, extra_body=extra)
+
+
+@pytest.mark.parametrize(("route", "name"), REFUSED, ids=[f"{r}-{n}" for r, n in REFUSED])
+def test_each_refused_field_gets_400_naming_it_and_the_next_request_succeeds(
+    served: Served, route: str, name: str
+) -> None:
+    value = ACTIVE.get(name, 7)
+    if route == "completions" and name == "logprobs":
+        value = 2  # the completions route's logprobs is a count
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, route, {name: value})
+    err = caught.value.body
+    assert isinstance(err, dict)
+    assert err["param"] == name and err["type"] == "invalid_request_error"
+    assert err["message"].startswith(f"{name} is not supported by this server: ")
+    assert "values accepted: null" in err["message"]
+    assert _create(client, route, {}).choices[0].finish_reason is not None
+
+
+IGNORED = [name for name, f in FIELDS.items() if f.status is Status.IGNORED]
+
+
+def test_fields_that_change_nothing_unknown_ones_and_inert_values_are_accepted(
+    served: Served,
+) -> None:
+    chat: dict[str, Any] = {n: "x" for n in IGNORED if "chat" in FIELDS[n].routes}
+    chat |= {"metadata": {"k": "v"}, "store": False, "parallel_tool_calls": True}
+    chat |= {"a_field_nobody_defined": [1, 2], "tools": [], "response_format": {"type": "text"}}
+    chat |= {"logprobs": False, "logit_bias": {}, "presence_penalty": 0.0, "n_probs": 0}
+    client = served.client()
+    assert _create(client, "chat", chat).choices[0].message.content
+    text: dict[str, Any] = {n: "x" for n in IGNORED if "completions" in FIELDS[n].routes}
+    text |= {"echo": False, "suffix": "", "best_of": 1, "repeat_penalty": 1.0}
+    assert _create(client, "completions", text).choices[0].text
