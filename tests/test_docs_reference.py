@@ -58,3 +58,72 @@ def test_every_flag_of_every_command_is_in_the_cli_reference() -> None:
 
     walk(root, ["specgen"], None)
     assert not missing, f"not in docs/reference/cli.md (run `make docs-ref`): {missing}"
+
+
+def _fields_of_the_http_schemas() -> dict[str, set[str]]:
+    """Every field name of the request and response models, by model name."""
+    import dataclasses
+    import inspect
+
+    from pydantic import BaseModel
+
+    from specgen.server import schemas, stats
+
+    out: dict[str, set[str]] = {}
+    for name, obj in vars(schemas).items():
+        if (
+            inspect.isclass(obj)
+            and issubclass(obj, BaseModel)
+            and obj.__module__ == schemas.__name__
+        ):
+            out[name] = set(obj.model_fields)
+    for cls in (stats.Timings, stats.Speculative):
+        out[cls.__name__] = {f.name for f in dataclasses.fields(cls)}
+    return out
+
+
+def test_every_http_field_is_in_the_http_reference() -> None:
+    page = (DOCS / "reference" / "http.md").read_text(encoding="utf-8")
+    fields = _fields_of_the_http_schemas()
+    assert "ChatCompletionRequest" in fields and "Speculative" in fields  # the walk found them
+    missing = sorted(
+        f"{model}.{field}"
+        for model, names in fields.items()
+        for field in names
+        if f"`{field}`" not in page
+    )
+    assert not missing, (
+        f"fields of specgen/server/schemas.py not in docs/reference/http.md: {missing}"
+    )
+
+
+def test_every_metric_is_in_the_metrics_reference() -> None:
+    from specgen.server.metrics import Metrics
+
+    page = (DOCS / "reference" / "metrics.md").read_text(encoding="utf-8")
+    names = []
+    for family in Metrics().registry.collect():
+        # as a scrape shows them: counters with _total
+        names.append(family.name + ("_total" if family.type == "counter" else ""))
+    assert len(names) > 10
+    missing = [n for n in names if f"`{n}`" not in page]
+    assert not missing, (
+        f"metrics of specgen/server/metrics.py not in docs/reference/metrics.md: {missing}"
+    )
+
+
+def test_the_field_check_catches_a_missing_field() -> None:
+    # the check above reads backquoted names: a field written without them does not count
+    fields = _fields_of_the_http_schemas()
+    page = "`messages` max_tokens"
+    found = {f for f in fields["ChatCompletionRequest"] if f"`{f}`" in page}
+    assert found == {"messages"}
+
+
+def test_every_stats_key_is_in_the_json_reference() -> None:
+    from specgen.events import Stats
+
+    page = (DOCS / "reference" / "json.md").read_text(encoding="utf-8")
+    keys = [*Stats().to_dict(), "wall_s", "acceptance_how", "k_history"]
+    missing = [k for k in keys if f"`{k}`" not in page]
+    assert not missing, f"keys of run --json's stats not in docs/reference/json.md: {missing}"
