@@ -23,7 +23,7 @@ from specgen.batchctl import Line
 from specgen.errors import ChatTemplateError
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
-from specgen.server import runner
+from specgen.server import runner, wire
 from specgen.server.app import Backend, Settings, State, _Events, create_app, deliver
 from specgen.server.scheduler import BatchReport, Failed, Job, Ticket
 from specgen.server.shapes import Defaults
@@ -54,8 +54,12 @@ class Served:
 
 @contextmanager
 def serving(
-    settings: Settings | None = None, backend: Backend | None = None, loaded: bool = True
+    settings: Settings | None = None,
+    backend: Backend | None = None,
+    loaded: bool = True,
+    http: dict | None = None,
 ) -> Iterator[Served]:
+    """The app on a loopback port; `http`: uvicorn's parser options (`wire`'s by default)."""
     log: list[str] = []
     state = State(log=log.append)
     if loaded:
@@ -66,6 +70,7 @@ def serving(
         log_config=None,
         access_log=False,
         lifespan="off",
+        **(http or wire.uvicorn_options()),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -43,14 +43,15 @@ async def send_error(
 class ApiKey:
     """Every route but those in `open_paths` needs ``Authorization: Bearer KEY``.
 
-    The key is compared in constant time (`hmac.compare_digest` on bytes); a wrong or
-    missing key gets 401 with ``WWW-Authenticate: Bearer``. The key is never logged or
-    echoed back.
+    The scheme is case-insensitive (``bearer KEY`` is the same credential: RFC 7235
+    §2.1) and may be followed by more than one space; the key is compared in constant
+    time (`hmac.compare_digest` on bytes); a wrong or missing key gets 401 with
+    ``WWW-Authenticate: Bearer``. The key is never logged or echoed back.
     """
 
     def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str]) -> None:
         self.app = app
-        self._expected = b"Bearer " + key.encode("utf-8")
+        self._expected = key.encode("utf-8")
         self._open = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -61,7 +62,7 @@ class ApiKey:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 given = value
-        if not hmac.compare_digest(given, self._expected):
+        if not hmac.compare_digest(bearer_token(given), self._expected):
             what = "missing" if not given else "invalid"
             await send_error(
                 send,
@@ -76,6 +77,16 @@ class ApiKey:
             )
             return
         await self.app(scope, receive, send)
+
+
+def bearer_token(authorization: bytes) -> bytes:
+    """The token of an ``Authorization: Bearer TOKEN`` header value, the scheme in any
+    case (RFC 7235 §2.1: ``auth-scheme 1*SP token68``); ``b""`` for another scheme or
+    none, which no key equals."""
+    scheme, _, token = authorization.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return b""
+    return token.lstrip(b" ")
 
 
 class _TooLarge(Exception):

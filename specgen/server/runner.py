@@ -21,6 +21,7 @@ from sse_starlette.sse import AppStatus
 
 from specgen import eventloop
 from specgen.errors import ConfigError
+from specgen.server import wire
 from specgen.server.app import Backend, Settings, State, create_app
 
 EXIT_INTERRUPTED = 130
@@ -141,6 +142,7 @@ async def _main(
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_S,
+        **wire.uvicorn_options(),
     )
     server = _Server(config)
     stopper = _Stopper(state, server, say)

@@ -1,0 +1,103 @@
+"""The HTTP edges of `specgen serve` over real sockets (the scripted scheduler of
+`fake_server` behind the real app and uvicorn with `specgen.server.wire`'s protocol):
+the API key's scheme in any case, and requests the HTTP parser refuses (an unknown
+method, a malformed chunked body, a 64 KiB path, a 200 KB header line) answered with
+OpenAI's error JSON, after which the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from test_server_http import USER, Served, serving
+
+from specgen.server import wire
+from specgen.server.app import Settings
+from specgen.server.guard import bearer_token
+
+
+def test_bearer_token_takes_the_scheme_in_any_case() -> None:
+    assert bearer_token(b"Bearer k1") == b"k1"
+    assert bearer_token(b"bearer k1") == b"k1"
+    assert bearer_token(b"BEARER   k1") == b"k1"
+    assert bearer_token(b"Basic k1") == b""
+    assert bearer_token(b"Bearerk1") == b""
+    assert bearer_token(b"") == b""
+
+
+@pytest.mark.parametrize("header", ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret"])
+def test_the_key_is_accepted_with_the_scheme_in_any_case(header: str) -> None:
+    with serving(Settings(api_key="s3cret")) as s:
+        r = s.post("/v1/chat/completions", {"messages": USER}, headers={"Authorization": header})
+        assert r.status_code == 200, r.text
+        for wrong in ("bearer s3cre", "Basic s3cret", "s3cret", "bearer s3cret2"):
+            r = s.post("/v1/chat/completions", {"messages": USER}, headers={"Authorization": wrong})
+            assert r.status_code == 401
+            assert "s3cret" not in r.text
+        assert not any("s3cret" in line for line in s.log)
+
+
+def _raw(s: Served, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    host, port = s.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(1 << 16):  # to the server's end of its side
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+BAD = {
+    "unknown-method": b"FROB /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "malformed-chunked": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "64k-path": b"GET /"
+    + b"a" * (64 * 1024)
+    + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "200k-header": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+    + b"a" * 200_000
+    + b"\r\n\r\n",
+}
+
+
+def _check(s: Served, data: bytes, status: int) -> dict[str, str]:
+    got, headers, body = _raw(s, data)
+    assert got == status
+    assert headers["content-type"] == "application/json"
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["message"]
+    assert s.post("/v1/chat/completions", {"messages": USER}).status_code == 200
+    return err
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_requests_the_parser_refuses_get_openai_error_json_and_the_server_goes_on(
+    name: str, served: Served
+) -> None:
+    err = _check(served, BAD[name], 400)
+    if name.endswith(("path", "header")):
+        assert err["code"] == "request_header_too_large"
+        assert "65536 bytes" in err["message"]
+    else:
+        assert err["code"] == "invalid_http_request"
+
+
+def test_without_httptools_h11_refusals_are_json_too() -> None:
+    """uvicorn's fallback parser (httptools is a dependency; h11 serves without it):
+    the parser's refusal in the same shape; h11 takes any method token, so the app
+    answers an unknown one (405), in the same shape too."""
+    http = {**wire.uvicorn_options(), "http": wire._h11_protocol()}
+    with serving(http=http) as s:
+        _check(s, BAD["malformed-chunked"], 400)
+        _check(s, BAD["unknown-method"], 405)
+
+
+@pytest.fixture
+def served():
+    with serving() as s:
+        yield s
