@@ -48,10 +48,11 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
 
-# The command-line reference is generated from the Typer app; tests/test_docs_reference.py
-# fails when the committed page differs from what this writes.
+# The command-line reference is generated from the Typer app, and the HTTP reference's table
+# of request fields from specgen/server/fields.py; tests/test_docs_reference.py fails when
+# the committed pages differ from what this writes.
 docs-ref: $(STAMP)
-	$(PY) -m specgen.cli.reference docs/reference/cli.md
+	$(PY) -m specgen.cli.reference docs
 
 clean:
 	rm -rf $(VENV) .venv-rpc .rpc-build .pytest_cache site

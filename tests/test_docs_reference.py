@@ -32,6 +32,23 @@ def test_the_cli_reference_is_what_the_generator_writes() -> None:
         )
 
 
+def test_the_field_table_is_what_the_server_table_gives() -> None:
+    page = (DOCS / "reference" / "http.md").read_text(encoding="utf-8")
+    assert page == reference.with_fields_table(page), (
+        "the table of request fields in docs/reference/http.md differs from "
+        "specgen/server/fields.py: run `make docs-ref` (python -m specgen.cli.reference) "
+        "and commit it"
+    )
+
+
+def test_every_field_of_the_server_table_has_a_row() -> None:
+    from specgen.server.fields import FIELDS
+
+    page = (DOCS / "reference" / "http.md").read_text(encoding="utf-8")
+    missing = [name for name in FIELDS if f"| `{name}` |" not in page]
+    assert not missing, f"request fields without a row in docs/reference/http.md: {missing}"
+
+
 def test_every_flag_of_every_command_is_in_the_cli_reference() -> None:
     # Independent of the generator: each option name Click knows appears in the page.
     import typer
