@@ -23,10 +23,12 @@ from types import TracebackType
 
 from specgen import session as _session
 from specgen.chat import prompt_tokens
+from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
+from specgen.sampling import SamplingParams
 
 Event = Prefilled | Step | Done
 
@@ -80,6 +82,11 @@ _ARGUMENT_OF_FLAG = {
     "--stop": "stop",
     "--ignore-eos": "ignore_eos",
     "--verify": "verify",
+    "--logit-bias": "logit_bias",
+    "--repeat-penalty": "repeat_penalty",
+    "--repeat-last-n": "repeat_last_n",
+    "--presence-penalty": "presence_penalty",
+    "--frequency-penalty": "frequency_penalty",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 
@@ -117,7 +124,12 @@ class Pair:
             **sampling: `SamplingFlags` fields: ``max_tokens`` (256), ``temperature`` or
                 ``temp`` (0.8; 0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95),
                 ``min_p`` (0.05), ``seed`` (None = random), ``draft_max`` (K as an int, or
-                "auto"), ``stop`` (strings), ``ignore_eos`` (False).
+                "auto"), ``stop`` (strings), ``ignore_eos`` (False), ``logit_bias``
+                (``{token_id: bias}``, bias in [-100, 100] or -inf), ``repeat_penalty``
+                (1.0 = off), ``repeat_last_n`` (64; 0 = off, -1 = the whole context),
+                ``presence_penalty`` and ``frequency_penalty`` (-2 to 2; 0 = off). The
+                bias and the penalties act on the logits before the warpers, on the target
+                and the draft alike (`specgen.constraints`), as llama.cpp applies them.
 
         Raises:
             ConfigError: a bad setting (the message names it); PromptError: an empty prompt
@@ -259,4 +271,16 @@ def events(
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
     )
     policy = opened.policy(sampling.k)
-    return generate(opened.target, opened.drafter, ids, config, policy), policy
+    drafter = _drafter_under(opened.drafter, config.params)
+    return generate(opened.target, drafter, ids, config, policy), policy
+
+
+def _drafter_under(drafter: Drafter | None, params: SamplingParams) -> Drafter | None:
+    """The session's drafter with q under `params`: one loaded under other settings
+    (`load()` knows none) is rebuilt on the same engine and cache, so its q rows carry the
+    call's warpers, logit bias and penalties (q is exact either way, as the law x was drawn
+    from; one far from p is accepted less often)."""
+    own = getattr(drafter, "params", None)
+    if drafter is None or own is None or own == params:
+        return drafter
+    return drafter.with_params(params)

@@ -119,11 +119,16 @@ class SamplingFlags:
         ignore_eos: do not stop at end-of-generation tokens.
         verify: --verify block|token|auto, the acceptance rule (None = auto: see
             `verify_rule`).
+        logit_bias: -l/--logit-bias, (token id, bias) pairs; given as llama.cpp's
+            ``TOKEN_ID(+|-)BIAS`` strings (``15043+1``, ``15043-inf``), a mapping (the
+            Python API's ``{15043: -100}``) or pairs (see `parse_logit_bias`).
+        repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty: llama.cpp's
+            penalties (`specgen.constraints.Constraints`; 1.0, 64, 0, 0 = off).
 
     Raises:
         ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
-            --draft-max, -n below 1, an empty --stop string (--top-p and --min-p: see
-            `params`).
+            --draft-max, -n below 1, an empty --stop string, a malformed --logit-bias
+            (--top-p, --min-p and the penalties' ranges: see `params`).
     """
 
     temp: float = 0.8
@@ -136,6 +141,11 @@ class SamplingFlags:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     verify: str | None = None
+    logit_bias: Any = ()  # normalised to tuple[tuple[int, float], ...]
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
@@ -151,6 +161,7 @@ class SamplingFlags:
             raise ConfigError(f"-n must be at least 1, got {self.max_tokens}")
         object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
         check_verify(self.verify)
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
 
     @property
     def verify_rule(self) -> str:
@@ -170,15 +181,76 @@ class SamplingFlags:
         return self.seed is not None and self.seed != -1
 
     def params(self) -> SamplingParams:
-        """The warpers for both p and q.
+        """The warpers and the constraints (logit bias, penalties) for both p and q.
 
         Raises:
-            ConfigError: --top-p outside (0, 1], --min-p outside [0, 1].
+            ConfigError: --top-p outside (0, 1], --min-p outside [0, 1], a penalty or a
+                bias out of its range (`specgen.constraints.Constraints`).
         """
         # start-up time: specgen.sampling loads numpy, which `specgen --help` must not
+        from specgen.constraints import Constraints
         from specgen.sampling import SamplingParams
 
-        return SamplingParams(temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        constraints = Constraints(
+            logit_bias=self.logit_bias,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+        return SamplingParams(
+            temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            constraints=constraints,
+        )  # fmt: skip
+
+
+def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """-l/--logit-bias as (token id, bias) pairs, in the order given (ranges are checked by
+    `specgen.constraints.Constraints`).
+
+    Accepts llama.cpp's strings ``TOKEN_ID(+|-)BIAS`` (common/arg.cpp: ``15043+1``,
+    ``15043-1``, ``15043-inf``), a mapping of token id (an int, or its decimal string as
+    OpenAI's JSON has it) to bias, or (token id, bias) pairs; None is none.
+
+    Raises:
+        ConfigError: naming the flag and the entry that is malformed.
+    """
+    if value is None:
+        return ()
+    items = list(value.items()) if isinstance(value, Mapping) else list(value)
+    out: list[tuple[int, float]] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(_logit_bias_entry(item))
+            continue
+        try:
+            token, bias = item
+            out.append((_token_id(token), float(bias)))
+        except (TypeError, ValueError):
+            raise ConfigError(f"--logit-bias needs (token id, bias) pairs, got {item!r}") from None
+    return tuple(out)
+
+
+def _token_id(token: Any) -> int:
+    if isinstance(token, bool) or not isinstance(token, int | str):
+        raise ValueError(token)
+    return int(token)
+
+
+def _logit_bias_entry(text: str) -> tuple[int, float]:
+    """One llama.cpp ``TOKEN_ID(+|-)BIAS`` string."""
+    head = text.strip()
+    digits = len(head) - len(head.lstrip("0123456789"))
+    sign, rest = head[digits : digits + 1], head[digits + 1 :]
+    try:
+        if digits == 0 or sign not in ("+", "-") or not rest:
+            raise ValueError(text)
+        bias = float(rest)
+    except ValueError:
+        raise ConfigError(
+            f"--logit-bias must be TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf, got {text!r}"
+        ) from None
+    return int(head[:digits]), -bias if sign == "-" else bias
 
 
 def check_model_flags(

@@ -166,6 +166,11 @@ class HybridDrafter:
         )
 
     @property
+    def params(self) -> SamplingParams:
+        """The model's sampling settings (its q rows')."""
+        return self.model.params
+
+    @property
     def cached_tokens(self) -> int:
         return self.model.cached_tokens
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.stats import percentiles, position_counts
+from specgen.constraints import NO_CONSTRAINTS, Constraints
 from specgen.events import ACCEPTANCE_HOW, Stats, Step
 from specgen.sampling import SamplingParams
 
@@ -162,9 +163,13 @@ class BenchSettings:
     k_init: int | None = None
     verify: str | None = None
     lookup: str | None = None
+    constraints: Constraints = NO_CONSTRAINTS
 
     def params(self, temp: float) -> SamplingParams:
-        return SamplingParams(temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        return SamplingParams(
+            temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            constraints=self.constraints,
+        )  # fmt: skip
 
     def total_generations(self, n_prompts: int) -> int:
         main = len(self.temps) * len(self.draft_max) * self.runs * n_prompts * 2
@@ -185,6 +190,11 @@ class BenchSettings:
             "k_init": self.k_init,
             "verify": self.verify or "auto",
             "lookup": self.lookup or "auto",
+            "logit_bias": [list(pair) for pair in self.constraints.logit_bias],
+            "repeat_penalty": self.constraints.repeat_penalty,
+            "repeat_last_n": self.constraints.repeat_last_n,
+            "presence_penalty": self.constraints.presence_penalty,
+            "frequency_penalty": self.constraints.frequency_penalty,
         }
 
 

@@ -17,6 +17,8 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
+    FrequencyPenaltyOpt,
+    LogitBiasOpt,
     LookupOpt,
     MinPOpt,
     ModelFlags,
@@ -25,6 +27,9 @@ from specgen.cli.options import (
     NglOpt,
     OutputFlags,
     PairOpt,
+    PresencePenaltyOpt,
+    RepeatLastNOpt,
+    RepeatPenaltyOpt,
     RpcOpt,
     SwaFullOpt,
     TargetOpt,
@@ -40,7 +45,7 @@ from specgen.cli.options import (
 )
 from specgen.errors import ConfigError
 from specgen.events import Prefilled
-from specgen.flags import check_verify
+from specgen.flags import SamplingFlags, check_verify
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -138,6 +143,11 @@ def bench(
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
     min_p: MinPOpt = 0.05,
+    logit_bias: LogitBiasOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = 64,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     draft_p_min: DraftPMinOpt = 0.0,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
@@ -206,6 +216,11 @@ class BenchFlags:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    logit_bias: list[str] | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     json_path: Path | None = None
     markdown_path: Path | None = None
     plot_path: Path | None = None
@@ -268,7 +283,12 @@ def _settings(bench, b: BenchFlags, lookup: str | None):
         min_p=b.min_p,
         verify=b.verify,
         lookup=lookup,
-    )
+        constraints=SamplingFlags(
+            logit_bias=b.logit_bias, repeat_penalty=b.repeat_penalty,
+            repeat_last_n=b.repeat_last_n, presence_penalty=b.presence_penalty,
+            frequency_penalty=b.frequency_penalty,
+        ).params().constraints,
+    )  # fmt: skip
     settings.params(settings.temps[0])  # validates top-p / min-p now
     return settings
 

@@ -82,6 +82,39 @@ TopKOpt = Annotated[
 ]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")]
 MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")]
+LogitBiasOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--logit-bias",
+        "-l",
+        help="TOKEN_ID(+|-)BIAS added to that token's logit, e.g. 15043+1 or 15043-inf to"
+        " ban it (repeatable; as in llama.cpp).",
+    ),
+]
+RepeatPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--repeat-penalty",
+        help="Penalize tokens seen in the last --repeat-last-n (1.0 = off, as in llama.cpp).",
+    ),
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n",
+        help="Tokens the penalties look back, prompt included (0 = off, -1 = the context).",
+    ),
+]
+PresencePenaltyOpt = Annotated[
+    float,
+    typer.Option("--presence-penalty", help="Subtracted from a token seen (-2 to 2; 0 = off)."),
+]
+FrequencyPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--frequency-penalty", help="Subtracted per time a token was seen (-2 to 2; 0 = off)."
+    ),
+]
 SeedOpt = Annotated[
     int | None,
     typer.Option("--seed", help="Random seed; -1 or omitted = random (as in llama.cpp)."),

@@ -15,7 +15,9 @@ from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
+    FrequencyPenaltyOpt,
     JsonOpt,
+    LogitBiasOpt,
     LookupOpt,
     ModelFlags,
     ModelsOpt,
@@ -23,6 +25,9 @@ from specgen.cli.options import (
     NglOpt,
     OutputFlags,
     PairOpt,
+    PresencePenaltyOpt,
+    RepeatLastNOpt,
+    RepeatPenaltyOpt,
     RpcOpt,
     SamplingFlags,
     TargetOpt,
@@ -77,6 +82,11 @@ def verify(
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")] = 1.0,
     min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")] = 0.0,
+    logit_bias: LogitBiasOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = 64,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed (-1 = random).")] = 0,
     alpha: Annotated[
         float, typer.Option("--alpha", help="Significance level after Holm correction.")

@@ -31,7 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from specgen.errors import ChatTemplateError, PromptError
+from specgen.constraints import check_vocab
+from specgen.errors import ChatTemplateError, ConfigError, PromptError
 from specgen.events import Done, Step
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
@@ -270,6 +271,11 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         request: Request, b: Backend, req: _Generation, prompt: list[int], chat: bool
     ) -> Response:
         config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
+        try:
+            check_vocab(config.params.constraints, b.n_vocab)
+        except ConfigError as e:
+            message = str(e).replace("--logit-bias", "logit_bias")
+            raise RequestError(400, message, param="logit_bias") from None
         job = Job(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", prompt, config)
         events = _Events(asyncio.get_running_loop())
         try:

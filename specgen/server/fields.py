@@ -82,9 +82,9 @@ FIELDS: dict[str, Field] = {
     "stream": Field(H, "server-sent events"),
     "stream_options": Field(H, "include_usage"),
     "user": Field(IG, "an end-user id for abuse monitoring: changes nothing generated"),
-    "frequency_penalty": Field(R, "penalties are not served yet", inert=(None, 0, 0.0)),
-    "presence_penalty": Field(R, "penalties are not served yet", inert=(None, 0, 0.0)),
-    "logit_bias": Field(R, "logit bias is not served yet", inert=(None, {})),
+    "frequency_penalty": Field(H, "-2 to 2, per occurrence in the last repeat_last_n tokens"),
+    "presence_penalty": Field(H, "-2 to 2, once for a token in the last repeat_last_n"),
+    "logit_bias": Field(H, "token id (a string) -> bias in [-100, 100], on p and q alike"),
     "logprobs": Field(
         R, "log-probabilities are not served yet", inert=(None, False)
     ),  # chat: a boolean; completions: an integer (0 asks for the chosen token's)
@@ -127,10 +127,8 @@ FIELDS: dict[str, Field] = {
     "min_p": Field(H, "min-p sampling", "llama-server"),
     "ignore_eos": Field(H, "generate past end-of-generation", "llama-server"),
     "return_tokens": Field(H, "the generated token ids in the response", "llama-server"),
-    "repeat_penalty": Field(
-        R, "penalties are not served yet", "llama-server", inert=(None, 1, 1.0)
-    ),
-    "repeat_last_n": Field(R, "penalties are not served yet", "llama-server", inert=(None, 64)),
+    "repeat_penalty": Field(H, "llama.cpp's repeat penalty (1 = off)", "llama-server"),
+    "repeat_last_n": Field(H, "tokens the penalties see (0 off, -1 all)", "llama-server"),
     "grammar": Field(R, "grammars are not served yet", "llama-server", inert=(None, "")),
     "json_schema": Field(R, "JSON schemas are not served yet", "llama-server"),
     "n_probs": Field(R, "log-probabilities are not served yet", "llama-server", inert=(None, 0)),

@@ -66,6 +66,12 @@ class _Generation(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     return_tokens: bool | None = None  # llama-server's: the generated token ids too
+    # logits processing before the warpers, on p and q alike (specgen.constraints)
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a string) -> bias
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)  # llama-server's
+    repeat_last_n: int | None = Field(default=None, ge=-1)  # llama-server's; -1 = context
 
     route: ClassVar[Route]
 
@@ -84,6 +90,16 @@ class _Generation(_Request):
         if n is not None and n != 1:
             raise ValueError(f"only n=1 is supported (one choice per request), got {n}")
         return n
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids (decimal strings), got {token!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"a bias must be in [-100, 100], got {value} for token {token}")
+        return bias
 
     @field_validator("stop")
     @classmethod

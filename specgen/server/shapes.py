@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgen.constraints import Constraints
 from specgen.events import Done, FinishReason, Stats, Step
 from specgen.flags import SamplingFlags, verify_rule
 from specgen.generate import GenerateConfig
@@ -159,6 +160,7 @@ def generate_config(
         top_k=base.top_k if req.top_k is None else req.top_k,
         top_p=base.top_p if req.top_p is None else req.top_p,
         min_p=base.min_p if req.min_p is None else req.min_p,
+        constraints=constraints_of(req, base.constraints),
     )
     # llama.cpp's -1 (and any negative seed) asks for a random one, as an omitted seed does
     seed = req.seed if req.seed is not None and req.seed >= 0 else defaults.seed
@@ -169,6 +171,25 @@ def generate_config(
         ignore_eos=bool(req.ignore_eos),
         seed=seed,
         verify_rule=verify_rule(defaults.verify, params.greedy),  # type: ignore[arg-type]
+    )
+
+
+def constraints_of(req: _Generation, base: Constraints) -> Constraints:
+    """The request's logit bias and penalties, each omitted field the server's (its start
+    flags'); a given `logit_bias` replaces the server's whole map."""
+    c = base
+    return Constraints(
+        logit_bias=c.logit_bias
+        if req.logit_bias is None
+        else tuple((int(t), b) for t, b in req.logit_bias.items()),
+        repeat_penalty=c.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
+        repeat_last_n=c.repeat_last_n if req.repeat_last_n is None else req.repeat_last_n,
+        presence_penalty=c.presence_penalty
+        if req.presence_penalty is None
+        else req.presence_penalty,
+        frequency_penalty=c.frequency_penalty
+        if req.frequency_penalty is None
+        else req.frequency_penalty,
     )
 
 
