@@ -344,3 +344,34 @@ def test_dists_unchanged_without_constraints():
     assert v.rows is logits
     w = target_distributions(logits, WHOLE)
     assert isinstance(w.p, Dists) and w.rows is logits
+
+
+def test_hybrid_blocks_process_each_model_row_after_the_lookup_tokens_before_it():
+    """Prompt lookup's tokens are one-hot (nothing to process); each model row after them
+    is processed with the history context + every earlier proposal, lookup ones included."""
+    from specgen.hybrid import HybridDrafter
+
+    params = replace(SETTINGS[3], top_k=0)
+    c = params.constraints
+    draft = FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0)
+    hybrid = HybridDrafter(ModelDrafter(draft, params, V), min_match=1)
+    rng = np.random.default_rng(3)
+    mixed = 0
+    for _ in range(40):
+        context = rng.integers(0, V, size=int(rng.integers(4, 12))).tolist()
+        hybrid.prefill(context)
+        block = hybrid.draft(context, 5, rng)
+        x = block.tokens.tolist()
+        sources = [block.source(i) for i in range(len(x))]
+        mixed += "lookup" in sources and "draft" in sources
+        for i, src in enumerate(sources):
+            q = block.q[i : i + 1].to_dense()[0]
+            if src == "lookup":
+                assert q[x[i]] == 1.0
+            else:
+                h = context + x[:i]
+                np.testing.assert_allclose(
+                    q, probs(reference_process(draft.logits_after(h), h, c), params), atol=1e-12
+                )
+        hybrid.rollback(context)
+    assert mixed > 0  # blocks where lookup and the model both proposed

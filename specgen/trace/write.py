@@ -23,12 +23,22 @@ def _r(x: float) -> float:
 
 
 def _sampling(params: SamplingParams) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "temp": params.temp,
         "top_k": params.top_k,
         "top_p": params.top_p,
         "min_p": params.min_p,
     }
+    c = params.constraints
+    if c.active:  # the rows' probabilities (p_x, q_x, top) are those of the processed logits
+        out |= {
+            "logit_bias": [[t, b] for t, b in c.logit_bias],
+            "repeat_penalty": c.repeat_penalty,
+            "repeat_last_n": c.repeat_last_n,
+            "presence_penalty": c.presence_penalty,
+            "frequency_penalty": c.frequency_penalty,
+        }
+    return out
 
 
 class TraceWriter:
