@@ -56,6 +56,12 @@ class ConfigError(SpecgenError):
     file or key."""
 
 
+class GrammarError(ConfigError):
+    """A grammar or JSON Schema (--grammar, --json-schema, a request's response_format,
+    json_schema, grammar or tool parameters) does not compile or uses what is not
+    supported: the message names where it came from and the problem."""
+
+
 class DownloadError(SpecgenError):
     """A model download failed (no network, gated repository, missing file, full disk): the
     message says what to fix; run the same `specgen download` again to resume."""

@@ -210,3 +210,68 @@ class FakeSeqView:
 
     def close(self) -> None:
         pass
+
+
+#: a small vocabulary for grammar tests: multi-letter pieces, so one string has several
+#: tokenizations ("ab" is token 3, or 1 then 2); token 0 is the end of generation. The
+#: 256 byte tokens follow (ids 8..263): llguidance's token trie needs every byte spelled
+#: by some token (a SentencePiece vocabulary's byte fallback; measured: without them it
+#: allowed nothing but EOS).
+GRAMMAR_PIECES: dict[int, bytes] = {
+    0: b"",
+    1: b"a",
+    2: b"b",
+    3: b"ab",
+    4: b"c",
+    5: b"{",
+    6: b"}",
+    7: b"x",
+    **{8 + i: bytes([i]) for i in range(256)},
+}
+
+
+class TextEngine(FakeEngine):
+    """A fake model over `GRAMMAR_PIECES` whose tokenizer spells text with its pieces
+    (longest match first; llguidance tokenizes forced strings with it). Token 0 is EOS.
+
+    Its logits are closed-form in the last two tokens: ``T1[b] + T2[a]`` (two
+    (n_vocab, n_vocab) tables, where FakeEngine's cube would be 73 MB at 264 tokens)."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        scale: float = 2.0,
+        n_ctx: int = 256,
+        noise: float = 0.0,
+        noise_seed: int = 1,
+    ) -> None:
+        super().__init__(n_vocab=2, seed=seed, n_ctx=n_ctx, eos=0)
+        n = len(GRAMMAR_PIECES)
+        rng = np.random.default_rng(seed)
+        self.t1 = rng.standard_normal((n, n)).astype(np.float32) * scale
+        self.t2 = rng.standard_normal((n, n)).astype(np.float32) * (scale / 2)
+        if noise:
+            nz = np.random.default_rng(noise_seed)
+            self.t1 += (nz.standard_normal((n, n)) * noise).astype(np.float32)
+            self.t2 += (nz.standard_normal((n, n)) * noise).astype(np.float32)
+        self.n_vocab = n
+        self.vocab = VocabInfo(1, n, 1, 0, True, False)
+        self.pieces = dict(GRAMMAR_PIECES)
+        self.name = f"text-{seed}"
+        self._by_len = sorted(
+            ((p, t) for t, p in self.pieces.items() if p), key=lambda pt: -len(pt[0])
+        )
+
+    def logits_after(self, context: list[int]) -> np.ndarray:
+        a = context[-2] if len(context) >= 2 else 0
+        return self.t1[context[-1]] + self.t2[a]
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            for piece, t in self._by_len:
+                if text.startswith(piece, i):
+                    out.append(t)
+                    i += len(piece)
+                    break
+        return out

@@ -54,7 +54,8 @@ ONE_DOOR = {
     "openai": "specgen.bench.load",  # the load client for servers
     "httpx": "specgen.bench.load",  # the load client of `bench --url`
     "httpcore": "specgen.bench.load",  # httpx's core, which that client drives directly
-    "uvloop": "specgen.eventloop",  # the event loop of the server and the load client
+    "uvloop": "specgen.eventloop",
+    "llguidance": "specgen.grammar",  # grammars, JSON schemas, masks (DESIGN.md's table)  # the event loop of the server and the load client
 }
 
 #: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
@@ -75,7 +76,8 @@ RANKS: tuple[tuple[str, ...], ...] = (
         "flags",
         "compat",
     ),
-    ("llamacpp", "models"),  # the two doors: llama.cpp, and files/registry/Hub
+    # the doors: llama.cpp, files/registry/Hub, and llguidance (grammars)
+    ("llamacpp", "models", "grammar"),
     ("drafters", "hybrid", "ngram", "emit"),
     ("round", "stages", "generate", "chat"),  # the round unit and what drives it
     ("session",),  # the one loader

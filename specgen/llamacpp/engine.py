@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -274,6 +275,11 @@ class LlamaEngine:
         """The vocabulary entry as stored (`llama_vocab_get_text`)."""
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def llama_vocab(self) -> Any:
+        """The model's `llama_vocab` pointer, valid while the engine is open: what
+        `specgen.grammar` builds its tokenizer from (llguidance's `lltokenizer_from_vocab`)."""
+        return self._vocab
 
     def chat_template(self) -> str | None:
         """The GGUF's default chat template (`tokenizer.chat_template`), or None."""

@@ -1,0 +1,486 @@
+"""The only door to llguidance: grammars and JSON schemas compiled once, a matcher per
+sequence, token masks, forced tokens and rollback.
+
+What a grammar does to sampling. At a position whose generated text so far is ``h`` (the
+tokens after the prompt), the grammar allows a set A(h) of tokens; every other token's
+logit is set to -inf *before* the warpers (top-k, top-p, min-p, temperature) and greedy's
+argmax. That is llama.cpp's order when the grammar is applied first
+(`common_sampler_sample` with ``grammar_first``, common/sampling.cpp: the grammar sampler
+runs on the raw logits, then the chain) and the order every row-level rejection rule
+needs: p_i and q_i are both "mask, then warp", so q_i is the law the draft really drew
+x_i from and p_i the target's constrained law at that position.
+
+Formats (`GrammarSpec.kind`):
+
+- ``json_schema``: JSON Schema (llguidance's coverage, docs/json_schema.md of llguidance);
+- ``json_object``: any JSON object (``{"type": "object"}``), OpenAI's JSON mode;
+- ``lark``: llguidance's Lark dialect;
+- ``gbnf``: llama.cpp's GBNF, converted by llguidance's `gbnf_to_lark` (``any_to_lark``:
+  a Lark grammar, or one starting with ``%llguidance``, is taken as it is);
+- ``regex``: a regular expression the whole output must match.
+
+JSON whitespace (`JSON_DEFAULTS`). JSON Schema grammars default to *fixed* separators,
+``", "`` between items and ``": "`` after keys, no other whitespace: the layout of Python's
+``json.dumps`` and of most JSON in models' training text. Measured on the demo vocabulary
+(FIELD.md): on a 24-token record 10 positions allow a single token with fixed separators
+against 4 with JSON's flexible whitespace, and each such position is a token the grammar
+proposes for free (no draft pass). Flexible whitespace also lets small models loop on
+newlines until max_tokens. OpenAI's structured outputs promise no whitespace either. A
+schema's own ``"x-guidance"`` options (e.g. ``{"whitespace_flexible": true}``) override
+the default.
+
+End of generation: a matcher that is *stopped* (the grammar is complete and allows
+nothing but an end-of-generation token) ends generation with finish reason ``stop``; where
+the grammar is complete but could go on (``"yes" | "yes!"``), every end-of-generation
+token of the vocabulary is allowed and the model chooses.
+
+Costs, measured on this project's machine (FIELD.md): a tokenizer from a 262,144-token
+llama.cpp vocabulary in 1.4 s (built once per model and kept, `tokenizer_for`), a
+full-vocabulary mask in 0.01-0.02 ms, a rollback in 0.01 ms.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import llguidance
+import numpy as np
+import numpy.typing as npt
+from llguidance.gbnf_to_lark import any_to_lark
+
+from specgen.errors import GrammarError
+
+GrammarKind = Literal["json_schema", "json_object", "lark", "gbnf", "regex"]
+GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "lark", "gbnf", "regex")
+
+JSON_DEFAULTS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+"""llguidance's JSON compile options used under every schema unless its ``x-guidance``
+says otherwise (see the module docstring: fixed separators, chosen for forced tokens)."""
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request constrains its output to, before compilation; frozen and hashable
+    (the compiled grammar is cached per spec, and settings are keyed by it).
+
+    Attributes:
+        kind: one of `GRAMMAR_KINDS`.
+        text: the grammar source, or the schema as compact JSON text (keys in their given
+            order: it is the order properties are generated in); empty for
+            ``json_object``.
+        source: where it came from, for error messages (``--json-schema``,
+            ``response_format.json_schema.schema``, ``grammar``...).
+    """
+
+    kind: GrammarKind
+    text: str = ""
+    source: str = "grammar"
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise GrammarError(f"{self.source}: unknown grammar kind {self.kind!r}")
+
+    @classmethod
+    def json_schema(cls, schema: Any, source: str = "json_schema") -> GrammarSpec:
+        """A spec from a JSON Schema given as a dict, as JSON text, or as a pydantic model
+        class (anything with ``model_json_schema()``).
+
+        Raises:
+            GrammarError: not JSON, not a JSON object, naming `source`.
+        """
+        if hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+        if isinstance(schema, str | bytes):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"{source}: not valid JSON: {e}") from None
+        if not isinstance(schema, Mapping):
+            raise GrammarError(
+                f"{source}: a JSON Schema must be a JSON object, got {type(schema).__name__}"
+            )
+        # keys keep their order: a schema's property order is the order fields are generated
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        return cls("json_schema", text, source)
+
+    @property
+    def label(self) -> str:
+        """One word for the output: the kind, e.g. ``json_schema``."""
+        return self.kind
+
+
+# -- compilation (per spec, cached) ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _llg_grammar(spec: GrammarSpec) -> str:
+    """llguidance's grammar definition for `spec` (not yet checked against a tokenizer)."""
+    if spec.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            '{"type":"object"}',
+            defaults=JSON_DEFAULTS,  # type: ignore[arg-type]
+        )
+    if spec.kind == "json_schema":
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                spec.text,
+                defaults=JSON_DEFAULTS,  # type: ignore[arg-type]
+            )
+        except ValueError as e:
+            raise GrammarError(f"{spec.source}: {_one_line(e)}") from None
+    if spec.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec.text)
+    if spec.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(spec.text)
+    try:
+        lark = any_to_lark(spec.text)
+    except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions
+        raise GrammarError(f"{spec.source}: GBNF does not parse: {_one_line(e)}") from None
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- the tokenizer (per model, cached) ------------------------------------------------
+
+
+class Vocabulary(Protocol):
+    """What a tokenizer is built from: `specgen.engine.Engine`'s vocabulary methods. A
+    llama.cpp engine also has ``llama_vocab()`` (the `llama_vocab` pointer), from which
+    llguidance builds its tokenizer natively (`lltokenizer_from_vocab`)."""
+
+    n_vocab: int
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GrammarTokenizer:
+    """llguidance's tokenizer for one model's vocabulary.
+
+    Attributes:
+        llt: the `llguidance.LLTokenizer`.
+        n_vocab: the model's logits width (masks have this length).
+        eog: every end-of-generation token id (llguidance allows them all where the grammar
+            may end).
+    """
+
+    llt: llguidance.LLTokenizer
+    n_vocab: int
+    eog: tuple[int, ...]
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary[object, GrammarTokenizer] = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def tokenizer_for(vocab: Vocabulary) -> GrammarTokenizer:
+    """The grammar tokenizer of `vocab`'s model, built once and kept as long as the model
+    (a sequence view shares its engine's).
+
+    Costs about 1.4 s for a 262,144-token vocabulary (FIELD.md), 0.3 s for SmolLM2's 49,152.
+    """
+    owner = _owner(vocab)
+    with _TOKENIZERS_LOCK:
+        tok = _TOKENIZERS.get(owner)
+        if tok is None:
+            tok = _build_tokenizer(owner)
+            _TOKENIZERS[owner] = tok
+        return tok
+
+
+def _owner(vocab: Vocabulary) -> Any:
+    # a llama.cpp sequence view's vocabulary is its engine's
+    inner = getattr(vocab, "engine", None)
+    if inner is not None and hasattr(inner, "llama_vocab"):
+        return inner
+    return vocab
+
+
+def _build_tokenizer(vocab: Any) -> GrammarTokenizer:
+    n = int(vocab.n_vocab)
+    eog = tuple(t for t in range(n) if vocab.is_eog(t))
+    if hasattr(vocab, "llama_vocab"):
+        # imports llama_cpp: only for a llama.cpp vocabulary
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        with warnings.catch_warnings():  # it calls llama_token_get_attr, deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            llt = lltokenizer_from_vocab(
+                vocab.llama_vocab(), n_vocab=n, eos_token=list(eog) or None
+            )
+    else:
+        llt = llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(_PlainVocab(vocab, n, eog)),
+            n_vocab=n,
+            eos_token=list(eog) or None,
+        )
+    return GrammarTokenizer(llt, n, eog)
+
+
+class _PlainVocab:
+    """llguidance's `TokenizerWrapper` interface over an `Engine`'s vocabulary methods
+    (fakes and any engine without a llama.cpp vocabulary). End-of-generation tokens are
+    marked special by llguidance's convention (a 0xff byte in front)."""
+
+    def __init__(self, vocab: Any, n: int, eog: tuple[int, ...]) -> None:
+        self._vocab = vocab
+        self.eos_token_id = eog[0] if eog else 0
+        self.bos_token_id = None
+        self.special_token_ids = list(eog)
+        special = set(eog)
+        self.tokens = [
+            b"\xff" + (vocab.token_bytes(t) or f"<eog{t}>".encode())
+            if t in special
+            else vocab.token_bytes(t)
+            for t in range(n)
+        ]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(self._vocab.tokenize(text, add_special=False))
+
+
+# -- a compiled grammar and its matchers --------------------------------------------------
+
+
+class Grammar:
+    """A grammar compiled for one tokenizer: makes matchers (`matcher`).
+
+    Build with `compile_grammar` (cached per tokenizer and spec)."""
+
+    def __init__(self, spec: GrammarSpec, tokenizer: GrammarTokenizer, llg: str) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self._llg = llg
+
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the start of the output."""
+        return Matcher(self)
+
+    def _new(self) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self.tokenizer.llt, self._llg, log_level=0)
+
+
+_COMPILED: dict[tuple[int, GrammarSpec], Grammar] = {}
+_COMPILED_LOCK = threading.Lock()
+_COMPILED_MAX = 256
+
+
+def compile_grammar(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
+    """`spec` compiled and checked against `tokenizer`, once per (tokenizer, spec); safe to
+    call from any thread (the server compiles in its request handlers, off the step loop).
+
+    Raises:
+        GrammarError: the schema or grammar does not compile or uses what llguidance does
+            not support; the message names `spec.source` and the problem.
+    """
+    key = (id(tokenizer), spec)
+    with _COMPILED_LOCK:
+        hit = _COMPILED.get(key)
+    if hit is not None and hit.tokenizer is tokenizer:
+        return hit
+    llg = _llg_grammar(spec)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(llg, tokenizer.llt)
+    if is_error:
+        raise GrammarError(f"{spec.source}: {_one_line(messages[0] if messages else 'invalid')}")
+    grammar = Grammar(spec, tokenizer, llg)
+    with _COMPILED_LOCK:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = grammar
+    return grammar
+
+
+class Matcher:
+    """One sequence's position in a grammar: the tokens generated so far (`tokens`), what
+    may come next (`allowed`, `mask`), what is forced (`forced`), rollback (`sync`).
+
+    Not thread-safe; one per sequence and side (the target's rows and the draft's own).
+    """
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self.n_vocab = grammar.tokenizer.n_vocab
+        self._m = grammar._new()
+        self.tokens: list[int] = []
+        self._bits = np.zeros((1, (self.n_vocab + 31) // 32), dtype=np.int32)
+        self._bits_at = -1  # len(tokens) when _bits was computed; -1: stale
+
+    # -- state ---------------------------------------------------------------------------
+
+    def sync(self, generated: Sequence[int]) -> bool:
+        """Move to the state after `generated` (the output so far): roll back to the
+        longest common prefix with `tokens`, then consume the rest.
+
+        Returns:
+            False when a token of `generated` is not allowed: the matcher then stands after
+            the longest allowed prefix (`tokens`), and masks what may follow it.
+        """
+        mine = self.tokens
+        n = 0
+        limit = min(len(mine), len(generated))
+        while n < limit and mine[n] == generated[n]:
+            n += 1
+        if n < len(mine):
+            self._m.rollback(len(mine) - n)
+            del mine[n:]
+            self._bits_at = -1
+        for t in generated[n:]:
+            if not self._consume(int(t)):
+                return False
+        return True
+
+    def _consume(self, token: int) -> bool:
+        if self._m.validate_tokens([token]) != 1:
+            return False
+        ok = self._m.consume_token(token)
+        if not ok:  # validated: cannot happen, but an error state must never pass silently
+            raise GrammarError(f"{self.grammar.spec.source}: {self._m.get_error()}")
+        self.tokens.append(token)
+        self._bits_at = -1
+        return True
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is complete under the grammar (it may still go on)."""
+        return bool(self._m.is_accepting())
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and allows nothing more (but end-of-generation)."""
+        return bool(self._m.is_stopped())
+
+    # -- what comes next -----------------------------------------------------------------
+
+    def _bitmask(self) -> npt.NDArray[np.int32]:
+        if self._bits_at != len(self.tokens):
+            self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._bits_at = len(self.tokens)
+        return self._bits[0]
+
+    def allowed(self) -> npt.NDArray[np.bool_]:
+        """(n_vocab,) bool: the tokens allowed next."""
+        bits = np.unpackbits(self._bitmask().view(np.uint8), bitorder="little")
+        return bits[: self.n_vocab].astype(bool)
+
+    def n_allowed(self) -> int:
+        """How many tokens are allowed next."""
+        return int(_POPCOUNT[self._bitmask().view(np.uint8)].sum())
+
+    def single(self) -> int | None:
+        """The one token allowed next, or None when several (or none) are."""
+        if self.n_allowed() != 1:
+            return None
+        words = self._bitmask()
+        w = int(np.flatnonzero(words)[0])
+        bit = int(words[w]) & 0xFFFFFFFF
+        return w * 32 + bit.bit_length() - 1
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (llguidance's `compute_ff_tokens`): a forced
+        string, tokenized canonically. Only the first is certain to be the *only* allowed
+        token (`single`); later ones spell the forced bytes one way of several."""
+        return list(self._m.compute_ff_tokens())
+
+    def mask(self, row: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """(n_vocab,) float32: a copy of `row` (raw logits, at least n_vocab wide) with
+        every token the grammar does not allow next at -inf."""
+        keep = self.allowed()
+        width = row.shape[-1]
+        if width > self.n_vocab:  # logits wider than the vocabulary: padding, never allowed
+            keep = np.concatenate([keep, np.zeros(width - self.n_vocab, dtype=bool)])
+        elif width < self.n_vocab:
+            keep = keep[:width]
+        return np.where(keep, row, np.float32(-np.inf)).astype(np.float32, copy=False)
+
+
+# -- the seam: a logits processor (specgen.constraints' Processor) -----------------------
+
+
+class GrammarProcessor:
+    """A grammar as a per-sequence logits processor: row i of a target decode is masked
+    with the matcher state after the output so far and the block's x_1..x_{i-1}; a draft's
+    row with the state after its proposals so far. The matcher is moved by `Matcher.sync`
+    on each call, so it rolls back with the caches whatever the round accepted.
+
+    Args:
+        grammar: the compiled grammar.
+        n_prompt: tokens of the prompt; the grammar applies to what follows them.
+    """
+
+    def __init__(self, grammar: Grammar, n_prompt: int) -> None:
+        self.matcher = grammar.matcher()
+        self.n_prompt = n_prompt
+
+    def _generated(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
+        return [*context[self.n_prompt :], *block]
+
+    def row(
+        self, logits: npt.NDArray[np.float32], context: Sequence[int], block: Sequence[int]
+    ) -> npt.NDArray[np.float32]:
+        """(n_vocab,) float32: `logits` masked after context + block."""
+        self.matcher.sync(self._generated(context, block))
+        return self.matcher.mask(logits)
+
+    def rows(
+        self, logits: npt.NDArray[np.float32], context: Sequence[int], block: Sequence[int]
+    ) -> npt.NDArray[np.float32]:
+        """(n, n_vocab) float32: row i masked after context + block[:i]. Rows after a block
+        token the grammar forbids are masked in the state before it: that token has p = 0,
+        so it is rejected and no later row is read."""
+        out = np.empty(logits.shape, dtype=np.float32)
+        m = self.matcher
+        ok = m.sync(self._generated(context, ()))
+        for i in range(logits.shape[0]):
+            out[i] = m.mask(logits[i])
+            if ok and i < len(block) and i + 1 < logits.shape[0]:
+                ok = m._consume(int(block[i]))
+        return out
+
+    def forced(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
+        """The forced tokens after context + block (see `Matcher.forced`); [] when the
+        block leaves the grammar."""
+        if not self.matcher.sync(self._generated(context, block)):
+            return []
+        return self.matcher.forced()
+
+    def single(self, context: Sequence[int], block: Sequence[int]) -> int | None:
+        """The one token allowed after context + block, or None (see `Matcher.single`)."""
+        if not self.matcher.sync(self._generated(context, block)):
+            return None
+        return self.matcher.single()
+
+    def stopped(self, context: Sequence[int]) -> bool:
+        """Whether the grammar is complete after `context` and allows nothing more."""
+        return self.matcher.sync(self._generated(context, ())) and self.matcher.stopped
+
+
+def grammar_factory(
+    spec: GrammarSpec,
+) -> Callable[[Vocabulary, int], GrammarProcessor]:
+    """``(vocabulary, n_prompt) -> GrammarProcessor`` for `spec`: compiled once per model's
+    tokenizer (on first use, then cached)."""
+
+    def make(vocab: Vocabulary, n_prompt: int) -> GrammarProcessor:
+        return GrammarProcessor(compile_grammar(spec, tokenizer_for(vocab)), n_prompt)
+
+    return make

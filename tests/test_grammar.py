@@ -1,0 +1,176 @@
+"""specgen.grammar: specs, compilation and its errors, the tokenizer cache, matchers (masks,
+forced tokens, rollback) on a fake vocabulary, and on SmolLM2's real one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specgen.errors import GrammarError
+from specgen.grammar import (
+    GrammarProcessor,
+    GrammarSpec,
+    compile_grammar,
+    tokenizer_for,
+)
+from tests.fakes import TextEngine
+
+# "a" or "ab" or "abc", then "}" : alternatives sharing prefixes
+LARK = 'start: ("a" | "ab" | "abc") "}"'
+
+
+def B(c: str) -> int:
+    """The byte token spelling the character c (TextEngine's ids 8..263)."""
+    return 8 + ord(c)
+
+
+def allowed(m) -> set[int]:
+    return {int(t) for t in np.flatnonzero(m.allowed())}
+
+
+def _grammar(spec: GrammarSpec, engine: TextEngine | None = None):
+    return compile_grammar(spec, tokenizer_for(engine or TextEngine()))
+
+
+def test_a_matcher_masks_consumes_and_rolls_back() -> None:
+    m = _grammar(GrammarSpec("lark", LARK)).matcher()
+    # start: "a" (1) or "ab" (3); "abc" too begins with those
+    assert allowed(m) == {1, 3, B("a")}
+    assert m.single() is None
+    assert m.sync([1])
+    assert allowed(m) == {2, 6, B("b"), B("}")}  # "b" or "}"
+    assert m.sync([3])  # rolled back from [1], then "ab"
+    assert m.tokens == [3]
+    assert allowed(m) == {4, 6, B("c"), B("}")}
+    assert m.sync([3, 4])
+    # "}" is forced: llguidance's mask then allows its one canonical token
+    assert m.n_allowed() == 1 and m.single() == 6 and m.forced() == [6]
+    assert m.sync([3, 4, B("}")]) and m.stopped and m.accepting
+    assert allowed(m) == {0}  # nothing but the end
+    assert m.single() == 0
+    assert not m.sync([7])  # "x" is never allowed: the matcher stays at the start
+    assert m.tokens == []
+
+
+def test_mask_sets_disallowed_tokens_to_minus_infinity() -> None:
+    m = _grammar(GrammarSpec("lark", LARK)).matcher()
+    row = np.arange(8, dtype=np.float32)
+    out = m.mask(row)
+    assert out.dtype == np.float32 and row[0] == 0.0  # a copy
+    assert np.isneginf(np.delete(out, [1, 3])).all()
+    assert out[1] == 1.0 and out[3] == 3.0
+
+
+def test_the_processor_masks_each_row_after_the_block_so_far() -> None:
+    proc = GrammarProcessor(_grammar(GrammarSpec("lark", LARK)), n_prompt=2)
+    logits = np.zeros((3, 264), dtype=np.float32)
+
+    def finite(r: np.ndarray) -> set[int]:
+        return {int(t) for t in np.flatnonzero(np.isfinite(r))}
+
+    rows = proc.rows(logits, [7, 7], [1, 2])  # prompt "xx", block "a" "b"
+    assert [finite(r) for r in rows] == [
+        {1, 3, B("a")}, {2, 6, B("b"), B("}")}, {4, 6, B("c"), B("}")},
+    ]  # fmt: skip
+    one = proc.row(logits[0], [7, 7, 3], [4])  # committed "ab", drafted "c"
+    assert finite(one) == {6}
+    assert proc.single([7, 7, 3, 4], []) == 6
+    assert proc.forced([7, 7, 3, 4], []) == [6]
+    assert proc.stopped([7, 7, 3, 4, 6])
+    # a block token the grammar forbids: its row and those after keep the state before it
+    rows = proc.rows(logits, [7, 7], [7, 1])
+    assert [finite(r) for r in rows] == [{1, 3, B("a")}] * 3
+
+
+def test_forced_strings_are_spelled_by_compute_ff_tokens() -> None:
+    # "abc" is forced: compute_ff_tokens spells it ("ab" "c"); the mask allows the canonical
+    # first token only, but the text could be spelled otherwise ("a" "b" "c") and the
+    # matcher takes such a spelling when it is consumed
+    g = _grammar(GrammarSpec("lark", 'start: "ab" "c"'))
+    m = g.matcher()
+    assert m.forced() == [3, 4]
+    assert m.single() == 3
+    assert m.sync([3, 4]) and m.stopped
+    m.sync([])
+    assert not m.allowed()[1]  # the mask: canonical tokens only...
+    assert m.sync([1, 2, 4]) and m.stopped  # ...the matcher: any spelling
+
+
+def test_json_object_regex_and_gbnf_compile() -> None:
+    eng = TextEngine()
+    m = _grammar(GrammarSpec("json_object"), eng).matcher()
+    assert m.allowed()[5]  # "{"
+    m = _grammar(GrammarSpec("regex", "(ab)+c"), eng).matcher()
+    assert m.sync([3, 1, 2, 4]) and m.accepting
+    m = _grammar(GrammarSpec("gbnf", 'root ::= "ab" | "x"'), eng).matcher()
+    assert allowed(m) == {1, 3, 7, B("a"), B("x")}
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (GrammarSpec("lark", 'start: "a" | foo', "grammar"), ["grammar", "foo"]),
+        (GrammarSpec("gbnf", 'root ::= "yes | no', "grammar"), ["grammar", "GBNF"]),
+        (GrammarSpec("regex", "(ab", "--grammar"), ["--grammar"]),
+        (GrammarSpec.json_schema({"type": "strin"}, "json_schema"), ["json_schema", "strin"]),
+    ],
+)
+def test_a_bad_grammar_is_a_grammar_error_naming_it(spec: GrammarSpec, words: list[str]) -> None:
+    with pytest.raises(GrammarError) as e:
+        _grammar(spec)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_schema_specs_are_canonical_and_take_pydantic_classes() -> None:
+    a = GrammarSpec.json_schema('{"type": "object", "required": []}')
+    b = GrammarSpec.json_schema({"type": "object", "required": []})
+    assert a == b and hash(a) == hash(b)
+    # keys keep their order: properties are generated in it
+    assert GrammarSpec.json_schema({"required": [], "type": "object"}) != a
+
+    class Model:  # duck-typed as pydantic: no pydantic import outside the server
+        @staticmethod
+        def model_json_schema() -> dict[str, object]:
+            return {"type": "object", "required": []}
+
+    assert GrammarSpec.json_schema(Model) == a
+    with pytest.raises(GrammarError, match="not valid JSON"):
+        GrammarSpec.json_schema("{")
+    with pytest.raises(GrammarError, match="must be a JSON object"):
+        GrammarSpec.json_schema("[1]")
+
+
+def test_compilation_and_tokenizers_are_cached() -> None:
+    eng = TextEngine()
+    spec = GrammarSpec("lark", LARK)
+    assert tokenizer_for(eng) is tokenizer_for(eng)
+    assert compile_grammar(spec, tokenizer_for(eng)) is compile_grammar(spec, tokenizer_for(eng))
+
+
+def test_on_smollm2s_vocabulary_fixed_separators_force_the_scaffolding(smol_pair) -> None:
+    """A real BPE vocabulary (llama.cpp's, through llguidance's own builder): the JSON
+    default's fixed separators force `{"name": ` and the key after `, `, and the complete
+    object stops the grammar."""
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    with LlamaEngine(smol_pair[1], EngineConfig(n_ctx=256)) as eng:
+        tok = tokenizer_for(eng)
+        assert tok is tokenizer_for(eng.sequence(0))
+        assert set(tok.eog) >= {eng.vocab.eos}
+        m = compile_grammar(GrammarSpec.json_schema(schema), tok).matcher()
+        ids = eng.tokenize(b'{"name": "Ana", "age": 31}', add_special=False)
+        singles = 0
+        for t in ids:
+            assert m.allowed()[t]
+            singles += m.single() is not None
+            assert m.sync([*m.tokens, t])
+        assert m.stopped
+        assert singles >= 5
+        assert set(np.flatnonzero(m.allowed())) == set(tok.eog)
