@@ -38,15 +38,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check specgen tests
 	$(VENV)/bin/ruff format --check specgen tests
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The documentation site (MkDocs Material, mkdocs.yml): built into site/, previewed on
 # http://127.0.0.1:8000 with live reload.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 docs-serve: $(STAMP)
-	$(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The command-line reference is generated from the Typer app, and the HTTP reference's table
 # of request fields from specgen/server/fields.py; tests/test_docs_reference.py fails when
