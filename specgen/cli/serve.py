@@ -52,7 +52,10 @@ if TYPE_CHECKING:
     from specgen.server.app import Backend, State
     from specgen.server.backend import ServeArgs
 
-EXTRA = "specgen serve needs the HTTP libraries: pip install 'specgen[serve]'"
+EXTRA = (
+    "specgen serve needs the HTTP libraries: pip install -e '.[serve]' in a clone (or make dev),"
+    " pip install 'specgen[serve]' from a package index"
+)
 _EXTRA_MODULES = {
     "fastapi",
     "starlette",
