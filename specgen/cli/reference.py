@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     docs folder given, default docs)."""
     args = sys.argv[1:] if argv is None else argv
     docs = Path(args[0] if args else "docs")
+    if docs.suffix == ".md":  # the page's path, as earlier versions took it
+        docs = docs.parent.parent
     target = docs / "reference" / "cli.md"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render(), encoding="utf-8")
