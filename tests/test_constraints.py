@@ -239,7 +239,7 @@ def test_each_planted_bug_fails_the_joint_law(monkeypatch, bug):
         planted = CommittedOnly if bug == "committed-only" else OncePerStep
         for module in (round, drafters):
             monkeypatch.setattr(module, "processor_for", lambda c, v, p=planted: p(c, v))
-    assert output_pvalue(params) < ALPHA
+    assert output_pvalue(params, n=600) < ALPHA  # far below at 1,500: 1e-76 or 0
 
 
 def proposal_check(params, n=1500):
@@ -375,3 +375,24 @@ def test_hybrid_blocks_process_each_model_row_after_the_lookup_tokens_before_it(
                 )
         hybrid.rollback(context)
     assert mixed > 0  # blocks where lookup and the model both proposed
+
+
+def test_flags_parse_as_llama_cpp_writes_them_and_bench_url_refuses_them():
+    from typer.testing import CliRunner
+
+    from specgen.cli.app import app
+    from specgen.flags import SamplingFlags, parse_logit_bias
+
+    assert parse_logit_bias(["15043+1", "15043-inf", "7-0.5"]) == (
+        (15043, 1.0),
+        (15043, -np.inf),
+        (7, -0.5),
+    )
+    assert parse_logit_bias({"7042": -100}) == ((7042, -100.0),)
+    for bad in (["15043"], ["+1"], ["15043*2"], ["15043+x"], [(True, 1.0)]):
+        with pytest.raises(ConfigError, match="--logit-bias"):
+            parse_logit_bias(bad)
+    flags = SamplingFlags(logit_bias=["5+2", "5+1"], repeat_penalty=1.1, repeat_last_n=-1)
+    assert flags.params().constraints == Constraints(((5, 3.0),), 1.1, -1)
+    res = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "-l", "5+1"])
+    assert res.exit_code == 1 and "--logit-bias is not sent by bench --url" in str(res.exception)

@@ -176,3 +176,26 @@ def test_bad_constraint_fields_are_400s_naming_the_field(server: Server):
             model=server.model_id, prompt="hi", max_tokens=2, logit_bias={"x": 1}
         )
     assert tokens_of(server, "hi", max_tokens=2)  # the next request succeeds
+
+
+def test_verify_holds_the_pair_to_the_constrained_law(tiny_target, tiny_draft, monkeypatch):
+    """`specgen verify` with the penalty flags passes, and its sampling check rejects
+    penalties counted from the committed tokens only (its reference stays right). The
+    setting favours repeating the previous token (+4 logits), so the planted bug's wrong
+    "previous token" inside a block moves the law far."""
+    from test_constraints import CommittedOnly
+    from typer.testing import CliRunner
+
+    from specgen import drafters, round
+    from specgen.cli.app import app
+
+    args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
+            "--samples", "1000", "--presence-penalty", "-2", "--frequency-penalty", "-2",
+            "--repeat-last-n", "1", "-l", "262-inf", "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["passed"]
+    for module in (round, drafters):
+        monkeypatch.setattr(module, "processor_for", lambda c, v: CommittedOnly(c, v))
+    res = CliRunner().invoke(app, [*args[:-1], "--check", "sampling"])
+    assert res.exit_code == 1, res.output

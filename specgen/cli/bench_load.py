@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 MODEL_FLAGS = (("target", "-m"), ("draft", "-md"), ("pair", "--pair"), ("trace", "--trace"))
 
 
+CONSTRAINT_FLAGS = (
+    ("logit_bias", "--logit-bias", None),
+    ("repeat_penalty", "--repeat-penalty", 1.0),
+    ("repeat_last_n", "--repeat-last-n", 64),
+    ("presence_penalty", "--presence-penalty", 0.0),
+    ("frequency_penalty", "--frequency-penalty", 0.0),
+)
+"""bench's logits-processing flags and their "off" values: refused with --url rather than
+silently not sent."""
+
+
 def run_load_command(a: dict[str, Any]) -> None:
     """Validate, measure, write, show. `a` holds `bench`'s parameters by name."""
     _check(a)
@@ -55,6 +66,12 @@ def _check(a: dict[str, Any]) -> None:
         if a.get(key) is not None:
             raise ConfigError(
                 f"{flag} chooses models for bench to load; with --url the server has them"
+            )
+    for key, flag, off in CONSTRAINT_FLAGS:
+        if a.get(key) not in (None, off, []):
+            raise ConfigError(
+                f"{flag} is not sent by bench --url: set it on the servers (their own"
+                " start flags), so every server measured gets the same"
             )
     if importlib.util.find_spec("httpcore") is None:
         raise ConfigError("bench --url needs httpcore: pip install httpcore")
