@@ -151,3 +151,23 @@ def test_every_stats_key_is_in_the_json_reference() -> None:
     keys = [*Stats().to_dict(), "wall_s", "acceptance_how", "k_history"]
     missing = [k for k in keys if f"`{k}`" not in page]
     assert not missing, f"keys of run --json's stats not in docs/reference/json.md: {missing}"
+
+
+def test_every_measurement_page_states_machine_date_commit_and_command() -> None:
+    import re
+
+    pages = sorted((DOCS / "measurements").glob("*.md"))
+    assert len(pages) > 3
+    bad = []
+    for page in pages:
+        if page.name == "index.md":
+            continue
+        text = page.read_text(encoding="utf-8").lower()
+        has = {
+            "machine": "machine" in text,
+            "date": re.search(r"\b20\d\d-\d\d-\d\d\b", text) is not None,
+            "commit": re.search(r"\bcommit\b[^\n]*\b[0-9a-f]{7,40}\b", text) is not None,
+            "command": "command" in text,
+        }
+        bad += [f"{page.name}: no {what}" for what, ok in has.items() if not ok]
+    assert not bad, "a measurement page states its machine, date, commit and command: " + str(bad)
