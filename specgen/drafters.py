@@ -4,6 +4,7 @@ drafter lives in `specgen.ngram` (`NgramDrafter`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -11,6 +12,7 @@ import numpy as np
 from specgen.constraints import processor_for
 from specgen.cutoff import should_stop, top_probability
 from specgen.engine import Block, Engine, Logits
+from specgen.events import Source
 from specgen.sampling import Dists, SamplingParams, draw, warp_rows
 
 
@@ -72,6 +74,9 @@ class ModelDrafter:
         self._decode_s: float | None = None
         self.catchup_s = 0.0  # see `specgen.engine.Drafter`
         self.processor = processor_for(params.constraints, n_vocab)
+        # the request's grammar on this drafter's rows, set per generation by
+        # `attach_grammar` (a matcher of its own, advanced over the block's proposals)
+        self.grammar: GrammarRows | None = None
 
     def with_params(self, params: SamplingParams) -> ModelDrafter:
         """The same draft engine (and cache) under other sampling settings: q must come
@@ -178,6 +183,24 @@ class ModelDrafter:
         self.engine.close()
 
 
+class GrammarRows(Protocol):
+    """A grammar as the drafter needs it (`specgen.grammar.GrammarProcessor`): its mask on
+    a row, and the token it alone allows, after the history context + block."""
+
+    def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits: ...
+
+    def single(self, context: Sequence[int], block: Sequence[int]) -> int | None: ...
+
+
+def attach_grammar(drafter: object, grammar: GrammarRows | None) -> None:
+    """Give a model drafter (alone or inside a hybrid one) the generation's grammar, or
+    take the last one's away (None). Model-free drafters propose one-hot rows, exact under
+    any mask (a forbidden token has p = 0 and is rejected), and keep none."""
+    model = getattr(drafter, "model", drafter)
+    if isinstance(model, ModelDrafter):
+        model.grammar = grammar
+
+
 class Stepwise(Protocol):
     """A block drafted one row at a time: `Drafting`, or `specgen.hybrid.HybridDrafting`
     (lookup tokens, then a `Drafting`)."""
@@ -219,13 +242,39 @@ class Drafting:
         self.k = max(0, min(k, drafter.engine.n_ctx - len(context) + 1))
         self.tokens: list[int] = []
         self.rows: list[Dists] = []
+        self.sources: list[Source] = []
         self.pending: list[int] = []
         self.behind = 0
+        self._fed = 0  # proposals the draft engine has been given (in `pending` or before)
         if self.k > 0:
             keep = drafter._reusable(context)
             drafter.engine.truncate(keep)
-            self.pending = context[keep:]
             self.behind = len(context) - keep
+            self._force()
+            # nothing left to draw when forced tokens filled the block: no decode at all
+            self.pending = context[keep:] + self._unfed() if len(self.tokens) < self.k else []
+
+    def _force(self) -> None:
+        """Append the tokens the grammar allows alone, while the block has room: each with a
+        one-hot q (the law it was proposed by, as the target's constrained p there is
+        one-hot on it too) and no draft row: the draft model evaluates them with its next
+        decode, whose row is the one after the last of them."""
+        g = self.drafter.grammar
+        if g is None:
+            return
+        while len(self.tokens) < self.k:
+            t = g.single(self.context, self.tokens)
+            if t is None:
+                return
+            self.tokens.append(t)
+            self.rows.append(Dists.one_hot(np.array([t], dtype=np.int64), self.drafter.n_vocab))
+            self.sources.append("grammar")
+
+    def _unfed(self) -> list[int]:
+        """The proposals the draft engine has not been given yet (and now is)."""
+        out = self.tokens[self._fed :]
+        self._fed = len(self.tokens)
+        return out
 
     def feed(self, row: Logits) -> None:
         """The (n_vocab,) logits row after `pending`: draw the next proposal from it, or
@@ -234,6 +283,8 @@ class Drafting:
         x_i is drawn from and the law the target's row i is held to."""
         d = self.drafter
         row = d._align(row)
+        if d.grammar is not None:  # the mask first: -inf commutes with bias and penalties
+            row = d.grammar.row(row, self.context, self.tokens)
         if d.processor is not None:
             row = d.processor.row(row, self.context, self.tokens)
         q_i = warp_rows(row[None, :], d.params)
@@ -243,8 +294,10 @@ class Drafting:
             return
         self.tokens.append(draw(ids, probs, self.rng))
         self.rows.append(q_i)
+        self.sources.append("draft")
+        self._force()
         if len(self.tokens) < self.k:
-            self.pending = [self.tokens[-1]]
+            self.pending = self._unfed()
 
     def stop(self) -> None:
         """End the block at the proposals so far (`specgen.hybrid` continues it by lookup):
@@ -252,6 +305,12 @@ class Drafting:
         self.pending = []
 
     def block(self) -> Block:
-        """The proposals so far: tokens (m,) int64 and their q rows."""
+        """The proposals so far: tokens (m,) int64, their q rows and their sources ("draft",
+        or "grammar" for the tokens the grammar forced)."""
         d = self.drafter
-        return Block(np.array(self.tokens, dtype=np.int64), Dists.concat(self.rows, d.n_vocab))
+        rows = self.rows
+        if "grammar" in self.sources and any(r.dense for r in rows):
+            # the model's rows are dense (no truncation): the one-hot rows must be too
+            rows = [Dists(None, r.to_dense(), d.n_vocab) if not r.dense else r for r in rows]
+        sources = tuple(self.sources) if "grammar" in self.sources else ()
+        return Block(np.array(self.tokens, dtype=np.int64), Dists.concat(rows, d.n_vocab), sources)

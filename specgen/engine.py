@@ -157,8 +157,9 @@ class Block:
     tokens: TokenIds
     q: Dists
     sources: tuple[Source, ...] = ()
-    """Who proposed each token, "draft" (a draft model) or "lookup" (prompt lookup);
-    empty means all "draft"."""
+    """Who proposed each token, "draft" (a draft model), "lookup" (prompt lookup) or
+    "grammar" (the only token the grammar allows there, with a one-hot q); empty means
+    all "draft"."""
 
     def source(self, i: int) -> Source:
         """The proposer of x_{i+1} (see `sources`)."""

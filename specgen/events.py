@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Source = Literal["draft", "lookup", "target"]
-"""Who proposed a committed token: the draft model, prompt lookup (n-gram), or the
-target itself (residual, bonus or ordinary token)."""
-SOURCES: tuple[Source, ...] = ("draft", "lookup", "target")
+Source = Literal["draft", "lookup", "grammar", "target"]
+"""Who proposed a committed token: the draft model, prompt lookup (n-gram), the grammar
+(a position where it allows a single token: no draft pass), or the target itself
+(residual, bonus or ordinary token)."""
+SOURCES: tuple[Source, ...] = ("draft", "lookup", "grammar", "target")
 
 FinishReason = Literal["length", "context", "stop", "eos", "interrupted"]
 """Why generation ended: -n reached, the context (-c) full, a stop string, an
@@ -30,8 +31,8 @@ class Span:
         from_draft: True when a drafter proposed it and the target accepted it; False
             when the target produced it (residual resample, bonus token, or ordinary decoding).
         source: which drafter proposed it (`Source`): "draft" (the draft model),
-            "lookup" (prompt lookup), or "target"; defaults from `from_draft` ("draft" or
-            "target").
+            "lookup" (prompt lookup), "grammar" (forced by the grammar), or "target";
+            defaults from `from_draft` ("draft" or "target").
     """
 
     text: str
@@ -78,7 +79,7 @@ class RoundTrace:
             (draft_cache is -1 without a model drafter).
         verify_rule: "token" (token-wise rejection) or "block" (block verification; `u`
             then holds its eta and `h` its pass probabilities h_1..h_K).
-        sources: the proposer of each drafted token ("draft" or "lookup").
+        sources: the proposer of each drafted token ("draft", "lookup" or "grammar").
         h: block verification's h_i per position (empty under token-wise).
     """
 
@@ -124,7 +125,7 @@ class Step:
         ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
             token (`specgen.controller.Baseline`), None when not measured.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
-            ("draft", "lookup"), only sources with a count.
+            ("draft", "lookup", "grammar"), only sources with a count.
     """
 
     k: int
@@ -180,7 +181,8 @@ class Stats:
         baseline_note: why that baseline is uncertain (the first passes and the run's
             ordinary rounds disagree by more than their noise), or None.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
-            ("draft" for the draft model, "lookup" for prompt lookup).
+            ("draft" for the draft model, "lookup" for prompt lookup, "grammar" for
+            tokens the grammar forced).
         verify_rule: the acceptance rule, "token" or "block".
     """
 

@@ -316,7 +316,11 @@ class HybridDrafting:
             rows.append(model.q)
         if tail:
             rows.append(one_hot(tail))
-        sources = (LOOKUP,) * len(use) + (DRAFT,) * len(model_tokens) + (LOOKUP,) * len(tail)
+        # the model's part may hold tokens its grammar forced ("grammar")
+        model_sources = (
+            model.sources if model is not None and model.sources else (DRAFT,) * len(model_tokens)
+        )
+        sources = (LOOKUP,) * len(use) + tuple(model_sources) + (LOOKUP,) * len(tail)
         tokens = use + model_tokens + tail
         tail_at = len(use) + len(model_tokens) if tail else len(tokens)
         h._pending = _Pending(

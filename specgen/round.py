@@ -21,11 +21,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specgen.constraints import processor_for
+from specgen.constraints import Chain, processor_for
 from specgen.controller import Baseline
+from specgen.drafters import attach_grammar
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
@@ -43,6 +45,9 @@ from specgen.stages import (
     tokens_to_score,
     verify_block,
 )
+
+if TYPE_CHECKING:
+    from specgen.grammar import GrammarProcessor
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (`time.perf_counter`); tests pass a fake one."""
@@ -132,9 +137,33 @@ class Sequence:
         self.committed = list(prompt)
         # the target side's constraints (the drafter holds its own, from the same settings)
         self.processor = processor_for(config.params.constraints, target.n_vocab)
+        self.grammar = self._attach_grammar(config, target, drafter, len(prompt))
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
         self._t_decode = self._t_last = self.clock()
+
+    def _attach_grammar(
+        self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
+    ) -> GrammarProcessor | None:
+        """The grammar's processors: one for the target's rows (first in `processor`: its
+        -inf commutes with the bias and penalties), one of its own for the drafter's rows,
+        each with its own matcher (synced to the history of each call); a drafter used
+        before keeps no earlier generation's grammar.
+
+        Raises:
+            GrammarError: the grammar does not compile.
+        """
+        attach_grammar(drafter, None)
+        if config.grammar is None:
+            return None
+        # start-up time: llguidance loads only for a generation with a grammar
+        from specgen.grammar import GrammarProcessor, compile_grammar, tokenizer_for
+
+        g = compile_grammar(config.grammar, tokenizer_for(target))
+        grammar = GrammarProcessor(g, n_prompt)
+        self.processor = grammar if self.processor is None else Chain([grammar, self.processor])
+        attach_grammar(drafter, GrammarProcessor(g, n_prompt))
+        return grammar
 
     @property
     def _draft_engine(self) -> Engine | None:
@@ -254,6 +283,14 @@ class Sequence:
         t3 = self.clock()
         new, spans = self._emit(p.block, n, x_next)
         self.committed.extend(new)
+        if (
+            self.grammar is not None
+            and self.emitter.finish is None
+            and self.grammar.stopped(self.committed)
+        ):
+            # the grammar is complete and allows nothing more but an end-of-generation
+            # token: end here, without a target pass for it
+            self.emitter.close("stop")
         rollback(self.target, self.drafter, self.committed)
         m = int(p.block.tokens.size)
         # the policy's verify cost is the whole rest of the round: all of it grows with the

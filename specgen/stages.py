@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import RoundTrace
 from specgen.sampling import Dists, SamplingParams, warp_rows
+
+if TYPE_CHECKING:
+    from specgen.grammar import GrammarSpec
 
 VerifyRule = Literal["token", "block"]
 VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
@@ -133,6 +136,10 @@ class GenerateConfig:
             that measurements (bench, verify) always pay a full prefill.
         verify_rule: `--verify`: "token" (token-wise rejection, Leviathan et al.) or
             "block" (block verification, Sun et al. 2025); both are exact.
+        grammar: what the output must match (`--grammar`, `--json-schema`, a request's
+            response_format...), or None. Its mask applies to the target's rows and the
+            draft's alike, before the warpers (`specgen.grammar`); generation ends with
+            finish "stop" when the grammar is complete.
     """
 
     max_tokens: int = 256
@@ -144,6 +151,7 @@ class GenerateConfig:
     trace: bool = False
     reuse_cache: bool = False
     verify_rule: VerifyRule = "token"
+    grammar: GrammarSpec | None = None
 
 
 @dataclass

@@ -133,8 +133,10 @@ class FakeBatchEngine:
     EngineError (a llama.cpp failure) after checking it; `batches` records each batch as
     (seq, n_tokens, n_rows) tuples."""
 
-    def __init__(self, n_seq: int = 4, n_batch: int = 64, **kwargs: object) -> None:
-        self.model = FakeEngine(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, n_seq: int = 4, n_batch: int = 64, model: FakeEngine | None = None, **kwargs: object
+    ) -> None:
+        self.model = model or FakeEngine(**kwargs)  # type: ignore[arg-type]
         self.name = self.model.name
         self.n_vocab = self.model.n_vocab
         self.n_seq = n_seq

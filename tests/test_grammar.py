@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import TextEngine
 
 from specgen.errors import GrammarError
 from specgen.grammar import (
@@ -13,7 +14,6 @@ from specgen.grammar import (
     compile_grammar,
     tokenizer_for,
 )
-from tests.fakes import TextEngine
 
 # "a" or "ab" or "abc", then "}" : alternatives sharing prefixes
 LARK = 'start: ("a" | "ab" | "abc") "}"'

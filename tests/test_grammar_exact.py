@@ -1,0 +1,341 @@
+"""A grammar exact under speculation (`specgen.grammar` on the per-request logits seam), on
+a fake model with closed-form logits over a small byte-complete vocabulary (`TextEngine`).
+
+The constrained target's law: at each position the grammar's mask (every token it does
+not allow at -inf), then the warpers (llama.cpp's grammar-first order). The joint law of
+the first tokens of speculative runs is checked against the product of those
+conditionals by chi-square with fixed seeds, failing below ALPHA = 1e-4, alone and in the
+scheduler's batches mixing grammars, settings and an unconstrained request. Each law
+check is shown to reject a planted bug: q recorded unmasked while the draft drew from the
+masked row, the matcher not rolled back after a rejection, the mask applied after the
+warpers. A mask on p only leaves the output law exact (q is still the law the draft drew
+from): the proposal test catches it, by the draft's law and by its proposing tokens the
+grammar forbids.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from fakes import FakeBatchEngine, TextEngine
+from reference import probs
+from scipy import stats
+
+from specgen import drafters, round
+from specgen.drafters import Drafting, ModelDrafter
+from specgen.events import Done, Step
+from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.grammar import GrammarSpec, Matcher, compile_grammar, tokenizer_for
+from specgen.sampling import SamplingParams, draw, warp_rows
+from specgen.server.scheduler import Job, Scheduler
+
+ALPHA = 1e-4
+PROMPT = [7, 1, 7]
+#: alternatives sharing prefixes ("a", "ab", "abc"), a bounded repetition, an enum
+LARK = 'start: ("a" | "ab" | "abc") "x"{1,2} ("c" | "}" | "cx")'
+SPEC = GrammarSpec("lark", LARK)
+SETTINGS = [
+    SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingParams(temp=0.8, top_k=2, top_p=1.0, min_p=0.0),
+    SamplingParams(temp=1.3, top_k=0, top_p=0.9, min_p=0.05),
+]
+N_TOKENS = 4
+N_SAMPLES = 1000
+
+
+def engines(noise: float = 1.0) -> tuple[TextEngine, TextEngine]:
+    return TextEngine(seed=0, scale=1.0), TextEngine(seed=0, scale=1.0, noise=noise)
+
+
+def matcher(spec: GrammarSpec = SPEC) -> Matcher:
+    return compile_grammar(spec, tokenizer_for(TextEngine())).matcher()
+
+
+#: the real methods, for the reference laws while a planted bug replaces them
+REAL_SYNC, REAL_MASK = Matcher.sync, Matcher.mask
+
+
+def law_of_first(n, model, prompt, params, spec=SPEC):
+    """{tokens: probability} of the first n tokens (fewer when the grammar completes, or
+    when it may end and the end-of-generation token 0 is drawn) under the constrained
+    target: mask, then warp, position by position."""
+    m = matcher(spec)
+    law: dict[tuple[int, ...], float] = {}
+
+    def walk(out: list[int], pr: float) -> None:
+        assert REAL_SYNC(m, out)
+        if len(out) == n or m.stopped:
+            law[tuple(out)] = law.get(tuple(out), 0.0) + pr
+            return
+        z = REAL_MASK(m, model.logits_after(prompt + out))
+        p = probs(z, params)
+        for x in np.flatnonzero(p > 0):
+            if x == 0:  # the end of generation: not a token of the output
+                law[tuple(out)] = law.get(tuple(out), 0.0) + pr * float(p[x])
+            else:
+                walk([*out, int(x)], pr * float(p[x]))
+
+    walk([], 1.0)
+    return law
+
+
+def chi2_pvalue(counts: Counter, law: dict) -> float:
+    if any(k not in law or law[k] == 0 for k in counts):
+        return 0.0  # a sequence the constrained target never emits
+    keys = sorted(law)
+    n = sum(counts.values())
+    exp = np.array([law[k] for k in keys]) * n
+    obs = np.array([counts[k] for k in keys], dtype=float)
+    big = exp >= 5
+    small = (exp > 0) & ~big
+    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
+    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
+    return float(stats.chisquare(obs_p, exp_p).pvalue)
+
+
+def output_pvalue(params, k=2, n=N_SAMPLES, spec=SPEC):
+    """Speculative runs (a noisy draft, K = 2) against the constrained target's law."""
+    target, draft = engines()
+    drafter = ModelDrafter(draft, params, target.n_vocab)
+    counts: Counter = Counter()
+    accepted = 0
+    for s in range(n):
+        config = GenerateConfig(max_tokens=N_TOKENS, params=params, seed=s, grammar=spec)
+        done = list(generate(target, drafter, PROMPT, config, FixedK(k)))[-1]
+        counts[tuple(done.tokens)] += 1
+        accepted += done.stats.n_accepted
+    assert accepted > n / 2  # proposals were accepted, inside blocks
+    return chi2_pvalue(counts, law_of_first(N_TOKENS, target, PROMPT, params, spec))
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=["whole", "top-k", "top-p-min-p"])
+def test_speculative_output_follows_the_constrained_targets_joint_law(params):
+    assert output_pvalue(params) > ALPHA
+
+
+def test_the_output_always_matches_the_grammar_and_stops_when_complete():
+    target, draft = engines()
+    params = SETTINGS[0]
+    for s in range(40):
+        config = GenerateConfig(max_tokens=30, params=params, seed=s, grammar=SPEC)
+        done = list(generate(target, ModelDrafter(draft, params, 264), PROMPT, config, FixedK(3)))
+        end = done[-1]
+        # "stop": the grammar complete; "eos": it could go on and the model ended it
+        assert isinstance(end, Done) and end.finish_reason in ("stop", "eos")
+        m = matcher()
+        assert m.sync(list(end.tokens)) and m.accepting
+        assert m.stopped or end.finish_reason == "eos"
+
+
+# -- planted bugs ------------------------------------------------------------------------
+
+
+def q_unmasked(self, row):
+    """Planted bug: the draft draws from its masked row but records the raw row's q."""
+    d = self.drafter
+    raw = d._align(row)
+    masked = d.grammar.row(raw, self.context, self.tokens)
+    ids, p = warp_rows(masked[None, :], d.params).row(0)
+    self.pending = []
+    self.tokens.append(draw(ids, p, self.rng))
+    self.rows.append(warp_rows(raw[None, :], d.params))
+    self.sources.append("draft")
+    if len(self.tokens) < self.k:
+        self.pending = self._unfed()
+
+
+def no_rollback(self, generated):
+    """Planted bug: the matcher only moves forward (never rolled back after a rejection)."""
+    for t in generated[len(self.tokens) :]:
+        if not self._consume(int(t)):
+            return False
+    return True
+
+
+class MaskAfterWarp:
+    """Planted bug: the warpers run on the raw rows, the mask after them (renormalised)."""
+
+    def __init__(self, monkeypatch):
+        self.masks: list[np.ndarray] = []
+        real_mask, real_warp = Matcher.mask, warp_rows
+
+        def mask(m, row):
+            self.masks.append(np.isfinite(real_mask(m, row)))
+            return np.asarray(row, dtype=np.float32).copy()
+
+        def warp(logits, params):
+            from specgen.sampling import Dists
+
+            keep = np.stack(self.masks[-logits.shape[0] :])
+            self.masks.clear()
+            p = real_warp(logits, params).to_dense() * keep
+            empty = p.sum(axis=1) == 0
+            p[empty] = keep[empty]  # nothing left: uniform over what the grammar allows
+            return Dists(None, p / p.sum(axis=1, keepdims=True), p.shape[1])
+
+        monkeypatch.setattr(Matcher, "mask", mask)
+        for module in ("specgen.stages", "specgen.drafters"):
+            monkeypatch.setattr(f"{module}.warp_rows", warp)
+
+
+@pytest.mark.parametrize("bug", ["q-unmasked", "no-rollback", "mask-after-warp"])
+def test_each_planted_bug_fails_the_joint_law(monkeypatch, bug):
+    params = SETTINGS[1]
+    if bug == "q-unmasked":
+        monkeypatch.setattr(Drafting, "feed", q_unmasked)
+    elif bug == "no-rollback":
+        monkeypatch.setattr(Matcher, "sync", no_rollback)
+    else:
+        MaskAfterWarp(monkeypatch)
+    assert output_pvalue(params, n=500) < ALPHA
+
+
+# -- the draft's proposals -----------------------------------------------------------------
+
+
+def proposal_check(params, n=1500):
+    """Blocks of three proposals against the constrained DRAFT's joint law: (p-value,
+    whether every proposal was a token the grammar allows)."""
+    from specgen.grammar import GrammarProcessor
+
+    _, draft = engines()
+    drafter = ModelDrafter(draft, params, draft.n_vocab)
+    g = compile_grammar(SPEC, tokenizer_for(draft))
+    drafters.attach_grammar(drafter, GrammarProcessor(g, len(PROMPT)))
+    counts: Counter = Counter()
+    rng = np.random.default_rng(0)
+    allowed = True
+    m = matcher()
+    for _ in range(n):
+        drafter.rollback(PROMPT)
+        x = drafter.draft(PROMPT, 3, rng).tokens.tolist()
+        counts[tuple(x)] += 1
+        allowed &= m.sync(x)
+    return chi2_pvalue(counts, law_of_first(3, draft, PROMPT, params)), allowed
+
+
+def test_the_draft_proposes_from_the_masked_draft_law(monkeypatch):
+    params = SETTINGS[0]
+    pvalue, allowed = proposal_check(params)
+    assert pvalue > ALPHA and allowed
+    # planted: the mask on p only (the draft's rows left raw)
+    monkeypatch.setattr(drafters, "attach_grammar", lambda d, g: None)
+    pvalue, allowed = proposal_check(params, n=300)
+    assert pvalue < ALPHA and not allowed
+
+
+# -- greedy ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_speculative_equals_ordinary_constrained_decoding(k):
+    greedy = SamplingParams(temp=0.0)
+    target, draft = engines(noise=1.5)
+    config = GenerateConfig(max_tokens=20, params=greedy, grammar=SPEC)
+    base = list(generate(target, None, PROMPT, config))[-1]
+    spec = list(generate(target, ModelDrafter(draft, greedy, 264), PROMPT, config, FixedK(k)))
+    assert spec[-1].tokens == base.tokens and spec[-1].finish_reason == "stop"
+    assert matcher().sync(list(base.tokens))
+
+
+# -- forced tokens: the grammar as a drafter -----------------------------------------------
+
+
+def test_forced_positions_join_the_block_with_a_one_hot_q_and_no_draft_row():
+    # after "ab", "cde" is forced in bytes: one canonical token at a time, no draft row
+    spec = GrammarSpec("lark", 'start: ("ab" | "a") "c" "x" "}" ("a" | "b")')
+    target, draft = engines()
+    greedy = SamplingParams(temp=0.0)
+    drafter = ModelDrafter(draft, greedy, 264)
+    config = GenerateConfig(max_tokens=20, params=greedy, grammar=spec)
+    steps = list(generate(target, drafter, PROMPT, config, FixedK(6)))
+    end = steps[-1]
+    assert end.finish_reason == "stop"
+    by = Counter()
+    for s in steps:
+        if isinstance(s, Step):
+            for src, n in s.n_drafted_by.items():
+                by[src] += n
+    assert by["grammar"] >= 2
+    base = list(generate(target, None, PROMPT, config))[-1]
+    assert base.tokens == end.tokens
+
+
+# -- the scheduler: slots with different grammars and settings in one batch ---------------
+
+BATCH = [
+    (SETTINGS[0], SPEC),
+    (SETTINGS[1], GrammarSpec("lark", 'start: ("b" | "ab") ("x" | "c"){2}')),
+    (SETTINGS[2], SPEC),
+    (SamplingParams(temp=1.0, top_k=3, top_p=1.0, min_p=0.0), None),
+]
+BATCH_PROMPTS = ([7, 1], [1], [7, 7, 1], [2, 1])
+N_PER_SETTING = 500
+
+
+def unconstrained_law(n, model, prompt, params):
+    law: dict[tuple[int, ...], float] = {}
+
+    def walk(out, pr):
+        if len(out) == n:
+            law[tuple(out)] = pr
+            return
+        p = probs(model.logits_after(prompt + out), params)
+        for x in np.flatnonzero(p > 1e-12):
+            walk([*out, int(x)], pr * float(p[x]))
+
+    walk([], 1.0)
+    return law
+
+
+def batch_pvalues():
+    t, d = engines()
+    target, draft = FakeBatchEngine(4, 64, model=t), FakeBatchEngine(4, 64, model=d)
+    sched = Scheduler(
+        target, ModelDrafter(draft, SETTINGS[0], 264), n_parallel=4, queue_max=10_000,
+        draft_max=2,
+    )  # fmt: skip
+    sinks = []
+    for i in range(N_PER_SETTING * len(BATCH)):
+        s = i % len(BATCH)
+        params, spec = BATCH[s]
+        config = GenerateConfig(3, params, ignore_eos=True, seed=30_000 + i, grammar=spec)
+        events: list = []
+        sched.submit(Job("job", list(BATCH_PROMPTS[s]), config), events.append)
+        sinks.append((s, events))
+    sched.run_until_idle()
+    counts: list[Counter] = [Counter() for _ in BATCH]
+    for s, events in sinks:
+        done = events[-1]
+        assert isinstance(done, Done), done
+        counts[s][tuple(done.tokens[:3])] += 1
+    out = []
+    for s, (params, spec) in enumerate(BATCH):
+        if spec is None:
+            law = unconstrained_law(3, target.model, BATCH_PROMPTS[s], params)
+        else:
+            law = law_of_first(3, target.model, BATCH_PROMPTS[s], params, spec)
+        out.append(chi2_pvalue(counts[s], law))
+    return out
+
+
+def test_every_slot_in_a_mixed_batch_follows_its_own_constrained_law():
+    assert min(batch_pvalues()) > ALPHA
+
+
+def test_no_rollback_fails_the_batched_check(monkeypatch):
+    monkeypatch.setattr(Matcher, "sync", no_rollback)
+    assert min(batch_pvalues()) < ALPHA
+
+
+def test_a_drafter_reused_without_a_grammar_keeps_none():
+    target, draft = engines()
+    drafter = ModelDrafter(draft, SETTINGS[0], 264)
+    list(generate(target, drafter, PROMPT, GenerateConfig(4, SETTINGS[0], grammar=SPEC)))
+    assert drafter.grammar is not None
+    list(generate(target, drafter, PROMPT, GenerateConfig(4, SETTINGS[0])))
+    assert drafter.grammar is None
+    assert round is not None and replace is not None
