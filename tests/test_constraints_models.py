@@ -199,3 +199,27 @@ def test_verify_holds_the_pair_to_the_constrained_law(tiny_target, tiny_draft, m
         monkeypatch.setattr(module, "processor_for", lambda c, v: CommittedOnly(c, v))
     res = CliRunner().invoke(app, [*args[:-1], "--check", "sampling"])
     assert res.exit_code == 1, res.output
+
+
+def test_smollm2_greedy_speculative_equals_ordinary_under_a_bias_and_penalties(smol_pair):
+    """A real BPE vocabulary and a quantized draft: the first greedy token banned, and
+    penalties, give the same text speculatively as ordinarily (the near-tie rule)."""
+    target_path, draft_path = smol_pair
+    text = "The three primary colors are red, blue and"
+    args = {"max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    with specgen.load(target_path, "none", ctx_size=512) as plain:
+        first = plain.generate(text, **args).tokens[0]
+        setting = {"logit_bias": {first: -100.0}, "repeat_penalty": 1.3, "presence_penalty": 0.5}
+        ordinary = plain.generate(text, **args, **setting)
+    with specgen.load(target_path, draft_path, ctx_size=512) as pair:
+        spec = pair.generate(text, draft_max=4, **args, **setting)
+    assert ordinary.tokens[0] != first and spec.stats.n_accepted > 0
+    if spec.tokens == ordinary.tokens:
+        return
+    i = next(
+        i for i, (a, b) in enumerate(zip(ordinary.tokens, spec.tokens, strict=False)) if a != b
+    )
+    with LlamaEngine(target_path, EngineConfig(n_ctx=512)) as target:
+        prompt = prompt_tokens(target, text.encode())
+        gap = processed_gap(target, prompt + list(ordinary.tokens[:i]), setting)
+    assert gap < NEAR_TIE_LOGITS, f"diverged at {i} with processed logit gap {gap:.4f}"

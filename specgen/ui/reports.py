@@ -15,6 +15,7 @@ from specgen.bench.results import BenchResult, Latency, PairSummary
 from specgen.events import ACCEPTANCE_HOW
 
 if TYPE_CHECKING:
+    from specgen.constraints import Constraints
     from specgen.trace import TraceSummary
     from specgen.verify import VerifyReport
 
@@ -203,6 +204,7 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
         t = Table(
             title=(
                 f"sampling: {s.samples} samples per prompt, temp {p.temp}, top-k {p.top_k},"
+                f"{_constraints_note(p.constraints)}"
                 f" K {s.k}, seed {s.seed}; chi-square vs the target's exact distribution"
             ),
             title_justify="left",
@@ -452,3 +454,15 @@ def human_bytes(n: int | None) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} B"
+
+
+def _constraints_note(c: Constraints) -> str:
+    """' logit bias on N tokens, repeat-penalty R, ... ,' for a verify title ('' for none)."""
+    bits = [f" logit bias on {len(c.logit_bias)} token(s)"] if c.logit_bias else []
+    if c.penalizes:
+        last = "all" if c.repeat_last_n < 0 else str(c.repeat_last_n)
+        bits.append(
+            f" repeat-penalty {c.repeat_penalty}, presence-penalty {c.presence_penalty},"
+            f" frequency-penalty {c.frequency_penalty} over the last {last}"
+        )
+    return "".join(b + "," for b in bits)
