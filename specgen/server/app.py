@@ -32,8 +32,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from specgen.constraints import check_vocab
-from specgen.errors import ChatTemplateError, ConfigError, PromptError
+from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
 from specgen.events import Done, Step
+from specgen.grammar import GrammarSpec
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.scheduler import (
@@ -93,6 +94,10 @@ class Backend:
         model_id: the id in /v1/models and every response (--alias, else the file name).
         card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
         close: frees the models (after the scheduler has shut down).
+        check_grammar: compiles a request's grammar for the target's vocabulary (cached per
+            grammar text, so the step loop finds it compiled), raising GrammarError naming
+            the problem; called in a worker thread before the job is queued. None: no
+            grammar is served.
     """
 
     scheduler: SchedulerLike
@@ -102,6 +107,7 @@ class Backend:
     model_id: str
     card: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] = lambda: None
+    check_grammar: Callable[[GrammarSpec], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,15 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         except ConfigError as e:
             message = str(e).replace("--logit-bias", "logit_bias")
             raise RequestError(400, message, param="logit_bias") from None
+        if config.grammar is not None:
+            # compiled here, off the step loop, before any slot is taken (cached per text)
+            if b.check_grammar is None:
+                raise RequestError(400, "this server serves no grammars", param="grammar")
+            try:
+                await run_in_threadpool(b.check_grammar, config.grammar)
+            except GrammarError as e:
+                source = config.grammar.source
+                raise RequestError(400, str(e), param=source, code="invalid_grammar") from None
         job = Job(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", prompt, config)
         events = _Events(asyncio.get_running_loop())
         try:

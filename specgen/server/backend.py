@@ -106,6 +106,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     """The started scheduler over `opened`, the chat template and the model's card."""
     # start-up time: the scheduler and the chat module load numpy
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
+    from specgen.grammar import compile_grammar, tokenizer_for
     from specgen.server.scheduler import Scheduler
 
     target = opened.target
@@ -131,6 +132,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         model_id=a.alias or target.path.name,
         card=card,
         close=opened.close,
+        check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
     )
 
 

@@ -93,10 +93,7 @@ FIELDS: dict[str, Field] = {
     "max_completion_tokens": Field(H, "max_tokens' newer name (it wins)", routes=CHAT),
     "top_logprobs": Field(R, "log-probabilities are not served yet", routes=CHAT, inert=(None, 0)),
     "response_format": Field(
-        R,
-        "structured output is not served yet; only {'type': 'text'}",
-        routes=CHAT,
-        inert=(None, {"type": "text"}),
+        H, "text, json_object, or json_schema (output constrained to it)", routes=CHAT
     ),
     "tools": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
     "tool_choice": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
@@ -129,8 +126,8 @@ FIELDS: dict[str, Field] = {
     "return_tokens": Field(H, "the generated token ids in the response", "llama-server"),
     "repeat_penalty": Field(H, "llama.cpp's repeat penalty (1 = off)", "llama-server"),
     "repeat_last_n": Field(H, "tokens the penalties see (0 off, -1 all)", "llama-server"),
-    "grammar": Field(R, "grammars are not served yet", "llama-server", inert=(None, "")),
-    "json_schema": Field(R, "JSON schemas are not served yet", "llama-server"),
+    "grammar": Field(H, "a GBNF grammar the output must match", "llama-server"),
+    "json_schema": Field(H, "a JSON Schema the output must follow", "llama-server"),
     "n_probs": Field(R, "log-probabilities are not served yet", "llama-server", inert=(None, 0)),
     "post_sampling_probs": Field(
         R, "post-sampling probabilities are not served", "llama-server", inert=(None, False)

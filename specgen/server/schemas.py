@@ -50,6 +50,25 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """OpenAI's ``response_format.json_schema``: the schema the answer must follow
+    (``strict`` is accepted: the output always follows the schema)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``); llama-server
+    also takes ``{"type": "json_object", "schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
 class _Generation(_Request):
     """The fields both routes share (OpenAI's, and llama-server's ``ignore_eos``)."""
 
@@ -72,6 +91,9 @@ class _Generation(_Request):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)  # llama-server's
     repeat_last_n: int | None = Field(default=None, ge=-1)  # llama-server's; -1 = context
+    # structured output (specgen.grammar): llama-server's GBNF grammar and JSON schema
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
     route: ClassVar[Route]
 
@@ -133,6 +155,7 @@ class _Generation(_Request):
 class ChatCompletionRequest(_Generation):
     route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
 
     @property

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.constraints import Constraints
+from specgen.errors import GrammarError
 from specgen.events import Done, FinishReason, Stats, Step
 from specgen.flags import SamplingFlags, verify_rule
 from specgen.generate import GenerateConfig
+from specgen.grammar import GrammarSpec
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
 from specgen.server.schemas import (
@@ -171,7 +173,51 @@ def generate_config(
         ignore_eos=bool(req.ignore_eos),
         seed=seed,
         verify_rule=verify_rule(defaults.verify, params.greedy),  # type: ignore[arg-type]
+        grammar=grammar_of(req),
     )
+
+
+def grammar_of(req: _Generation) -> GrammarSpec | None:
+    """What the request constrains its output to: ``response_format`` (json_object, or
+    json_schema's schema), llama-server's ``json_schema`` or ``grammar`` (GBNF; a Lark
+    grammar is taken too), or None. Not compiled here (see `Backend.check_grammar`).
+
+    Raises:
+        RequestError: 400 when more than one is given, or a schema that is no JSON object.
+    """
+    specs: list[GrammarSpec] = []
+    try:
+        fmt = getattr(req, "response_format", None)
+        if fmt is not None and fmt.type != "text":
+            js = fmt.json_schema
+            if fmt.type == "json_schema" and js is None:
+                raise RequestError(
+                    400,
+                    "response_format.json_schema is required with type json_schema",
+                    param="response_format.json_schema",
+                )
+            if js is not None and js.schema_ is not None:
+                source = "response_format.json_schema.schema"
+                specs.append(GrammarSpec.json_schema(js.schema_, source))
+            elif fmt.schema_ is not None:
+                specs.append(GrammarSpec.json_schema(fmt.schema_, "response_format.schema"))
+            else:  # JSON mode, or a json_schema without a schema: any JSON object
+                specs.append(GrammarSpec("json_object", "", "response_format"))
+        if req.json_schema is not None:
+            specs.append(GrammarSpec.json_schema(req.json_schema, "json_schema"))
+        if req.grammar:
+            specs.append(GrammarSpec("gbnf", req.grammar, "grammar"))
+    except GrammarError as e:
+        raise RequestError(
+            400, str(e), param=str(e).split(":")[0], code="invalid_grammar"
+        ) from None
+    if len(specs) > 1:
+        raise RequestError(
+            400,
+            f"{specs[0].source} and {specs[1].source} both constrain the output: give one",
+            param=specs[1].source,
+        )
+    return specs[0] if specs else None
 
 
 def constraints_of(req: _Generation, base: Constraints) -> Constraints:

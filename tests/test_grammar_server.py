@@ -1,0 +1,147 @@
+"""Structured output over real HTTP with the official `openai` client on the SmolLM2 pair
+(`specgen serve`): `chat.completions.parse` with a pydantic model at temperature 0 and
+0.8, JSON mode, llama-server's `json_schema` and GBNF `grammar` fields, bad schemas and
+grammars answered 400 before any slot is taken (and the next request served), and a
+constrained request beside an unconstrained one in the same batch, the greedy one equal to
+itself served alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Literal
+
+import httpx
+import openai
+import pydantic
+import pytest
+from test_server_models import Server, start
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+    population: int
+    kind: Literal["capital", "port", "other"]
+
+
+@pytest.fixture(scope="module")
+def server(smol_pair) -> Iterator[Server]:
+    s = start(smol_pair, "-np", "2", "--draft-max", "4", "--temp", "0")
+    yield s
+    assert s.stop() == 0
+
+
+ASK = [{"role": "user", "content": "Describe Paris as JSON."}]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_parse_returns_a_valid_instance(server: Server, temperature: float) -> None:
+    r = server.client().chat.completions.parse(
+        model=server.model_id,
+        messages=ASK,
+        response_format=City,
+        temperature=temperature,
+        seed=3,
+        max_tokens=120,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(choice.message.parsed, City)
+    spec = r.model_extra["speculative"]  # type: ignore[index]
+    assert spec["num_draft_tokens"] > 0
+
+
+def test_json_mode_and_llama_servers_fields(server: Server) -> None:
+    c = server.client()
+    r = c.chat.completions.create(
+        model=server.model_id, messages=ASK, response_format={"type": "json_object"},
+        temperature=0, max_tokens=80,
+    )  # fmt: skip
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    body = {"prompt": "Is water wet? Answer in JSON: ", "max_tokens": 30, "temperature": 0}
+    j = httpx.post(
+        server.url + "/v1/completions", json={**body, "json_schema": schema}, timeout=120
+    )
+    assert j.status_code == 200, j.text
+    assert json.loads(j.json()["choices"][0]["text"])["ok"] in (True, False)
+    g = httpx.post(
+        server.url + "/v1/completions",
+        json={**body, "grammar": 'root ::= "yes." | "no."'},
+        timeout=120,
+    )
+    assert g.status_code == 200, g.text
+    assert g.json()["choices"][0]["text"] in ("yes.", "no.")
+    assert g.json()["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("json_schema", {"type": "strin"}, "json_schema"),
+        ("grammar", 'root ::= "yes', "grammar"),
+        ("grammar", "start: foo", "grammar"),
+    ],
+)
+def test_bad_schema_or_grammar_is_400_and_the_next_request_succeeds(
+    server: Server, field: str, value: object, param: str
+) -> None:
+    body = {"prompt": "Hi", "max_tokens": 4, "temperature": 0}
+    r = httpx.post(server.url + "/v1/completions", json={**body, field: value}, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"], err
+    ok = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert ok.status_code == 200
+
+
+def test_a_bad_response_format_schema_through_the_client_is_a_400(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(
+            model=server.model_id, messages=ASK, max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}},
+            },
+        )  # fmt: skip
+    assert "response_format.json_schema.schema" in str(e.value)
+    both = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "Hi", "grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
+        timeout=120,
+    )
+    assert both.status_code == 400 and "give one" in both.json()["error"]["message"]
+
+
+def test_constrained_and_unconstrained_requests_share_a_batch(server: Server) -> None:
+    """A greedy schema request beside a sampled free-text one: the greedy one's answer is
+    the same as served alone."""
+    c = server.client()
+
+    def constrained() -> str:
+        r = c.chat.completions.create(
+            model=server.model_id, messages=ASK, temperature=0, max_tokens=60,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "city", "schema": City.model_json_schema()}},
+        )  # fmt: skip
+        return r.choices[0].message.content or ""
+
+    alone = constrained()
+    out: dict[str, str] = {}
+
+    def free() -> None:
+        r = c.chat.completions.create(
+            model=server.model_id, messages=[{"role": "user", "content": "Tell me a story."}],
+            temperature=0.8, max_tokens=60, seed=1,
+        )  # fmt: skip
+        out["free"] = r.choices[0].message.content or ""
+
+    t = threading.Thread(target=free)
+    t.start()
+    together = constrained()
+    t.join()
+    assert together == alone
+    assert out["free"]
