@@ -223,3 +223,32 @@ def test_smollm2_greedy_speculative_equals_ordinary_under_a_bias_and_penalties(s
         prompt = prompt_tokens(target, text.encode())
         gap = processed_gap(target, prompt + list(ordinary.tokens[:i]), setting)
     assert gap < NEAR_TIE_LOGITS, f"diverged at {i} with processed logit gap {gap:.4f}"
+
+
+def test_requests_with_different_settings_share_a_batch(server: Server):
+    """Two concurrent greedy requests, one banning the token the other starts with: each
+    keeps its own setting in the shared decodes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompt = "The capital of France is"
+    first = tokens_of(server, prompt, max_tokens=1)[0]
+    bodies = [{"max_tokens": 24}, {"max_tokens": 24, "logit_bias": {str(first): -100}}] * 2
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        outs = list(pool.map(lambda b: tokens_of(server, prompt, **b), bodies))
+    for body, out in zip(bodies, outs, strict=True):
+        assert (out[0] == first) == ("logit_bias" not in body)
+        if "logit_bias" in body:
+            assert first not in out
+
+
+def test_the_servers_flags_are_the_defaults_of_requests_that_omit_the_fields(
+    server: Server, smol_pair
+):
+    prompt = "The capital of France is"
+    first = tokens_of(server, prompt, max_tokens=1)[0]
+    s = start(smol_pair, "-np", "1", "--draft-max", "4", "--temp", "0", "-l", f"{first}-inf")
+    try:
+        assert first not in tokens_of(s, prompt)  # the server's -l applies
+        assert tokens_of(s, prompt, logit_bias={})[0] == first  # a request's map replaces it
+    finally:
+        assert s.stop() == 0
