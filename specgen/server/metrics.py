@@ -30,6 +30,7 @@ _K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 _ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 _HOST_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05)
+_ITL_BUCKETS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 _REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 MAX_POSITIONS = 64
 """Positions counted for acceptance by position (--draft-max is at most 64)."""
@@ -102,6 +103,20 @@ class Metrics:
         self.host_s = Counter(
             "specgen_host_seconds", "Seconds of steps outside llama_decode.", registry=r
         )
+        # fairness between slots: a slot whose request streams slower than the others
+        # (it rarely speculates, or waits behind their blocks) shows here, by slot
+        self.slot_itl = Histogram(
+            "specgen_slot_inter_token_seconds",
+            "Per slot: seconds between two sends of tokens to its request (ITL per streamed"
+            " chunk, as bench --url counts it; the first tokens, TTFT, are not in it).",
+            ["slot"], buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.slot_tokens = Counter(
+            "specgen_slot_chunk_tokens",
+            "Per slot: tokens in the chunks timed by specgen_slot_inter_token_seconds"
+            " (tokens per chunk = this / its _count).",
+            ["slot"], registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a slot.", registry=r)
         self.slots_busy = Gauge("specgen_slots_busy", "Slots serving a request.", registry=r)
         self.slots = Gauge("specgen_slots", "Slots (--parallel).", registry=r)
@@ -141,6 +156,9 @@ class Metrics:
             self.cost.labels(model="draft", term="token").set(report.draft_token_s)
         if report.spec_overhead_s is not None:
             self.cost.labels(model="step", term="spec_overhead").set(report.spec_overhead_s)
+        for slot, gap_s, n_tokens in report.itl:
+            self.slot_itl.labels(slot=str(slot)).observe(gap_s)
+            self.slot_tokens.labels(slot=str(slot)).inc(n_tokens)
 
     def observe_request(
         self,

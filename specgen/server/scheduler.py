@@ -126,6 +126,10 @@ class BatchReport:
             after the step; None with a fixed K.
         spec_overhead_s: the controller's `spec_overhead_s` after the step (None with a
             fixed K).
+        itl: (slot index, seconds, tokens) per slot that was sent tokens in the step after
+            an earlier step had sent its request some: the gap between the two sends (an
+            inter-token latency per streamed chunk, as `specgen bench --url` counts ITL)
+            and the tokens of this chunk; a request's first tokens (its TTFT) are not in it.
     """
 
     n_rows: int
@@ -141,6 +145,7 @@ class BatchReport:
     draft_line: Line | None = None
     spec_overhead_s: float | None = None
     draft_token_s: float | None = None
+    itl: tuple[tuple[int, float, int], ...] = ()
 
 
 class Ticket:
@@ -170,6 +175,7 @@ class _Slot:
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
+        self.t_sent: float | None = None  # clock when its request was last sent tokens
 
 
 def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -279,6 +285,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._calibrated = threading.Event()  # set once `start`'s worker has calibrated
         self.last_report: BatchReport | None = None
+        self._itl: list[tuple[int, float, int]] = []  # this step's `BatchReport.itl`
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
         # prompt lookup's pooled record per sampling setting (`HybridDrafter`'s pool), the
         # least recently used first
@@ -470,6 +477,7 @@ class Scheduler:
 
     def _step(self) -> BatchReport:
         t_step = self.clock()
+        self._itl = []  # filled by `_commit`
         inside0 = _decode_s(self.target) + _decode_s(self._draft)
         self._reap_cancelled()
         self._admit()
@@ -548,6 +556,7 @@ class Scheduler:
             draft_line=ctl.draft_line() if ctl is not None else None,
             spec_overhead_s=ctl.spec_overhead_s if ctl is not None else None,
             draft_token_s=ctl.draft.token_s if ctl is not None else None,
+            itl=tuple(self._itl),
         )
         self.last_report = report
         if self.observer is not None:
@@ -768,6 +777,7 @@ class Scheduler:
         job = ticket.job
         slot.ticket = ticket
         slot.t_admit = self.clock()
+        slot.t_sent = None
         try:
             slot.drafter = self._drafter_for(slot, job.config.params)
             k_cap = self.draft_max if self.draft_max is not None else self._k_cap()
@@ -891,6 +901,11 @@ class Scheduler:
             self.controller.observe_round(slot.acceptance, k, n)
         assert slot.ticket is not None
         self._send(slot.ticket, step)
+        if step.spans:  # per-slot ITL for /metrics: fairness between slots
+            now = self.clock()
+            if slot.t_sent is not None:
+                self._itl.append((slot.index, now - slot.t_sent, len(step.spans)))
+            slot.t_sent = now
         if seq.ended():
             self._end(slot, None)
 
