@@ -21,7 +21,7 @@ from typing import Protocol
 
 from specgen.engine import Drafter, Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
-from specgen.events import Done, Prefilled, Stats
+from specgen.events import Done, Prefilled, Stats, Step
 from specgen.generate import Event, GenerateConfig, KPolicy, generate
 
 EMBEDDED_KEY = "tokenizer.chat_template"
@@ -377,6 +377,8 @@ class ChatSession:
                 interrupt = False
                 if isinstance(ev, Prefilled):
                     ordinary_s = ev.ordinary_token_s
+                elif isinstance(ev, Step) and ev.timed_ordinary_s is not None:
+                    ordinary_s = ev.timed_ordinary_s  # timed after the first token
                 elif isinstance(ev, Done):
                     done = ev
                     # the reply's own baseline, kept current by its ordinary rounds (none

@@ -48,13 +48,15 @@ class Span:
 
 @dataclass(frozen=True)
 class Prefilled:
-    """The prompt has been evaluated by the target (and the draft, if any)."""
+    """The prompt has been evaluated by the target (a single stream's draft evaluates it
+    after the first round: `specgen.round.Sequence.prefill`)."""
 
     n_prompt: int
     prefill_s: float
     ordinary_token_s: float | None = None
     """Median seconds of a single-token target pass, timed right after the prompt on
-    this hardware (the ordinary-decoding baseline), or None when not measured."""
+    this hardware (the ordinary-decoding baseline), or None when not measured (a single
+    stream times it after its first round: `Step.timed_ordinary_s`)."""
     draft_token_s: float | None = None
     """Median seconds of a single-token draft pass, timed likewise (adaptive block size
     with a model draft only), or None."""
@@ -126,6 +128,11 @@ class Step:
             token (`specgen.controller.Baseline`), None when not measured.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
             ("draft", "lookup", "grammar"), only sources with a count.
+        timed_ordinary_s, timed_draft_s: medians of the single-token target and draft
+            passes timed at a single stream's start-up, on the round they preceded (its
+            second: the first is an ordinary pass, so the first token waits for none of
+            them; `specgen.round.Sequence.step`), else None. What `Prefilled` carries
+            when a batched prefill times them (`Sequence.start`).
     """
 
     k: int
@@ -145,6 +152,8 @@ class Step:
     ordinary_token_s: float | None = None
     n_drafted_by: dict[str, int] = field(default_factory=dict)
     n_accepted_by: dict[str, int] = field(default_factory=dict)
+    timed_ordinary_s: float | None = None
+    timed_draft_s: float | None = None
 
     @property
     def text(self) -> str:

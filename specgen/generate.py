@@ -41,9 +41,13 @@ def generate(
     config: GenerateConfig,
     policy: KPolicy | None = None,
     clock: Clock | None = None,
+    ordinary_first: bool = True,
 ) -> Generator[Event, None, None]:
     """Generate from `prompt` (token ids), yielding Prefilled, then a Step per round,
-    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. A consumer
+    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. The first round
+    is an ordinary pass unless `ordinary_first` is False (`specgen.round.Sequence.prefill`:
+    the first token at ordinary decoding's latency; the law of the output is the same
+    either way). A consumer
     interrupted between events throws ``KeyboardInterrupt`` in (``.throw``): that is
     handled as Ctrl-C inside the loop (the next event is the Done).
 
@@ -62,7 +66,7 @@ def generate(
     # the emitter (during its rollback or bookkeeping) must still reach the caller.
     interrupted = False
     try:
-        yield seq.prefill()
+        yield seq.prefill(ordinary_first)
         while not seq.ended():
             yield seq.step()
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ but not yet evaluated; a model drafter holds a prefix of that.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -27,10 +28,11 @@ import numpy as np
 
 from specgen.constraints import Chain, processor_for
 from specgen.controller import Baseline
-from specgen.drafters import attach_grammar
+from specgen.drafters import ModelDrafter, attach_grammar
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
+from specgen.hybrid import HybridDrafter
 from specgen.stages import (
     FixedK,
     GenerateConfig,
@@ -141,6 +143,8 @@ class Sequence:
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
         self._t_decode = self._t_last = self.clock()
+        # set by `prefill`: the first round is ordinary, the start-up follows it
+        self._first_ordinary = self._start_due = False
 
     def _attach_grammar(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
@@ -175,18 +179,46 @@ class Sequence:
 
     # -- before the first round ------------------------------------------------------
 
-    def prefill(self) -> Prefilled:
-        """Evaluate the prompt (all but its last token) in the target and the draft, then
-        time the ordinary-decoding baseline as `config.measure_ordinary` asks."""
-        t0 = self.clock()
-        n = prefill(self.target, self.drafter, self.committed, self.config.reuse_cache)
-        return self.start(n, self.clock() - t0)
+    def prefill(self, ordinary_first: bool = True) -> Prefilled:
+        """Evaluate the prompt (all but its last token) in the target only: a single
+        stream's first token comes at ordinary decoding's latency.
 
-    def start(self, n_prefill: int, prefill_s: float) -> Prefilled:
+        The first `step` is then an ordinary pass (K = 0), whatever the policy, and the
+        work that used to precede it runs after it, before the second round (`_start_up`):
+        the draft's prefill (`ModelDrafter.prefill`, deferred here with evaluate=False)
+        and the timed passes `config.measure_ordinary` asks for. With a first round that
+        speculated, the first token waited for all of it plus K draft decodes and a
+        K + 1-row verify (`bench` TTFT 274 ms against 134 ms ordinary on the demo pair);
+        the server's first step per request is ordinary for the same reason. The law of
+        the output does not depend on the K chosen (Leviathan et al. 2023, Theorem 3.5),
+        so this changes timing only.
+
+        With `ordinary_first` False (`specgen verify`, whose tests must reach speculation
+        from the first position), both models evaluate the prompt, the passes are timed
+        now, and the policy chooses the first round's K.
+        """
+        t0 = self.clock()
+        n = prefill(
+            self.target, self.drafter, self.committed, self.config.reuse_cache, ordinary_first
+        )
+        self._first_ordinary = ordinary_first
+        return self.start(n, self.clock() - t0, measure=not ordinary_first)
+
+    def start(self, n_prefill: int, prefill_s: float, measure: bool = True) -> Prefilled:
         """Begin after the prompt was evaluated (by `prefill`, or by a batched prefill that
-        holds other sequences too): time the baseline passes, return the Prefilled event."""
+        holds other sequences too): time the baseline passes (unless `measure` is False:
+        `prefill` leaves them to `_start_up`), return the Prefilled event."""
         self.stats.n_prefill, self.stats.prefill_s = n_prefill, prefill_s
-        last, n = self.committed[-1], self.config.measure_ordinary
+        ordinary_s, draft_pass_s = self._time_start(measure)
+        self._t_decode = self._t_last = self.clock()
+        return Prefilled(len(self.committed), prefill_s, ordinary_s, draft_pass_s)
+
+    def _time_start(self, measure: bool = True) -> tuple[float | None, float | None]:
+        """The start-up measurements: `config.measure_ordinary` single-token target passes
+        of `last` (the ordinary-decoding baseline, fed to the policy), then as many draft
+        passes when the policy needs the draft's cost before its first choice. Returns
+        their medians (None when not measured)."""
+        last, n = self.committed[-1], self.config.measure_ordinary if measure else 0
         passes = time_passes(self.target, last, n, self.clock)
         ordinary_s = draft_pass_s = None
         if passes:
@@ -199,8 +231,23 @@ class Sequence:
             draft = self._draft_engine
             if draft is not None and self.policy.measures_draft:
                 draft_pass_s = self._time_draft(n)
-        self._t_decode = self._t_last = self.clock()
-        return Prefilled(len(self.committed), prefill_s, ordinary_s, draft_pass_s)
+        return ordinary_s, draft_pass_s
+
+    def _start_up(self) -> tuple[float | None, float | None]:
+        """After a single stream's first round (`prefill`): the draft's deferred prefill
+        (with its rolled-back warm-up pass), then the timed passes, all before the second
+        round's choice of K, so the policy chooses from the same measurements as when they
+        preceded the first round. As then, their time is in neither `decode_s` nor the
+        rounds' costs (the draft's prefill is added to `prefill_s`, where it was)."""
+        t0 = self.clock()
+        if isinstance(self.drafter, ModelDrafter | HybridDrafter):
+            self.drafter.prefill(self.committed)
+        self.stats.prefill_s += self.clock() - t0
+        timed = self._time_start()
+        # the start-up is not decoding: the rounds' clocks start after it
+        self._t_decode += self.clock() - t0
+        self._t_last = self.clock()
+        return timed
 
     def _time_draft(self, n: int) -> float | None:
         """The median of n single-token draft passes of `last` (rolled back), made where
@@ -255,7 +302,13 @@ class Sequence:
             decode0, self._inside(),
         )  # fmt: skip
 
-    def commit(self, proposal: Proposal, logits: Logits, verify_s: float | None = None) -> Step:
+    def commit(
+        self,
+        proposal: Proposal,
+        logits: Logits,
+        verify_s: float | None = None,
+        observe: bool = True,
+    ) -> Step:
         """Stages 3-5 for this sequence, given its rows of the target decode.
 
         Args:
@@ -264,6 +317,8 @@ class Sequence:
                 to_score[i]. The target's `tokens` already include to_score.
             verify_s: seconds of the decode that produced the rows; None: the time since
                 drafting ended (a single stream's own decode).
+            observe: report the round to the policy; False for a round no policy chose
+                (a single stream's first, see `step`).
 
         Returns:
             The round's Step (spans, counts, timings).
@@ -295,10 +350,11 @@ class Sequence:
         m = int(p.block.tokens.size)
         # the policy's verify cost is the whole rest of the round: all of it grows with the
         # block; catching up after ordinary rounds is a cost of the probe, passed apart
-        self.policy.observe(
-            p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m, p.catchup_s,
-            n_lookup=p.block.sources.count("lookup"),
-        )  # fmt: skip
+        if observe:
+            self.policy.observe(
+                p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m,
+                p.catchup_s, n_lookup=p.block.sources.count("lookup"),
+            )  # fmt: skip
         t_end = self.clock()
         if p.k == 0 and new:
             # an ordinary pass as this run pays for it, since the previous round ended
@@ -365,10 +421,27 @@ class Sequence:
         return new, spans
 
     def step(self) -> Step:
-        """One round for a single stream: propose, one target decode, commit."""
-        proposal = self.propose(self.choose_k())
+        """One round for a single stream: propose, one target decode, commit.
+
+        After `prefill`, the first round is an ordinary pass (K = 0, chosen by no policy
+        and reported to none: its pass is the first single-token decode after the
+        prompt's batch, slow from graph set-up), and the start-up measurements run before
+        the second (`_start_up`), whose Step carries their medians."""
+        timed = None
+        forced = self._first_ordinary
+        if forced:
+            self._first_ordinary, self._start_due = False, True
+            proposal = self.propose(0)
+        else:
+            if self._start_due:
+                self._start_due = False
+                timed = self._start_up()
+            proposal = self.propose(self.choose_k())
         logits = self.target.decode(proposal.to_score, all_logits=True)
-        return self.commit(proposal, logits)
+        step = self.commit(proposal, logits, observe=not forced)
+        if timed is not None:
+            step = dataclasses.replace(step, timed_ordinary_s=timed[0], timed_draft_s=timed[1])
+        return step
 
     # -- the end -----------------------------------------------------------------------
 

@@ -21,10 +21,11 @@ import numpy as np
 from specgen import rejection
 from specgen.constraints import Processor
 from specgen.controller import Baseline
-from specgen.drafters import common_prefix
+from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import RoundTrace
+from specgen.hybrid import HybridDrafter
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
 if TYPE_CHECKING:
@@ -350,13 +351,24 @@ def make_trace(
 # -- before the first round -----------------------------------------------------------
 
 
-def prefill(target: Engine, drafter: Drafter | None, prompt: list[int], reuse: bool = False) -> int:
+def prefill(
+    target: Engine,
+    drafter: Drafter | None,
+    prompt: list[int],
+    reuse: bool = False,
+    defer_draft: bool = False,
+) -> int:
     """Evaluate the prompt except its last token in the target (and the draft).
 
     With `reuse`, what the target's cache already holds of the prompt stays: the longest
     common prefix of the cached tokens and the prompt is kept and only the rest evaluated
     (a chat's next turn re-sends the whole conversation). A model drafter always keeps its
     own common prefix the same way.
+
+    With `defer_draft`, a model drafter (`ModelDrafter`, `HybridDrafter`) only drops what
+    is not a prefix of the prompt (`ModelDrafter.prefill(evaluate=False)`): its prompt is
+    evaluated later (`specgen.round.Sequence.step`, after the first token), so the first
+    token does not wait for it. Prompt lookup is indexed at once (it costs no decode).
 
     Returns:
         The number of prompt tokens the target evaluated (0 when all but the last were
@@ -366,7 +378,9 @@ def prefill(target: Engine, drafter: Drafter | None, prompt: list[int], reuse: b
     target.truncate(keep)
     if len(prompt) - 1 > keep:
         target.decode(prompt[keep:-1])
-    if drafter is not None:
+    if drafter is not None and defer_draft and isinstance(drafter, ModelDrafter | HybridDrafter):
+        drafter.prefill(prompt, evaluate=False)
+    elif drafter is not None:
         drafter.prefill(prompt)
     return len(prompt) - 1 - keep
 

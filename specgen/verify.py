@@ -471,7 +471,8 @@ def _run(
 ) -> tuple[Done, list[RoundTrace]]:
     done: Done | None = None
     traces: list[RoundTrace] = []
-    for ev in generate(target, drafter, prompt, config, FixedK(k)):
+    # the first round speculates too: every tested position must go through the rule
+    for ev in generate(target, drafter, prompt, config, FixedK(k), ordinary_first=False):
         if isinstance(ev, Step) and ev.trace is not None:
             traces.append(ev.trace)
         elif isinstance(ev, Done):

@@ -167,6 +167,13 @@ def test_greedy_hybrid_equals_ordinary(k):
     assert done.stats.n_drafted_by.get("lookup", 0) > 0
 
 
+def speculating_from_the_first_round(target, drafter, prompt, config, policy):
+    """The loop's events with a first round that may speculate (`generate`'s
+    ordinary_first=False, as `specgen verify` runs it), so the prompt alone decides the
+    first block."""
+    return list(generate(target, drafter, prompt, config, policy, ordinary_first=False))
+
+
 @pytest.mark.parametrize(
     ("params", "rule"),
     [(SAMPLED, "token"), (SAMPLED, "block"), (DENSE, "block")],
@@ -190,7 +197,8 @@ def test_hybrid_loop_samples_the_targets_joint_distribution(params, rule):
     cfg = {"max_tokens": 4, "params": params, "verify_rule": rule, "trace": True}
     for s in range(n):
         drafter.record = LookupRecord()  # a fresh record trusts the first match
-        events = list(generate(target, drafter, prompt, GenerateConfig(seed=s, **cfg), FixedK(3)))
+        config = GenerateConfig(seed=s, **cfg)
+        events = speculating_from_the_first_round(target, drafter, prompt, config, FixedK(3))
         done = events[-1]
         counts[tuple(done.tokens[:3])] += 1
         mixed += sum(
@@ -242,7 +250,8 @@ def _sample_after_a_started_copy(drafter, params, rule, n=3000):
     cfg = {"max_tokens": 3, "params": params, "verify_rule": rule, "trace": True}
     for s in range(n):
         drafter.record = LookupRecord()  # a fresh record trusts the first match
-        events = list(generate(target, drafter, prompt, GenerateConfig(seed=s, **cfg), FixedK(4)))
+        config = GenerateConfig(seed=s, **cfg)
+        events = speculating_from_the_first_round(target, drafter, prompt, config, FixedK(4))
         key = tuple(events[-1].tokens[:3])
         counts[key] = counts.get(key, 0) + 1
         started += sum(
@@ -303,7 +312,8 @@ def test_a_lookup_row_with_the_wrong_q_is_detected():
     n = 4000
     for s in range(n):
         drafter.record = LookupRecord()
-        done = run(target, drafter, prompt, 3, max_tokens=1 + 1, params=SAMPLED, seed=s)
+        config = GenerateConfig(max_tokens=1 + 1, params=SAMPLED, seed=s)
+        done = speculating_from_the_first_round(target, drafter, prompt, config, FixedK(3))[-1]
         counts[done.tokens[0]] += 1
     exp = np.array([law[x] for x in range(V)]) * n
     mask = exp > 0

@@ -91,8 +91,8 @@ def test_wrong_drafter_changes_nothing_at_temperature_zero():
     base = ordinary(target, [1, 2], max_tokens=30, params=GREEDY)
     done = run(target, WrongDrafter(target), [1, 2], 4, max_tokens=30, params=GREEDY)[-1]
     assert done.tokens == base.tokens
-    # the last round has room for one token only, so it drafts nothing
-    assert done.stats.n_accepted == 0 and done.stats.n_drafted == 29
+    # the first round is ordinary and the last has room for one token only: neither drafts
+    assert done.stats.n_accepted == 0 and done.stats.n_drafted == 28
     assert done.stats.target_passes == 30  # one token per pass, like ordinary decoding
 
 
@@ -104,7 +104,8 @@ def test_identical_draft_accepts_everything_when_sampling():
         target, ModelDrafter(draft, params, 9), [1], 4, max_tokens=50, params=params, seed=7
     )[-1]
     assert done.stats.acceptance_rate == 1.0
-    assert done.stats.target_passes == 10  # 50 tokens in blocks of 4 + bonus
+    # 1 ordinary token, then 49 in blocks of 4 + bonus (the last block 3 + bonus)
+    assert done.stats.target_passes == 11
 
 
 def test_caches_hold_committed_minus_last_after_every_round():
@@ -451,7 +452,7 @@ def test_a_ctrl_c_after_the_final_token_is_not_swallowed() -> None:
 
     class InterruptAtTheEnd(FixedK):
         def observe(self, *args: object, **kwargs: object) -> None:
-            if len(steps) == 2:  # the third round is the last of -n 9 at K 2
+            if len(steps) == 3:  # -n 9 at K 2: 1 ordinary token, 3, 3, then this round's 2
                 raise KeyboardInterrupt
 
     target = FakeEngine(n_vocab=9, seed=0)
@@ -512,4 +513,80 @@ def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> 
     same = FakeEngine(n_vocab=9, seed=0)
     timed(same, 0.003, 0.0)
     good = list(generate(target, ModelDrafter(same, GREEDY, 9), [1, 2], config, policy))[-1]
-    assert good.tokens == base.tokens and 0 not in good.stats.k_history
+    # (the first round is ordinary whatever the policy: the first token's latency)
+    assert good.tokens == base.tokens and 0 not in good.stats.k_history[1:]
+
+
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
+    monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """A single stream's first round is K = 0 whatever the policy, and its token is emitted
+    before the draft decodes anything (prefill or timed pass): the first token's latency
+    is the prompt plus one target pass. The draft's prefill and the timed passes run before
+    the second round, whose Step carries their medians. A fake clock: 10 ms per target
+    decode, 3 ms per draft decode, nothing else."""
+    import time
+
+    from specgen.controller import Controller
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=0.5)
+    log: list[str] = []
+
+    def logged(engine: FakeEngine, name: str, seconds: float) -> None:
+        real = engine.decode
+
+        def decode(tokens: list[int], all_logits: bool = False) -> np.ndarray:
+            log.append(f"{name}:{len(tokens)}")
+            clock[0] += seconds
+            return real(tokens, all_logits)
+
+        monkeypatch.setattr(engine, "decode", decode)
+
+    logged(target, "target", 0.010)
+    logged(draft, "draft", 0.003)
+    prompt = [1, 2, 3, 4, 5]
+    config = GenerateConfig(max_tokens=30, params=GREEDY, measure_ordinary=3, ignore_eos=True)
+    k_policy = FixedK(4) if policy == "fixed" else Controller(k_max=8)
+    events = generate(target, ModelDrafter(draft, GREEDY, 9), prompt, config, k_policy)
+    assert isinstance(next(events), Prefilled)
+    assert log == ["target:4"] and draft.tokens == []  # the draft's prefill is deferred
+    first = next(events)
+    assert isinstance(first, Step) and first.k == 0 and len(first.spans) == 1
+    assert first.timed_ordinary_s is None and first.timed_draft_s is None
+    assert log == ["target:4", "target:1"]  # the first token: prompt + one target pass
+    second = next(events)
+    assert isinstance(second, Step)
+    # before the second round: the draft's prefill of the prompt and its warm-up pass,
+    # then 3 timed target passes (and 3 draft passes for the adaptive policy)
+    timed_draft = ["draft:1"] * 3 if policy == "auto" else []
+    assert log[2:6] == ["draft:5", "draft:1", "target:1", "target:1"]
+    # then the first block starts from `last` alone: the draft has caught up
+    assert log[6 : 8 + len(timed_draft)] == ["target:1", *timed_draft, "draft:1"]
+    assert second.k > 0 and second.timed_ordinary_s == pytest.approx(0.010)
+    assert second.timed_draft_s == (pytest.approx(0.003) if policy == "auto" else None)
+    done = list(events)[-1]
+    assert isinstance(done, Done)
+    s = done.stats
+    # TTFT: the target's prefill and one pass; the draft's prefill counts as prefill (as
+    # it did before the first round), the timed passes in neither
+    assert s.ttft_s == pytest.approx(0.020)
+    assert s.prefill_s == pytest.approx(0.010 + 0.006)
+    assert s.k_history[0] == 0 and all(k > 0 for k in s.k_history[1:-1])
+    base = ordinary(FakeEngine(n_vocab=9, seed=0), prompt, max_tokens=30, params=GREEDY,
+                    ignore_eos=True)  # fmt: skip
+    assert done.tokens == base.tokens
+
+
+def test_a_one_token_generation_never_touches_the_draft() -> None:
+    """-n 1: the only round is the ordinary first one, so the deferred draft prefill and
+    the timed passes never run."""
+    target, draft = FakeEngine(n_vocab=9, seed=0), FakeEngine(n_vocab=9, seed=0)
+    config = GenerateConfig(max_tokens=1, params=GREEDY, measure_ordinary=3)
+    events = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], config, FixedK(4)))
+    assert draft.n_decode_calls == 0 and target.n_decode_calls == 2
+    assert [e.k for e in events if isinstance(e, Step)] == [0]
+    assert target.tokens == [1, 2, 3] and draft.tokens == []  # committed minus last

@@ -72,23 +72,12 @@ def submit(sched, prompt, config, name="job"):
     return sink, ticket
 
 
-class OrdinaryFirst(FixedK):
-    """K, after a first round of ordinary decoding (as the server's first step is)."""
-
-    def __init__(self, k: int) -> None:
-        super().__init__(k)
-        self.rounds = itertools.count()
-
-    def choose_k(self, remaining: int) -> int:
-        return 0 if next(self.rounds) == 0 else super().choose_k(remaining)
-
-
 def alone(prompt, config, k=3, noise=1.0):
-    """The request served by the single-stream loop (`generate`), its first round
-    ordinary as in the server."""
+    """The request served by the single-stream loop (`generate`), whose first round is
+    ordinary as the server's first step is (`Sequence.step`), whatever the policy."""
     target, draft = engines(n_seq=1, noise=noise)
     drafter = ModelDrafter(draft.sequence(0), config.params, V)
-    policy = OrdinaryFirst(k)
+    policy = FixedK(k)
     return list(generate(target.sequence(0), drafter, list(prompt), config, policy))[-1]
 
 

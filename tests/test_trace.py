@@ -114,7 +114,9 @@ def test_sampled_trace_reconstructs_and_carries_the_decisions(tmp_path):
         for i, ok in enumerate(r.accepted):
             assert ok == (r.u[i] * r.q_x[i] < r.p_x[i])
         assert list(r.accepted) == [True] * n + ([False] if n < st.k else [])
-        assert r.next_kind == ("bonus" if n == st.k else "residual")
+        # the first round is ordinary (the first token's latency), the rest speculate
+        assert (st.k == 0) == (r is tf.rounds[0])
+        assert r.next_kind == ("ordinary" if st.k == 0 else "bonus" if n == st.k else "residual")
         assert len(r.top) == 3 and r.top[0].p >= r.top[1].p >= r.top[2].p
         assert r.target_cache == r.position + n  # committed minus last
         assert r.round_s >= r.draft_s + r.verify_s
@@ -137,12 +139,13 @@ def test_several_generations_in_one_file_as_bench_writes_them(tmp_path):
     assert tf.generations[2].meta["sampling"]["temp"] == 1.0 and tf.generations[1].meta["k"] == 4
     for i, done in enumerate(dones):
         assert reconstruct_tokens(tf, i) == list(done.tokens)
-    assert tf.generations[0].rounds[0].u == () and tf.generations[2].rounds[0].u != ()
+    # (every generation's first round is ordinary: no uniforms)
+    assert tf.generations[0].rounds[1].u == () and tf.generations[2].rounds[1].u != ()
     assert dones[1].tokens[:12] == dones[0].tokens  # greedy: speculation changes nothing
     s = summarize(path)
     assert s.n_generations == 3 and s.complete and s.n_generated == 12 + 13 + 14
-    # the ordinary generation's own baseline (its rounds), the file's K = 0 rounds for the rest
-    assert s.baseline_source == "k0-rounds+run"
+    # each generation's own baseline: every one begins with an ordinary round
+    assert s.baseline_source == "run"
     assert all(r.generation in (1, 2) and r.k > 0 for r in s.lost)
 
 
@@ -155,8 +158,11 @@ def test_header_first_and_every_line_complete_json(tmp_path):
     assert h["type"] == "header" and h["schema"] == SCHEMA and h["version"] == VERSION
     assert h["sampling"] == {"temp": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
     assert h["seed"] == 1 and h["max_tokens"] == 10 and h["target"] == "fake-t"
-    assert [o["type"] for o in objs[1:2]] == ["prefill"] and objs[1]["ordinary_token_s"] > 0
+    # a single stream times its ordinary passes after the first token, not at prefill:
+    # the run's baseline is in the end record
+    assert [o["type"] for o in objs[1:2]] == ["prefill"] and objs[1]["ordinary_token_s"] is None
     assert objs[-1]["type"] == "end" and objs[-1]["n_generated"] == 10
+    assert objs[-1]["stats"]["ordinary_token_s"] > 0
     assert path.read_text(encoding="utf-8").endswith("\n")
 
 

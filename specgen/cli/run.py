@@ -273,16 +273,20 @@ def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
 
 
 def _warn_slow_draft(events):
-    """Pass the events through; warn when the draft's pass, timed after the prompt, is
-    slower than the target's. Closing this generator closes `events`."""
+    """Pass the events through; warn when the draft's pass, timed at the start (after the
+    prompt, or after the first token: `Step.timed_draft_s`), is slower than the target's.
+    Closing this generator closes `events`."""
     from specgen.session import slow_draft_warning  # start-up time: session loads llama.cpp
 
     try:
         for ev in events:
+            w = None
             if isinstance(ev, Prefilled):
                 w = slow_draft_warning(ev.ordinary_token_s, ev.draft_token_s)
-                if w is not None:
-                    output.warning(w)
+            elif isinstance(ev, Step) and ev.timed_draft_s is not None:
+                w = slow_draft_warning(ev.timed_ordinary_s, ev.timed_draft_s)
+            if w is not None:
+                output.warning(w)
             yield ev
     finally:
         events.close()

@@ -78,7 +78,8 @@ MONO_STYLES: dict[Origin, str] = {
 """Styles per origin under NO_COLOR: attributes only (NO_COLOR forbids color, not bold)."""
 
 ORDINARY_HOW = "median of single-token target passes after the prompt"
-"""How the loop measures ``Prefilled.ordinary_token_s`` (said next to the speedup)."""
+"""How the loop measures ``Prefilled.ordinary_token_s`` and ``Step.timed_ordinary_s`` (said
+next to the speedup; a single stream times them after its first token)."""
 ROUNDS_HOW = "median of this run's ordinary rounds"
 """How the baseline is measured once the run's own K = 0 rounds decide it
 (`specgen.controller.Baseline`)."""
@@ -227,6 +228,8 @@ def _apply_step(state: ViewState, step: Step) -> None:
         segments.append((step.rejected_text, "rejected"))
     state.stats.add(step)
     state.k = step.k
+    if step.timed_ordinary_s:  # a single stream's start-up passes, after its first round
+        state.ordinary_how = state.ordinary_how or ORDINARY_HOW
     if step.ordinary_token_s is not None:  # the run's current baseline (one estimate)
         state.ordinary_token_s = step.ordinary_token_s
         if step.k == 0 and state.stats.k_history.count(0) >= 3:
@@ -472,7 +475,8 @@ def render_summary(state: ViewState) -> RenderableType:
         grid.add_row("break-even", be.removeprefix("break-even").lstrip(": "))
     ks = [k for k in s.k_history if k > 0]
     if s.k_history and state.draft_name is not None:
-        fallback = len(s.k_history) - len(ks)
+        # the first round is ordinary by rule (the first token's latency), not a fallback
+        fallback = sum(k == 0 for k in s.k_history[1:])
         mean_k = f"mean {sum(ks) / len(ks):.1f}" if ks else "no speculative rounds"
         grid.add_row("K", f"{mean_k} · {_count(fallback, 'fallback round')} of {len(s.k_history)}")
     return Group(Text("summary", style="bold underline"), grid)
