@@ -28,6 +28,7 @@ from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
+from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
 
 Event = Prefilled | Step | Done
@@ -46,6 +47,9 @@ class Result:
             ``stats.n_drafted``, ``stats.n_accepted`` (acceptance rate = their ratio),
             ``stats.k_history`` (the block size of each round); ``stats.to_dict()`` for JSON.
         seed: the seed used (a random one when none was given).
+        logprobs: with ``logprobs=N``, one `specgen.logprobs.TokenLogprob` per generated
+            token (its log-probability under the target's raw logits, natural log, and
+            the N most likely tokens there); None when not asked.
     """
 
     text: str
@@ -53,6 +57,7 @@ class Result:
     finish: FinishReason
     stats: Stats
     seed: int
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -87,6 +92,7 @@ _ARGUMENT_OF_FLAG = {
     "--repeat-last-n": "repeat_last_n",
     "--presence-penalty": "presence_penalty",
     "--frequency-penalty": "frequency_penalty",
+    "--logprobs": "logprobs",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 
@@ -130,18 +136,27 @@ class Pair:
                 ``presence_penalty`` and ``frequency_penalty`` (-2 to 2; 0 = off). The
                 bias and the penalties act on the logits before the warpers, on the target
                 and the draft alike (`specgen.constraints`), as llama.cpp applies them.
+                ``logprobs`` (None, or N in 0..20: `Result.logprobs` with N alternatives
+                per token).
 
         Raises:
             ConfigError: a bad setting (the message names it); PromptError: an empty prompt
                 or one that does not fit the context.
         """
+        asked = sampling.get("logprobs") is not None
         it, seed = self._start(prompt, sampling)
         done: Done | None = None
+        logprobs: list[TokenLogprob] = []
         for ev in it:
             if isinstance(ev, Done):
                 done = ev
+            elif isinstance(ev, Step) and asked:
+                logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
         assert done is not None  # the loop always ends with Done
-        return Result(done.text, done.tokens, done.finish_reason, done.stats, seed)
+        return Result(
+            done.text, done.tokens, done.finish_reason, done.stats, seed,
+            tuple(logprobs) if asked else None,
+        )  # fmt: skip
 
     def stream(self, prompt: str | bytes, **sampling: object) -> Iterator[Event]:
         """The generation's events as they happen: one `Prefilled`, then a `Step` per round
@@ -269,6 +284,7 @@ def events(
         measure_ordinary=3 if opened.drafter is not None else 0,
         trace=trace,
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+        logprobs=sampling.logprobs,
     )
     policy = opened.policy(sampling.k)
     drafter = _drafter_under(opened.drafter, config.params)

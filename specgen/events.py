@@ -4,7 +4,10 @@ writer turn them into output. Field names carry units (`_s` = seconds)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from specgen.logprobs import TokenLogprob
 
 Source = Literal["draft", "lookup", "grammar", "target"]
 """Who proposed a committed token: the draft model, prompt lookup (n-gram), the grammar
@@ -33,12 +36,17 @@ class Span:
         source: which drafter proposed it (`Source`): "draft" (the draft model),
             "lookup" (prompt lookup), "grammar" (forced by the grammar), or "target";
             defaults from `from_draft` ("draft" or "target").
+        logprob: the token's log-probability under the target's raw logits with the
+            asked alternatives (`specgen.logprobs.TokenLogprob`), when the generation asked
+            for them (`GenerateConfig.logprobs`); None otherwise, and for the span of an
+            end-of-generation token (no token is emitted).
     """
 
     text: str
     token: int
     from_draft: bool
     source: Source | None = None
+    logprob: TokenLogprob | None = None
 
     def __post_init__(self) -> None:
         if self.source is None:

@@ -124,6 +124,8 @@ class SamplingFlags:
             Python API's ``{15043: -100}``) or pairs (see `parse_logit_bias`).
         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty: llama.cpp's
             penalties (`specgen.constraints.Constraints`; 1.0, 64, 0, 0 = off).
+        logprobs: --logprobs N: each emitted token's log-probability under the target's
+            raw logits, with the N most likely alternatives (0..20); None = none computed.
 
     Raises:
         ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
@@ -146,6 +148,7 @@ class SamplingFlags:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logprobs: int | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
@@ -162,6 +165,10 @@ class SamplingFlags:
         object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
         check_verify(self.verify)
         object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ConfigError(
+                f"--logprobs must be 0 to 20 (alternatives per token), got {self.logprobs}"
+            )
 
     @property
     def verify_rule(self) -> str:

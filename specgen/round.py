@@ -33,6 +33,7 @@ from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
 from specgen.hybrid import HybridDrafter
+from specgen.logprobs import token_logprobs
 from specgen.stages import (
     FixedK,
     GenerateConfig,
@@ -336,7 +337,7 @@ class Sequence:
         verdict = verify_block(p.block, v, self.target_rng, self.config.verify_rule)
         n, x_next = verdict.n, verdict.x_next
         t3 = self.clock()
-        new, spans = self._emit(p.block, n, x_next)
+        new, spans = self._emit(p.block, n, x_next, logits)
         self.committed.extend(new)
         if (
             self.grammar is not None
@@ -405,15 +406,23 @@ class Sequence:
         self.stats.n_generated = len(self.emitter.tokens)
         return step
 
-    def _emit(self, block: Block, n: int, x_next: int | None) -> tuple[list[int], list[Span]]:
+    def _emit(
+        self, block: Block, n: int, x_next: int | None, logits: Logits
+    ) -> tuple[list[int], list[Span]]:
         """Push the accepted prefix and the next token through the Emitter; nothing after
-        EOS, a stop string or -n is kept."""
+        EOS, a stop string or -n is kept. With `config.logprobs` set, each emitted token's
+        span carries its log-probabilities from its own row: new[i] is scored by row i."""
         new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
         spans: list[Span] = []
+        n_top = self.config.logprobs
         for i, tok in enumerate(new):
             source = block.source(i) if i < n else "target"
+            before = len(self.emitter.tokens)
             span = self.emitter.push(tok, from_draft=i < n, source=source)
             if span is not None:
+                if n_top is not None and len(self.emitter.tokens) > before:
+                    lp = token_logprobs(logits[i : i + 1], [tok], n_top, self.target.token_bytes)
+                    span = dataclasses.replace(span, logprob=lp[0])
                 spans.append(span)
             if self.emitter.finish is not None:
                 del new[i + 1 :]

@@ -141,6 +141,10 @@ class GenerateConfig:
             response_format...), or None. Its mask applies to the target's rows and the
             draft's alike, before the warpers (`specgen.grammar`); generation ends with
             finish "stop" when the grammar is complete.
+        logprobs: `--logprobs N`: each emitted token's `Span.logprob` with the N most
+            likely alternatives (0..20, `specgen.logprobs`); None (the default) computes
+            nothing. While it is None a proposer may skip target rows it does not need
+            (`wants_logprobs`): with it set every emitted token needs its row.
     """
 
     max_tokens: int = 256
@@ -153,6 +157,12 @@ class GenerateConfig:
     reuse_cache: bool = False
     verify_rule: VerifyRule = "token"
     grammar: GrammarSpec | None = None
+    logprobs: int | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether emitted tokens carry their log-probabilities (every one needs its row)."""
+        return self.logprobs is not None
 
 
 @dataclass

@@ -44,6 +44,19 @@ def stderr_beside_timing(stderr: bytes) -> bytes:
     return b"".join(keep)
 
 
+def test_json_logprobs_give_each_token_its_value_and_alternatives(tiny):
+    out = run_json(*tiny, "-n", "6", "--temp", "0", "--ignore-eos", "--logprobs", "2", "the cat")
+    lps = out["logprobs"]
+    assert [x["token"] for x in lps] == out["tokens"]
+    for x in lps:
+        assert x["logprob"] <= 0.0 and len(x["top_logprobs"]) == 2
+        top = x["top_logprobs"][0]
+        assert set(top) == {"token", "text", "logprob"} and top["logprob"] >= x["logprob"] - 2e-3
+    assert "logprobs" not in run_json(*tiny, "-n", "2", "the cat")
+    r = specgen("run", *tiny, "-n", "2", "--logprobs", "2", "the cat")
+    assert r.returncode != 0 and b"--logprobs" in r.stderr and b"--json" in r.stderr
+
+
 def test_json_output_has_the_documented_fields(tiny):
     out = run_json(*tiny, "-n", "12", "--temp", "0", "--ignore-eos", "the cat")
     assert set(out) >= {"text", "tokens", "finish_reason", "stats"}

@@ -52,9 +52,9 @@ def test_refused_fields_are_no_model_fields_and_openai_ones_are_named_by_openai(
 
 
 def test_inert_values_compare_by_type_as_well() -> None:
-    assert refusal({"logprobs": False}, "chat") is None
-    found = refusal({"logprobs": 0}, "completions")  # 0 asks for the chosen token's
-    assert found is not None and found[0] == "logprobs"
+    assert refusal({"post_sampling_probs": False}, "chat") is None
+    found = refusal({"post_sampling_probs": 0}, "completions")  # 0 is no boolean
+    assert found is not None and found[0] == "post_sampling_probs"
     assert refusal({"response_format": {"type": "text"}}, "chat") is None
     assert refusal({"echo": True}, "chat") is None  # a completions field: chat ignores it
     assert refusal(["not", "a", "dict"], "chat") is None

@@ -267,3 +267,93 @@ def test_sigterm_during_a_stream_sends_a_final_chunk_and_exits_0(smol_pair) -> N
     assert final["choices"][0]["finish_reason"] == "abort"
     assert final["speculative"]["finish"] == "interrupted"
     assert s.proc.wait(timeout=60) == 0
+
+
+# -- log-probabilities over HTTP ---------------------------------------------------------
+
+LP_TOL = 0.05  # nats: F32 target, batched vs single pass (FIELD.md: about 0.016 logits)
+
+
+def _reference_logprobs(smol_pair, prompt_ids: list[int], tokens: list[int]):
+    """The target scoring prompt + output in one ordinary pass: (len(tokens), n_vocab)
+    log-softmax rows, row i for tokens[i]."""
+    import numpy as np
+
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+        rows = np.array(target.decode(prompt_ids + tokens, all_logits=True), dtype=np.float64)
+    rows = rows[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(tokens)]
+    m = rows.max(1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(1, keepdims=True))
+
+
+def test_completion_logprobs_legacy_shape_values_and_stream(server: Server, smol_pair) -> None:
+    from specgen.chat import prompt_tokens
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    whole = completion(server, PROMPTS[3], max_tokens=12, logprobs=3)
+    lp, text, tokens = whole["choices"][0]["logprobs"], whole["choices"][0]["text"], whole["tokens"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(tokens) == 12
+    assert "".join(lp["tokens"]) == text
+    assert all(text.startswith(t, o) for t, o in zip(lp["tokens"], lp["text_offset"], strict=True))
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+        ids = prompt_tokens(target, PROMPTS[3].encode())
+    ref = _reference_logprobs(smol_pair, ids, tokens)
+    for i, tok in enumerate(tokens):
+        assert abs(lp["token_logprobs"][i] - ref[i][tok]) < LP_TOL
+        top = lp["top_logprobs"][i]
+        assert len(top) == 3 and max(top.values()) >= lp["token_logprobs"][i] - LP_TOL  # greedy
+        assert abs(max(top.values()) - ref[i].max()) < LP_TOL
+    # streamed: each chunk its own tokens, the offsets running on
+    client = server.client()
+    chunks = list(client.completions.create(
+        model=server.model_id, prompt=PROMPTS[3], max_tokens=12, stream=True, logprobs=3,
+        extra_body={"ignore_eos": True},
+    ))  # fmt: skip
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert sum((x.tokens or [] for x in streamed), []) == lp["tokens"]
+    assert sum((x.text_offset or [] for x in streamed), []) == lp["text_offset"]
+
+
+def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
+    client = server.client()
+    msgs = [{"role": "user", "content": "Name a color."}]
+    r = client.chat.completions.create(
+        model=server.model_id,
+        messages=msgs,
+        max_tokens=8,
+        logprobs=True,
+        top_logprobs=4,  # type: ignore[arg-type]
+    )
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 4 and c.bytes == list(c.token.encode())
+        # temperature 0: the chosen token is the top entry (or ties it within the
+        # batched-vs-single difference)
+        assert c.top_logprobs[0].token == c.token or c.logprob >= c.top_logprobs[0].logprob - LP_TOL
+        assert [t.logprob for t in c.top_logprobs] == sorted(
+            (t.logprob for t in c.top_logprobs), reverse=True
+        )
+    chunks = list(client.chat.completions.create(
+        model=server.model_id, messages=msgs, max_tokens=8, logprobs=True, top_logprobs=4,  # type: ignore[arg-type]
+        stream=True,
+    ))  # fmt: skip
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert [e.token for e in streamed] == [c.token for c in content]
+    assert all(abs(a.logprob - b.logprob) < LP_TOL for a, b in zip(streamed, content, strict=True))
+    plain = client.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=4)  # type: ignore[arg-type]
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=server.model_id, messages=msgs, top_logprobs=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(
+            model=server.model_id, messages=msgs, logprobs=True, top_logprobs=21
+        )  # type: ignore[arg-type]

@@ -161,6 +161,16 @@ StopOpt = Annotated[
     list[str] | None,
     typer.Option("--stop", help="Stop string (repeatable): the text ends where it begins."),
 ]
+LogprobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        help="With --json: each token's log-probability under the target's raw logits,"
+        " with the N (0-20) most likely tokens there.",
+        min=0,
+        max=20,
+    ),
+]
 IgnoreEosOpt = Annotated[
     bool, typer.Option("--ignore-eos", help="Do not stop at end of generation (EOS, end of turn).")
 ]

@@ -25,6 +25,7 @@ from specgen.cli.options import (
     IgnoreEosOpt,
     JsonOpt,
     LogitBiasOpt,
+    LogprobsOpt,
     LookupOpt,
     MinPOpt,
     ModelFlags,
@@ -56,7 +57,7 @@ from specgen.cli.options import (
     VerifyOpt,
     seed_or_random,
 )
-from specgen.errors import PromptError
+from specgen.errors import ConfigError, PromptError
 from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
 from specgen.ui import output
@@ -138,6 +139,7 @@ def run(
     stop: StopOpt = None,
     ignore_eos: IgnoreEosOpt = False,
     json_out: JsonOpt = False,
+    logprobs: LogprobsOpt = None,
     no_live: NoLiveOpt = False,
     show_rejected: ShowRejectedOpt = False,
     n_gpu_layers: NglOpt = 0,
@@ -169,6 +171,8 @@ def run(
     )
     template = PromptFlags.pick(given)
     sampling.params()  # checks --top-p and --min-p
+    if logprobs is not None and not json_out:
+        raise ConfigError("--logprobs is shown in --json's output only: add --json")
     raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, template))
 
 
@@ -190,7 +194,10 @@ def run_command(
         events, policy = _events(opened, ids, sampling, seed, out, stack)
         if out.json_out:
             info = template.to_dict() if template is not None else None
-            return _run_json(events, opened.target.name, opened.draft_name, seed, policy, info)
+            return _run_json(
+                events, opened.target.name, opened.draft_name, seed, policy, info,
+                sampling.logprobs is not None,
+            )  # fmt: skip
         if live:
             # echoed dimmed above the reply: the raw text it continues, or the user's message
             shown = prompt.decode("utf-8", "replace")
@@ -356,14 +363,18 @@ def _run_json(
     seed: int | None,
     policy,
     chat_template: dict[str, str] | None = None,
+    logprobs_asked: bool = False,
 ) -> int:
     from specgen.llamacpp import backend  # start-up time: llama.cpp
 
     done: Done | None = None
+    logprobs: list[dict[str, Any]] = []
     try:
         for ev in events:
             if isinstance(ev, Done):
                 done = ev
+            elif isinstance(ev, Step):
+                logprobs.extend(s.logprob.to_dict() for s in ev.spans if s.logprob is not None)
     except KeyboardInterrupt:
         if done is None:  # Ctrl-C outside the loop's own handling: nothing to report
             raise
@@ -372,7 +383,7 @@ def _run_json(
     stats = done.stats.to_dict()
     stats["wall_s"] = round(done.stats.prefill_s + done.stats.decode_s, 6)
     stats["acceptance_how"] = ACCEPTANCE_HOW
-    obj = {
+    obj: dict[str, Any] = {
         "text": done.text,
         "tokens": list(done.tokens),
         "finish_reason": done.finish_reason,
@@ -383,6 +394,8 @@ def _run_json(
         "chat_template": chat_template,
         "stats": {**stats, "k_history": done.stats.k_history},
     }
+    if logprobs_asked:
+        obj["logprobs"] = logprobs
     summary = policy.summary()  # the adaptive controller: its decisions, visible
     if summary is not None:
         obj["controller"] = summary

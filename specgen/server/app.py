@@ -306,8 +306,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         except (DoesNotFit, PromptError) as e:
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
-            chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens)
-        )
+            chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
+            req.n_logprobs is not None,
+        )  # fmt: skip
         run = _Run(state, b, job, ticket, events, shape, "chat" if chat else "completions")
         if req.streaming:
             return EventSourceResponse(run.stream(req.include_usage), sep="\n")

@@ -86,12 +86,14 @@ FIELDS: dict[str, Field] = {
     "presence_penalty": Field(H, "-2 to 2, once for a token in the last repeat_last_n"),
     "logit_bias": Field(H, "token id (a string) -> bias in [-100, 100], on p and q alike"),
     "logprobs": Field(
-        R, "log-probabilities are not served yet", inert=(None, False)
-    ),  # chat: a boolean; completions: an integer (0 asks for the chosen token's)
+        H,
+        "chat: true; completions: N alternatives (0-20); the target's log-softmax of its raw"
+        " logits",
+    ),
     # -- OpenAI, chat ------------------------------------------------------------------
     "messages": Field(H, "text content; image and audio parts are refused", routes=CHAT),
     "max_completion_tokens": Field(H, "max_tokens' newer name (it wins)", routes=CHAT),
-    "top_logprobs": Field(R, "log-probabilities are not served yet", routes=CHAT, inert=(None, 0)),
+    "top_logprobs": Field(H, "0-20 alternatives per token, with logprobs: true", routes=CHAT),
     "response_format": Field(
         H, "text, json_object, or json_schema (output constrained to it)", routes=CHAT
     ),

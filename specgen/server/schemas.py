@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from specgen.logprobs import MAX_TOP
 from specgen.server.fields import Route, refusal
 from specgen.server.stats import Speculative, Timings
 
@@ -151,12 +152,34 @@ class _Generation(_Request):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def n_logprobs(self) -> int | None:
+        """Alternatives per token when log-probabilities are asked (0..20), else None."""
+        return None
+
 
 class ChatCompletionRequest(_Generation):
     route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            # OpenAI refuses it too: alternatives without the chosen token's value
+            raise PydanticCustomError(
+                "refused_field",
+                "top_logprobs needs logprobs: true",
+                {"param": "top_logprobs"},
+            )
+        return self
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:
@@ -167,6 +190,12 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     route: ClassVar[Route] = "completions"
     prompt: str | list[int] | list[str]
+    # OpenAI's legacy field: a count of alternatives (OpenAI allows 5; llama.cpp's 20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -207,21 +236,21 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # {"content": [...]}: `shapes.chat_logprobs`
     finish_reason: str
 
 
 class TextChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # the legacy shape: `shapes.text_logprobs`
     finish_reason: str | None
 
 
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: dict[str, str]
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None
 
 

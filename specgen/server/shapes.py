@@ -11,10 +11,11 @@ from typing import Any
 
 from specgen.constraints import Constraints
 from specgen.errors import GrammarError
-from specgen.events import Done, FinishReason, Stats, Step
+from specgen.events import Done, FinishReason, Span, Stats, Step
 from specgen.flags import SamplingFlags, verify_rule
 from specgen.generate import GenerateConfig
 from specgen.grammar import GrammarSpec
+from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
 from specgen.server.schemas import (
@@ -174,6 +175,7 @@ def generate_config(
         seed=seed,
         verify_rule=verify_rule(defaults.verify, params.greedy),  # type: ignore[arg-type]
         grammar=grammar_of(req),
+        logprobs=req.n_logprobs,
     )
 
 
@@ -262,9 +264,45 @@ class Outcome:
         return cls(done.text, done.finish_reason, done.stats, error, done.tokens)
 
 
+def _entry(lp: TokenLogprob) -> dict[str, Any]:
+    return {"token": lp.text, "logprob": lp.logprob, "bytes": list(lp.piece)}
+
+
+def chat_logprobs(spans: Sequence[Span]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``,
+    one entry per generated token (an end-of-generation token has none)."""
+    content = []
+    for s in spans:
+        if s.logprob is not None:
+            content.append(
+                {**_entry(s.logprob), "top_logprobs": [_entry(t) for t in s.logprob.top]}
+            )
+    return {"content": content}
+
+
+def text_logprobs(spans: Sequence[Span], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token) and
+    ``text_offset`` (each token's first character in the completion's text; `offset`: the
+    characters before these spans)."""
+    out: dict[str, list[Any]] = {
+        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [],
+    }  # fmt: skip
+    for s in spans:
+        if s.logprob is not None:
+            out["tokens"].append(s.logprob.text)
+            out["token_logprobs"].append(s.logprob.logprob)
+            out["top_logprobs"].append({t.text: t.logprob for t in s.logprob.top})
+            out["text_offset"].append(offset)
+        offset += len(s.text)
+    return out
+
+
 @dataclass
 class Shape:
-    """Builds one request's bodies. `chat` picks the chat or the text completion shape."""
+    """Builds one request's bodies. `chat` picks the chat or the text completion shape;
+    `logprobs`: whether the request asked for them (chat ``logprobs: true``, completions
+    ``logprobs: N``)."""
 
     chat: bool
     id: str
@@ -272,6 +310,13 @@ class Shape:
     created: int
     n_prompt: int
     return_tokens: bool = False
+    logprobs: bool = False
+    _offset: int = 0  # a streamed completion's characters so far (its text_offset)
+
+    def _logprobs(self, spans: Sequence[Span], offset: int = 0) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return chat_logprobs(spans) if self.chat else text_logprobs(spans, offset)
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -299,22 +344,28 @@ class Shape:
         head = self._head()
         meta = self._meta(steps, outcome)
         usage = self._usage(steps, outcome)
+        lps = self._logprobs([s for x in steps for s in x.spans])
         if self.chat:
             message = AssistantMessage(content=outcome.text)
-            choice = ChatChoice(message=message, finish_reason=finish)
+            choice = ChatChoice(message=message, logprobs=lps, finish_reason=finish)
             return ChatCompletion(**head, choices=[choice], usage=usage, **meta).wire()
-        text = TextChoice(text=outcome.text, finish_reason=finish)
+        text = TextChoice(text=outcome.text, logprobs=lps, finish_reason=finish)
         return Completion(**head, choices=[text], usage=usage, **meta).wire()
 
-    def _chunk(self, delta: str | None, finish: str | None, **extra: Any) -> dict[str, Any]:
+    def _chunk(
+        self,
+        delta: str | None,
+        finish: str | None,
+        lps: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         head = self._head()
         if self.chat:
             d = {} if delta is None else {"content": delta}
-            choices = [ChunkChoice(delta=d, finish_reason=finish)]
+            choices = [ChunkChoice(delta=d, logprobs=lps, finish_reason=finish)]
             return ChatCompletionChunk(**head, choices=choices, **extra).wire()
-        return Completion(
-            **head, choices=[TextChoice(text=delta or "", finish_reason=finish)], **extra
-        ).wire()
+        choice = TextChoice(text=delta or "", logprobs=lps, finish_reason=finish)
+        return Completion(**head, choices=[choice], **extra).wire()
 
     def first_chunk(self) -> dict[str, Any] | None:
         """The chat stream's opening chunk (the role, as OpenAI sends); None for text."""
@@ -325,8 +376,10 @@ class Shape:
         return ChatCompletionChunk(**head, choices=[choice]).wire()
 
     def step_chunk(self, step: Step) -> dict[str, Any]:
-        """One round's committed text."""
-        return self._chunk(step.text, None)
+        """One round's committed text, with its tokens' log-probabilities when asked."""
+        lps = self._logprobs(step.spans, self._offset)
+        self._offset += len(step.text)
+        return self._chunk(step.text, None, lps)
 
     def final_chunk(self, steps: Sequence[Step], outcome: Outcome, rest: str) -> dict[str, Any]:
         """The chunk carrying finish_reason, the statistics and, when it ended badly, the
