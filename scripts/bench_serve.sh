@@ -14,8 +14,11 @@
 #   specgen serve (the draft, --draft-max auto)                        label specgen
 #   specgen serve --draft none                                         label specgen-nodraft
 #
-# then one table of all five side by side (summary.md), with specgen's ratio against the
-# better llama-server configuration and against itself without a draft at each level.
+# then two tables of all five side by side (summary.md, `serve_summary_markdown` in
+# specgen/bench/load/report.py): output tokens/s with specgen's ratio against the better
+# llama-server configuration and against itself without a draft at each level; and the
+# tails (TTFT p50/p99, TPOT p99) with SLO goodput (requests/s meeting TTFT <= SLO_TTFT and
+# TPOT <= SLO_TPOT ms: the project's defaults on this CPU, 500 and 80).
 #
 #   scripts/bench_serve.sh [OUT_DIR]        (default: bench-serve)
 #
@@ -23,7 +26,8 @@
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,
 # specgen serve --parallel; default 4), CTX (context per slot, default 2048), THREADS
 # (default 2), K (the second --spec-draft-n-max, the K specgen's controller settles on;
-# default 8), SPECGEN (the command, default specgen), PYTHON (for the build's pip, default
+# default 8), SLO_TTFT, SLO_TPOT (the SLO goodput bounds in ms, default 500 and 80),
+# SPECGEN (the command, default specgen), PYTHON (for the build's pip, default
 # python3), JOBS (build jobs, default nproc), SERVE_BUILD_DIR (default .serve-build).
 #
 # The first run builds llama-server from the llama.cpp sources vendored in the
@@ -41,6 +45,8 @@ NP=${NP:-4}
 CTX=${CTX:-2048}
 THREADS=${THREADS:-2}
 K=${K:-8}
+SLO_TTFT=${SLO_TTFT:-500}
+SLO_TPOT=${SLO_TPOT:-80}
 SPECGEN=${SPECGEN:-specgen}
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
@@ -154,40 +160,16 @@ start specgen-nodraft "${SERVE[@]}" --draft none
 
 echo "== measuring (servers alternating level by level)"
 "$SPECGEN" bench "${URLS[@]}" --concurrency "$CONC" --temp "$TEMPS" -n "$N" \
-  --num-prompts "$NUM_PROMPTS" --warmup 2 --json "$OUT/all.json" --markdown "$OUT/all.md"
+  --num-prompts "$NUM_PROMPTS" --warmup 2 --slo "ttft=$SLO_TTFT,tpot=$SLO_TPOT" \
+  --json "$OUT/all.json" --markdown "$OUT/all.md"
 stop_servers
 
 # -- all five side by side ------------------------------------------------------------------
 "$PY" - "$OUT/all.json" "llama-draft3" "llama-draft$K" "llama-nodraft" "specgen" "specgen-nodraft" \
   <<'PY' | tee "$OUT/summary.md"
 import json, sys
-path, labels = sys.argv[1], sys.argv[2:]
-runs, cpu = {}, []
-for r in json.load(open(path))["runs"]:
-    label = r["label"]
-    runs[(r["level"]["temp"], r["level"]["name"], label)] = r["summary"]
-    if r.get("client_cpu_percent") is not None:
-        cpu.append((r["client_cpu_percent"], label, r["level"]["temp"], r["level"]["name"]))
-levels = list(dict.fromkeys((t, n) for t, n, _ in runs))
-def cell(s):
-    tpot = s["tpot"]["p99"]
-    fail = f", {s['n_requests'] - s['n_completed']} failed" if s["n_completed"] < s["n_requests"] else ""
-    tp = "–" if tpot is None else f"{tpot:.0f}"
-    return f"{s['output_throughput']:.1f} ({s['ttft']['p50']:.0f} / {tp}{fail})"
-print("Output tokens/s over all streams (TTFT p50 ms / TPOT p99 ms).\n")
-print("| temp | load | " + " | ".join(labels) + " | specgen / best llama-server | specgen / specgen --draft none |")
-print("|---:|---|" + "---:|" * (len(labels) + 2))
-for t, n in levels:
-    got = {l: runs.get((t, n, l)) for l in labels}
-    best = max((got[l]["output_throughput"] for l in labels if l.startswith("llama") and got[l]), default=None)
-    spec, nod = got.get("specgen"), got.get("specgen-nodraft")
-    r1 = f"{spec['output_throughput'] / best:.2f}×" if spec and best else "–"
-    r2 = f"{spec['output_throughput'] / nod['output_throughput']:.2f}×" if spec and nod and nod["output_throughput"] else "–"
-    cells = [cell(got[l]) if got[l] else "–" for l in labels]
-    print(f"| {t:g} | {n} | " + " | ".join(cells) + f" | {r1} | {r2} |")
-if cpu:
-    top = max(cpu)
-    print(f"\nThe load client's own CPU: at most {top[0]:.1f}% of one core in a level"
-          f" ({top[1]}, temp {top[2]:g}, {top[3]}).")
+from specgen.bench.load.report import serve_summary_markdown
+with open(sys.argv[1], encoding="utf-8") as f:
+    print(serve_summary_markdown(json.load(f), sys.argv[2:]), end="")
 PY
 echo "== wrote $OUT/summary.md, $OUT/all.json and $OUT/all.md"

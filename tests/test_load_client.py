@@ -305,3 +305,44 @@ def test_each_level_reports_the_clients_own_cpu_share() -> None:
     data = load_report.to_dict(res)
     assert data["runs"][0]["client_cpu_percent"] == pytest.approx(100 * run.client_cpu)
     assert f"{100 * run.client_cpu:.1f}% of one core" in load_report.render_markdown(res)
+
+
+def test_bench_serve_summary_has_the_tails_and_slo_goodput() -> None:
+    """scripts/bench_serve.sh's summary (`serve_summary_markdown`) from a real `--json`
+    document: its second table carries TTFT p50/p99, TPOT p99 and SLO goodput per server
+    under the run's --slo, with specgen's goodput over the best llama-server's; a server
+    with no run at a level shows "–"."""
+    labels = ["llama-nodraft", "specgen", "specgen-nodraft", "llama-absent"]
+    slo = Slo(ttft_ms=60_000, tpot_ms=60_000)  # every request meets it: goodput = req/s
+    with Stub(StubConfig(n_chunks=3)) as a, Stub(StubConfig(n_chunks=3)) as b:
+        res = load.run_load(
+            load.parse_servers([a.url, b.url, b.url], labels[:3]),
+            PROMPTS,
+            _settings(slo=slo, warmup=0),
+        )
+    doc = json.loads(json.dumps(load_report.to_dict(res)))  # as the script reads the file
+    text = load_report.serve_summary_markdown(doc, labels)
+    first, second = text.split("TTFT p50 / p99 ms · TPOT p99 ms · SLO goodput")
+    assert "TTFT ≤ 60000 ms, TPOT ≤ 60000 ms" in second
+    by = {r["label"]: r["summary"] for r in doc["runs"]}
+    row = next(line for line in second.splitlines() if line.startswith("| 0 | 2 streams |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 2 + len(labels) + 1 and cells[2 + 3] == "–"  # llama-absent
+    for i, label in enumerate(labels[:3]):
+        s = by[label]
+        assert s["slo_goodput"] == pytest.approx(s["request_throughput"])
+        t, p = s["ttft"], s["tpot"]
+        want = f"{t['p50']:.0f} / {t['p99']:.0f} · {p['p99']:.0f} · {s['slo_goodput']:.2f}"
+        assert cells[2 + i] == want
+    assert cells[-1] == f"{by['specgen']['slo_goodput'] / by['llama-nodraft']['slo_goodput']:.2f}×"
+    # the first table as before: tokens/s (TTFT p50 / TPOT p99) and the two ratios
+    row1 = next(line for line in first.splitlines() if line.startswith("| 0 | 2 streams |"))
+    spec = by["specgen"]
+    assert f"{spec['output_throughput']:.1f} (" in row1
+    ratio = spec["output_throughput"] / by["llama-nodraft"]["output_throughput"]
+    assert row1.rstrip(" |").split("|")[-2].strip() == f"{ratio:.2f}×"
+    # without --slo the goodput cells say so instead of a number
+    doc["record"]["settings"]["slo"] = None
+    for r in doc["runs"]:
+        r["summary"]["slo_goodput"] = None
+    assert "no --slo" in load_report.serve_summary_markdown(doc, labels)

@@ -353,3 +353,99 @@ def compare_with(result: LoadResult, path: Path, old: dict[str, Any]) -> LoadCom
         if (k := (r.label, r.level.temp, r.level.name)) in before
     )
     return LoadComparison(str(path), tuple(diffs), changes)
+
+
+# -- scripts/bench_serve.sh's summary ------------------------------------------------------------
+
+
+def serve_summary_markdown(doc: dict[str, Any], labels: list[str]) -> str:
+    """The side-by-side summary of `scripts/bench_serve.sh` from a `--json` file's contents.
+
+    Two tables, a row per level (temperature, load) and a column per label in `labels`:
+    output tokens/s (TTFT p50 / TPOT p99 ms) with specgen's ratios to the best llama-server
+    ("llama*" labels) and to "specgen-nodraft"; then the tails and SLO goodput (TTFT p50 /
+    p99 ms, TPOT p99 ms, requests/s meeting the run's `--slo`, read from the record) with
+    specgen's goodput over the best llama-server's. Missing runs and figures show "–".
+
+    Args:
+        doc: the parsed JSON of `specgen bench --url ... --json` (`to_dict`'s form).
+        labels: the servers' labels, in the order of the columns.
+    """
+    runs: dict[tuple[float, str, str], dict[str, Any]] = {}
+    cpu: list[tuple[float, str, float, str]] = []
+    for r in doc["runs"]:
+        level, label = r["level"], r["label"]
+        runs[(level["temp"], level["name"], label)] = r["summary"]
+        if r.get("client_cpu_percent") is not None:
+            cpu.append((r["client_cpu_percent"], label, level["temp"], level["name"]))
+    levels = list(dict.fromkeys((t, n) for t, n, _ in runs))
+    slo = (doc.get("record") or {}).get("settings", {}).get("slo")
+    llamas = [lab for lab in labels if lab.startswith("llama")]
+
+    def ms(x: float | None) -> str:
+        return _f(x, ".0f")
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}×" if a is not None and b else "–"
+
+    def best(got: dict[str, Any], key: str) -> float | None:
+        return max((got[lab][key] for lab in llamas if got[lab] and got[lab][key] is not None),
+                   default=None)  # fmt: skip
+
+    def cell(s: dict[str, Any] | None) -> str:
+        if s is None:
+            return "–"
+        failed = s["n_requests"] - s["n_completed"]
+        fail = f", {failed} failed" if failed else ""
+        return (
+            f"{s['output_throughput']:.1f} ({ms(s['ttft']['p50'])} / {ms(s['tpot']['p99'])}{fail})"
+        )
+
+    def tail(s: dict[str, Any] | None) -> str:
+        if s is None:
+            return "–"
+        good = "–" if s.get("slo_goodput") is None else f"{s['slo_goodput']:.2f}"
+        return f"{ms(s['ttft']['p50'])} / {ms(s['ttft']['p99'])} · {ms(s['tpot']['p99'])} · {good}"
+
+    cols = " | ".join(labels)
+    out = ["Output tokens/s over all streams (TTFT p50 ms / TPOT p99 ms).", ""]
+    out.append(
+        f"| temp | load | {cols} | specgen / best llama-server | specgen / specgen --draft none |"
+    )
+    out.append("|---:|---|" + "---:|" * (len(labels) + 2))
+    rows2 = []
+    for t, n in levels:
+        got = {lab: runs.get((t, n, lab)) for lab in labels}
+        spec, nod = got.get("specgen"), got.get("specgen-nodraft")
+        r1 = ratio(spec["output_throughput"] if spec else None, best(got, "output_throughput"))
+        r2 = ratio(
+            spec["output_throughput"] if spec else None, nod["output_throughput"] if nod else None
+        )
+        cells = " | ".join(cell(got[lab]) for lab in labels)
+        out.append(f"| {t:g} | {n} | {cells} | {r1} | {r2} |")
+        g = ratio(spec.get("slo_goodput") if spec else None, best(got, "slo_goodput"))
+        tails = " | ".join(tail(got[lab]) for lab in labels)
+        rows2.append(f"| {t:g} | {n} | {tails} | {g} |")
+    bounds = (
+        ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.items() if v)
+        if slo
+        else None
+    )
+    out += [
+        "",
+        "TTFT p50 / p99 ms · TPOT p99 ms · SLO goodput (requests/s meeting "
+        + (bounds or "no --slo: –")
+        + ").",
+        "",
+        f"| temp | load | {cols} | specgen goodput / best llama-server |",
+        "|---:|---|" + "---:|" * (len(labels) + 1),
+        *rows2,
+    ]
+    if cpu:
+        top = max(cpu)
+        out += [
+            "",
+            f"The load client's own CPU: at most {top[0]:.1f}% of one core in a level"
+            f" ({top[1]}, temp {top[2]:g}, {top[3]}).",
+        ]
+    return "\n".join(out) + "\n"
