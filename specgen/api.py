@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from specgen import session as _session
 from specgen.chat import prompt_tokens
@@ -30,6 +31,9 @@ from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
 from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.grammar import GrammarSpec
 
 Event = Prefilled | Step | Done
 
@@ -93,6 +97,8 @@ _ARGUMENT_OF_FLAG = {
     "--presence-penalty": "presence_penalty",
     "--frequency-penalty": "frequency_penalty",
     "--logprobs": "logprobs",
+    "--grammar": "grammar",
+    "--json-schema": "json_schema",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 
@@ -107,8 +113,8 @@ def in_python_words(message: str) -> str:
 def _argument_names() -> Iterator[None]:
     try:
         yield
-    except ConfigError as exc:
-        raise ConfigError(in_python_words(str(exc))) from exc
+    except ConfigError as exc:  # GrammarError stays one
+        raise type(exc)(in_python_words(str(exc))) from exc
 
 
 class Pair:
@@ -138,10 +144,15 @@ class Pair:
                 and the draft alike (`specgen.constraints`), as llama.cpp applies them.
                 ``logprobs`` (None, or N in 0..20: `Result.logprobs` with N alternatives
                 per token).
+                ``grammar`` (GBNF or Lark text) or ``json_schema`` (a dict, JSON text or a
+                pydantic model class): the output must match it, exactly as the target
+                samples under the grammar's mask (`specgen.grammar`); the result ends
+                with finish reason "stop" when the grammar is complete.
 
         Raises:
-            ConfigError: a bad setting (the message names it); PromptError: an empty prompt
-                or one that does not fit the context.
+            ConfigError: a bad setting (the message names it), a grammar or schema that
+                does not compile (GrammarError); PromptError: an empty prompt or one that
+                does not fit the context.
         """
         asked = sampling.get("logprobs") is not None
         it, seed = self._start(prompt, sampling)
@@ -271,7 +282,8 @@ def events(
     `RoundTrace` to every Step.
 
     Raises:
-        PromptError: the prompt does not fit the context.
+        PromptError: the prompt does not fit the context. GrammarError: the grammar or
+            schema does not compile.
     """
     check_prompt(ids, opened.target.n_ctx)
     config = GenerateConfig(
@@ -285,10 +297,38 @@ def events(
         trace=trace,
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
         logprobs=sampling.logprobs,
+        grammar=grammar_spec(sampling),
     )
+    if config.grammar is not None:
+        # compiled now (and cached): a bad grammar is an error of this call, not of its
+        # first event
+        from specgen.grammar import compile_grammar, tokenizer_for
+
+        compile_grammar(config.grammar, tokenizer_for(opened.target))
     policy = opened.policy(sampling.k)
     drafter = _drafter_under(opened.drafter, config.params)
     return generate(opened.target, drafter, ids, config, policy), policy
+
+
+def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
+    """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or
+    --json-schema-file (`specgen.grammar.spec_of`), or None.
+
+    Raises:
+        ConfigError: a file that cannot be read; GrammarError: a schema that is not JSON.
+    """
+    if (
+        sampling.grammar is None
+        and sampling.grammar_file is None
+        and sampling.json_schema is None
+        and sampling.json_schema_file is None
+    ):
+        return None  # llguidance is not even loaded
+    from specgen.grammar import spec_of
+
+    return spec_of(
+        sampling.grammar, sampling.grammar_file, sampling.json_schema, sampling.json_schema_file
+    )
 
 
 def _drafter_under(drafter: Drafter | None, params: SamplingParams) -> Drafter | None:

@@ -126,6 +126,12 @@ class SamplingFlags:
             penalties (`specgen.constraints.Constraints`; 1.0, 64, 0, 0 = off).
         logprobs: --logprobs N: each emitted token's log-probability under the target's
             raw logits, with the N most likely alternatives (0..20); None = none computed.
+        grammar, grammar_file: --grammar TEXT / --grammar-file FILE, a GBNF grammar (or a
+            Lark one) the output must match (llama-cli's flags).
+        json_schema, json_schema_file: -j/--json-schema JSON / --json-schema-file FILE, a
+            JSON Schema the output must follow; the Python API also takes a dict or a
+            pydantic model class. At most one of the four (`specgen.grammar.spec_of`
+            builds the grammar from them).
 
     Raises:
         ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
@@ -149,6 +155,10 @@ class SamplingFlags:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    grammar: str | None = None
+    grammar_file: Path | None = None
+    json_schema: Any = None  # JSON text; the Python API: a dict or a pydantic model class
+    json_schema_file: Path | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
@@ -169,6 +179,18 @@ class SamplingFlags:
             raise ConfigError(
                 f"--logprobs must be 0 to 20 (alternatives per token), got {self.logprobs}"
             )
+        given = [
+            flag
+            for flag, value in (
+                ("--grammar", self.grammar),
+                ("--grammar-file", self.grammar_file),
+                ("--json-schema", self.json_schema),
+                ("--json-schema-file", self.json_schema_file),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(f"{given[0]} and {given[1]} both constrain the output: give one")
 
     @property
     def verify_rule(self) -> str:

@@ -48,6 +48,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import llguidance
@@ -55,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 from llguidance.gbnf_to_lark import any_to_lark
 
-from specgen.errors import GrammarError
+from specgen.errors import ConfigError, GrammarError
 
 GrammarKind = Literal["json_schema", "json_object", "lark", "gbnf", "regex"]
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "lark", "gbnf", "regex")
@@ -120,6 +121,42 @@ class GrammarSpec:
     def label(self) -> str:
         """One word for the output: the kind, e.g. ``json_schema``."""
         return self.kind
+
+
+def spec_of(
+    grammar: str | None = None,
+    grammar_file: Path | str | None = None,
+    json_schema: Any = None,
+    json_schema_file: Path | str | None = None,
+) -> GrammarSpec | None:
+    """The spec of llama-cli's flags (`specgen.flags.SamplingFlags`' four fields): --grammar
+    TEXT and --grammar-file FILE (GBNF, or Lark), -j/--json-schema JSON (or a dict or a
+    pydantic model class) and --json-schema-file FILE; None when none is given.
+
+    Raises:
+        ConfigError: a file that cannot be read. GrammarError: a schema that is not JSON.
+    """
+    if grammar is not None:
+        return GrammarSpec("gbnf", grammar, "--grammar")
+    if grammar_file is not None:
+        return GrammarSpec(
+            "gbnf", _read(grammar_file, "--grammar-file"), f"--grammar-file {grammar_file}"
+        )
+    if json_schema is not None:
+        return GrammarSpec.json_schema(json_schema, "--json-schema")
+    if json_schema_file is not None:
+        text = _read(json_schema_file, "--json-schema-file")
+        return GrammarSpec.json_schema(text, f"--json-schema-file {json_schema_file}")
+    return None
+
+
+def _read(path: Path | str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 # -- compilation (per spec, cached) ---------------------------------------------------

@@ -22,7 +22,11 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     FrequencyPenaltyOpt,
+    GrammarFileOpt,
+    GrammarOpt,
     IgnoreEosOpt,
+    JsonSchemaFileOpt,
+    JsonSchemaOpt,
     LogitBiasOpt,
     LookupOpt,
     MinPOpt,
@@ -96,6 +100,10 @@ def chat(
     repeat_last_n: RepeatLastNOpt = 64,
     presence_penalty: PresencePenaltyOpt = 0.0,
     frequency_penalty: FrequencyPenaltyOpt = 0.0,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFileOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    json_schema_file: JsonSchemaFileOpt = None,
     seed: SeedOpt = None,
     draft_max: DraftMaxOpt = "auto",
     draft_p_min: DraftPMinOpt = 0.0,
@@ -143,6 +151,7 @@ def chat_command(
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
     # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
+    from specgen.api import grammar_spec
     from specgen.chat import ChatFormatter, ChatSession, load_template
     from specgen.generate import GenerateConfig
 
@@ -161,6 +170,7 @@ def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) ->
         ignore_eos=sampling.ignore_eos,
         measure_ordinary=3 if opened.drafter is not None else 0,
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+        grammar=grammar_spec(sampling),
     )
     return ChatSession(
         opened.target,

@@ -115,6 +115,24 @@ FrequencyPenaltyOpt = Annotated[
         "--frequency-penalty", help="Subtracted per time a token was seen (-2 to 2; 0 = off)."
     ),
 ]
+GrammarOpt = Annotated[
+    str | None,
+    typer.Option("--grammar", help="A GBNF grammar the output must match (as in llama-cli)."),
+]
+GrammarFileOpt = Annotated[
+    Path | None, typer.Option("--grammar-file", help="Read the --grammar from FILE.")
+]
+JsonSchemaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        "-j",
+        help="A JSON Schema the output must follow, e.g. '{}' for any JSON object.",
+    ),
+]
+JsonSchemaFileOpt = Annotated[
+    Path | None, typer.Option("--json-schema-file", help="Read the --json-schema from FILE.")
+]
 SeedOpt = Annotated[
     int | None,
     typer.Option("--seed", help="Random seed; -1 or omitted = random (as in llama.cpp)."),

@@ -1,0 +1,80 @@
+"""Grammars on real models: greedy speculative output under a JSON schema equals ordinary
+constrained decoding (`--draft none`) on the tiny pair (CLI, a real process) and on the
+SmolLM2 pair (Python API, a pydantic model class), the flags' refusals, and forced tokens
+counted as their own source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pydantic
+import pytest
+from test_cli_run import run_json, specgen
+
+import specgen as sg
+from specgen.errors import ConfigError, GrammarError
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "kind": {"enum": ["cat", "mat", "the"]},
+        "n": {"type": "integer"},
+    },
+    "required": ["name", "kind", "n"],
+    "additionalProperties": False,
+}
+
+
+def test_run_json_schema_greedy_equals_draft_none(tiny_target: Path, tiny_draft: Path):
+    args = ["-n", "40", "--temp", "0", "-c", "256", "--json-schema", json.dumps(SCHEMA), "the"]
+    spec = run_json("-m", str(tiny_target), "-md", str(tiny_draft), "--draft-max", "4", *args)
+    base = run_json("-m", str(tiny_target), "-md", "none", *args)
+    assert spec["tokens"] == base["tokens"]
+    text = base["text"]
+    assert text.startswith('{"name": "')
+    if base["finish_reason"] == "stop":
+        assert json.loads(text)["kind"] in ("cat", "mat", "the")
+    assert spec["stats"]["n_drafted_by"].get("grammar", 0) > 0  # forced scaffolding
+
+
+def test_run_grammar_file_and_the_flags_refusals(tiny_target: Path, tmp_path: Path):
+    g = tmp_path / "yn.gbnf"
+    g.write_text('root ::= "yes." | "no."\n')
+    out = run_json(
+        "-m", str(tiny_target), "-md", "none", "-c", "256", "--grammar-file", str(g), "hi"
+    )
+    assert out["text"] in ("yes.", "no.") and out["finish_reason"] == "stop"
+    r = specgen("run", "-m", str(tiny_target), "--grammar", "x", "-j", "{}", "hi")
+    assert r.returncode != 0 and b"give one" in r.stderr
+    r = specgen("run", "-m", str(tiny_target), "-md", "none", "--grammar", 'root ::= "a', "hi")
+    assert r.returncode != 0 and b"--grammar" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+def test_smollm2_greedy_schema_speculative_equals_ordinary(smol_pair):
+    target, draft = smol_pair
+    prompt = (
+        "<|im_start|>user\nGive a person as JSON with name, age and city.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    with (
+        sg.load(target, draft, ctx_size=512) as spec,
+        sg.load(target, "none", ctx_size=512) as plain,
+    ):
+        a = spec.generate(prompt, json_schema=Person, temperature=0, max_tokens=60, draft_max=6)
+        b = plain.generate(prompt, json_schema=Person, temperature=0, max_tokens=60)
+        assert a.tokens == b.tokens
+        assert a.finish in ("stop", "eos")  # complete, or EOS drawn in the same round
+        Person.model_validate_json(a.text)
+        assert a.stats.n_drafted_by.get("grammar", 0) > 0
+        with pytest.raises(GrammarError, match="json_schema"):
+            plain.generate(prompt, json_schema={"type": "strin"}, max_tokens=4)
+        with pytest.raises(ConfigError, match="give one"):
+            plain.generate(prompt, json_schema={}, grammar="root ::= 'a'", max_tokens=4)
