@@ -30,6 +30,7 @@ METAVARS = {
     "--repeat-last-n": "N",
     "--presence-penalty": "X",
     "--frequency-penalty": "X",
+    "--logprobs": "N",
     "--grammar": "GBNF",
     "--grammar-file": "FILE",
     "--json-schema": "JSON",
