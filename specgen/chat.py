@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from specgen.engine import Drafter, Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
@@ -26,8 +26,9 @@ from specgen.generate import Event, GenerateConfig, KPolicy, generate
 
 EMBEDDED_KEY = "tokenizer.chat_template"
 
-Message = dict[str, str]
-"""{"role": "system" | "user" | "assistant", "content": text}, as transformers takes it."""
+Message = dict[str, Any]
+"""{"role": "system" | "user" | "assistant" | "tool", "content": text, ...}, as transformers
+takes it (an assistant message may carry ``tool_calls``, a tool message ``tool_call_id``)."""
 
 
 class TemplateModel(Engine, Protocol):
@@ -120,7 +121,14 @@ class ChatFormatter:
         with _named(template.source):
             self._render = compile_chat_template(template.text, bos, eos)
 
-    def text(self, messages: Sequence[Message]) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads a ``tools`` variable (Hermes, Qwen, Llama 3.1...):
+        tool definitions are then given to it; otherwise the server writes them into a
+        system message (`specgen.server.tools`)."""
+        return "tools" in self.template.text
+
+    def text(self, messages: Sequence[Message], tools: Sequence[object] | None = None) -> str:
         """The rendered prompt, with the assistant's generation prompt at the end.
 
         Raises:
@@ -128,11 +136,13 @@ class ChatFormatter:
                 its source.
         """
         with _named(self.template.source):
-            return self._render(messages)
+            return self._render(messages, tools)
 
-    def tokens(self, messages: Sequence[Message]) -> list[int]:
+    def tokens(
+        self, messages: Sequence[Message], tools: Sequence[object] | None = None
+    ) -> list[int]:
         """`text` tokenized by `prompt_tokens` (special tokens parsed, one BOS at most)."""
-        return prompt_tokens(self._target, self.text(messages).encode("utf-8"))
+        return prompt_tokens(self._target, self.text(messages, tools).encode("utf-8"))
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ def tokenize(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def render_chat(messages: list[dict[str, str]]) -> list[int]:
+def render_chat(messages: list[dict[str, str]], tools: list | None = None) -> list[int]:
     return tokenize("".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>")
 
 

@@ -112,7 +112,8 @@ def test_every_http_field_is_in_the_http_reference() -> None:
                 found = f"| `{field}` |" in requests
             elif model in (
                 "ChatMessage", "ContentPart", "StreamOptions", "ResponseFormat",
-                "JsonSchemaFormat",
+                "JsonSchemaFormat", "FunctionCall", "ToolCall", "FunctionDef", "Tool",
+                "NamedFunction", "ToolChoiceNamed",
             ):  # fmt: skip
                 found = f"`{field}`" in requests or f"`{field.rstrip('_')}`" in requests
             else:

@@ -145,3 +145,90 @@ def test_constrained_and_unconstrained_requests_share_a_batch(server: Server) ->
     t.join()
     assert together == alone
     assert out["free"]
+
+
+# -- tool calls ----------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+WHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_call(call) -> dict:
+    assert call.type == "function" and call.id and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit")
+    return args
+
+
+def test_a_named_tool_choice_returns_a_valid_call(server: Server) -> None:
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER, TIME], tool_choice=NAMED,
+        temperature=0, max_tokens=80,
+    )  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None and len(choice.message.tool_calls or []) == 1
+    check_call(choice.message.tool_calls[0])  # type: ignore[index]
+
+
+def test_a_named_tool_choice_streams_delta_tool_calls(server: Server) -> None:
+    stream = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], tool_choice=NAMED,
+        temperature=0.8, seed=2, max_tokens=80, stream=True,
+    )  # fmt: skip
+    calls, finish = [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and len(calls) == 1
+    check_call(calls[0])
+
+
+def test_required_and_a_tool_result_round_trip(server: Server) -> None:
+    c = server.client()
+    r = c.chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], tool_choice="required",
+        temperature=0, max_tokens=80,
+    )  # fmt: skip
+    call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
+    check_call(call)
+    history = [
+        *WHAT,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21, "sky": "clear"}'},
+    ]
+    after = c.chat.completions.create(
+        model=server.model_id, messages=history, tools=[WEATHER], tool_choice="none",
+        temperature=0, max_tokens=20,
+    )  # fmt: skip
+    assert after.choices[0].finish_reason in ("stop", "length")
+    assert after.choices[0].message.content
+
+
+def test_tool_choice_auto_and_unknown_names_are_400(server: Server) -> None:
+    c = server.client()
+    with pytest.raises(openai.BadRequestError, match="required"):
+        c.chat.completions.create(model=server.model_id, messages=WHAT, tools=[WEATHER])
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        c.chat.completions.create(
+            model=server.model_id, messages=WHAT, tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )  # fmt: skip

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from specgen.errors import ChatTemplateError
 
 
-def compile_chat_template(
-    template: str, bos_token: str, eos_token: str
-) -> Callable[[Sequence[dict[str, str]]], str]:
+def compile_chat_template(template: str, bos_token: str, eos_token: str) -> Callable[..., str]:
     """Compile a Hugging Face-style chat template; returns ``messages -> prompt text``.
 
     Rendering is llama-cpp-python's `Jinja2ChatFormatter`: Jinja2 in an
@@ -34,9 +33,11 @@ def compile_chat_template(
     except Exception as e:  # jinja2.TemplateSyntaxError and friends: user-supplied code
         raise ChatTemplateError(_template_error(e)) from e
 
-    def render(messages: Sequence[dict[str, str]]) -> str:
+    def render(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None) -> str:
         try:
-            return formatter(messages=list(messages)).prompt  # type: ignore[arg-type]
+            # `tools` in the template's context as llama-server --jinja and transformers
+            # give it (OpenAI's tool objects), when there are any
+            return formatter(messages=list(messages), tools=list(tools) if tools else None).prompt  # type: ignore[arg-type]
         except Exception as e:  # the template's own raise_exception, undefined names, ...
             raise ChatTemplateError(_template_error(e)) from e
 

@@ -15,6 +15,7 @@ and ``GET /metrics``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -35,6 +36,7 @@ from specgen.constraints import check_vocab
 from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
 from specgen.events import Done, Step
 from specgen.grammar import GrammarSpec
+from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.scheduler import (
@@ -88,12 +90,16 @@ class Backend:
     Attributes:
         scheduler: started; owns the models.
         tokenize: a raw prompt's text -> token ids (special tokens parsed, one BOS).
-        render_chat: messages -> token ids through the target's chat template, or None
+        render_chat: (messages, tools or None) -> token ids through the target's chat
+            template, or None
             when the target has none (the chat route then refuses with 400).
         n_vocab: the vocabulary size (token-id prompts are checked against it).
         model_id: the id in /v1/models and every response (--alias, else the file name).
         card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
         close: frees the models (after the scheduler has shut down).
+        chat_tools: whether the chat template renders ``tools`` itself
+            (`specgen.chat.ChatFormatter.renders_tools`; else `specgen.server.tools`
+            writes them into a system message).
         check_grammar: compiles a request's grammar for the target's vocabulary (cached per
             grammar text, so the step loop finds it compiled), raising GrammarError naming
             the problem; called in a worker thread before the job is queued. None: no
@@ -102,12 +108,13 @@ class Backend:
 
     scheduler: SchedulerLike
     tokenize: Callable[[str], list[int]]
-    render_chat: Callable[[list[dict[str, str]]], list[int]] | None
+    render_chat: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]] | None
     n_vocab: int
     model_id: str
     card: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] = lambda: None
     check_grammar: Callable[[GrammarSpec], object] | None = None
+    chat_tools: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,12 +256,19 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 param="messages",
                 code="no_chat_template",
             )
-        msgs = messages_of(req.messages)
         try:
-            prompt = await run_in_threadpool(b.render_chat, msgs)
+            tool = tools.choice_of(req.tools, req.tool_choice)
+        except ValueError as e:
+            raise RequestError(400, str(e), param="tool_choice") from None
+        listed = req.tools if tool is not None else None
+        msgs = tools.render_messages(messages_of(req.messages), req.messages, listed, b.chat_tools)
+        given = tools.tool_dicts(listed) if listed and b.chat_tools else None
+        try:
+            prompt = await run_in_threadpool(b.render_chat, msgs, given)
         except ChatTemplateError as e:
             raise RequestError(400, str(e), param="messages", code="template_error") from None
-        return await _serve(request, b, req, prompt, chat=True)
+        call = None if tool is None or listed is None else tools.call_grammar(listed, tool)
+        return await _serve(request, b, req, prompt, chat=True, call=call)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -274,9 +288,21 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         return await _serve(request, b, req, prompt, chat=False)
 
     async def _serve(
-        request: Request, b: Backend, req: _Generation, prompt: list[int], chat: bool
+        request: Request,
+        b: Backend,
+        req: _Generation,
+        prompt: list[int],
+        chat: bool,
+        call: GrammarSpec | None = None,
     ) -> Response:
         config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
+        if call is not None:  # tool_choice: the answer is a call of the chosen tool
+            if config.grammar is not None:
+                raise RequestError(
+                    400, f"tool_choice and {config.grammar.source} both constrain the output",
+                    param="tool_choice",
+                )  # fmt: skip
+            config = dataclasses.replace(config, grammar=call)
         try:
             check_vocab(config.params.constraints, b.n_vocab)
         except ConfigError as e:
@@ -307,7 +333,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
             chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
-            req.n_logprobs is not None,
+            req.n_logprobs is not None, tools=call is not None,
         )  # fmt: skip
         run = _Run(state, b, job, ticket, events, shape, "chat" if chat else "completions")
         if req.streaming:
@@ -418,6 +444,8 @@ class _Run:
                 ev = await self.next_event()
                 if isinstance(ev, Step):
                     self.steps.append(ev)
+                    if self.shape.tools:  # a call is sent whole, as delta.tool_calls, at the end
+                        continue
                     written += len(ev.text)
                     yield _sse(self.shape.step_chunk(ev))
                     continue

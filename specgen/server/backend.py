@@ -133,6 +133,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
+        chat_tools=formatter.renders_tools if formatter is not None else False,
     )
 
 

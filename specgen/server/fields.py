@@ -67,7 +67,7 @@ class Field:
 
 H, IG, R = Status.HONOURED, Status.IGNORED, Status.REFUSED
 _TEXT = "only text is generated"
-_NO_TOOLS = "tool calling is not served yet; send tools as text in the messages"
+_NO_TOOLS = "the legacy functions API: send tools and tool_choice"
 _CHAIN = "the samplers served are temperature, top_k, top_p and min_p"
 
 FIELDS: dict[str, Field] = {
@@ -97,8 +97,16 @@ FIELDS: dict[str, Field] = {
     "response_format": Field(
         H, "text, json_object, or json_schema (output constrained to it)", routes=CHAT
     ),
-    "tools": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
-    "tool_choice": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
+    "tools": Field(
+        H,
+        "function tools, rendered through the chat template (or a system message)",
+        routes=CHAT,
+    ),
+    "tool_choice": Field(
+        H,
+        "none, required or a named function (output constrained to the call); auto: 400",
+        routes=CHAT,
+    ),
     "functions": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
     "function_call": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
     "parallel_tool_calls": Field(IG, "changes nothing without tools", routes=CHAT),

@@ -42,9 +42,50 @@ class ContentPart(_Request):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    """A call an assistant message made: the function's name and its arguments (JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+
+class FunctionDef(_Request):
+    """A tool's function: its name and the JSON Schema of its arguments."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class ToolChoiceNamed(_Request):
+    """``{"type": "function", "function": {"name": ...}}``: call that function."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Request):
@@ -162,6 +203,8 @@ class ChatCompletionRequest(_Generation):
     route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
@@ -230,7 +273,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -249,7 +293,7 @@ class TextChoice(BaseModel):
 
 class ChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]
+    delta: dict[str, Any]
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None
 

@@ -31,6 +31,7 @@ from specgen.server.schemas import (
     Usage,
     _Generation,
 )
+from specgen.server.tools import tool_calls_of
 
 _OPENAI_FINISH: dict[str, str] = {
     "eos": "stop",
@@ -311,6 +312,7 @@ class Shape:
     n_prompt: int
     return_tokens: bool = False
     logprobs: bool = False
+    tools: bool = False  # the answer is a tool call (`specgen.server.tools`)
     _offset: int = 0  # a streamed completion's characters so far (its text_offset)
 
     def _logprobs(self, spans: Sequence[Span], offset: int = 0) -> dict[str, Any] | None:
@@ -346,7 +348,12 @@ class Shape:
         usage = self._usage(steps, outcome)
         lps = self._logprobs([s for x in steps for s in x.spans])
         if self.chat:
-            message = AssistantMessage(content=outcome.text)
+            calls = tool_calls_of(outcome.text) if self.tools else None
+            if calls is not None:
+                message = AssistantMessage(content=None, tool_calls=calls)
+                finish = "tool_calls"
+            else:  # no tools, or a call cut short (finish "length"): the text as it is
+                message = AssistantMessage(content=outcome.text)
             choice = ChatChoice(message=message, logprobs=lps, finish_reason=finish)
             return ChatCompletion(**head, choices=[choice], usage=usage, **meta).wire()
         text = TextChoice(text=outcome.text, logprobs=lps, finish_reason=finish)
@@ -385,6 +392,11 @@ class Shape:
         """The chunk carrying finish_reason, the statistics and, when it ended badly, the
         error; `rest` is text the rounds had not released yet (held UTF-8 bytes)."""
         meta = self._meta(steps, outcome)
+        calls = tool_calls_of(rest) if self.tools and self.chat else None
+        if calls is not None:
+            delta = {"tool_calls": [{"index": 0, **c} for c in calls]}
+            choice = ChunkChoice(delta=delta, finish_reason="tool_calls")
+            return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
         return self._chunk(rest or None, openai_finish(outcome.finish), **meta)
 
     def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
