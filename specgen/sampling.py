@@ -264,14 +264,23 @@ def _at_least(
     return rows[order].astype(np.int64), ids[order].astype(np.int64), z[order]
 
 
+_LOWEST = -float(np.finfo(np.float64).max)
+"""A threshold below every finite logit and above -inf."""
+
+
 def _top_k_floor(bm: np.ndarray, k: int) -> Floats:
     """(n,) float64 thresholds that every top-k logit of each row reaches: the k-th
     largest block maximum (k blocks reach it, so >= k logits do, and every logit >= the
     row's k-th largest does too); -inf with fewer than k blocks."""
     nb = bm.shape[1]
     if nb < k:
-        return np.full(bm.shape[0], -np.inf)
-    return np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
+        t = np.full(bm.shape[0], -np.inf)
+    else:
+        t = np.partition(bm, nb - k, axis=1)[:, nb - k].astype(np.float64)
+    # -inf logits are never in the support: with fewer than k finite block maxima (a row
+    # masked by a grammar or banned by a bias), read only the finite logits, not a whole
+    # 262,144-wide row of -inf (measured: 63 ms a row under a JSON schema's mask)
+    return np.maximum(t, _LOWEST)
 
 
 def _pad(
