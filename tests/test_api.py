@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_json
 
 import specgen
 from specgen.errors import ConfigError, PromptError
@@ -35,6 +36,25 @@ def test_a_seed_reproduces_a_sampled_generation(pair) -> None:
     args = {"max_tokens": 12, "temperature": 1.0, "draft_max": 3, "ignore_eos": True}
     a, b = (pair.generate("the cat", seed=7, **args) for _ in range(2))
     assert a.tokens == b.tokens and a.seed == b.seed == 7
+
+
+def test_the_api_makes_the_rounds_run_makes(pair, tiny_target: Path, tiny_draft: Path) -> None:
+    """The draft samples under the call's own settings whatever the door: the pair was
+    loaded under the default settings (temperature 0.8), and a greedy call must not draft
+    at 0.8 (it did: acceptance 0.70 against run's 0.95 on the demo pair)."""
+    args = dict(max_tokens=24, temperature=0, draft_max=8, ignore_eos=True)
+    api = pair.generate("the cat sat", **args)
+    cli = run_json(
+        "-m", str(tiny_target), "-md", str(tiny_draft), "-c", "256", "--temp", "0",
+        "--draft-max", "8", "-n", "24", "--ignore-eos", "the cat sat",
+    )  # fmt: skip
+    stats = cli["stats"]
+    assert list(api.stats.k_history) == stats["k_history"]
+    assert (api.stats.n_drafted, api.stats.n_accepted) == (
+        stats["n_drafted"],
+        stats["n_accepted"],
+    )
+    assert api.text == cli["text"] and stats["n_drafted"] > 0
 
 
 def test_stream_yields_prefilled_steps_then_done(pair) -> None:

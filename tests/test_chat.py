@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli_run import specgen
+from support.cli import specgen
 from test_run_models import GREEDY, assert_same_or_near_tie
 
 from specgen import chat

@@ -9,7 +9,7 @@ import os
 import re
 
 import pytest
-from test_cli_run import specgen
+from support.cli import specgen
 from test_live_tty import ANSI, DEADLINE_S, GENERATING, read_until, spawn
 
 from specgen.generate import FixedK, GenerateConfig, generate

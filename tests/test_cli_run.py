@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-SPECGEN = [sys.executable, "-m", "specgen"]
-
-
-def specgen(*args: str, stdin: bytes | None = None, env: dict | None = None, **kw):
-    return subprocess.run(
-        [*SPECGEN, *args],
-        input=stdin,
-        capture_output=True,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-        **kw,
-    )
-
-
-def run_json(*args: str, stdin: bytes | None = None) -> dict:
-    r = specgen("run", "--json", *args, stdin=stdin)
-    assert r.returncode == 0, r.stderr.decode()
-    return json.loads(r.stdout)
+from support.cli import SPECGEN, run_json, specgen
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +21,6 @@ def stderr_beside_timing(stderr: bytes) -> bytes:
     wanted stderr empty)."""
     keep = [ln for ln in stderr.splitlines(True) if b"the draft measured slower" not in ln]
     return b"".join(keep)
-
-
-def test_json_logprobs_give_each_token_its_value_and_alternatives(tiny):
-    out = run_json(*tiny, "-n", "6", "--temp", "0", "--ignore-eos", "--logprobs", "2", "the cat")
-    lps = out["logprobs"]
-    assert [x["token"] for x in lps] == out["tokens"]
-    for x in lps:
-        assert x["logprob"] <= 0.0 and len(x["top_logprobs"]) == 2
-        top = x["top_logprobs"][0]
-        assert set(top) == {"token", "text", "logprob"} and top["logprob"] >= x["logprob"] - 2e-3
-    assert "logprobs" not in run_json(*tiny, "-n", "2", "the cat")
-    r = specgen("run", *tiny, "-n", "2", "--logprobs", "2", "the cat")
-    assert r.returncode != 0 and b"--logprobs" in r.stderr and b"--json" in r.stderr
 
 
 def test_json_output_has_the_documented_fields(tiny):
