@@ -354,7 +354,9 @@ class Sequence:
         if observe:
             self.policy.observe(
                 p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m,
-                p.catchup_s, n_lookup=p.block.sources.count("lookup"),
+                p.catchup_s,
+                # prompt lookup's and the grammar's tokens cost no draft pass: free
+                n_lookup=p.block.sources.count("lookup") + p.block.sources.count("grammar"),
             )  # fmt: skip
         t_end = self.clock()
         if p.k == 0 and new:

@@ -529,7 +529,11 @@ class Scheduler:
             # the positions lookup really filled: also those after model tokens, which
             # the choice could not foresee (`HybridDrafting.feed`); a catch-up is
             # evaluated where the model drafts, beyond them
-            filled = {slot.index: p.block.sources.count("lookup") for slot, p in proposals}
+            # and those the grammar forced (no draft pass either)
+            filled = {
+                slot.index: p.block.sources.count("lookup") + p.block.sources.count("grammar")
+                for slot, p in proposals
+            }
             free = [min(k, filled.get(s.index, 0)) for s, k in zip(active, ks, strict=True)]
             catch_up = sum(s.catch_up for s, k, f in zip(active, ks, free, strict=True) if k > f)
             self.controller.observe_step(ks, catch_up, self.clock() - t_choose, free)
