@@ -1,4 +1,5 @@
-# Entry points (see README): `make demo`, `make test`, `make test-rpc` (RPC build + its tests);
+# Entry points (see README): `make demo`, `make test` (everything, as CI runs it),
+# `make test-fast` (the tests that load no GGUF model: pytest -m "not model"), `make test-rpc` (RPC build + its tests);
 # `make lint` (ruff, mypy, mkdocs build --strict) in CI; `make docs`, `make docs-serve` and
 # `make docs-ref` (regenerate docs/reference/cli.md from the commands) for the documentation.
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test test-rpc install dev lint docs docs-serve docs-ref clean
+.PHONY: demo test test-fast test-rpc install dev lint docs docs-serve docs-ref clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,11 @@ demo: install
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The tests on fakes and pure code: no model loaded (tests/conftest.py marks `model` every test
+# that uses a model fixture).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not model"
 
 # Builds (once, cached in .rpc-build/) an RPC-enabled llama-cpp-python and ggml-rpc-server
 # from the same llama.cpp sources into .venv-rpc, then runs the tests marked `rpc`.

@@ -160,8 +160,22 @@ def truncated_gguf(model_dir: Path, tiny_target: Path) -> Path:
 # --- RPC ---------------------------------------------------------------------------------------
 
 
+#: fixtures that hand a test a GGUF model to load: a test using one (directly or through
+#: another fixture) is marked ``model``; `make test-fast` runs the others
+MODEL_FIXTURES = frozenset(
+    {
+        "tiny_target", "tiny_draft", "tiny_wrong", "vocab_mismatch_draft", "truncated_gguf",
+        "demo_pair", "weak_draft", "draft15", "smol_pair",
+    }
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``rpc`` unless this llama-cpp-python has RPC (``make test-rpc``)."""
+    """Mark ``model`` every test that uses a model fixture (`MODEL_FIXTURES`); skip tests
+    marked ``rpc`` unless this llama-cpp-python has RPC (``make test-rpc``)."""
+    for item in items:
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
     if not any(item.get_closest_marker("rpc") for item in items):
         return
     from specgen.llamacpp import rpc_supported
