@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import specgen
-from test_run_models import GREEDY, assert_same_or_near_tie
+from support.greedy import GREEDY, assert_same_or_near_tie
 
 from specgen import chat
 from specgen.drafters import ModelDrafter

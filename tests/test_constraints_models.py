@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from test_run_models import NEAR_TIE_LOGITS
+from support.greedy import NEAR_TIE_LOGITS
 from test_server_models import Server, start
 
 import specgen

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from test_cli_run import run_json, specgen
+from support.cli import run_json, specgen
 
 import specgen as sg
 from specgen.errors import ConfigError, GrammarError

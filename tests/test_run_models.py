@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.greedy import GREEDY, assert_same_or_near_tie
 
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import SamplingParams
 
-NEAR_TIE_LOGITS = 1e-2
-GREEDY = SamplingParams(temp=0.0)
 PROMPTS = [
     b"The three most important ideas in computer science are",
     b"def fibonacci(n):\n    ",
@@ -37,24 +36,6 @@ def demo(demo_pair):
 
 def gen(target, drafter, prompt, k, **cfg):
     return list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))[-1]
-
-
-def top2_gap(target, context):
-    """Target's top-two logit gap after `context` (a fresh single-token evaluation)."""
-    target.truncate(0)
-    row = np.array(target.decode(context)[-1], dtype=np.float64)
-    target.truncate(0)
-    a, b = np.sort(row)[-2:][::-1]
-    return a - b
-
-
-def assert_same_or_near_tie(target, prompt, ordinary, spec):
-    for i, (a, b) in enumerate(zip(ordinary, spec, strict=False)):
-        if a != b:
-            gap = top2_gap(target, prompt + list(ordinary[:i]))
-            assert gap < NEAR_TIE_LOGITS, f"diverged at {i} with logit gap {gap:.4f}"
-            return
-    assert len(ordinary) == len(spec)
 
 
 @pytest.mark.parametrize("k", [3, 8])

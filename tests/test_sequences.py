@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from test_run_models import GREEDY, assert_same_or_near_tie
+from support.greedy import GREEDY, assert_same_or_near_tie
 
 from specgen.drafters import ModelDrafter
 from specgen.engine import SeqDecode

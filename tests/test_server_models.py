@@ -154,7 +154,7 @@ def test_four_concurrent_greedy_requests_equal_each_served_alone(server: Server,
         together = [r["tokens"] for r in pool.map(lambda p: completion(server, p), PROMPTS)]
     if alone == together:
         return
-    from test_run_models import assert_same_or_near_tie
+    from support.greedy import assert_same_or_near_tie
 
     from specgen.chat import prompt_tokens
     from specgen.llamacpp import EngineConfig, LlamaEngine
