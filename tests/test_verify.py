@@ -448,9 +448,10 @@ def test_verify_passes_on_the_weak_draft(demo_target, weak_draft):
 
 def test_verify_passes_on_the_15_layer_draft_with_block_verification(demo_target, draft15):
     # Moderate acceptance (0.42 measured), where block verification departs most from
-    # token-wise verification; 150 samples give position 2 a tested group (100 do not).
+    # token-wise verification; 250 samples give position 2 a tested group (150 did on the
+    # previous CI machine but not on a 2-vCPU AMD EPYC: the arithmetic differs by CPU).
     config = VerifyConfig(
-        samples=150, greedy_ks=(4,), greedy_tokens=16, verify_rule="block", **_ONE
+        samples=250, greedy_ks=(4,), greedy_tokens=16, verify_rule="block", **_ONE
     )
     report, _ = _verify_real(demo_target, draft15, config, lookup=False)
     assert report.passed, report.to_dict()
