@@ -308,7 +308,7 @@ def resolve_verify(verify: str | None, params: SamplingParams) -> VerifyRule:
     return verify_rule(verify, params.greedy)  # type: ignore[return-value]
 
 
-# The README's rebuild command (section "GPU builds").
+# The rebuild command of the GPU guide (docs/guides/gpu.md).
 GPU_REBUILD = (
     'CMAKE_ARGS="-DGGML_CUDA=on" .venv/bin/pip install --force-reinstall --no-cache-dir'
     " llama-cpp-python==0.3.36"

@@ -189,8 +189,8 @@ def test_gpu_layers_on_a_cpu_build_are_said_to_be_ignored(capsys, tiny_target: P
     else:
         assert len(err) == 1 and err[0].startswith("specgen: note: -ngl ignored")
         assert 'CMAKE_ARGS="-DGGML_CUDA=on"' in err[0]
-        readme = (Path(__file__).parents[1] / "README.md").read_text("utf-8")
-        assert err[0].split("with: ")[1] in readme  # the README's own command
+        guide = Path(__file__).parents[1] / "docs" / "guides" / "gpu.md"
+        assert err[0].split("with: ")[1] in guide.read_text("utf-8")  # the guide's command
 
 
 def test_the_live_summary_names_the_backend_and_a_full_context() -> None:
