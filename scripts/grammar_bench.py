@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from specgen.bench.record import cpu_model
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import GrammarSpec, compile_grammar, tokenizer_for
@@ -248,14 +248,12 @@ def main() -> int:
             }
         host = host_cost(target)
     finally:
-        loaded.target.close()
-        if loaded.drafter is not None:
-            loaded.drafter.close()
+        loaded.close()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     out = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_model(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": commit,
         "n": a.n,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.bench.prompts import builtin_prompts
+from specgen.bench.record import cpu_model
 from specgen.constraints import Constraints, processor_for
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
@@ -110,9 +110,7 @@ def main() -> int:
                     )
         n_vocab = target.n_vocab
     finally:
-        loaded.target.close()
-        if loaded.drafter is not None:
-            loaded.drafter.close()
+        loaded.close()
     med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
     acc = {m: statistics.median(r["acceptance_rate"] for r in rs) for m, rs in runs.items()}
     speedup = med["spec"] / med["ord"]
@@ -121,7 +119,7 @@ def main() -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     out = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_model(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": commit,
         "n": a.n,
