@@ -298,6 +298,7 @@ class Choice:
         step_s: predicted seconds of the step, catch-ups by their share (see the module).
         goodput: expected_tokens / step_s, tokens per second.
         goodput_ordinary: the same with K = 0 for every slot.
+        reasons: why each slot got its K (`REASONS`); () where nobody said.
     """
 
     k: tuple[int, ...]
@@ -305,6 +306,29 @@ class Choice:
     step_s: float
     goodput: float
     goodput_ordinary: float
+    reasons: tuple[str, ...] = ()
+
+
+#: why a slot's K is what it is, in the per-request `speculative.k_reason_per_step` and
+#: /metrics' `specgen_k_reason_total`: the batch's goodput alone ("goodput"); shortened for
+#: the requests waiting behind the step ("waiting") or to keep a latency target
+#: ("slo_ttft", "slo_tpot"); a K = 1 probe ("probe"); and, from the scheduler, a fixed
+#: --draft-max ("fixed"), a request's first round, ordinary ("first"), a step spent on a
+#: chunk of the draft's catch-up ("catch_up"), a block cut short by an arrival ("cut")
+REASONS = (
+    "goodput", "waiting", "slo_ttft", "slo_tpot", "probe", "fixed", "first", "catch_up", "cut",
+)  # fmt: skip
+
+
+def _with_reasons(choice: Choice, reasons: tuple[str, ...]) -> Choice:
+    return Choice(
+        choice.k,
+        choice.expected_tokens,
+        choice.step_s,
+        choice.goodput,
+        choice.goodput_ordinary,
+        reasons,
+    )
 
 
 def _catch_up_share(slot: SlotInput, gains: np.ndarray) -> np.ndarray:
@@ -353,6 +377,7 @@ def choose(
     fixed_s: float = 0.0,
     spec_s: float = 0.0,
     token_s: float | None = None,
+    weight: float = 1.0,
 ) -> Choice:
     """The K per slot that maximizes predicted goodput for one step (exact for linear
     costs; ties go to the smaller K).
@@ -368,6 +393,10 @@ def choose(
             constant for every depth D >= 1, so the search over D stays exact.
         token_s: seconds of a token the draft evaluates without a logits row (a catch-up,
             free positions: `DraftFit`); the draft line's slope when None.
+        weight: what each second speculation adds to the step counts for, against the
+            seconds of the ordinary step (1 + the requests waiting behind the step:
+            `BatchController.choose`); still linear, so the solution stays exact.
+            `Choice.step_s` and `goodput` are the unweighted figures.
 
     Returns:
         The Choice; k is () for no slots.
@@ -392,12 +421,11 @@ def choose(
     base = target.intercept_s + target.slope_s * n + fixed_s  # every slot's one row
     rows_i = np.arange(n)
 
-    def value(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """tokens and seconds of K vectors: ks (..., n) -> arrays (...)."""
+    def value(ks: np.ndarray, w: float = weight) -> tuple[np.ndarray, np.ndarray]:
+        """tokens and (weighted) seconds of K vectors: ks (..., n) -> arrays (...)."""
         tokens = gains[rows_i, ks].sum(axis=-1)
-        seconds = (
-            base
-            + own[rows_i, ks].sum(axis=-1)
+        seconds = base + w * (
+            own[rows_i, ks].sum(axis=-1)
             + draft.intercept_s * model[rows_i, ks].max(axis=-1)
             + spec_s * (ks.max(axis=-1) > 0)
         )
@@ -408,7 +436,7 @@ def choose(
     best, best_n, best_c = zero, float(n0), float(c0)
     for _ in range(64):  # Dinkelbach: finitely many K vectors, strictly rising ratio
         lam = best_n / best_c if best_c > 0 else 0.0
-        obj = gains - lam * own
+        obj = gains - lam * weight * own
         # for every depth D at once: each slot's best K <= D + free (the first of equal
         # ones), the index of the last strict new maximum of obj[:, :D + free + 1]
         run = np.maximum.accumulate(obj, axis=1)
@@ -424,6 +452,7 @@ def choose(
             break
         best = cand[d]
         best_n, best_c = float(t[d]), float(c[d])
+    best_c = float(value(best, 1.0)[1])
     return Choice(
         tuple(int(k) for k in best),
         best_n,
@@ -520,6 +549,34 @@ class BatchController:
     such probes at all. Before this rule, probes every 32 steps at 4 sampled streams cost
     16% of the time.
 
+    Latency (issue 37): goodput alone prices nothing for the requests waiting behind a
+    step, nor for a slot's gap between two chunks, and a step of eight draft depths and a
+    36-row decode is several hundred milliseconds on two CPU cores. So:
+
+    - Waiting requests: with W requests waiting for their first token behind the step
+      (prompts being prefilled: their first token comes after this step's decode at the
+      earliest), every second that speculation adds to the step (rows beyond one per slot,
+      draft depths, catch-up shares, the speculative overhead) is counted 1 + W times: once
+      for the batch, once for each of them, who gain no token by it. Still linear, so the
+      choice stays exact (`choose`'s weight); it shortens the step, and no probe is made
+      while anyone waits. SmartSpec (Liu et al. 2024) maximizes the batch's goodput only;
+      Sarathi-Serve (Agrawal et al., OSDI 2024) shows what a long step costs the requests
+      behind it (generation stalls) and bounds the step instead, as llama-server and vLLM
+      bound a step's prefill by chunks (`Scheduler`'s admission rule is its other half).
+    - Latency targets (`slo_ttft_s`, `slo_tpot_s`: `specgen serve --slo-ttft`,
+      `--slo-tpot`): a step may not be predicted to end after the first-token target of
+      the longest-waiting request (its age + the step's seconds, every catch-up paid
+      whole), nor to give any slot its tokens slower than the per-token target (step
+      seconds over that slot's expected tokens E_i(K_i): a slot at K = 0 gets one token
+      for the whole step the others speculate in). Where the best choice breaks one, the
+      controller drops a draft depth at a time and solves again, down to K = 0; a target
+      that even the ordinary step breaks holds the step to the ordinary one. Sarathi-Serve
+      bounds its steps by a token budget derived from the TPOT target in the same spirit;
+      here the bound is in predicted seconds, from the fitted lines.
+
+    With no request waiting and no --slo-tpot (the defaults) the choice is goodput's alone,
+    as before. Each slot's K carries its reason (`Choice.reasons`, `REASONS`).
+
     Args:
         k_max: --draft-max's ceiling for auto (per slot, before room caps it).
         target_prior, draft_prior: the cost lines used before measurements exist.
@@ -532,6 +589,8 @@ class BatchController:
             S(1) n).
         draft_token_prior: seconds of a draft token evaluated without a logits row (a
             catch-up) before measurements exist; draft_prior's slope when None.
+        slo_ttft_s: the time-to-first-token target (--slo-ttft), seconds; None: none.
+        slo_tpot_s: the time-per-output-token target (--slo-tpot), seconds; None: none.
     """
 
     def __init__(
@@ -543,8 +602,12 @@ class BatchController:
         probe_budget: float = 0.02,
         draft_batched: bool = False,
         draft_token_prior: float | None = None,
+        slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
     ) -> None:
         self.draft_batched = draft_batched
+        self.slo_ttft_s = slo_ttft_s
+        self.slo_tpot_s = slo_tpot_s
         self.k_max = k_max
         self.target = LineFit(target_prior)
         self.draft = DraftFit(draft_prior, draft_token_prior)
@@ -667,12 +730,23 @@ class BatchController:
     def _pool(self, key: Hashable) -> list[float]:
         return recent_entry(self._pools, key, lambda: [0.0, 0.0], _POOLS)
 
-    def choose(self, states: Sequence[SlotState], fixed_s: float = 0.0) -> Choice:
-        """K per slot for this step, probes included (see the class).
+    def choose(
+        self,
+        states: Sequence[SlotState],
+        fixed_s: float = 0.0,
+        waiting_s: Sequence[float] = (),
+    ) -> Choice:
+        """K per slot for this step, probes included (see the class), for the requests
+        waiting behind it too (the latency rule, in the class docstring).
 
         Args:
             states: the active slots.
             fixed_s: seconds the step costs whatever K is.
+            waiting_s: per request waiting for its first token behind this step (its
+                prompt being prefilled), the seconds since it arrived.
+
+        Returns:
+            The Choice, with a reason per slot (`REASONS`).
         """
         slots = []
         runs = self.run_rounds
@@ -686,10 +760,17 @@ class BatchController:
             slots.append(SlotInput(alpha, cap, st.catch_up, st.left, free, runs))
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
         tok = self.draft.token_s
-        got = choose(slots, t, c, fixed_s, spec, tok)
+        weight = 1.0 + len(waiting_s)
+        got = choose(slots, t, c, fixed_s, spec, tok, weight)
+        reason = "goodput"
+        if waiting_s and got.k != choose(slots, t, c, fixed_s, spec, tok).k:
+            reason = "waiting"
+        got, bound = self._within_targets(slots, got, waiting_s, fixed_s, weight)
+        reason = bound or reason
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
-        if not self.probe_every:
-            return got
+        got = _with_reasons(got, (reason,) * len(slots))
+        if not self.probe_every or waiting_s or bound:
+            return got  # no probe makes a waiting request or a latency target wait
         idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
         ks = tuple(
             1
@@ -707,7 +788,71 @@ class BatchController:
             return got
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
         sec = step_seconds(ks, t, c, fixed_s, slots, spec, tok)
-        return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary)
+        reasons = tuple(
+            "probe" if k != k0 else r for k, k0, r in zip(ks, got.k, got.reasons, strict=True)
+        )
+        return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary, reasons)
+
+    def step_s_whole(self, ks: Sequence[int], slots: Sequence[SlotInput], fixed_s: float) -> float:
+        """Predicted seconds of a step at `ks` with every catch-up paid whole (what the step
+        really lasts: `Choice.step_s` charges a catch-up by its share, a price)."""
+        whole = [SlotInput(s.alpha_by_pos, s.k_max, s.catch_up, 0, s.free) for s in slots]
+        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
+        return step_seconds(ks, t, c, fixed_s, whole, spec, self.draft.token_s)
+
+    def _broken_target(
+        self,
+        slots: Sequence[SlotInput],
+        ks: Sequence[int],
+        waiting_s: Sequence[float],
+        fixed_s: float,
+    ) -> str | None:
+        """The latency target the step at `ks` is predicted to break ("slo_ttft",
+        "slo_tpot"), or None. A target the ordinary step breaks already is held to that
+        step's length instead: the shortest there is."""
+        sec = self.step_s_whole(ks, slots, fixed_s)
+        sec0 = self.step_s_whole([0] * len(slots), slots, fixed_s)
+        eps = 1e-9
+        if self.slo_ttft_s is not None and waiting_s:
+            if sec > max(self.slo_ttft_s - max(waiting_s), sec0) + eps:
+                return "slo_ttft"
+        if self.slo_tpot_s is not None and slots:
+            tokens = [
+                float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True)
+            ]
+            if sec / min(tokens) > max(self.slo_tpot_s, sec0) + eps:
+                return "slo_tpot"
+        return None
+
+    def _within_targets(
+        self,
+        slots: list[SlotInput],
+        got: Choice,
+        waiting_s: Sequence[float],
+        fixed_s: float,
+        weight: float,
+    ) -> tuple[Choice, str | None]:
+        """`got`, or the best choice with fewer draft depths that keeps the latency targets
+        (one depth fewer at a time, each re-solved exactly); K = 0 everywhere at worst.
+        Returns the choice and the target that bound it (None: none did)."""
+        bound = None
+        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
+        tok = self.draft.token_s
+        while any(got.k):
+            broken = self._broken_target(slots, got.k, waiting_s, fixed_s)
+            if broken is None:
+                break
+            bound = bound or broken
+            depth = max(got.k) - 1
+            capped = [
+                SlotInput(
+                    s.alpha_by_pos, min(s.k_max, depth), s.catch_up, s.left,
+                    min(s.free, depth), s.run_rounds,
+                )
+                for s in slots
+            ]  # fmt: skip
+            got = choose(capped, t, c, fixed_s, spec, tok, weight)
+        return got, bound
 
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
         """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of

@@ -141,6 +141,8 @@ class Step:
             second: the first is an ordinary pass, so the first token waits for none of
             them; `specgen.round.Sequence.step`), else None. What `Prefilled` carries
             when a batched prefill times them (`Sequence.start`).
+        k_reason: why the server's step gave this round its K
+            (`specgen.batchctl.REASONS`); None outside the server.
     """
 
     k: int
@@ -162,6 +164,7 @@ class Step:
     n_accepted_by: dict[str, int] = field(default_factory=dict)
     timed_ordinary_s: float | None = None
     timed_draft_s: float | None = None
+    k_reason: str | None = None
 
     @property
     def text(self) -> str:

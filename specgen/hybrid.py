@@ -301,6 +301,12 @@ class HybridDrafting:
             self.tail, self.n_tail_match = found, n
             inner.stop()
 
+    def stop(self) -> None:
+        """End the block at the proposals so far (`Drafting.stop`): the server cuts every
+        block short when a request arrives during drafting (`Scheduler._draft_depths`)."""
+        if self.inner is not None:
+            self.inner.stop()
+
     def block(self) -> Block:
         h, use, tail = self.hybrid, self.use, self.tail
         model = self.inner.block() if self.inner is not None else None

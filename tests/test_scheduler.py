@@ -160,11 +160,14 @@ PROMPTS = ([1, 4], [3], [0, 5, 2], [2, 2])
 N_PER_SETTING = 1500
 
 
-def sample_pairs():
+def sample_pairs(cut=False):
     """N_PER_SETTING requests per setting, interleaved so every batch mixes settings and
     seeds; returns counts[setting] of (second, third) token pairs: after the ordinary
-    first step, a block of K = 2 (4 tokens asked for: room for x_1, x_2 and the bonus)."""
+    first step, a block of K = 2 (4 tokens asked for: room for x_1, x_2 and the bonus);
+    with `cut`, every block is cut after its first depth as by an arrival (K = 1)."""
     sched, target, _ = make(k=3)
+    if cut:
+        sched._arrival_waits = lambda: True
     counts = np.zeros((len(SETTINGS), V, V))
     sinks = []
     for i in range(N_PER_SETTING * len(SETTINGS)):
@@ -179,26 +182,33 @@ def sample_pairs():
         assert isinstance(done, Done) and len(done.tokens) == 4
         counts[s][done.tokens[1:3]] += 1
         blocks += sum(e.k == 2 for e in sink.events if isinstance(e, Step))
-    assert blocks == len(sinks)  # every request's second step drafted a block of 2
+    assert blocks == (0 if cut else len(sinks))  # every second step drafted a block of 2
+    if cut:
+        cuts = sum(e.k == 1 and e.k_reason == "cut" for _, sk in sinks for e in sk.events
+                   if isinstance(e, Step))  # fmt: skip
+        assert cuts >= len(sinks)
     return counts
 
 
-def test_every_setting_in_a_mixed_batch_follows_its_target_law():
-    counts = sample_pairs()
+@pytest.mark.parametrize("cut", [False, True])
+def test_every_setting_in_a_mixed_batch_follows_its_target_law(cut):
+    """Also with every block cut short by an arrival (`Scheduler._draft_depths`)."""
+    counts = sample_pairs(cut)
     for s, params in enumerate(SETTINGS):
         assert chi2_pvalue(counts[s], second_third_law(PROMPTS[s], params)) > ALPHA
 
 
-def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch):
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch, cut):
     """The test above has power: a residual draw from p (not renormalized max(0, p - q))
-    fails it for some setting."""
+    fails it for some setting, with blocks cut short too."""
 
     def broken(n, q, p, rng):
         ids, w = p.row(n) if hasattr(p, "row") else (np.arange(p.shape[1]), p[n])
         return int(rng.choice(ids, p=w / w.sum()))
 
     monkeypatch.setattr(rejection, "correct", broken)
-    counts = sample_pairs()
+    counts = sample_pairs(cut)
     pvalues = [
         chi2_pvalue(counts[s], second_third_law(PROMPTS[s], p)) for s, p in enumerate(SETTINGS)
     ]
@@ -312,9 +322,10 @@ def test_a_shared_prefix_goes_to_the_slot_that_holds_it_and_only_the_rest_is_eva
     prompt = [*base, 3, 3]
     sink, _ = submit(sched, prompt, GenerateConfig(3, GREEDY))
     sched.run_until_idle()
-    prefill = [part for b in target.batches for part in b if part[2] == 0]
+    slot1 = [part for b in target.batches for part in b if part[0] == 1]
     rest = len(prompt) - 1 - common_prefix(held, prompt[:-1])
-    assert 1 <= rest <= 2 and prefill == [(1, rest, 0)]
+    # the rest of the prompt and the first round's [last] (one row) in one decode
+    assert 1 <= rest <= 2 and slot1[0] == (1, rest + 1, 1)
     assert sink.last.tokens == alone([*base, 3, 3], GenerateConfig(3, GREEDY)).tokens
 
 
@@ -327,8 +338,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_generating_slot():
     long_prompt = (list(range(V)) * 20)[:101]
     late, _ = submit(sched, long_prompt, GenerateConfig(12, GREEDY, ignore_eos=True))
     sched.run_until_idle()
-    chunks = [part[1] for b in target.batches for part in b if part[0] == 1 and part[2] == 0]
-    assert chunks == [16] * 6 + [4]
+    slot1 = [part for b in target.batches for part in b if part[0] == 1]
+    # six chunks, then the last 4 tokens with the first round's [last] and its row
+    assert slot1[:7] == [(1, 16, 0)] * 6 + [(1, 5, 1)]
     steps_with_both = [b for b in target.batches if {p[0] for p in b} == {0, 1}]
     assert len(steps_with_both) >= 7  # slot 0 kept generating while slot 1 prefilled
     # the draft's prefill waits for slot 1's first block, then goes by the same chunks
@@ -544,7 +556,7 @@ def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
 
 def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
     # slot 0 speculates, slot 1 is held at K = 0 for 5 steps, then both draft: the first
-    # draft decode then holds slot 1's 8 missing tokens (its prompt is never prefilled in
+    # draft decode then holds slot 1's 9 missing tokens (its prompt is never prefilled in
     # the draft before it speculates) and slot 0's pending ones
     class Script(BatchController):
         def __init__(self):
@@ -554,7 +566,7 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
         def observe_draft(self, n_tokens, seconds, n_rows=None):
             self.drafts.append((self.steps, n_tokens))
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             self.steps += 1
             self.behind.append([s.catch_up for s in states])
             ks = (2, 0) if self.steps <= 5 else (2, 2)
@@ -570,14 +582,15 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
         submit(sched, p, GenerateConfig(40, GREEDY, ignore_eos=True))
     for _ in range(7):
         sched.step()
-    # slot 1's catch-up starts at its prompt but its last token (2) and grows by the one
-    # token a step it commits at K = 0
-    assert [b[1] for b in ctl.behind[:6]] == [2, 3, 4, 5, 6, 7]
-    assert ctl.behind[0][0] == 2 and all(b[0] <= 1 for b in ctl.behind[1:])
-    # step 6's first draft decode: slot 1's 7 missing tokens and its last, and slot 0's
+    # slot 1's catch-up starts at its prompt and its first token (the round that rode on
+    # its prefill) but the last one (3), and grows by the one token a step it commits
+    # at K = 0
+    assert [b[1] for b in ctl.behind[:6]] == [3, 4, 5, 6, 7, 8]
+    assert ctl.behind[0][0] == 3 and all(b[0] <= 1 for b in ctl.behind[1:])
+    # step 6's first draft decode: slot 1's 8 missing tokens and its last, and slot 0's
     # pending 1 or 2; each depth after it one token a slot
     sixth = [n for step, n in ctl.drafts if step == 6]
-    assert sixth[0] - 8 in (1, 2) and sixth[1:] == [2]
+    assert sixth[0] - 9 in (1, 2) and sixth[1:] == [2]
 
 
 def test_an_ngram_drafter_costs_the_controller_no_draft_decodes():
@@ -610,7 +623,7 @@ def test_steps_without_drafting_re_time_the_draft_within_the_budget_and_keep_its
             self.timed.append(n_tokens)
             super().observe_draft(n_tokens, seconds, n_rows)
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             return Choice((0,) * len(states), 0.0, 0.0, 0.0, 0.0)
 
     target, draft = engines(n_seq=2)
@@ -642,7 +655,7 @@ def test_the_controller_learns_its_residual_from_plain_steps_only():
             super().__init__(k_max=2, draft_batched=True, probe_every=0)
             self.step, self.seen, self.told = 0, [], {}
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             self.step += 1
             ks = (2,) * len(states) if self.step % 3 else (0,) * len(states)
             self.told[self.step] = [s.catch_up for s, k in zip(states, ks, strict=True) if k > 0]
@@ -659,15 +672,18 @@ def test_the_controller_learns_its_residual_from_plain_steps_only():
         controller=ctl, prefill_chunk=8,
     )  # fmt: skip
     submit(sched, [1, 2, 3], GenerateConfig(20, GREEDY, ignore_eos=True))
-    sched.step()  # the prompt's prefill: no rounds yet
+    sched.step()  # the prompt's prefill and its first round, at K = 0
     sched.step()
     submit(sched, (list(range(V)) * 10)[:30], GenerateConfig(20, GREEDY, ignore_eos=True))
     n_chunked = 0  # steps with a chunk of the long prompt, in the target or in the draft
     for _ in range(12):
         n_t, n_d = len(target.batches), len(draft.batches)
         sched.step()
-        made = target.batches[n_t:] + draft.batches[n_d:]
-        n_chunked += any(p[2] == 0 for b in made for p in b)
+        # a chunk has tokens without rows (in the target, the last one carries the
+        # request's first round, [last] with its row)
+        n_chunked += any(p[2] == 0 for b in draft.batches[n_d:] for p in b) or any(
+            p[1] > p[2] for b in target.batches[n_t:] for p in b
+        )
     steps = [s for s, _, _ in ctl.seen]
     assert len(steps) == len(set(steps)) and n_chunked >= 5
     assert len(steps) == ctl.step - n_chunked
@@ -683,7 +699,7 @@ def test_the_controller_is_told_which_positions_prompt_lookup_fills():
             super().__init__(k_max=3, draft_batched=True, probe_every=0)
             self.free = []
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             if any(s.k_cap for s in states):  # not the request's first, ordinary step
                 self.free.append([s.free for s in states])
             ks = tuple(min(max(1, s.free), s.k_cap) for s in states)
@@ -720,7 +736,7 @@ def test_prompt_lookup_is_valued_at_its_record_pooled_over_one_settings_requests
             super().__init__(k_max=3, draft_batched=True, probe_every=0)
             self.offers = []
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             self.offers += [s.free_alpha for s in states if s.free]
             ks = tuple(min(max(1, s.free), s.k_cap) for s in states)
             return Choice(ks, 0.0, 0.0, 0.0, 0.0)
@@ -759,7 +775,7 @@ def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
             super().__init__(k_max=4, draft_batched=True, probe_every=0)
             self.chosen_free, self.told_free = [], []
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             if any(s.k_cap for s in states):  # not the request's first, ordinary step
                 self.chosen_free.append([s.free for s in states])
             return Choice(tuple(min(4, s.k_cap) for s in states), 0.0, 0.0, 0.0, 0.0)
@@ -815,7 +831,7 @@ def test_runs_of_speculative_rounds_are_reported_when_they_end():
             self.runs.append((self.steps, rounds))
             super().observe_run(rounds)
 
-        def choose(self, states, fixed_s=0.0):
+        def choose(self, states, fixed_s=0.0, **_):
             self.steps += 1
             ks = (2, 2, 0, 2, 0, 0, 1, 1)
             k = ks[self.steps - 1] if self.steps <= len(ks) else 1
@@ -827,12 +843,12 @@ def test_runs_of_speculative_rounds_are_reported_when_they_end():
         target, ModelDrafter(draft, GREEDY, V), n_parallel=1, queue_max=8, draft_max=None,
         controller=ctl,
     )  # fmt: skip
-    sink, _ = submit(sched, [1, 2, 3], GenerateConfig(12, GREEDY, ignore_eos=True))
+    sink, _ = submit(sched, [1, 2, 3], GenerateConfig(16, GREEDY, ignore_eos=True))
     sched.run_until_idle()
     assert isinstance(sink.last, Done)
-    # the request's first step is ordinary (its cap is 0, so step 1's K = 2 is not
-    # drafted); step 2's run of 1 ends at step 3, step 4's at step 5
-    assert ctl.runs[:2] == [(3, 1), (5, 1)]
+    # the request's first round rode on its prefill's decode, before any choice: the
+    # run of steps 1-2 ends at step 3, step 4's at step 5
+    assert ctl.runs[:2] == [(3, 2), (5, 1)]
     last_step, last_run = ctl.runs[-1]
     assert last_run >= 2 and last_step == ctl.steps  # the run the request's end ended
     assert ctl.run_rounds == 0.0  # three runs: not known yet

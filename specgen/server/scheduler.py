@@ -5,7 +5,7 @@ Each step (`Scheduler.step`):
   1. cancelled jobs leave their slot; queued jobs take free slots (the slot whose cache
      shares the longest prefix with the prompt, which then evaluates only the rest);
   2. stage 1 for every slot that is generating: K per slot (fixed, or the batch
-     controller's goodput choice; 0 in a request's first step, so that its first token
+     controller's goodput choice; 0 in a request's first round, so that its first token
      comes at ordinary decoding's latency), then the blocks: with a draft model, ONE
      draft decode per depth holds every slot still drafting (llama-server keeps one draft
      context for all slots too), each slot sampling its own row with its own settings and random
@@ -15,9 +15,32 @@ Each step (`Scheduler.step`):
      at K = 0 while longer (`_catch_up`);
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
-     prompt stalls the others by one chunk at most);
+     prompt stalls the others by one chunk at most; a prompt's last chunk carries its
+     request's first round, see Admission below);
   4. stages 3-5 per slot through `Sequence.commit`, with that request's own sampling
      settings, random streams and stop strings; only that slot's sequence rolls back.
+
+Admission (issue 37): a request does not wait for a speculative step.
+  - Admission happens twice a step: at its start, and again after the draft depths,
+    just before the target decode, so a request that arrived while the step drafted has
+    its first prompt chunk in that decode (llama-server and vLLM put prompt chunks in the
+    same batch as the running requests' decode rows: chunked prefill; Sarathi-Serve,
+    Agrawal et al. OSDI 2024, calls such a batch stall-free).
+  - An arrival while blocks are drafted (with a slot free for it) cuts every block
+    short after the depth under way (`_draft_depths`): the request waits one draft
+    depth, not all of them. Exact: a round's law does not depend on its K (Leviathan et
+    al. 2023, Theorem 3.5), and the cut depends on the clock, never on the tokens drawn.
+  - The prompt's last chunk carries the request's first round (`_first_rounds`:
+    `[..., last]` with one logits row, K = 0), so its first token comes from the decode
+    that ends its prefill, as llama-server's does, instead of a decode later.
+  - While requests wait for their first token the batch controller counts the seconds
+    speculation adds once more per waiting request and makes no probe; with
+    --slo-ttft/--slo-tpot it also keeps the step within those targets
+    (`specgen.batchctl.BatchController`, the goodput of SmartSpec, Liu et al. 2024,
+    priced for latency). Each slot's K carries its reason (`BatchReport.reasons`,
+    `Step.k_reason`).
+  So a short prompt arriving mid-step gets its first token at the end of that step's
+  decode; before, it waited for the rest of the step and two whole steps more.
 
 Isolation: slot i's target cells are sequence i of the target's cache and its draft cells
 sequence i of the draft's; each request gets its own drafter (q under its own settings)
@@ -47,7 +70,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specgen.batchctl import (
     Acceptance,
@@ -130,6 +153,8 @@ class BatchReport:
             an earlier step had sent its request some: the gap between the two sends (an
             inter-token latency per streamed chunk, as `specgen bench --url` counts ITL)
             and the tokens of this chunk; a request's first tokens (its TTFT) are not in it.
+        reasons: why each K in `k` is what it is (`specgen.batchctl.REASONS`), then
+            "first" for each request whose first round rode on its prefill this step.
     """
 
     n_rows: int
@@ -146,15 +171,18 @@ class BatchReport:
     spec_overhead_s: float | None = None
     draft_token_s: float | None = None
     itl: tuple[tuple[int, float, int], ...] = ()
+    reasons: tuple[str, ...] = ()
 
 
 class Ticket:
-    """A submitted job: pass it to `Scheduler.cancel`."""
+    """A submitted job: pass it to `Scheduler.cancel`. `t_submit`: the scheduler's clock
+    when it was queued (what its wait for a first token counts from)."""
 
-    def __init__(self, job: Job, sink: Sink) -> None:
+    def __init__(self, job: Job, sink: Sink, t_submit: float = 0.0) -> None:
         self.job = job
         self.sink = sink
         self.cancelled = False
+        self.t_submit = t_submit
 
 
 class _Slot:
@@ -176,6 +204,7 @@ class _Slot:
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
         self.t_sent: float | None = None  # clock when its request was last sent tokens
+        self.reason = "first"  # why its K is what it is this step (`batchctl.REASONS`)
 
 
 def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -286,6 +315,8 @@ class Scheduler:
         self._calibrated = threading.Event()  # set once `start`'s worker has calibrated
         self.last_report: BatchReport | None = None
         self._itl: list[tuple[int, float, int]] = []  # this step's `BatchReport.itl`
+        self._cut = False  # this step's blocks were cut short by an arrival (`_draft_depths`)
+        self._n_firsts = 0  # first rounds that rode on their prefill's last chunk this step
         self._undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
         # prompt lookup's pooled record per sampling setting (`HybridDrafter`'s pool), the
         # least recently used first
@@ -327,7 +358,7 @@ class Scheduler:
                 f" ({job.config.max_tokens}) is {need} tokens, more than a slot's context of"
                 f" {self.n_ctx_slot}"
             )
-        ticket = Ticket(job, sink)
+        ticket = Ticket(job, sink, self.clock())
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
@@ -478,6 +509,7 @@ class Scheduler:
     def _step(self) -> BatchReport:
         t_step = self.clock()
         self._itl = []  # filled by `_commit`
+        self._cut = False  # set by `_draft_depths` when an arrival cut the blocks short
         inside0 = _decode_s(self.target) + _decode_s(self._draft)
         self._reap_cancelled()
         self._admit()
@@ -494,14 +526,20 @@ class Scheduler:
         proposals = self._propose(active, ks)
         retimed = not any(ks) and self._retime_draft(active)
         # a step the controller's residual may learn from: nothing in it but the rounds
-        plain = ks == chosen and not retimed
+        plain = ks == chosen and not retimed and not self._cut
         draft_s = self.clock() - t1
 
+        # a request that arrived while the step drafted joins this step's decode (its
+        # first chunk), instead of waiting for the next step's draft depths
+        self._admit()
         parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
         budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
         chunked = self._prompt_chunks(lambda slot: slot.todo, budget)
+        budget -= sum(len(part.tokens) for _, part in chunked)
+        firsts, chunked = self._first_rounds(chunked, budget)
+        self._n_firsts = len(firsts)
         parts += [part for _, part in chunked]
-        chunks = [(slot, len(part.tokens)) for slot, part in chunked]
+        chunks = [(slot, len(part.tokens) - part.n_rows) for slot, part in chunked]
         decode0 = _decode_s(self.target)
         rows: list[Logits] | None = None
         verify_s = 0.0
@@ -525,6 +563,13 @@ class Scheduler:
                 self.controller.observe_target(n_rows, self.clock() - t2)
             for slot, n in chunks:
                 del slot.todo[:n]
+            chunk_rows = dict(
+                zip([s.index for s, _ in chunked], rows[len(proposals) :], strict=True)
+            )
+            for slot, prop in firsts:
+                assert slot.seq is not None
+                slot.seq.stats.prefill_s = self.clock() - slot.t_admit
+                self._commit(slot, prop, chunk_rows[slot.index], verify_s)
         if self.controller is not None and plain and not chunks and rows is not None:
             # the positions lookup really filled: also those after model tokens, which
             # the choice could not foresee (`HybridDrafting.feed`); a catch-up is
@@ -561,6 +606,7 @@ class Scheduler:
             spec_overhead_s=ctl.spec_overhead_s if ctl is not None else None,
             draft_token_s=ctl.draft.token_s if ctl is not None else None,
             itl=tuple(self._itl),
+            reasons=tuple(s.reason for s in active) + ("first",) * self._n_firsts,
         )
         self.last_report = report
         if self.observer is not None:
@@ -619,6 +665,7 @@ class Scheduler:
                 (slot, SeqDecode(slot.index, context[have : have + self.prefill_chunk], 0))
             )
             out[i] = 0
+            slot.reason = "catch_up"
         if chunks:
             parts = [part for _, part in chunks]
             t0 = self.clock()
@@ -661,7 +708,12 @@ class Scheduler:
         drafted_s = self.clock() - t0
         for slot, k, w in together:
             assert slot.seq is not None
-            proposals.append((slot, slot.seq.propose(k, w.block(), drafted_s)))
+            block = w.block()
+            # a block cut short is a round at the K it reached (what its acceptance tests)
+            k_run = min(k, len(block.tokens)) if self._cut else k
+            if k_run < k:
+                slot.reason = "cut"
+            proposals.append((slot, slot.seq.propose(k_run, block, drafted_s)))
         return proposals
 
     def _retime_draft(self, active: list[_Slot]) -> bool:
@@ -706,6 +758,14 @@ class Scheduler:
         The first decode also catches each draft sequence up on what its last round
         committed; a decode beyond n_batch tokens is split into several.
 
+        A request that arrives while the blocks are drafted, with a slot free for it,
+        cuts every block short after the depth under way (`Stepwise.stop`, setting
+        `_cut`): the step goes on to its target decode, which then holds the request's
+        first prompt chunk (`_step` admits again before it), so a new request waits one
+        draft depth instead of all of them (see `Scheduler`: the admission rule). Exact:
+        where a block ends depends on the clock and the queue, never on the tokens drawn,
+        and a round's law does not depend on its K (Leviathan et al. 2023, Theorem 3.5).
+
         Raises:
             EngineError: a draft decode failed (the caller fails every drafting slot).
         """
@@ -733,6 +793,47 @@ class Scheduler:
                     self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows)
                     self._undrafted_s = 0.0
             live = [(seq, d) for seq, d in live if d.pending]
+            if live and self._arrival_waits():
+                for _, d in live:
+                    d.stop()
+                self._cut = True
+                return
+
+    def _arrival_waits(self) -> bool:
+        """Whether a queued request could take a free slot now (it arrived during this
+        step: `_admit` at the step's start emptied the queue or the free slots)."""
+        return bool(self._queue) and not self._stopping and self.slots_busy < self.n_parallel
+
+    def _first_rounds(
+        self, chunked: list[tuple[_Slot, SeqDecode]], budget: int
+    ) -> tuple[list[tuple[_Slot, Proposal]], list[tuple[_Slot, SeqDecode]]]:
+        """A prompt's last chunk carries its request's first round: the slot starts now,
+        and its ordinary round (K = 0: `[last]` with one logits row) joins the chunk in
+        this step's decode, so that the first token comes from the decode that ends the
+        prefill, as llama-server's does (the prompt's last token is in its prefill batch
+        with a row), instead of a decode later, after the next step's draft depths.
+        `budget`: tokens the decode has room for beyond `chunked`.
+
+        Returns:
+            (the first rounds begun, `chunked` with those slots' chunks extended and the
+            slots that failed to start left out).
+        """
+        firsts: list[tuple[_Slot, Proposal]] = []
+        out: list[tuple[_Slot, SeqDecode]] = []
+        for slot, part in chunked:
+            if len(part.tokens) < len(slot.todo) or budget < 1:
+                out.append((slot, part))
+                continue
+            self._start(slot)
+            if slot.seq is None or not slot.started:  # failed: its job has ended
+                continue
+            slot.first = False  # this round is its ordinary first
+            slot.reason = "first"
+            prop = slot.seq.propose(0)
+            out.append((slot, SeqDecode(slot.index, part.tokens + prop.to_score, 1)))
+            firsts.append((slot, prop))
+            budget -= len(prop.to_score)
+        return firsts, out
 
     def _prompt_chunks(
         self, todo_of: Callable[[_Slot], list[int]], budget: int
@@ -860,6 +961,7 @@ class Scheduler:
             # decodes (2-4x the TTFT of --draft none on the demo pair); its draft catches
             # up in its next step
             caps.append(0 if slot.first else seq.choose_k())
+            slot.reason = "first" if slot.first else "fixed"
             slot.first = False
             behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
             slot.catch_up = max(0, behind - 1)
@@ -885,10 +987,18 @@ class Scheduler:
                     free_alpha,
                 )
             )
-        choice = self.controller.choose(states)
-        for slot, k, cap in zip(active, choice.k, caps, strict=True):
+        now = self.clock()
+        waiting_s = [
+            now - s.ticket.t_submit
+            for s in self._slots
+            if s.ticket is not None and s.seq is not None and not s.started
+        ]
+        choice = self.controller.choose(states, waiting_s=waiting_s)
+        reasons = choice.reasons or ("goodput",) * len(active)
+        for slot, k, cap, why in zip(active, choice.k, caps, reasons, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
             slot.fresh = slot.fresh and cap == 0
+            slot.reason = "first" if cap == 0 and slot.reason == "first" else why
         return list(choice.k)
 
     def _commit(self, slot: _Slot, prop: Proposal, rows: Logits, verify_s: float) -> None:
@@ -896,7 +1006,7 @@ class Scheduler:
         if seq is None:  # failed earlier in this step
             return
         try:
-            step = seq.commit(prop, rows, verify_s)
+            step = replace(seq.commit(prop, rows, verify_s), k_reason=slot.reason)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
             self._fail(slot, str(exc), "engine")
             return
