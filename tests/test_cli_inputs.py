@@ -410,6 +410,9 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["--verify", "both"], "--verify must be block, token or auto"),
         (["-np", "0"], "-np/--parallel"),
         (["-n", "0"], "-n must be -1"),
+        (["--slo-ttft", "0"], "--slo-ttft must be more than 0 milliseconds"),
+        (["--slo-tpot", "-80"], "--slo-tpot must be more than 0 milliseconds"),
+        (["--draft-max", "4", "--slo-tpot", "80"], "they need --draft-max auto"),
     ],
 )
 def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(

@@ -71,6 +71,21 @@ def test_per_slot_itl_names_appear_and_count_every_chunk_after_the_first() -> No
     assert sum(tokens) == sum(len(st.spans) for c in chunks for st in c[1:])
 
 
+def test_every_slots_round_is_counted_once_by_the_reason_for_its_k() -> None:
+    metrics, jobs, _ = scripted_run(n_jobs=5)
+
+    def count(reason: str) -> float:
+        return (
+            metrics.registry.get_sample_value("specgen_k_reasons_total", {"reason": reason}) or 0.0
+        )
+
+    # each Step a request received is one round of its slot; its first round rode on its
+    # prefill ("first"), the others had --draft-max's fixed K
+    assert count("first") == len(jobs)
+    assert count("fixed") == sum(len(steps) for steps in jobs) - len(jobs) > 0
+    assert count("goodput") == count("waiting") == 0
+
+
 def test_an_idle_server_reports_no_slot_itl() -> None:
     metrics = Metrics()
     text = metrics.render().decode()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specgen.events import ACCEPTANCE_HOW, Span, Stats, Step
@@ -31,6 +33,15 @@ def test_speculative_counts_proposals_tests_and_acceptance_exactly() -> None:
     assert s.acceptance_how == ACCEPTANCE_HOW
     assert s.k_per_step == (4, 4, 0, 2)
     assert s.finish == "eos"
+
+
+def test_each_steps_k_reason_is_reported_in_order() -> None:
+    steps = [
+        replace(s, k_reason=r)
+        for s, r in zip(STEPS, ("first", "goodput", "waiting", "cut"), strict=True)
+    ]
+    assert speculative(steps, "eos").k_reason_per_step == ("first", "goodput", "waiting", "cut")
+    assert speculative(STEPS, "eos").k_reason_per_step == ("",) * 4  # outside the server
 
 
 def test_acceptance_by_position_is_accepted_over_proposed_at_each_depth() -> None:

@@ -80,12 +80,13 @@ EPILOG = (
 @dataclass(frozen=True)
 class ServerFlags:
     """What only `serve` has: where it listens, its slots and queue, who may use it, its
-    -n default and chat template (--host, --port, -np, --queue, --alias, --api-key,
-    --cors, -n, --chat-template, --verbose).
+    -n default and chat template, its latency targets (--host, --port, -np, --queue,
+    --alias, --api-key, --cors, -n, --chat-template, --verbose, --slo-ttft, --slo-tpot:
+    milliseconds, None = no target).
 
     Raises:
         ConfigError: naming the flag: --port outside 0-65535, -np below 1, --queue below 0,
-            -n 0 or below -1, an empty --api-key.
+            -n 0 or below -1, an empty --api-key, a latency target of 0 or less.
     """
 
     host: str = "127.0.0.1"
@@ -98,6 +99,8 @@ class ServerFlags:
     max_tokens: int = -1
     chat_template: Path | None = None
     verbose: bool = False
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cors", tuple(self.cors or ()))  # Typer: a list or None
@@ -113,6 +116,9 @@ class ServerFlags:
             )
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key (or SPECGEN_API_KEY) is empty")
+        for flag, ms in (("--slo-ttft", self.slo_ttft), ("--slo-tpot", self.slo_tpot)):
+            if ms is not None and not ms > 0:
+                raise ConfigError(f"{flag} must be more than 0 milliseconds, got {ms:g}")
 
 
 def register(app: typer.Typer) -> None:
@@ -179,6 +185,26 @@ def serve(
     verbose: VerboseOpt = False,
     verify: VerifyOpt = None,
     lookup: LookupOpt = None,
+    slo_ttft: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-ttft",
+            metavar="MS",
+            help="Time-to-first-token target: while requests wait for their first token,"
+            " steps are shortened (fewer draft depths) to end within it. Needs --draft-max"
+            " auto. Default: none.",
+        ),
+    ] = None,
+    slo_tpot: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-tpot",
+            metavar="MS",
+            help="Time-per-output-token target: no slot gets its tokens slower than this"
+            " per token because others speculate (fewer draft depths). Needs --draft-max"
+            " auto. Default: none.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (chat, completions, streaming).
 
@@ -212,8 +238,20 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     set_verbose(server.verbose, output.log)
     defaults = shapes.Defaults.of(sampling, server.max_tokens)
     settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
+    if (server.slo_ttft is not None or server.slo_tpot is not None) and sampling.k is not None:
+        raise ConfigError(
+            "--slo-ttft and --slo-tpot shorten the steps the batch controller chooses:"
+            " they need --draft-max auto, not a fixed K"
+        )
     args = backend.ServeArgs(
-        model, sampling, server.parallel, server.queue, server.alias, server.chat_template
+        model,
+        sampling,
+        server.parallel,
+        server.queue,
+        server.alias,
+        server.chat_template,
+        slo_ttft_s=None if server.slo_ttft is None else server.slo_ttft / 1e3,
+        slo_tpot_s=None if server.slo_tpot is None else server.slo_tpot / 1e3,
     )
     warning = runner.open_warning(server.host, server.api_key)
     if warning is not None:

@@ -34,6 +34,8 @@ class ServeArgs:
         queue: --queue, requests that may wait for a slot.
         alias: --alias, the model id (None: the target's file name).
         chat_template: --chat-template FILE instead of the GGUF's.
+        slo_ttft_s, slo_tpot_s: --slo-ttft and --slo-tpot in seconds (None: no target):
+            the batch controller's latency targets (`specgen.batchctl.BatchController`).
     """
 
     model: ModelFlags
@@ -42,6 +44,8 @@ class ServeArgs:
     queue: int = 64
     alias: str | None = None
     chat_template: Path | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -120,6 +124,8 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         draft_max=a.sampling.k,
         observer=metrics.observe_batch,
         deliver=deliver,
+        slo_ttft_s=a.slo_ttft_s,
+        slo_tpot_s=a.slo_tpot_s,
     )
     card = model_card(opened, template.to_dict() if template is not None else None, a)
     card["n_ctx_slot"] = scheduler.n_ctx_slot

@@ -84,6 +84,12 @@ class Metrics:
             "specgen_k_chosen", "Block size K chosen per active slot per step.",
             buckets=_K_BUCKETS, registry=r,
         )  # fmt: skip
+        self.k_reasons = Counter(
+            "specgen_k_reasons",
+            "Slots' rounds by why their K was chosen (goodput, waiting, slo_ttft, slo_tpot,"
+            " probe, fixed, first, catch_up, cut).",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.rows = Histogram(
             "specgen_step_rows", "Target rows decoded per step.", buckets=_ROW_BUCKETS, registry=r
         )
@@ -141,6 +147,8 @@ class Metrics:
         self.steps.inc()
         for k in report.k:
             self.k_chosen.observe(k)
+        for reason in report.reasons:
+            self.k_reasons.labels(reason=reason).inc()
         self.rows.observe(report.n_rows)
         self.step_s.observe(report.step_s)
         if report.n_slots:

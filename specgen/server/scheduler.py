@@ -248,6 +248,8 @@ class Scheduler:
         prefill_chunk: most prompt tokens one slot adds to a step.
         controller: the batch controller for auto (default: `BatchController()`).
         clock: seconds; tests replace it.
+        slo_ttft_s, slo_tpot_s: the default controller's latency targets (--slo-ttft,
+            --slo-tpot, seconds; None: none).
 
     Raises:
         ValueError: the target has fewer sequences than n_parallel, or a drafter that
@@ -267,6 +269,8 @@ class Scheduler:
         prefill_chunk: int = 256,
         controller: BatchController | None = None,
         clock: Clock = time.perf_counter,
+        slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
     ) -> None:
         if target.n_seq < n_parallel:
             raise ValueError(f"the target holds {target.n_seq} sequences, not {n_parallel}")
@@ -292,9 +296,11 @@ class Scheduler:
         # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
         # target's rows only (host time is in the step's measured costs)
         default = (
-            BatchController(draft_batched=True)
+            BatchController(draft_batched=True, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
             if self._draft is not None
-            else BatchController(draft_prior=Line(0.0, 0.0))
+            else BatchController(
+                draft_prior=Line(0.0, 0.0), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s
+            )
         )
         self.controller = (controller or default) if draft_max is None and drafter else None
         self._slots = [

@@ -74,6 +74,9 @@ class Speculative:
             tokens whose first i + 1 proposals were all accepted (with a fixed K, vLLM's
             per-position rate); as long as the largest proposal.
         k_per_step: the block size K chosen each step, in order.
+        k_reason_per_step: why each of those K is what it is, in order
+            (`specgen.batchctl.REASONS`: "goodput", "waiting", "slo_ttft", "slo_tpot",
+            "probe", "fixed", "first", "catch_up", "cut").
         finish: specgen's own finish reason (`specgen.events.FinishReason`), or "failed" /
             "cancelled" when the request ended by an error or a disconnect.
         verify_rule: the acceptance rule the request was verified by, "token" (token by
@@ -93,6 +96,7 @@ class Speculative:
     acceptance_by_position: tuple[float, ...]
     k_per_step: tuple[int, ...]
     finish: str
+    k_reason_per_step: tuple[str, ...] = ()
     verify_rule: str | None = None
 
 
@@ -170,6 +174,7 @@ def speculative(
         acceptance_how=ACCEPTANCE_HOW,
         acceptance_by_position=acceptance_by_position(steps),
         k_per_step=tuple(s.k for s in steps),
+        k_reason_per_step=tuple(s.k_reason or "" for s in steps),
         finish=finish,
         verify_rule=verify_rule,
     )
