@@ -257,3 +257,41 @@ def test_latency_targets_are_honoured_in_a_scripted_load(with_targets: bool):
         assert "slo_tpot" in reasons
     else:
         assert worst_tpot > 0.060 or max(ttft.values()) > 0.150
+
+
+def test_the_scheduler_tells_the_controller_who_waits_for_a_first_token_and_since_when():
+    class Script(BatchController):
+        def __init__(self) -> None:
+            super().__init__(k_max=2, draft_batched=True, probe_every=0)
+            self.waiting: list[tuple[float, ...]] = []
+
+        def choose(self, states, fixed_s=0.0, waiting_s=()):
+            self.waiting.append(tuple(waiting_s))
+            return super().choose(states, fixed_s, waiting_s)
+
+    class Clock:  # 10 ms a step (read once per step by the test)
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock, ctl = Clock(), Script()
+    target, draft = pair(n_seq=2)
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=2, queue_max=8, draft_max=None,
+        controller=ctl, clock=clock, prefill_chunk=4,
+    )  # fmt: skip
+    sched.submit(Job("a", [1, 2, 3], GenerateConfig(30, GREEDY, ignore_eos=True)), lambda e: None)
+    for _ in range(2):
+        sched.step()
+        clock.t += 0.010
+    # a 13-token prompt: 12 to prefill by chunks of 4, the last chunk with its first round
+    sched.submit(Job("b", [1, 2, 3, 4] * 3 + [5], GenerateConfig(5, GREEDY)), lambda e: None)
+    for _ in range(5):
+        sched.step()
+        clock.t += 0.010
+    # step 1 prefilled "a" and made its first round (no choice: nobody streamed yet); at
+    # step 2 nobody waits; "b" waits through the three steps whose decodes hold its chunks
+    # (the third with its first round), then streams
+    assert [len(w) for w in ctl.waiting] == [0, 1, 1, 1, 0, 0]
+    assert [w[0] for w in ctl.waiting[1:4]] == pytest.approx([0.0, 0.010, 0.020])

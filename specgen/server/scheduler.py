@@ -958,6 +958,14 @@ class Scheduler:
         """K per slot; also each slot's `catch_up` this step (what `_catch_up`, the
         controller and its residual read)."""
         caps = []
+        # the requests whose first token waits for this step: prompts being prefilled, and
+        # slots making their first round now (a prompt the cache held but its last token)
+        now = self.clock()
+        waiting_s = [
+            now - s.ticket.t_submit
+            for s in self._slots
+            if s.ticket is not None and s.seq is not None and (not s.started or s.first)
+        ]
         for slot in active:
             seq, d = slot.seq, slot.drafter
             assert seq is not None
@@ -993,12 +1001,6 @@ class Scheduler:
                     free_alpha,
                 )
             )
-        now = self.clock()
-        waiting_s = [
-            now - s.ticket.t_submit
-            for s in self._slots
-            if s.ticket is not None and s.seq is not None and not s.started
-        ]
         choice = self.controller.choose(states, waiting_s=waiting_s)
         reasons = choice.reasons or ("goodput",) * len(active)
         for slot, k, cap, why in zip(active, choice.k, caps, reasons, strict=True):
