@@ -624,6 +624,8 @@ class BatchController:
         self._ordinary_steps = 0
         # speculative rounds of each recent run of them (see `observe_run`)
         self._runs: collections.deque[int] = collections.deque(maxlen=_RUN_WINDOW)
+        # recent prompt chunks' target seconds per token (`observe_chunk`)
+        self._chunk: collections.deque[float] = collections.deque(maxlen=_RESIDUAL_WINDOW)
         # the last all-zero choice's inputs, for `retime_due`
         self._idle_inputs: tuple[list[SlotInput], float] | None = None
 
@@ -735,6 +737,7 @@ class BatchController:
         states: Sequence[SlotState],
         fixed_s: float = 0.0,
         waiting_s: Sequence[float] = (),
+        chunk_tokens: int = 0,
     ) -> Choice:
         """K per slot for this step, probes included (see the class), for the requests
         waiting behind it too (the latency rule, in the class docstring).
@@ -744,6 +747,9 @@ class BatchController:
             fixed_s: seconds the step costs whatever K is.
             waiting_s: per request waiting for its first token behind this step (its
                 prompt being prefilled), the seconds since it arrived.
+            chunk_tokens: prompt tokens the step's decode will hold beside the rounds:
+                the latency targets count them (`chunk_token_s` each), goodput does not
+                (they cost the same whatever K is).
 
         Returns:
             The Choice, with a reason per slot (`REASONS`).
@@ -765,7 +771,8 @@ class BatchController:
         reason = "goodput"
         if waiting_s and got.k != choose(slots, t, c, fixed_s, spec, tok).k:
             reason = "waiting"
-        got, bound = self._within_targets(slots, got, waiting_s, fixed_s, weight)
+        chunk_s = self.chunk_token_s * max(0, chunk_tokens)
+        got, bound = self._within_targets(slots, got, waiting_s, fixed_s + chunk_s, weight)
         reason = bound or reason
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         got = _with_reasons(got, (reason,) * len(slots))
@@ -792,6 +799,22 @@ class BatchController:
             "probe" if k != k0 else r for k, k0, r in zip(ks, got.k, got.reasons, strict=True)
         )
         return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary, reasons)
+
+    def observe_chunk(self, n_tokens: int, seconds: float) -> None:
+        """A target decode holding `n_tokens` prompt tokens beside its rounds took `seconds`
+        more than the target's line gives for its rows: their cost per token is kept (the
+        last `_RESIDUAL_WINDOW`), for the latency targets' prediction of a step."""
+        if n_tokens > 0:
+            self._chunk.append(max(0.0, seconds) / n_tokens)
+
+    @property
+    def chunk_token_s(self) -> float:
+        """Seconds of a prompt token in a target decode (no logits row): the median of the
+        recent chunks' cost per token; the target line's slope (a row's cost, an
+        overestimate) until a chunk has been seen."""
+        if not self._chunk:
+            return self.target.line().slope_s
+        return float(statistics.median(self._chunk))
 
     def step_s_whole(self, ks: Sequence[int], slots: Sequence[SlotInput], fixed_s: float) -> float:
         """Predicted seconds of a step at `ks` with every catch-up paid whole (what the step

@@ -171,6 +171,13 @@ def test_a_ttft_target_drops_depths_until_the_step_ends_in_time():
     assert ctl.choose(states, waiting_s=(0.49,)).k == (0, 0)
     # the oldest waiting request decides
     assert ctl.choose(states, waiting_s=(0.1, 0.43)).k == (0, 0)  # and the weight of two
+    # a prompt chunk in the step counts too: 100 tokens at 0.2 ms measured, 20 ms more,
+    # leave 50 ms of the 70 (the chunk's cost is the same at every K: goodput ignores it)
+    for _ in range(3):
+        ctl.observe_chunk(100, 0.020)
+    assert ctl.chunk_token_s == pytest.approx(0.0002)
+    assert ctl.choose(states, waiting_s=(0.43,), chunk_tokens=100).k == (1, 1)
+    assert ctl.choose(states, waiting_s=(0.1,), chunk_tokens=100).k == (8, 8)
 
 
 @pytest.mark.parametrize(("slo", "k"), [(None, 8), (0.060, 3), (0.050, 2), (0.030, 0), (0.020, 0)])
@@ -264,10 +271,12 @@ def test_the_scheduler_tells_the_controller_who_waits_for_a_first_token_and_sinc
         def __init__(self) -> None:
             super().__init__(k_max=2, draft_batched=True, probe_every=0)
             self.waiting: list[tuple[float, ...]] = []
+            self.chunks: list[int] = []
 
-        def choose(self, states, fixed_s=0.0, waiting_s=()):
+        def choose(self, states, fixed_s=0.0, waiting_s=(), chunk_tokens=0):
             self.waiting.append(tuple(waiting_s))
-            return super().choose(states, fixed_s, waiting_s)
+            self.chunks.append(chunk_tokens)
+            return super().choose(states, fixed_s, waiting_s, chunk_tokens)
 
     class Clock:  # 10 ms a step (read once per step by the test)
         t = 0.0
@@ -294,4 +303,5 @@ def test_the_scheduler_tells_the_controller_who_waits_for_a_first_token_and_sinc
     # step 2 nobody waits; "b" waits through the three steps whose decodes hold its chunks
     # (the third with its first round), then streams
     assert [len(w) for w in ctl.waiting] == [0, 1, 1, 1, 0, 0]
+    assert ctl.chunks == [0, 4, 4, 4, 0, 0]  # and the prompt tokens of each step's decode
     assert [w[0] for w in ctl.waiting[1:4]] == pytest.approx([0.0, 0.010, 0.020])

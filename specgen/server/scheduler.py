@@ -567,6 +567,10 @@ class Scheduler:
                 # grow with the rows too (at temperature > 0 over a 262,144-token
                 # vocabulary, a cost the decode's own time leaves out)
                 self.controller.observe_target(n_rows, self.clock() - t2)
+            elif self.controller is not None:  # what the prompt tokens cost beyond the rows
+                n_chunk = sum(n for _, n in chunks)
+                beyond = self.clock() - t2 - self.controller.target.line()(n_rows)
+                self.controller.observe_chunk(n_chunk, beyond)
             for slot, n in chunks:
                 del slot.todo[:n]
             chunk_rows = dict(
@@ -1001,7 +1005,12 @@ class Scheduler:
                     free_alpha,
                 )
             )
-        choice = self.controller.choose(states, waiting_s=waiting_s)
+        chunk_tokens = sum(
+            min(len(s.todo), self.prefill_chunk)
+            for s in self._slots
+            if s.seq is not None and not s.started
+        )
+        choice = self.controller.choose(states, waiting_s=waiting_s, chunk_tokens=chunk_tokens)
         reasons = choice.reasons or ("goodput",) * len(active)
         for slot, k, cap, why in zip(active, choice.k, caps, reasons, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
