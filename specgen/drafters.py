@@ -185,11 +185,14 @@ class ModelDrafter:
 
 class GrammarRows(Protocol):
     """A grammar as the drafter needs it (`specgen.grammar.GrammarProcessor`): its mask on
-    a row, and the token it alone allows, after the history context + block."""
+    a row, the token it alone allows, and the tokens it forces (a forced string, tokenized
+    canonically), after the history context + block."""
 
     def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits: ...
 
     def single(self, context: Sequence[int], block: Sequence[int]) -> int | None: ...
+
+    def forced(self, context: Sequence[int], block: Sequence[int]) -> list[int]: ...
 
 
 def attach_grammar(drafter: object, grammar: GrammarRows | None) -> None:
@@ -245,6 +248,7 @@ class Drafting:
         self.tokens: list[int] = []
         self.rows: list[Dists] = []
         self.sources: list[Source] = []
+        self.sole: list[int] = []  # see `Block.sole`
         self.pending: list[int] = []
         self.behind = 0
         self._fed = 0  # proposals the draft engine has been given (in `pending` or before)
@@ -257,17 +261,30 @@ class Drafting:
             self.pending = context[keep:] + self._unfed() if len(self.tokens) < self.k else []
 
     def _force(self) -> None:
-        """Append the tokens the grammar allows alone, while the block has room: each with a
-        one-hot q (the law it was proposed by, as the target's constrained p there is
-        one-hot on it too) and no draft row: the draft model evaluates them with its next
-        decode, whose row is the one after the last of them."""
+        """Append the tokens the grammar forces, while the block has room, each with a
+        one-hot q (the law it was proposed by: exact under the rejection rule, as any q
+        is) and no draft row: the draft model evaluates them with its next decode, whose
+        row is the one after the last of them.
+
+        Two kinds. A token the grammar allows alone (`GrammarRows.single`): the target's
+        constrained p there is one-hot on it too, so it is always accepted and its
+        position needs no target row (its index goes to `Block.sole`). Else the first
+        token of a forced string (`GrammarRows.forced`, llguidance's `compute_ff_tokens`:
+        the forced bytes tokenized canonically) where the mask allows other tokens too
+        (another tokenization of the same bytes): p there is the target's, so it keeps
+        its row and may be rejected."""
         g = self.drafter.grammar
         if g is None:
             return
         while len(self.tokens) < self.k:
             t = g.single(self.context, self.tokens)
-            if t is None:
-                return
+            if t is not None:
+                self.sole.append(len(self.tokens))
+            else:
+                forced = g.forced(self.context, self.tokens)
+                if not forced:
+                    return
+                t = forced[0]
             self.tokens.append(t)
             self.rows.append(Dists.one_hot(np.array([t], dtype=np.int64), self.drafter.n_vocab))
             self.sources.append("grammar")
@@ -307,12 +324,18 @@ class Drafting:
         self.pending = []
 
     def block(self) -> Block:
-        """The proposals so far: tokens (m,) int64, their q rows and their sources ("draft",
-        or "grammar" for the tokens the grammar forced)."""
+        """The proposals so far: tokens (m,) int64, their q rows, their sources ("draft",
+        or "grammar" for the tokens the grammar forced) and which of those the grammar
+        allowed alone (`Block.sole`)."""
         d = self.drafter
         rows = self.rows
         if "grammar" in self.sources and any(r.dense for r in rows):
             # the model's rows are dense (no truncation): the one-hot rows must be too
             rows = [Dists(None, r.to_dense(), d.n_vocab) if not r.dense else r for r in rows]
         sources = tuple(self.sources) if "grammar" in self.sources else ()
-        return Block(np.array(self.tokens, dtype=np.int64), Dists.concat(rows, d.n_vocab), sources)
+        return Block(
+            np.array(self.tokens, dtype=np.int64),
+            Dists.concat(rows, d.n_vocab),
+            sources,
+            tuple(self.sole),
+        )

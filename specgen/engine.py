@@ -5,6 +5,7 @@ No third-party imports beyond numpy, so the loop and its tests never need llama.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,12 +73,23 @@ class Engine(Protocol):
         """True for end-of-generation tokens (EOS, EOT, ...)."""
         ...
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None
+    ) -> Logits:
         """Append ``tokens`` to the cache and evaluate them in one batched pass.
 
+        Args:
+            tokens: the token ids to append.
+            all_logits: a row for every token (else only for the last).
+            rows: when given, overrides `all_logits`: the indices into ``tokens``
+                (ascending, possibly none) that get a logits row; the others cost no
+                output-layer work (llama.cpp's per-token ``batch.logits`` flag). The
+                loop skips the rows of positions the grammar forces (`Block.sole`).
+
         Returns:
-            (len(tokens), n_vocab) float32 when ``all_logits``, else (1, n_vocab) for the
-            last token. A view into llama.cpp's buffer: valid only until the next decode.
+            (len(tokens), n_vocab) float32 when ``all_logits``, (len(rows), n_vocab) with
+            `rows`, else (1, n_vocab) for the last token. A view into llama.cpp's buffer:
+            valid only until the next decode.
 
         Raises:
             EngineError: llama.cpp failed, or the tokens do not fit in the context.
@@ -101,11 +113,21 @@ class SeqDecode:
         tokens: token ids appended at that sequence's next positions.
         n_rows: logits rows wanted for the last n_rows of `tokens` (0 = none, a prompt
             chunk; len(tokens) = all, a block to score).
+        rows: when given, the indices into `tokens` (ascending) that get a row instead of
+            the last n_rows; then n_rows == len(rows) (a block whose grammar-forced
+            positions need no row: `Block.sole`).
     """
 
     seq: int
     tokens: list[int]
     n_rows: int
+    rows: tuple[int, ...] | None = None
+
+    def wanted(self) -> tuple[int, ...]:
+        """The indices into `tokens` that get a logits row, ascending."""
+        if self.rows is not None:
+            return self.rows
+        return tuple(range(len(self.tokens) - self.n_rows, len(self.tokens)))
 
 
 class BatchEngine(Protocol):
@@ -158,8 +180,13 @@ class Block:
     q: Dists
     sources: tuple[Source, ...] = ()
     """Who proposed each token, "draft" (a draft model), "lookup" (prompt lookup) or
-    "grammar" (the only token the grammar allows there, with a one-hot q); empty means
-    all "draft"."""
+    "grammar" (a token the grammar forces, with a one-hot q); empty means all "draft"."""
+    sole: tuple[int, ...] = ()
+    """Indices i (ascending) where the grammar allows x_{i+1} alone: the target's
+    constrained p there is one-hot on it whatever its logits (every other token is -inf
+    before the warpers), so that position needs no logits row. A "grammar" token that is
+    not in `sole` (a forced string several tokenizations could spell,
+    `specgen.grammar.Matcher.forced`) keeps its row."""
 
     def source(self, i: int) -> Source:
         """The proposer of x_{i+1} (see `sources`)."""

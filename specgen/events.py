@@ -131,7 +131,8 @@ class Step:
             draws, acceptance, the residual, emitting text, rollback and bookkeeping.
         draft_host_s: the part of host_s spent while drafting (the draft rows' warps
             and draws).
-        n_rows: logits rows the target scored (K + 1, or K without the bonus row).
+        n_rows: logits rows the target computed (K + 1, or K without the bonus row; less
+            the positions where the grammar allowed one token alone, which need none).
         ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
             token (`specgen.controller.Baseline`), None when not measured.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer

@@ -425,12 +425,16 @@ class Matcher:
 
     def single(self) -> int | None:
         """The one token allowed next, or None when several (or none) are."""
-        if self.n_allowed() != 1:
-            return None
         words = self._bitmask()
-        w = int(np.flatnonzero(words)[0])
-        bit = int(words[w]) & 0xFFFFFFFF
-        return w * 32 + bit.bit_length() - 1
+        # one nonzero word holding one bit; no popcount over the whole mask (on a
+        # 262,144-token vocabulary that was 0.14 ms, the mask itself 0.015 ms)
+        nz = np.flatnonzero(words)
+        if nz.size != 1:
+            return None
+        bit = int(words[nz[0]]) & 0xFFFFFFFF
+        if bit & (bit - 1):
+            return None
+        return int(nz[0]) * 32 + bit.bit_length() - 1
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (llguidance's `compute_ff_tokens`): a forced

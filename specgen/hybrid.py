@@ -338,4 +338,6 @@ class HybridDrafting:
             tail_at,
             self.n_tail_match,
         )
-        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, h.n_vocab), sources)
+        # the model's tokens the grammar allowed alone, at their place in the whole block
+        sole = tuple(len(use) + i for i in model.sole) if model is not None else ()
+        return Block(np.array(tokens, dtype=np.int64), Dists.concat(rows, h.n_vocab), sources, sole)

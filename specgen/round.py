@@ -76,6 +76,11 @@ class Proposal:
             proposal.
         decode0, decode1: seconds inside llama_decode so far (target + draft) at t_start
             and at t_drafted, to tell the loop's host time apart.
+        forced: (row, token) pairs, rows ascending: positions of `to_score` whose row
+            the decode need not compute, because the grammar allows that token alone
+            there (the block's `Block.sole` and the bonus position): the constrained p
+            is one-hot on it whatever the logits. Empty when the request asks for
+            log-probabilities (every emitted token needs its row).
     """
 
     k: int
@@ -87,11 +92,40 @@ class Proposal:
     catchup_s: float = 0.0
     decode0: float = 0.0
     decode1: float = 0.0
+    forced: tuple[tuple[int, int], ...] = ()
 
     @property
     def to_score(self) -> list[int]:
-        """[last, x_1..x_m] (without x_m when no bonus row is scored): every row is needed."""
+        """[last, x_1..x_m] (without x_m when no bonus row is scored): row i scores the
+        token after to_score[i]."""
         return tokens_to_score(self.last, self.block, self.bonus)
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """The indices of `to_score` whose logits row the decode must compute (all but the
+        `forced` ones)."""
+        skip = {i for i, _ in self.forced}
+        return tuple(i for i in range(len(self.to_score)) if i not in skip)
+
+    def full_rows(self, logits: Logits) -> Logits:
+        """(len(to_score), n_vocab) float32: the decode's `rows` in place, and at each
+        `forced` row a stand-in, 0 at the forced token and -inf elsewhere. The stand-in
+        gives the same constrained p as the target's row would: the grammar's mask leaves
+        that one token finite either way, bias and penalties keep it finite (and -inf
+        elsewhere), and every warper maps a single finite logit to probability 1.
+
+        Args:
+            logits: (len(rows), n_vocab) float32, or already (len(to_score), n_vocab)
+                (returned as it is).
+        """
+        n = len(self.to_score)
+        if not self.forced or logits.shape[0] == n:
+            return logits
+        out = np.full((n, logits.shape[1]), -np.inf, dtype=np.float32)
+        out[list(self.rows)] = logits
+        for i, token in self.forced:
+            out[i, token] = 0.0
+        return out
 
     @property
     def draft_s(self) -> float:
@@ -300,8 +334,23 @@ class Sequence:
                 catchup_s = self.drafter.catchup_s
         return Proposal(
             k, block, bonus, self.committed[-1], t_start, self.clock(), catchup_s,
-            decode0, self._inside(),
+            decode0, self._inside(), self._forced_rows(block, bonus),
         )  # fmt: skip
+
+    def _forced_rows(self, block: Block, bonus: bool) -> tuple[tuple[int, int], ...]:
+        """`Proposal.forced`: the block's tokens the grammar allowed alone (`Block.sole`,
+        found by the drafter's matcher on the same history), and the bonus position when
+        the grammar allows one token alone after the whole block (asked of the target's
+        own matcher). None without a grammar, or with log-probabilities asked for."""
+        if self.grammar is None or self.config.wants_logprobs:
+            return ()
+        x = block.tokens.tolist()
+        forced = [(i, x[i]) for i in block.sole]  # row i scores x_{i+1}
+        if bonus:
+            t = self.grammar.single(self.committed, x)
+            if t is not None:
+                forced.append((len(x), t))
+        return tuple(forced)
 
     def commit(
         self,
@@ -315,7 +364,9 @@ class Sequence:
         Args:
             proposal: what `propose` returned this round.
             logits: (len(proposal.to_score), n_vocab) float32: row i scores the token after
-                to_score[i]. The target's `tokens` already include to_score.
+                to_score[i]; or only the `Proposal.rows` (the forced rows were not
+                computed: `Proposal.full_rows` stands in for them). The target's `tokens`
+                already include to_score.
             verify_s: seconds of the decode that produced the rows; None: the time since
                 drafting ended (a single stream's own decode).
             observe: report the round to the policy; False for a round no policy chose
@@ -325,6 +376,8 @@ class Sequence:
             The round's Step (spans, counts, timings).
         """
         p, params = proposal, self.config.params
+        n_rows = int(logits.shape[0])  # what the decode computed (forced rows skipped)
+        logits = p.full_rows(logits)
         if self.config.trace:
             # the trace reads the rows after the rollback, which may re-evaluate evicted
             # window cells: a decode that overwrites the buffer a view of them points into
@@ -398,7 +451,7 @@ class Sequence:
             trace=trace,
             host_s=(t_end - p.t_start) - (self._inside() - p.decode0),
             draft_host_s=p.draft_s - (p.decode1 - p.decode0),
-            n_rows=int(logits.shape[0]),
+            n_rows=n_rows,
             ordinary_token_s=self.baseline.token_s,
             n_drafted_by=by_drafted,
             n_accepted_by=by_accepted,
@@ -448,7 +501,10 @@ class Sequence:
                 self._start_due = False
                 timed = self._start_up()
             proposal = self.propose(self.choose_k())
-        logits = self.target.decode(proposal.to_score, all_logits=True)
+        if proposal.forced:  # rows only where the grammar leaves a choice
+            logits = self.target.decode(proposal.to_score, rows=proposal.rows)
+        else:
+            logits = self.target.decode(proposal.to_score, all_logits=True)
         step = self.commit(proposal, logits, observe=not forced)
         if timed is not None:
             step = dataclasses.replace(step, timed_ordinary_s=timed[0], timed_draft_s=timed[1])

@@ -430,8 +430,15 @@ class _PromptCache:
     def truncate(self, n: int) -> None:
         self._n = min(n, self._n)
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None
+    ) -> Logits:
         memo = self._memo
+        if rows is not None:  # a block with grammar-forced positions: never memoised
+            self.engine.truncate(self._n)
+            out = self.engine.decode(tokens, all_logits, rows)
+            self._n = len(self.engine.tokens)
+            return out
         if (
             self._n == 0
             and not all_logits

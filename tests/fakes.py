@@ -49,6 +49,8 @@ class FakeEngine:
         self.tokens: list[int] = []
         self.pieces = pieces or {i: bytes([97 + i % 26]) for i in range(n_vocab)}
         self.n_decode_calls = 0
+        # each logits row computed, as the tokens it scores the next one after
+        self.row_contexts: list[tuple[int, ...]] = []
         self.decode_s = 0.0  # no time counted: everything the loop does is host time
         self.closed = False
 
@@ -70,20 +72,37 @@ class FakeEngine:
     def is_eog(self, token: int) -> bool:
         return self.eos is not None and token == self.eos
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: list[int] | None = None
+    ) -> np.ndarray:
         assert tokens, "decode of nothing"
         assert len(self.tokens) + len(tokens) <= self.n_ctx, "context overflow"
         self.n_decode_calls += 1
         start = len(self.tokens)
         self.tokens.extend(tokens)
-        rows = range(start, len(self.tokens)) if all_logits else [len(self.tokens) - 1]
-        return np.stack([self.logits_after(self.tokens[: i + 1]) for i in rows])
+        wanted = _wanted(len(tokens), all_logits, rows)
+        self.row_contexts += [tuple(self.tokens[: start + j + 1]) for j in wanted]
+        return _stack([self.logits_after(self.tokens[: start + j + 1]) for j in wanted], self)
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
     def close(self) -> None:
         self.closed = True
+
+
+def _wanted(n: int, all_logits: bool, rows: list[int] | None) -> list[int]:
+    """The indices of n decoded tokens that get a row (`Engine.decode`'s rules)."""
+    if rows is not None:
+        assert list(rows) == sorted(set(rows)) and all(0 <= j < n for j in rows), rows
+        return list(rows)
+    return list(range(n)) if all_logits else [n - 1]
+
+
+def _stack(rows: list[np.ndarray], model: FakeEngine) -> np.ndarray:
+    if not rows:
+        return np.zeros((0, model.n_vocab), dtype=np.float32)
+    return np.stack(rows)
 
 
 class WrongDrafter:
@@ -144,6 +163,8 @@ class FakeBatchEngine:
         self.decode_s = 0.0
         self.fail_next = False
         self.batches: list[tuple[tuple[int, int, int], ...]] = []
+        # each logits row computed: (sequence, the tokens it scores the next one after)
+        self.row_contexts: list[tuple[int, tuple[int, ...]]] = []
         self._views = [FakeSeqView(self, i) for i in range(n_seq)]
 
     def sequence(self, seq: int) -> FakeSeqView:
@@ -157,8 +178,10 @@ class FakeBatchEngine:
         assert sum(len(p.tokens) for p in parts) <= self.n_batch
         for p in parts:
             assert p.tokens and 0 <= p.n_rows <= len(p.tokens)
+            assert p.rows is None or (len(p.rows) == p.n_rows and list(p.rows) == sorted(p.rows))
             assert len(self._views[p.seq].tokens) + len(p.tokens) <= self.model.n_ctx
         self.batches.append(tuple((p.seq, len(p.tokens), p.n_rows) for p in parts))
+
         if self.fail_next:
             self.fail_next = False
             raise EngineError("fake: llama_decode failed (code -3)")
@@ -167,10 +190,11 @@ class FakeBatchEngine:
             view = self._views[p.seq]
             start = len(view.tokens)
             view.tokens.extend(p.tokens)
-            rows = range(len(view.tokens) - p.n_rows, len(view.tokens))
+            rows = [start + j for j in p.wanted()]
+            self.row_contexts += [(p.seq, tuple(view.tokens[: i + 1])) for i in rows]
             out.append(
                 np.stack([self.model.logits_after(view.tokens[: i + 1]) for i in rows])
-                if p.n_rows
+                if rows
                 else np.zeros((0, self.n_vocab), dtype=np.float32)
             )
             assert len(view.tokens) - start == len(p.tokens)
@@ -200,12 +224,18 @@ class FakeSeqView:
     def is_eog(self, token: int) -> bool:
         return self.engine.model.is_eog(token)
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: list[int] | None = None
+    ) -> np.ndarray:
         assert tokens and len(self.tokens) + len(tokens) <= self.n_ctx
         start = len(self.tokens)
         self.tokens.extend(tokens)
-        rows = range(start, len(self.tokens)) if all_logits else [len(self.tokens) - 1]
-        return np.stack([self.engine.model.logits_after(self.tokens[: i + 1]) for i in rows])
+        wanted = _wanted(len(tokens), all_logits, rows)
+        self.engine.row_contexts += [
+            (self.seq, tuple(self.tokens[: start + j + 1])) for j in wanted
+        ]
+        model = self.engine.model
+        return _stack([model.logits_after(self.tokens[: start + j + 1]) for j in wanted], model)
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]

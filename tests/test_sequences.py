@@ -83,6 +83,27 @@ def test_batched_decode_equals_each_sequence_alone_and_rollback_is_per_sequence(
     assert not np.array_equal(view, before)
 
 
+def test_rows_are_computed_only_for_the_tokens_asked(tiny_engines):
+    # a block whose grammar-forced positions need no row: rows 0 and 2 of 4 (of one
+    # sequence, and of one sequence among others in a batch), then none at all
+    multi, single = tiny_engines
+    ref = rows_alone(single, [5, 6, 7], [8, 9, 10, 11])
+    single.decode([5, 6, 7])
+    got = single.decode([8, 9, 10, 11], rows=[0, 2])
+    assert got.shape[0] == 2 and np.abs(got - ref[[0, 2]]).max() < TOL
+    assert single.decode([12], rows=[]).shape == (0, single.n_vocab)
+    assert single.tokens == [5, 6, 7, 8, 9, 10, 11, 12]
+    for s in range(4):
+        multi.sequence(s).truncate(0)
+    multi.decode_batch([SeqDecode(0, [5, 6, 7], 0), SeqDecode(1, [3], 0)])
+    out = multi.decode_batch([SeqDecode(0, [8, 9, 10, 11], 2, (0, 2)), SeqDecode(1, [4, 4], 2)])
+    assert np.abs(out[0] - ref[[0, 2]]).max() < TOL
+    assert np.abs(out[1] - rows_alone(single, [3], [4, 4])).max() < TOL
+    with pytest.raises(EngineError, match="bad batch part"):
+        multi.decode_batch([SeqDecode(2, [1, 2], 2, (1, 0))])
+    single.truncate(0)
+
+
 def test_a_bad_batch_is_refused_and_keeps_every_sequence(tiny_engines):
     multi, _ = tiny_engines
     for s in range(4):

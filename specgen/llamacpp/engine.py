@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,12 +293,16 @@ class LlamaEngine:
 
     # -- evaluation ---------------------------------------------------------------
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None
+    ) -> Logits:
         """Append `tokens` to sequence 0 at positions len(self.tokens)... and evaluate them.
 
         Splits into chunks of n_batch; output rows are requested only for the last
-        token, or for every token of the final chunk when `all_logits` (the loop never
-        asks for more than K+1 rows, which fit one chunk).
+        token, or for every token of the final chunk when `all_logits`, or for the indices
+        `rows` (which must all fall in the final chunk; the loop never asks for more than
+        K+1 rows, which fit one chunk). A token without a row skips the output layer
+        (on the demo target, its 262,144 x 640 head: several ms a row on a CPU).
 
         Returns:
             (n_rows, n_vocab) float32 zero-copy view of llama.cpp's logits buffer:
@@ -308,9 +313,11 @@ class LlamaEngine:
             KeyboardInterrupt: Ctrl-C; a chunk of 64 tokens or more is aborted at once and
                 dropped from the cache (the caller rolls back to `tokens` either way).
         """
-        return self._decode_seq(0, tokens, all_logits)
+        return self._decode_seq(0, tokens, all_logits, rows)
 
-    def _decode_seq(self, seq: int, tokens: list[int], all_logits: bool) -> Logits:
+    def _decode_seq(
+        self, seq: int, tokens: list[int], all_logits: bool, rows: Sequence[int] | None = None
+    ) -> Logits:
         """`decode` for sequence `seq` (see there)."""
         if self._ctx is None:
             raise EngineError(f"{self.name}: the model is closed")
@@ -321,14 +328,23 @@ class LlamaEngine:
             raise EngineError(
                 f"{self.name}: {held + len(tokens)} tokens exceed the context of {self.n_ctx}"
             )
-        if all_logits and len(tokens) > self.n_batch:
+        if all_logits and rows is None and len(tokens) > self.n_batch:
             raise EngineError(f"{self.name}: {len(tokens)} output rows exceed n_batch")
+        last0 = (len(tokens) - 1) // self.n_batch * self.n_batch  # the final chunk's start
+        if rows is not None and any(not last0 <= r < len(tokens) for r in rows):
+            raise EngineError(f"{self.name}: rows {list(rows)} not in the final batch")
         n_out = 0
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
-            n_rows = (len(chunk) if all_logits else 1) if last_chunk else 0
-            n_out = self._eval([(seq, chunk, n_rows)])
+            if start != last0:
+                flags: Sequence[int] = ()
+            elif rows is not None:
+                flags = [r - start for r in rows]
+            else:
+                flags = range(len(chunk)) if all_logits else (len(chunk) - 1,)
+            n_out = self._eval([(seq, chunk, flags)])
+        if n_out == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
         return self._logits(n_out)
 
     def decode_batch(self, parts: list[SeqDecode], copy: bool = True) -> list[Logits]:
@@ -336,7 +352,8 @@ class LlamaEngine:
         slot's block to score and the prompt chunks of slots being prefilled).
 
         Each part's tokens continue its own sequence's positions; output rows are asked
-        only for each part's last n_rows tokens, so a prompt chunk costs no logits row.
+        only for each part's last n_rows tokens (or its `SeqDecode.rows`), so a prompt
+        chunk costs no logits row.
 
         Returns:
             per part, in order, (n_rows, n_vocab) float32: row i scores the token after
@@ -357,7 +374,12 @@ class LlamaEngine:
             raise EngineError(f"{self.name}: a batch needs distinct sequences, got {seqs}")
         total = 0
         for p in parts:
-            if not 0 <= p.seq < self.n_seq or not p.tokens or not 0 <= p.n_rows <= len(p.tokens):
+            if (
+                not 0 <= p.seq < self.n_seq
+                or not p.tokens
+                or not 0 <= p.n_rows <= len(p.tokens)
+                or (p.rows is not None and not _ascending_within(p.rows, len(p.tokens), p.n_rows))
+            ):
                 raise EngineError(
                     f"{self.name}: bad batch part (sequence {p.seq}, {len(p.tokens)} tokens,"
                     f" {p.n_rows} rows)"
@@ -371,7 +393,7 @@ class LlamaEngine:
             total += len(p.tokens)
         if total > self.n_batch:
             raise EngineError(f"{self.name}: {total} tokens exceed one batch of {self.n_batch}")
-        n_out = self._eval([(p.seq, p.tokens, p.n_rows) for p in parts])
+        n_out = self._eval([(p.seq, p.tokens, p.wanted()) for p in parts])
         if n_out:
             rows = self._logits(n_out)
             if copy:  # the next decode overwrites the buffer
@@ -385,9 +407,10 @@ class LlamaEngine:
             at += p.n_rows
         return out
 
-    def _eval(self, parts: list[tuple[int, list[int], int]]) -> int:
-        """One llama_decode of (sequence, tokens, rows wanted for the last n) parts; on
-        success each sequence's `tokens` are extended. Returns the output rows.
+    def _eval(self, parts: list[tuple[int, list[int], Sequence[int]]]) -> int:
+        """One llama_decode of (sequence, tokens, indices of the tokens that get a row,
+        ascending) parts; on success each sequence's `tokens` are extended. Returns the
+        output rows.
 
         Raises:
             EngineError: llama_decode failed; every part's new cells are dropped first.
@@ -396,17 +419,18 @@ class LlamaEngine:
         batch = self._batch
         assert batch is not None  # allocated with the context, freed only by close()
         i = n_out = 0
-        for seq, chunk, n_rows in parts:
+        for seq, chunk, wanted in parts:
             pos0 = len(self._seqs[seq])
-            first_row = len(chunk) - n_rows
             for j, tok in enumerate(chunk):
-                batch.token[i] = tok
-                batch.pos[i] = pos0 + j
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq
-                batch.logits[i] = 1 if j >= first_row else 0
-                i += 1
-            n_out += n_rows
+                batch.token[i + j] = tok
+                batch.pos[i + j] = pos0 + j
+                batch.n_seq_id[i + j] = 1
+                batch.seq_id[i + j][0] = seq
+                batch.logits[i + j] = 0
+            for j in wanted:
+                batch.logits[i + j] = 1
+            i += len(chunk)
+            n_out += len(wanted)
         batch.n_tokens = i
         t0 = time.perf_counter()
         rc = self._decode_batch(batch, i)
@@ -530,6 +554,15 @@ class LlamaEngine:
         self.close()
 
 
+def _ascending_within(rows: tuple[int, ...], n_tokens: int, n_rows: int) -> bool:
+    """Whether `rows` are n_rows distinct ascending indices into n_tokens tokens."""
+    return (
+        len(rows) == n_rows
+        and all(0 <= r < n_tokens for r in rows)
+        and all(a < b for a, b in zip(rows, rows[1:], strict=False))
+    )
+
+
 class SequenceView:
     """Sequence `seq` of a `LlamaEngine`, implementing `specgen.engine.Engine`: the
     vocabulary is the engine's; `decode` and `truncate` touch only this sequence's cells
@@ -578,9 +611,11 @@ class SequenceView:
     def is_eog(self, token: int) -> bool:
         return self.engine.is_eog(token)
 
-    def decode(self, tokens: list[int], all_logits: bool = False) -> Logits:
+    def decode(
+        self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None
+    ) -> Logits:
         """`LlamaEngine.decode` on this sequence (a view valid until the next decode)."""
-        return self.engine._decode_seq(self.seq, tokens, all_logits)
+        return self.engine._decode_seq(self.seq, tokens, all_logits, rows)
 
     def truncate(self, n: int) -> None:
         """`LlamaEngine.truncate` on this sequence only."""

@@ -538,7 +538,11 @@ class Scheduler:
         # a request that arrived while the step drafted joins this step's decode (its
         # first chunk), instead of waiting for the next step's draft depths
         self._admit()
-        parts = [SeqDecode(s.index, p.to_score, len(p.to_score)) for s, p in proposals]
+        # rows only where a choice exists: positions the grammar forces get none
+        parts = [
+            SeqDecode(s.index, p.to_score, len(p.rows), p.rows if p.forced else None)
+            for s, p in proposals
+        ]
         budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
         chunked = self._prompt_chunks(lambda slot: slot.todo, budget)
         budget -= sum(len(part.tokens) for _, part in chunked)
