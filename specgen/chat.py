@@ -121,13 +121,6 @@ class ChatFormatter:
         with _named(template.source):
             self._render = compile_chat_template(template.text, bos, eos)
 
-    @property
-    def renders_tools(self) -> bool:
-        """Whether the template reads a ``tools`` variable (Hermes, Qwen, Llama 3.1...):
-        tool definitions are then given to it; otherwise the server writes them into a
-        system message (`specgen.server.tools`)."""
-        return "tools" in self.template.text
-
     def text(self, messages: Sequence[Message], tools: Sequence[object] | None = None) -> str:
         """The rendered prompt, with the assistant's generation prompt at the end.
 

@@ -97,9 +97,10 @@ class Backend:
         model_id: the id in /v1/models and every response (--alias, else the file name).
         card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
         close: frees the models (after the scheduler has shut down).
-        chat_tools: whether the chat template renders ``tools`` itself
-            (`specgen.chat.ChatFormatter.renders_tools`; else `specgen.server.tools`
-            writes them into a system message).
+        tool_template: what the chat template does with tools (whether it renders
+            ``tools`` itself, else `specgen.server.tools` writes them into a system
+            message; its call syntax, which decides whether ``tool_choice: "auto"`` is
+            served).
         check_grammar: compiles a request's grammar for the target's vocabulary (cached per
             grammar text, so the step loop finds it compiled), raising GrammarError naming
             the problem; called in a worker thread before the job is queued. None: no
@@ -114,7 +115,7 @@ class Backend:
     card: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] = lambda: None
     check_grammar: Callable[[GrammarSpec], object] | None = None
-    chat_tools: bool = False
+    tool_template: tools.TemplateTools = field(default_factory=tools.TemplateTools)
 
 
 @dataclass(frozen=True)
@@ -256,19 +257,20 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 param="messages",
                 code="no_chat_template",
             )
+        tt = b.tool_template
         try:
-            tool = tools.choice_of(req.tools, req.tool_choice)
+            choice = tools.choice_of(req.tools, req.tool_choice, tt, req.parallel_tool_calls)
         except ValueError as e:
             raise RequestError(400, str(e), param="tool_choice") from None
-        listed = req.tools if tool is not None else None
-        msgs = tools.render_messages(messages_of(req.messages), req.messages, listed, b.chat_tools)
-        given = tools.tool_dicts(listed) if listed and b.chat_tools else None
+        listed = req.tools if choice is not None else None  # "none" too: rendered
+        msgs = tools.render_messages(messages_of(req.messages), req.messages, listed, tt)
+        given = tools.tool_dicts(listed) if listed and tt.native else None
         try:
             prompt = await run_in_threadpool(b.render_chat, msgs, given)
         except ChatTemplateError as e:
             raise RequestError(400, str(e), param="messages", code="template_error") from None
-        call = None if tool is None or listed is None else tools.call_grammar(listed, tool)
-        return await _serve(request, b, req, prompt, chat=True, call=call)
+        calls = choice if choice is not None and choice.calls else None
+        return await _serve(request, b, req, prompt, chat=True, calls=calls)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -293,10 +295,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         req: _Generation,
         prompt: list[int],
         chat: bool,
-        call: GrammarSpec | None = None,
+        calls: tools.Choice | None = None,
     ) -> Response:
         config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
-        if call is not None:  # tool_choice: the answer is a call of the chosen tool
+        call = None
+        if calls is not None:  # tool_choice: the answer is, or may hold, tool calls
+            assert isinstance(req, ChatCompletionRequest) and req.tools
+            call = tools.call_grammar(req.tools, calls)
+        if call is not None:
             if config.grammar is not None:
                 raise RequestError(
                     400, f"tool_choice and {config.grammar.source} both constrain the output",
@@ -333,7 +339,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
             chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
-            req.n_logprobs is not None, tools=call is not None,
+            req.n_logprobs is not None, tools=calls,
         )  # fmt: skip
         run = _Run(state, b, job, ticket, events, shape, "chat" if chat else "completions")
         if req.streaming:
@@ -436,6 +442,9 @@ class _Run:
         """Server-sent events: the role, one chunk per round, the final chunk with
         finish_reason and statistics, the usage chunk when asked, then ``[DONE]``."""
         written = 0
+        # with tool calls, content streams through the gate (`tools.ContentGate`)
+        calls = self.shape.tools
+        gate = tools.ContentGate(calls.kind == "auto") if calls is not None else None
         try:
             first = self.shape.first_chunk()
             if first is not None:
@@ -444,7 +453,10 @@ class _Run:
                 ev = await self.next_event()
                 if isinstance(ev, Step):
                     self.steps.append(ev)
-                    if self.shape.tools:  # a call is sent whole, as delta.tool_calls, at the end
+                    if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
+                        content = gate.feed(ev.text)
+                        if content:
+                            yield _sse(self.shape.step_chunk(ev, content))
                         continue
                     written += len(ev.text)
                     yield _sse(self.shape.step_chunk(ev))
@@ -457,7 +469,8 @@ class _Run:
                     outcome = Outcome("", "failed", None, info)
                     rest = ""
                 self._finish(outcome)
-                yield _sse(self.shape.final_chunk(self.steps, outcome, rest))
+                released = gate.released if gate is not None else 0
+                yield _sse(self.shape.final_chunk(self.steps, outcome, rest, released))
                 if include_usage:
                     yield _sse(self.shape.usage_chunk(self.steps, outcome))
                 yield {"data": "[DONE]"}

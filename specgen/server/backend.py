@@ -112,6 +112,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
     from specgen.server.scheduler import Scheduler
+    from specgen.server.tools import TemplateTools
 
     target = opened.target
     template = load_template(target, a.chat_template)
@@ -139,7 +140,11 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
-        chat_tools=formatter.renders_tools if formatter is not None else False,
+        tool_template=(
+            TemplateTools.of(formatter.template.text, formatter.text)
+            if formatter is not None
+            else TemplateTools()
+        ),
     )
 
 

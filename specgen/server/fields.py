@@ -99,17 +99,24 @@ FIELDS: dict[str, Field] = {
     ),
     "tools": Field(
         H,
-        "function tools, rendered through the chat template (or a system message)",
+        "function tools, given to the chat template as `tools` (a system message when the"
+        " template does not read them)",
         routes=CHAT,
     ),
     "tool_choice": Field(
         H,
-        "none, required or a named function (output constrained to the call); auto: 400",
+        "none, required or a named function (the output constrained to the call); auto"
+        " (the default with tools) for Hermes/Qwen <tool_call> templates only (the call"
+        " constrained from its tag on), else 400",
         routes=CHAT,
     ),
     "functions": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, [])),
     "function_call": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
-    "parallel_tool_calls": Field(IG, "changes nothing without tools", routes=CHAT),
+    "parallel_tool_calls": Field(
+        H,
+        "false: one call at most (Hermes/Qwen templates; other templates make one)",
+        routes=CHAT,
+    ),
     "audio": Field(R, _TEXT, routes=CHAT),
     "modalities": Field(R, _TEXT, routes=CHAT, inert=(None, ["text"])),
     "prediction": Field(R, "predicted outputs are not served", routes=CHAT),

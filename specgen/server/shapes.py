@@ -31,7 +31,7 @@ from specgen.server.schemas import (
     Usage,
     _Generation,
 )
-from specgen.server.tools import tool_calls_of
+from specgen.server.tools import Choice, parse
 
 _OPENAI_FINISH: dict[str, str] = {
     "eos": "stop",
@@ -312,7 +312,7 @@ class Shape:
     n_prompt: int
     return_tokens: bool = False
     logprobs: bool = False
-    tools: bool = False  # the answer is a tool call (`specgen.server.tools`)
+    tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
     _offset: int = 0  # a streamed completion's characters so far (its text_offset)
 
     def _logprobs(self, spans: Sequence[Span], offset: int = 0) -> dict[str, Any] | None:
@@ -348,9 +348,9 @@ class Shape:
         usage = self._usage(steps, outcome)
         lps = self._logprobs([s for x in steps for s in x.spans])
         if self.chat:
-            calls = tool_calls_of(outcome.text) if self.tools else None
+            content, calls = self.parsed(outcome.text)
             if calls is not None:
-                message = AssistantMessage(content=None, tool_calls=calls)
+                message = AssistantMessage(content=content, tool_calls=calls)
                 finish = "tool_calls"
             else:  # no tools, or a call cut short (finish "length"): the text as it is
                 message = AssistantMessage(content=outcome.text)
@@ -358,6 +358,13 @@ class Shape:
             return ChatCompletion(**head, choices=[choice], usage=usage, **meta).wire()
         text = TextChoice(text=outcome.text, logprobs=lps, finish_reason=finish)
         return Completion(**head, choices=[text], usage=usage, **meta).wire()
+
+    def parsed(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """``(content, tool_calls)`` of a chat answer (`specgen.server.tools.parse`);
+        tool_calls None without calls."""
+        if self.tools is None or not self.chat:
+            return text, None
+        return parse(text, self.tools.syntax)
 
     def _chunk(
         self,
@@ -382,21 +389,33 @@ class Shape:
         choice = ChunkChoice(delta={"role": "assistant", "content": ""}, finish_reason=None)
         return ChatCompletionChunk(**head, choices=[choice]).wire()
 
-    def step_chunk(self, step: Step) -> dict[str, Any]:
-        """One round's committed text, with its tokens' log-probabilities when asked."""
+    def step_chunk(self, step: Step, text: str | None = None) -> dict[str, Any]:
+        """One round's committed text (or `text`: the content of it that may go out, with
+        tool calls), with its tokens' log-probabilities when asked."""
         lps = self._logprobs(step.spans, self._offset)
         self._offset += len(step.text)
-        return self._chunk(step.text, None, lps)
+        return self._chunk(step.text if text is None else text, None, lps)
 
-    def final_chunk(self, steps: Sequence[Step], outcome: Outcome, rest: str) -> dict[str, Any]:
+    def final_chunk(
+        self, steps: Sequence[Step], outcome: Outcome, rest: str, released: int = 0
+    ) -> dict[str, Any]:
         """The chunk carrying finish_reason, the statistics and, when it ended badly, the
-        error; `rest` is text the rounds had not released yet (held UTF-8 bytes)."""
+        error; `rest` is text the rounds had not released yet (held UTF-8 bytes). With
+        tools, `rest` is ignored: the answer is parsed whole, its content not yet sent
+        (after the `released` characters streamed, `specgen.server.tools.ContentGate`)
+        and its calls go out here, as ``delta.tool_calls``."""
         meta = self._meta(steps, outcome)
-        calls = tool_calls_of(rest) if self.tools and self.chat else None
-        if calls is not None:
-            delta = {"tool_calls": [{"index": 0, **c} for c in calls]}
-            choice = ChunkChoice(delta=delta, finish_reason="tool_calls")
-            return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
+        if self.tools is not None and self.chat:
+            content, calls = self.parsed(outcome.text)
+            if calls is not None:
+                delta: dict[str, Any] = {"tool_calls": [
+                    {"index": i, **c} for i, c in enumerate(calls)
+                ]}  # fmt: skip
+                if content and content[released:]:
+                    delta["content"] = content[released:]
+                choice = ChunkChoice(delta=delta, finish_reason="tool_calls")
+                return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
+            rest = outcome.text[released:]
         return self._chunk(rest or None, openai_finish(outcome.finish), **meta)
 
     def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""Tool calls over real HTTP with the official `openai` client, on the SmolLM2 pair served
+with a Qwen 2.5 chat template (`--chat-template`: ChatML like SmolLM2's own, plus tools and
+the Hermes ``<tool_call>`` syntax): ``tool_choice: "auto"`` answers text or a call, a call
+forced deterministically (a logit bias on the tokens of ``<tool_call>``: the model writes
+the tag freely, the grammar then holds the rest to the call, whose one argument is an
+enum), non-streaming and streaming, and a tool-result round trip through the template.
+The 400 for auto on a template without a known syntax is in test_grammar_server (SmolLM2's
+own template)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_server_models import Server, start
+
+TEMPLATE = Path(__file__).parent / "support" / "qwen2.5-chat-template.jinja"
+# SmolLM2's tokens of "<tool_call>": "<", "tool", "_", "call", ">" (its BPE vocabulary)
+TAG_TOKENS = (44, 19324, 79, 4350, 46)
+TAG_BIAS = {str(t): 100 for t in TAG_TOKENS}
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "London"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+WHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(smol_pair) -> Iterator[Server]:
+    s = start(
+        smol_pair, "-np", "2", "--draft-max", "4", "--temp", "0", "-c", "1024",
+        "--chat-template", str(TEMPLATE),
+    )  # fmt: skip
+    yield s
+    assert s.stop() == 0
+
+
+def test_auto_answers_text_or_a_valid_call(server: Server) -> None:
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], temperature=0, max_tokens=24,
+    )  # fmt: skip
+    choice = r.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] in (
+            "Paris", "London",
+        )  # fmt: skip
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.content
+        assert "<tool_call>" not in choice.message.content
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_auto_after_the_tag_is_a_valid_call(server: Server, temperature: float) -> None:
+    """The bias makes the model write <tool_call> (and would garble anything it may
+    write after it): the call is whole and valid because the grammar took over at the tag."""
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], tool_choice="auto",
+        temperature=temperature, seed=1, max_tokens=60, logit_bias=TAG_BIAS,
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None and len(choice.message.tool_calls or []) == 1
+    call = choice.message.tool_calls[0]  # type: ignore[index]
+    assert call.type == "function" and call.id and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"} or temperature > 0
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "London")
+
+
+def test_auto_streams_delta_tool_calls(server: Server) -> None:
+    stream = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], temperature=0,
+        max_tokens=60, logit_bias=TAG_BIAS, parallel_tool_calls=False, stream=True,
+    )  # fmt: skip
+    calls, content, finish = [], "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and content == "" and len(calls) == 1
+    assert calls[0].index == 0 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments or "") == {"city": "Paris"}
+
+
+def test_a_tool_result_round_trip_through_the_template(server: Server) -> None:
+    """The call goes back as the assistant's tool_calls and the result as a tool message;
+    the template renders both (the prompt grows by them), and the next answer is text
+    (tool_choice none; the tools are still rendered)."""
+    c = server.client()
+    first = c.chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], temperature=0,
+        max_tokens=60, logit_bias=TAG_BIAS, parallel_tool_calls=False,
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    history = [
+        *WHAT,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21, "sky": "clear"}'},
+    ]
+    after = c.chat.completions.create(
+        model=server.model_id, messages=history, tools=[WEATHER], tool_choice="none",
+        temperature=0, max_tokens=16,
+    )  # fmt: skip
+    assert after.choices[0].finish_reason in ("stop", "length")
+    assert after.choices[0].message.content and not after.choices[0].message.tool_calls
+    assert first.usage is not None and after.usage is not None
+    # the call (about 20 tokens) and the result (about 15) in the prompt
+    assert after.usage.prompt_tokens >= first.usage.prompt_tokens + 30
+    bare = c.chat.completions.create(model=server.model_id, messages=WHAT, max_tokens=1)
+    assert bare.usage is not None  # without tools: no tools block in the system turn
+    assert first.usage.prompt_tokens > bare.usage.prompt_tokens + 50
