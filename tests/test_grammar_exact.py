@@ -428,3 +428,28 @@ def test_forced_bytes_several_tokens_could_spell_keep_their_rows_and_the_law(mon
     assert output_pvalue(params, spec=TWO_WAYS, check_accepted=False) > ALPHA
     monkeypatch.setattr(Matcher, "single", two_ways_single)
     assert output_pvalue(params, n=300, spec=TWO_WAYS, check_accepted=False) < ALPHA
+
+
+# -- a lazy grammar: free text, then a structure from a trigger on (tool_choice "auto") -----
+
+#: free text over a, b, c until the trigger "x", then "a" or "ab" and "}": the shape of
+#: `specgen.server.tools.call_grammar`'s auto grammar (a lazy lexeme ending at the tag)
+LAZY = GrammarSpec(
+    "lark",
+    '%llguidance {}\nstart: TEXT | call_open ("a" | "ab") "}"\n'
+    'call_open[lazy]: TEXT "x"\nTEXT: /[abc]*/\n',
+)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the bug's empty rows
+def test_a_lazy_grammar_keeps_the_constrained_law_and_a_planted_bug_breaks_it(monkeypatch):
+    """Speculative runs under the lazy grammar follow the constrained target's joint law
+    (free positions and positions after the trigger alike); the matcher not rolled back
+    after a rejection breaks it."""
+    params = SETTINGS[0]
+    law = law_of_first(N_TOKENS, engines()[0], PROMPT, params, LAZY)
+    after_trigger = sum(p for seq, p in law.items() if 7 in seq or 8 + ord("x") in seq)
+    assert after_trigger > 0.1  # the trigger is reached often enough to be tested
+    assert output_pvalue(params, spec=LAZY) > ALPHA
+    monkeypatch.setattr(Matcher, "sync", no_rollback)
+    assert output_pvalue(params, n=500, spec=LAZY, check_accepted=False) < ALPHA
