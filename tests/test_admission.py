@@ -20,6 +20,7 @@ from specgen.batchctl import REASONS, Acceptance, BatchController, Line, SlotSta
 from specgen.drafters import ModelDrafter
 from specgen.events import Done, Step
 from specgen.generate import GenerateConfig
+from specgen.hybrid import HybridDrafter
 from specgen.sampling import SamplingParams
 from specgen.server.scheduler import BatchReport, Job, Scheduler
 
@@ -305,3 +306,34 @@ def test_the_scheduler_tells_the_controller_who_waits_for_a_first_token_and_sinc
     assert [len(w) for w in ctl.waiting] == [0, 1, 1, 1, 0, 0]
     assert ctl.chunks == [0, 4, 4, 4, 0, 0]  # and the prompt tokens of each step's decode
     assert [w[0] for w in ctl.waiting[1:4]] == pytest.approx([0.0, 0.010, 0.020])
+
+
+def test_hybrid_blocks_cut_short_keep_every_request_s_output():
+    # every block cut after its first draft depth, as by arrivals: lookup tokens before the
+    # model's stay, the model's part ends at one token, and greedy outputs are unchanged
+    def served(cut: bool) -> tuple[list[list[int]], list[Step]]:
+        target, draft = pair(n_seq=3)
+        sched = Scheduler(
+            target, HybridDrafter(ModelDrafter(draft, GREEDY, V)), n_parallel=3, queue_max=8,
+            draft_max=4,
+        )  # fmt: skip
+        if cut:
+            sched._arrival_waits = lambda: True  # type: ignore[method-assign]
+        events: list[list[object]] = [[], [], []]
+        prompts = ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [0, 3, 1])
+        for i, p in enumerate(prompts):
+            sched.submit(
+                Job(f"h{i}", p, GenerateConfig(24, GREEDY, ignore_eos=True)), events[i].append
+            )
+        sched.run_until_idle()
+        done = [e[-1] for e in events]
+        assert all(isinstance(d, Done) for d in done)
+        steps = [x for e in events for x in e if isinstance(x, Step)]
+        return [d.tokens for d in done], steps  # type: ignore[union-attr]
+
+    plain, _ = served(cut=False)
+    cut, steps = served(cut=True)
+    assert cut == plain
+    assert any(s.k_reason == "cut" for s in steps)
+    assert all(s.n_drafted_by.get("draft", 0) <= 1 for s in steps)
+    assert sum(s.n_drafted_by.get("lookup", 0) for s in steps) > 0
