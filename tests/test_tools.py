@@ -106,6 +106,9 @@ def test_a_round_trip_renders_through_the_template() -> None:
     assert plain[0]["role"] == "system" and "get_weather" in plain[0]["content"]
     assert plain[2]["content"] == '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     assert plain[3]["content"] == 'Result of call call_1: {"temp": 21}'
+    assert "To call one" in plain[0]["content"]
+    none = render_messages(messages_of(chat), chat, [WEATHER], tt(CHATML), instruct=False)
+    assert "get_weather" in none[0]["content"] and "To call one" not in none[0]["content"]
 
 
 def test_choices_and_their_refusals() -> None:

@@ -263,7 +263,10 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         except ValueError as e:
             raise RequestError(400, str(e), param="tool_choice") from None
         listed = req.tools if choice is not None else None  # "none" too: rendered
-        msgs = tools.render_messages(messages_of(req.messages), req.messages, listed, tt)
+        msgs = tools.render_messages(
+            messages_of(req.messages), req.messages, listed, tt,
+            instruct=choice is not None and choice.calls,
+        )  # fmt: skip
         given = tools.tool_dicts(listed) if listed and tt.native else None
         try:
             prompt = await run_in_threadpool(b.render_chat, msgs, given)

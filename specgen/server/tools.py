@@ -243,14 +243,20 @@ def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
     return [t.model_dump(exclude_none=True) for t in tools]
 
 
-def system_text(tools: list[Tool]) -> str:
-    """The tools written for a template that does not render them."""
+def system_text(tools: list[Tool], calls: bool = True) -> str:
+    """The tools written for a template that does not render them; without `calls`
+    (``tool_choice: "none"``) the list alone, without the call format."""
     lines = [
-        "You may call functions. The functions available, as JSON Schemas:",
+        "You may call functions. The functions available, as JSON Schemas:"
+        if calls
+        else "The functions available (answer in text: none is called now), as JSON Schemas:",
         *(json.dumps(t.function.model_dump(exclude_none=True)) for t in tools),
-        'To call one, answer with the JSON object {"name": NAME, "arguments": {...}} and'
-        " nothing else.",
     ]
+    if calls:
+        lines.append(
+            'To call one, answer with the JSON object {"name": NAME, "arguments": {...}} and'
+            " nothing else."
+        )
     return "\n".join(lines)
 
 
@@ -268,11 +274,13 @@ def render_messages(
     chat: list[ChatMessage],
     tools: list[Tool] | None,
     template: TemplateTools,
+    instruct: bool = True,
 ) -> list[dict[str, Any]]:
     """The messages (text already joined by `shapes.messages_of`) with tool calls and
     results as the template takes them: as they are for a template that renders tools
     (`TemplateTools.native`; arguments as objects where it needs them), else written as
-    text (see the module docstring)."""
+    text (see the module docstring); `instruct` False (``tool_choice: "none"``) leaves the
+    call format out of the fallback's system message."""
     native = template.native
     out: list[dict[str, Any]] = []
     for m, src in zip(messages, chat, strict=True):
@@ -304,7 +312,7 @@ def render_messages(
                 m["content"] = f"Result of call {src.tool_call_id or ''}: {m.get('content', '')}"
         out.append(m)
     if tools and not native:
-        text = system_text(tools)
+        text = system_text(tools, instruct)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
         else:
