@@ -227,6 +227,30 @@ def test_slo_goodput_and_chat_bodies() -> None:
     assert s.slo_met == 6 and s.slo_goodput == pytest.approx(s.request_throughput)
 
 
+def test_a_prompt_lines_schema_goes_with_its_requests_and_the_output_is_kept(
+    tmp_path: Path,
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    f = tmp_path / "p.jsonl"
+    f.write_text(
+        json.dumps({"prompt": "record", "json_schema": schema, "id": "r"}) + "\n"
+        + json.dumps({"prompt": "free", "id": "f"}) + "\n"
+    )  # fmt: skip
+    prompts = load.load_prompts(f)
+    assert prompts[0].fields == {"json_schema": schema} and prompts[1].fields is None
+    with Stub(StubConfig(n_chunks=2, spec="speculative")) as stub:
+        res = load.run_load(
+            load.parse_servers([stub.url], []), prompts, _settings(num_prompts=2, warmup=0)
+        )
+        bodies = {b["prompt"]: b for b in stub.bodies}
+    # a structure ends where its grammar does: EOS is not ignored for it
+    assert bodies["record"]["json_schema"] == schema and "ignore_eos" not in bodies["record"]
+    assert "json_schema" not in bodies["free"] and bodies["free"]["ignore_eos"] is True
+    for r in res.runs[0].records:
+        assert r.text == "abab" * 2 and r.speculative is not None  # 2 chunks of "abab"
+        assert r.speculative["num_draft_tokens"] == 6  # the server's object, verbatim
+
+
 def test_bad_servers_and_inputs_are_one_clear_error(tmp_path: Path) -> None:
     with Stub() as stub:
         port = stub.url.rsplit(":", 1)[1]

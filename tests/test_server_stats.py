@@ -44,6 +44,18 @@ def test_each_steps_k_reason_is_reported_in_order() -> None:
     assert speculative(STEPS, "eos").k_reason_per_step == ("",) * 4  # outside the server
 
 
+def test_proposals_are_split_by_source_summed_over_steps() -> None:
+    by = [({"draft": 3, "grammar": 1}, {"draft": 2, "grammar": 1}), ({"grammar": 2}, {"grammar": 2}),
+          ({}, {}), ({"draft": 1, "lookup": 0}, {"draft": 0, "lookup": 0})]  # fmt: skip
+    steps = [
+        replace(s, n_drafted_by=t, n_accepted_by=a) for s, (t, a) in zip(STEPS, by, strict=True)
+    ]
+    s = speculative(steps, "stop")
+    assert s.num_tested_draft_tokens_by_source == {"draft": 4, "grammar": 3}
+    assert s.num_accepted_draft_tokens_by_source == {"draft": 2, "grammar": 3}  # zeros left out
+    assert speculative(STEPS, "eos").num_tested_draft_tokens_by_source == {}
+
+
 def test_acceptance_by_position_is_accepted_over_proposed_at_each_depth() -> None:
     # position 1: proposed by steps 1, 2, 4, accepted by 1, 2 -> 2/3
     # positions 2..4: proposed by steps 1 and 2, accepted by step 1 only -> 1/2

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,8 @@ class RequestRecord:
     or connection ended early), `connect`, `stream error` (an error event in the stream).
     `retried`: the first send found its kept-alive connection closed by the server, before
     any byte of a response, and the request went again on a fresh connection (times start at
-    the first send).
+    the first send). `text`: the output as streamed (None when not kept); `speculative`:
+    specgen's per-request `speculative` object verbatim, when the server sent one.
     """
 
     index: int
@@ -69,6 +71,8 @@ class RequestRecord:
     failure: str | None = None
     finish_reason: str | None = None
     retried: bool = False
+    text: str | None = None
+    speculative: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -17,8 +17,8 @@ Pure: no HTTP, no clock; every value is a function of the events.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from specgen.events import ACCEPTANCE_HOW, FinishReason, Stats, Step
 
@@ -82,6 +82,11 @@ class Speculative:
         verify_rule: the acceptance rule the request was verified by, "token" (token by
             token) or "block" (block verification; `specgen serve --verify`); None when it
             ended before its first round.
+        num_tested_draft_tokens_by_source, num_accepted_draft_tokens_by_source: tested and
+            accepted proposals split by proposer ("draft": the draft model, "lookup":
+            prompt lookup, "grammar": tokens the grammar allowed alone, always accepted),
+            only sources with a count: the draft model's own acceptance under a grammar
+            is ``accepted["draft"] / tested["draft"]``.
     """
 
     num_steps: int
@@ -98,6 +103,8 @@ class Speculative:
     finish: str
     k_reason_per_step: tuple[str, ...] = ()
     verify_rule: str | None = None
+    num_tested_draft_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    num_accepted_draft_tokens_by_source: dict[str, int] = field(default_factory=dict)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -177,4 +184,14 @@ def speculative(
         k_reason_per_step=tuple(s.k_reason or "" for s in steps),
         finish=finish,
         verify_rule=verify_rule,
+        num_tested_draft_tokens_by_source=_by_source(s.n_drafted_by for s in steps),
+        num_accepted_draft_tokens_by_source=_by_source(s.n_accepted_by for s in steps),
     )
+
+
+def _by_source(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for source, n in c.items():
+            out[source] = out.get(source, 0) + n
+    return {k: n for k, n in sorted(out.items()) if n}

@@ -39,7 +39,11 @@ def request_body(
         body["prompt"] = p.prompt
     body |= {"max_tokens": s.max_tokens, "temperature": temp, "seed": seed, "stream": True,
              "stream_options": {"include_usage": True}}  # fmt: skip
-    if s.ignore_eos:
+    if p.fields:
+        body |= dict(p.fields)
+    # a structure ends where its grammar completes, where only the end of generation is
+    # allowed: ignoring EOS there would ask for tokens the grammar forbids
+    if s.ignore_eos and not p.fields:
         body["ignore_eos"] = True
     for name in ("top_k", "top_p", "min_p"):
         if getattr(s, name) is not None:
@@ -54,6 +58,8 @@ class StreamState:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.chunk_s: list[float] = []
+        self.text: list[str] = []
+        self.speculative: dict[str, Any] | None = None  # specgen's own, verbatim
         self.usage_tokens: int | None = None
         self.spec: SpecStats | None = None
         self.finish_reason: str | None = None
@@ -94,12 +100,15 @@ class StreamState:
                 text = choice.get("text") or ""
             if text:
                 self.chunk_s.append(t)
+                self.text.append(text)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.usage_tokens = usage["completion_tokens"]
         self.spec = _spec_of(obj) or self.spec
+        if isinstance(obj.get("speculative"), dict):
+            self.speculative = obj["speculative"]
 
 
 def _spec_of(obj: dict[str, Any]) -> SpecStats | None:
@@ -182,4 +191,5 @@ async def send_one(
         index=index, prompt_id=p.id, kind=p.kind, start_s=start, chunk_s=tuple(st.chunk_s),
         end_s=end, output_tokens=tokens, tokens_from_usage=st.usage_tokens is not None,
         spec=st.spec, failure=failure, finish_reason=st.finish_reason, retried=retried,
+        text="".join(st.text), speculative=st.speculative,
     )  # fmt: skip

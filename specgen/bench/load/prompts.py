@@ -4,27 +4,36 @@ prompts or chat messages."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specgen.bench.prompts import builtin_prompts
 from specgen.errors import ConfigError
 
+#: request fields a prompt line may carry, sent with that prompt's requests unchanged: the
+#: structured-output fields of OpenAI (`response_format`) and llama-server (`json_schema`,
+#: `grammar`), which both servers take
+STRUCTURE_FIELDS = ("response_format", "json_schema", "grammar")
+
 
 @dataclass(frozen=True)
 class LoadPrompt:
-    """One request's input: a raw `prompt` or chat `messages` (role, content) pairs."""
+    """One request's input: a raw `prompt` or chat `messages` (role, content) pairs, and
+    `fields`: request fields of `STRUCTURE_FIELDS` sent with it (a schema, a grammar)."""
 
     id: str
     kind: str
     prompt: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None
+    fields: Mapping[str, Any] | None = None
 
 
 def load_prompts(path: Path | None, kinds: Sequence[str] = ()) -> list[LoadPrompt]:
     """The bench prompt set (None) or `--prompts FILE`: JSONL, one `{"prompt": "..."}` or
-    `{"messages": [{"role": ..., "content": ...}, ...]}` per line (optional `id`, `kind`).
+    `{"messages": [{"role": ..., "content": ...}, ...]}` per line (optional `id`, `kind`,
+    and `STRUCTURE_FIELDS`: `{"prompt": ..., "json_schema": {...}}` asks for that schema).
     `kinds` keeps only those kinds (`--kind code,chat`).
 
     Raises:
@@ -64,8 +73,9 @@ def _parse_line(line: str, n: int, path: Path) -> LoadPrompt:
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: needs an object with 'prompt' or 'messages'")
     pid, kind = str(obj.get("id", f"line-{n}")), str(obj.get("kind", "custom"))
+    fields = {k: obj[k] for k in STRUCTURE_FIELDS if k in obj} or None
     if isinstance(obj.get("prompt"), str) and obj["prompt"]:
-        return LoadPrompt(pid, kind, prompt=obj["prompt"])
+        return LoadPrompt(pid, kind, prompt=obj["prompt"], fields=fields)
     msgs = obj.get("messages")
     if (
         isinstance(msgs, list)
@@ -77,7 +87,8 @@ def _parse_line(line: str, n: int, path: Path) -> LoadPrompt:
             for m in msgs
         )
     ):
-        return LoadPrompt(pid, kind, messages=tuple((m["role"], m["content"]) for m in msgs))
+        msg_pairs = tuple((m["role"], m["content"]) for m in msgs)
+        return LoadPrompt(pid, kind, messages=msg_pairs, fields=fields)
     raise ConfigError(
         f"{where}: needs a non-empty string 'prompt' or a 'messages' list of {{role, content}}"
     )
