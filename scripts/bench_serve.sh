@@ -51,98 +51,15 @@ SPECGEN=${SPECGEN:-specgen}
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 NICE=${NICE:-nice -n 19}
-VERSION=0.3.36
 ROOT=$(pwd)
-WORK=${SERVE_BUILD_DIR:-$ROOT/.serve-build}
-SRC=$WORK/llama_cpp_python-$VERSION
-BUILD=$WORK/build
-LLAMA_SERVER=$BUILD/bin/llama-server
-mkdir -p "$OUT" "$WORK"
+mkdir -p "$OUT"
+# shellcheck source=scripts/serve_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/serve_common.sh"
 
-# -- build llama-server (once) --------------------------------------------------------------
-if [ ! -x "$LLAMA_SERVER" ]; then
-  if [ ! -d "$SRC/vendor/llama.cpp" ]; then
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
-      "llama-cpp-python==$VERSION" -d "$WORK"
-    tar xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
-  fi
-  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    # static: one self-contained binary; no web UI, no curl, no OpenSSL (loopback only)
-    $NICE cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$WORK/configure.log"
-  fi
-  echo "== building llama-server (once; 10-14 minutes on 2 cores)"
-  if ! $NICE cmake --build "$BUILD" -j "$JOBS" --target llama-server >"$WORK/build.log" 2>&1; then
-    tail -40 "$WORK/build.log" >&2
-    exit 1
-  fi
-fi
-
-# -- the pair, the port, the machine --------------------------------------------------------
-# the Python that runs specgen (the demo pair is built by it, in SPECGEN_CACHE)
-PY=${PY:-$(dirname "$(command -v "$SPECGEN")")/python}
-[ -x "$PY" ] || PY=python3
-{ read -r TARGET; read -r DRAFT; } < <("$PY" -c '
-from specgen.models.demo import ensure_demo_pair
-print(*ensure_demo_pair(), sep="\n")')
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-{
-  echo "== machine"
-  (lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket)') || true
-  echo "nproc: $(nproc)"
-  echo "specgen: $("$SPECGEN" --version)"
-  (free -g 2>/dev/null | sed -n 2p) || true
-  uptime
-  echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
-  echo "target: $TARGET"
-  echo "draft: $DRAFT"
-  echo "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PROMPTS requests per level"
-} | tee "$OUT/machine.txt"
-
-PIDS=()
-stop_servers() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  PIDS=()
-}
-trap stop_servers EXIT
-trap 'stop_servers; exit 130' INT TERM
-
-wait_ready() { # URL PID: until GET /health answers 200 (both servers: 503 while loading)
-  "$PY" - "$1/health" "$2" <<'PY'
-import os, sys, time, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 600
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit(f"the server (pid {pid}) exited before it was ready")
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.5)
-sys.exit(f"{url} not ready after 600 s")
-PY
-}
-
-URLS=()
-start() { # LABEL COMMAND...: one server on a port of its own, loaded before the next starts
-  local label=$1 port
-  shift
-  port=$(free_port)
-  echo "== loading $label on port $port"
-  "$@" --port "$port" >"$OUT/$label.log" 2>&1 &
-  PIDS+=("$!")
-  wait_ready "http://127.0.0.1:$port" "$!"
-  URLS+=(--url "http://127.0.0.1:$port" --label "$label")
-}
+build_llama_server
+demo_pair
+machine_info "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PROMPTS requests per level" \
+  | tee "$OUT/machine.txt"
 
 # llama-server on the pair with the same slots, context and threads: -c is the whole cache,
 # split between the -np slots, so NP x CTX gives each slot CTX
