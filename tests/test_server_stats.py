@@ -35,6 +35,18 @@ def test_speculative_counts_proposals_tests_and_acceptance_exactly() -> None:
     assert s.finish == "eos"
 
 
+def test_tokens_the_grammar_forced_are_counted_as_their_own_source() -> None:
+    steps = [
+        replace(STEPS[0], n_drafted_by={"grammar": 2, "draft": 2}, n_accepted_by={"grammar": 2, "draft": 2}),
+        replace(STEPS[1], n_drafted_by={"draft": 2}, n_accepted_by={"draft": 1}),
+        STEPS[2],
+    ]  # fmt: skip
+    s = speculative(steps, "stop")
+    assert s.num_tested_draft_tokens_by_source == {"draft": 4, "grammar": 2}
+    assert s.num_accepted_draft_tokens_by_source == {"draft": 3, "grammar": 2}
+    assert list(s.num_tested_draft_tokens_by_source) == ["draft", "grammar"]
+
+
 def test_each_steps_k_reason_is_reported_in_order() -> None:
     steps = [
         replace(s, k_reason=r)

@@ -267,6 +267,22 @@ def test_summarize_counts_positions_rejections_time_and_lost_rounds(tmp_path):
     assert d["acceptance_rate"] == pytest.approx(4 / 12)
 
 
+def test_summarize_counts_each_proposer_grammar_apart(tmp_path):
+    from specgen.ui.reports import render_trace_summary
+
+    path = tmp_path / "g.jsonl"
+    header = {"type": "header", "schema": SCHEMA, "version": 1, "command": "run",
+              "target": "T", "draft": "D", "sampling": {"temp": 0.0}, "seed": 5}  # fmt: skip
+    forced = {**_round(1, 8, 3, [5, 6, 6], 1, 11, 0.05), "sources": ["grammar", "draft", "draft"]}
+    rows = [header, _round(0, 4, 3, [7, 8, 9], 3, 10, 0.04), forced]  # the first: no sources
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    s = summarize(path)
+    assert s.by_source == {"draft": (5, 3), "grammar": (1, 1)}
+    assert s.to_dict()["by_source"]["grammar"] == {"proposed": 1, "accepted": 1}
+    lines = [r.plain for r in render_trace_summary(s) if hasattr(r, "plain")]
+    assert "by proposer: draft 5 proposed, 3 accepted · grammar 1 proposed, 1 accepted" in lines
+
+
 def test_summarize_without_baseline_uses_k0_rounds_or_says_so(tmp_path):
     path = tmp_path / "nob.jsonl"
     header = {"type": "header", "schema": SCHEMA, "version": 1}

@@ -134,6 +134,24 @@ def test_lookup_tokens_have_their_own_style_and_legend_entry() -> None:
     assert "underlined: lookup" in legend(mono).plain
 
 
+def test_grammar_forced_tokens_have_their_own_style_not_the_drafts() -> None:
+    st = state()
+    spans = (
+        Span('{"', 3, True, "grammar"), Span("name", 4, True, "draft"),
+        Span('": "', 5, True, "grammar"), Span("Ana", 6, False),
+    )  # fmt: skip
+    assert "grammar" not in legend(st).plain  # named only once the grammar forced a token
+    apply(st, Step(4, 3, 3, 3, spans, None, 0.004, 0.012, 0.001, 0.017))
+    text = body_text(st)
+    assert text.plain == st.text == '{"name": "Ana'
+    runs = [(text.plain[s.start : s.end], str(s.style)) for s in text.spans]
+    assert runs == [('{"', "yellow"), ("name", "green"), ('": "', "yellow"), ("Ana", "magenta")]
+    assert "grammar" in legend(st).plain
+    mono = state(color=False)
+    apply(mono, Step(4, 3, 3, 3, spans, None, 0.004, 0.012, 0.001, 0.017))
+    assert "italic: grammar" in legend(mono).plain
+
+
 def test_rejected_proposal_inline_struck_through_only_when_asked() -> None:
     st = state(show_rejected=True)
     apply(st, step([(" A", True), (" B", False)], k=3, rejected=" X\n", n_accepted=1))

@@ -48,6 +48,7 @@ class TraceRound:
     draft_cache: int
     drafted_text: tuple[str, ...] | None = None
     next_text: str | None = None
+    sources: tuple[str, ...] = ()  # per drafted token; () in files from before it: "draft"
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TraceRound:
@@ -73,6 +74,7 @@ class TraceRound:
             verify_s=float(obj["verify_s"]),
             sample_s=float(obj["sample_s"]),
             round_s=float(obj["round_s"]),
+            sources=tuple(str(x) for x in obj.get("sources", ())),
             target_cache=int(obj["target_cache"]),
             draft_cache=int(obj["draft_cache"]),
             drafted_text=None if texts is None else tuple(str(t) for t in texts),

@@ -85,6 +85,9 @@ class TraceSummary:
             count all of them. A round is lost only when it was more than
             ``loss_margin`` slower than ordinary decoding of its tokens.
         loss_margin: that margin, a fraction of the ordinary time (see `loss_margin`).
+        by_source: {proposer: (proposed, accepted)}: "draft" (the draft model), "lookup"
+            (prompt lookup), "grammar" (tokens the grammar forced), counted as n_drafted
+            and n_accepted are; only proposers with a proposal.
     """
 
     header: dict[str, Any]
@@ -105,6 +108,7 @@ class TraceSummary:
     lost_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     loss_margin: float = 0.0
+    by_source: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -122,6 +126,9 @@ class TraceSummary:
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
             "acceptance_rate": round(self.acceptance_rate, 6),
+            "by_source": {
+                src: {"proposed": n, "accepted": a} for src, (n, a) in self.by_source.items()
+            },
             "by_position": [
                 {
                     "position": p.position,
@@ -198,7 +205,22 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
         lost_s=sum(x.lost_s for x in lost),
         notes=_notes(tf, complete, bool(baselines)),
         loss_margin=loss_margin([r.round_s for r in rounds if r.k == 0]),
+        by_source=by_source(rounds),
     )
+
+
+def by_source(rounds: list[TraceRound]) -> dict[str, tuple[int, int]]:
+    """{proposer: (proposed, accepted)} over every round's drafted tokens, in the order
+    draft, lookup, grammar (a round without ``sources`` is all "draft")."""
+    counts: dict[str, list[int]] = {}
+    for r in rounds:
+        for i in range(len(r.drafted)):
+            src = r.sources[i] if i < len(r.sources) else "draft"
+            c = counts.setdefault(src, [0, 0])
+            c[0] += 1
+            c[1] += i < r.n_accepted
+    order = {"draft": 0, "lookup": 1, "grammar": 2}
+    return {s: (c[0], c[1]) for s, c in sorted(counts.items(), key=lambda x: order.get(x[0], 3))}
 
 
 def acceptance_by_position(rounds: list[TraceRound]) -> tuple[PositionAcceptance, ...]:

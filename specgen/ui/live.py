@@ -51,9 +51,10 @@ __all__ = [
     "turn_text",
 ]
 
-Origin = Literal["draft", "lookup", "target", "rejected", "prompt"]
+Origin = Literal["draft", "lookup", "grammar", "target", "rejected", "prompt"]
 """Where a piece of text came from: an accepted draft-model token, an accepted
-prompt-lookup token (`Span.source`), a token the target produced (residual resample,
+prompt-lookup token, a token the grammar forced (`Span.source`: no draft pass, and no
+target row where the grammar allowed it alone), a token the target produced (residual resample,
 bonus token or ordinary decoding), a rejected draft proposal, or the prompt (the user's
 text, echoed dimmed above the reply as llama-cli echoes it)."""
 
@@ -62,6 +63,7 @@ Event = Prefilled | Step | Done
 COLOR_STYLES: dict[Origin, str] = {
     "draft": "green",
     "lookup": "cyan",
+    "grammar": "yellow",
     "target": "magenta",
     "rejected": "dim strike red",
     "prompt": "dim",
@@ -71,6 +73,7 @@ COLOR_STYLES: dict[Origin, str] = {
 MONO_STYLES: dict[Origin, str] = {
     "draft": "",
     "lookup": "underline",
+    "grammar": "italic",
     "target": "bold",
     "rejected": "dim strike",
     "prompt": "dim",
@@ -135,6 +138,7 @@ class ViewState:
     color: bool = True
     segments: list[tuple[str, Origin]] = field(default_factory=list)
     lookup_seen: bool = False  # an accepted prompt-lookup token was shown (legend names it)
+    grammar_seen: bool = False  # a token the grammar forced was shown (legend names it)
     stats: Stats = field(default_factory=Stats)
     k: int | None = None
     ordinary_token_s: float | None = None
@@ -151,7 +155,7 @@ class ViewState:
     @property
     def text(self) -> str:
         """The generated text so far (rejected proposals and the prompt excluded)."""
-        kept = ("draft", "lookup", "target")
+        kept = ("draft", "lookup", "grammar", "target")
         return "".join(t for t, origin in self.segments if origin in kept)
 
     @property
@@ -219,11 +223,14 @@ def _apply_step(state: ViewState, step: Step) -> None:
     for i, span in enumerate(step.spans):
         if i == step.n_accepted and step.rejected_text is not None:
             segments.append((step.rejected_text, "rejected"))
-        lookup = span.source == "lookup"
-        state.lookup_seen |= lookup
-        segments.append(
-            (span.text, "lookup" if lookup else "draft" if span.from_draft else "target")
-        )
+        origin: Origin = "target"
+        if span.from_draft:
+            origin = "lookup" if span.source == "lookup" else "draft"
+            if span.source == "grammar":
+                origin = "grammar"
+        state.lookup_seen |= origin == "lookup"
+        state.grammar_seen |= origin == "grammar"
+        segments.append((span.text, origin))
     if step.rejected_text is not None and step.n_accepted >= len(step.spans):
         segments.append((step.rejected_text, "rejected"))
     state.stats.add(step)
@@ -315,6 +322,9 @@ def legend(state: ViewState, *, rejected: bool | None = None) -> Text:
     if state.lookup_seen:
         # named once prompt lookup has proposed an accepted token (hybrid drafting, ngram)
         parts += [" · ", ("lookup" if state.color else "underlined: lookup", style["lookup"])]
+    if state.grammar_seen:
+        # named once the grammar has forced a token (--grammar, --json-schema)
+        parts += [" · ", ("grammar" if state.color else "italic: grammar", style["grammar"])]
     if state.show_rejected if rejected is None else rejected:
         parts += [" · ", ("rejected" if state.color else "struck: rejected", style["rejected"])]
     return Text.assemble(*parts)

@@ -131,6 +131,9 @@ def render_bench(
         if incomplete is None
         else [Text.from_markup(f"[bold yellow]incomplete:[/] {incomplete}")]
     )
+    g = result.settings.grammar
+    if g is not None:  # both modes generated under it
+        out.append(Text(f"every generation under {g.source} ({g.kind})", style="bold"))
     out += [
         render_bench_table(result),
         render_bench_costs(result),
@@ -175,9 +178,10 @@ def _p(x: float) -> str:
 
 def render_verify_report(report: VerifyReport) -> list[RenderableType]:
     """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
-    out: list[RenderableType] = [
-        Text(f"target {report.target}   draft {report.draft}", style="bold")
-    ]
+    head = f"target {report.target}   draft {report.draft}"
+    if report.grammar is not None:
+        head += f"   under {report.grammar}"
+    out: list[RenderableType] = [Text(head, style="bold")]
     if report.greedy:
         t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
         for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
@@ -268,6 +272,16 @@ def render_trace_summary(s: TraceSummary) -> list[RenderableType]:
             f" finish: {s.finish_reason or 'incomplete'}"
         ),
     ]
+    if len(s.by_source) > 1 or set(s.by_source) - {"draft"}:
+        # who proposed what: the draft model, prompt lookup, the grammar's forced tokens
+        out.append(
+            Text(
+                "by proposer: "
+                + " · ".join(
+                    f"{src} {n} proposed, {a} accepted" for src, (n, a) in s.by_source.items()
+                )
+            )
+        )
     t = Table(title="acceptance by position in the block", title_justify="left")
     for col in ("position", "tested", "accepted", "rate", ""):
         t.add_column(col, justify="right" if col else "left")
