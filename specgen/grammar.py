@@ -510,6 +510,21 @@ class GrammarProcessor:
             return None
         return self.matcher.single()
 
+    def complete_at(self, context: Sequence[int], new: Sequence[int]) -> int:
+        """How many of `new` (tokens a round commits after `context`) to keep: up to the
+        point where the grammar is complete and allows nothing more (`Matcher.stopped`),
+        where ordinary constrained decoding ends; len(new) when it is not reached (or a
+        token is not allowed: the caller's own checks say so)."""
+        m = self.matcher
+        if not m.sync(self._generated(context, ())):
+            return len(new)
+        for j, t in enumerate(new):
+            if m.stopped:
+                return j
+            if not m._consume(int(t)):
+                return len(new)
+        return len(new)
+
     def stopped(self, context: Sequence[int]) -> bool:
         """Whether the grammar is complete after `context` and allows nothing more."""
         return self.matcher.sync(self._generated(context, ())) and self.matcher.stopped

@@ -468,6 +468,11 @@ class Sequence:
         EOS, a stop string or -n is kept. With `config.logprobs` set, each emitted token's
         span carries its log-probabilities from its own row: new[i] is scored by row i."""
         new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
+        if self.grammar is not None:
+            # nothing after the grammar is complete (ordinary decoding ends there): a
+            # block may run past it with end-of-generation tokens the grammar forced,
+            # which --ignore-eos would otherwise emit as text (commit then says "stop")
+            del new[self.grammar.complete_at(self.committed, new) :]
         spans: list[Span] = []
         n_top = self.config.logprobs
         for i, tok in enumerate(new):

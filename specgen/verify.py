@@ -44,16 +44,20 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specgen.constraints import processor_for
+from specgen.constraints import Chain, Processor, processor_for
 from specgen.drafters import common_prefix
 from specgen.engine import Drafter, Engine, Logits
 from specgen.errors import ConfigError
 from specgen.events import Done, RoundTrace, Step
 from specgen.generate import FixedK, GenerateConfig, VerifyRule, generate
 from specgen.sampling import SamplingParams, warp
+
+if TYPE_CHECKING:
+    from specgen.grammar import GrammarSpec  # llguidance loads only for a grammar
 
 __all__ = [
     "DEFAULT_SAMPLING_PARAMS",
@@ -115,6 +119,10 @@ class VerifyConfig:
         greedy_prompts, sampling_prompts: UTF-8 prompts.
         greedy, sampling: run that check.
         verify_rule: the acceptance rule both checks run under (`--verify`).
+        grammar: what the output must match (--grammar, --json-schema...), or None. Both
+            checks then run under it: greedy speculative output must equal ordinary
+            constrained decoding, and the sampling check's exact law at each position is
+            the grammar's mask then the warpers (`specgen.grammar`).
     """
 
     samples: int = 400
@@ -132,6 +140,7 @@ class VerifyConfig:
     greedy: bool = True
     sampling: bool = True
     verify_rule: VerifyRule = "token"
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if self.sampling:
@@ -248,6 +257,7 @@ class VerifyReport:
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
     verify_rule: str = "token"
+    grammar: str | None = None  # the grammar's source (--json-schema...), None for free text
 
     @property
     def greedy_passed(self) -> bool:
@@ -265,6 +275,7 @@ class VerifyReport:
             "target": self.target,
             "draft": self.draft,
             "verify_rule": self.verify_rule,
+            "grammar": self.grammar,
             "seconds": round(self.seconds, 3),
             "greedy": [asdict(c) for c in self.greedy],
             "sampling": None
@@ -462,6 +473,21 @@ class _PromptCache:
         pass
 
 
+def _processor(
+    target: Engine, params: SamplingParams, grammar: GrammarSpec | None, n_prompt: int
+) -> Processor | None:
+    """What the runs did to each target row before the warpers: the grammar's mask (after
+    the generated tokens), then the logit bias and penalties; None when nothing is set."""
+    proc = processor_for(params.constraints, target.n_vocab)
+    if grammar is None:
+        return proc
+    # start-up time: llguidance loads only for a grammar
+    from specgen.grammar import grammar_factory
+
+    mask = grammar_factory(grammar)(target, n_prompt)
+    return mask if proc is None else Chain([mask, proc])
+
+
 def _last_row(engine: Engine, context: list[int], keep: int) -> np.ndarray:
     """(n_vocab,) float32 copy of the target's logits after `context`, reusing the first
     `keep` cached positions (which must equal context[:keep])."""
@@ -498,6 +524,7 @@ def _examine_divergence(
     spec_traces: list[RoundTrace],
     i: int,
     params: SamplingParams = GREEDY,
+    grammar: GrammarSpec | None = None,
 ) -> tuple[float, float, np.ndarray]:
     """At generated position i, where the runs first differ: (gap_top2, drift, single),
     single being the (n_vocab,) float64 single-token logits row (processed by `params`'
@@ -511,7 +538,7 @@ def _examine_divergence(
     for tok in [prompt[-1], *ordinary[:i]]:
         row_single = target.decode([tok])[-1]
     assert row_single is not None
-    proc = processor_for(params.constraints, target.n_vocab)
+    proc = _processor(target, params, grammar, len(prompt))
     context = [*prompt, *ordinary[:i]]
     if proc is not None:  # the rows each run took its argmax of
         row_single = proc.row(row_single, context, ())
@@ -547,17 +574,13 @@ def check_greedy(
     greedy = replace(GREEDY, constraints=config.params.constraints)
     drafter = make_drafter(greedy)
     cases: list[GreedyCase] = []
+    # under a grammar, ignore_eos lets an end-of-generation token through as a token where
+    # the grammar allows it (it completes the grammar: the run ends there with "stop")
     gen = GenerateConfig(
-        max_tokens=config.greedy_tokens, params=greedy, ignore_eos=True, seed=config.seed
-    )
-    spec_gen = GenerateConfig(
-        max_tokens=config.greedy_tokens,
-        params=greedy,
-        ignore_eos=True,
-        seed=config.seed,
-        trace=True,
-        verify_rule=config.verify_rule,
-    )
+        max_tokens=config.greedy_tokens, params=greedy, ignore_eos=True, seed=config.seed,
+        grammar=config.grammar,
+    )  # fmt: skip
+    spec_gen = replace(gen, trace=True, verify_rule=config.verify_rule)
     for pi, text in enumerate(config.greedy_prompts):
         prompt = target.tokenize(text)
         say(f"greedy: prompt {pi + 1}/{len(config.greedy_prompts)}, ordinary decoding")
@@ -588,7 +611,7 @@ def check_greedy(
                 )
                 continue
             gap_top2, drift, single = _examine_divergence(
-                target, prompt, ordinary, traces, i, greedy
+                target, prompt, ordinary, traces, i, greedy, config.grammar
             )
             gap = float(single[ordinary[i]] - single[spec[i]])
             threshold = max(config.noise_gap, 2.0 * drift)
@@ -638,6 +661,7 @@ def _sample(
             ignore_eos=True,
             seed=int(s),
             verify_rule=config.verify_rule,
+            grammar=config.grammar,
         )
         done, _ = _run(target, drafter, prompt, gen, config.k)  # type: ignore[arg-type]
         seqs.append(done.tokens)
@@ -656,7 +680,7 @@ def _tests_for_prompt(
     """One pooled chi-square test per position against the exact conditional laws."""
     tests: list[ChiSquareTest] = []
     keep = len(prompt) - 1  # the cache holds prompt[:-1] after sampling (kept by _PromptCache)
-    proc = processor_for(config.params.constraints, target.n_vocab)
+    proc = _processor(target, config.params, config.grammar, len(prompt))
     for j in range(1, config.positions + 1):
         groups: dict[tuple[int, ...], Counter[int]] = defaultdict(Counter)
         for s in seqs:
@@ -669,7 +693,7 @@ def _tests_for_prompt(
             if j > 1 and size < config.min_group:
                 continue
             row = _last_row(target, [*prompt, *prefix], keep)
-            if proc is not None:  # the exact law includes the bias and the penalties
+            if proc is not None:  # the exact law: the grammar's mask, bias and penalties
                 row = proc.row(row, prompt, prefix)
             ids, p = warp(row, config.params)
             c, d, o = pooled_chisquare(counts, ids, p)
@@ -769,6 +793,7 @@ def verify(
         seconds=time.perf_counter() - t0,
         notes=tuple(notes),
         verify_rule=config.verify_rule,
+        grammar=config.grammar.source if config.grammar is not None else None,
     )
 
 

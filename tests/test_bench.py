@@ -374,6 +374,24 @@ def two_prompts(tmp_path: Path) -> Path:
     return p
 
 
+def test_cli_bench_under_a_grammar(tmp_path: Path, capsys, tiny_target, tiny_draft, two_prompts):
+    # both modes generate under the grammar, which ends each run once complete
+    j = tmp_path / "b.json"
+    code = _main(
+        ["bench", "-m", str(tiny_target), "-md", str(tiny_draft), "--prompts", str(two_prompts),
+         "--draft-max", "4", "--temp", "0", "--runs", "1", "-n", "24", "-t", "1", "-c", "256",
+         "--grammar", 'root ::= "the cat" (" and the dog")? "."', "--json", str(j)]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "every generation under --grammar (gbnf)" in out
+    data = json.loads(j.read_text("utf-8"))
+    assert data["settings"]["grammar"] == {"kind": "gbnf", "source": "--grammar"}
+    for r in data["runs"]:
+        assert r["stats"]["n_generated"] < 24  # ended by the grammar, not by -n
+        if r["mode"] != "ordinary":
+            assert r["stats"]["n_drafted_by"].get("grammar", 0) > 0
+
+
 def test_cli_end_to_end_tiny_pair(tmp_path: Path, capsys, tiny_target, tiny_draft, two_prompts):
     j, md = tmp_path / "b.json", tmp_path / "b.md"
     code = _main(

@@ -457,3 +457,55 @@ def test_verify_passes_on_the_15_layer_draft_with_block_verification(demo_target
     assert report.passed, report.to_dict()
     assert report.sampling is not None and 0.2 < report.sampling.acceptance_rate < 0.8
     assert {t.position for t in report.sampling.tests} == {1, 2}
+
+
+# -- under a grammar -------------------------------------------------------------------
+
+#: a choice, a forced run, a bounded repetition and an enum over `TextEngine`'s pieces
+VERIFY_LARK = 'start: ("a" | "ab" | "c") "x" "}"{1,2} ("a" | "b" | "cx")'
+
+
+def _grammar_verify(samples: int, **kw) -> VerifyConfig:
+    from specgen.grammar import GrammarSpec
+
+    return VerifyConfig(
+        samples=samples, k=3, params=SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
+        greedy_prompts=(b"ab",), sampling_prompts=(b"x", b"c{"), greedy_ks=(2, 4),
+        grammar=GrammarSpec("lark", VERIFY_LARK, "--grammar"), **kw,
+    )  # fmt: skip
+
+
+def test_verify_under_a_grammar_passes_and_catches_q_recorded_unmasked(monkeypatch):
+    from fakes import TextEngine
+    from test_grammar_exact import q_unmasked
+
+    from specgen.drafters import Drafting
+
+    target, draft = TextEngine(seed=0, scale=1.0), TextEngine(seed=0, scale=1.0, noise=1.0)
+    make = lambda p: ModelDrafter(draft, p, target.n_vocab)  # noqa: E731
+    report = verify(target, make, _grammar_verify(1000))
+    assert report.passed, report.to_dict()
+    assert report.to_dict()["grammar"] == "--grammar"
+    assert [c.status for c in report.greedy] == ["match", "match"]
+    s = report.sampling
+    assert s is not None and {t.position for t in s.tests} == {1, 2}  # 3: "x" or "}" forced
+    # planted: the draft draws from its masked row but records the raw row as q
+    monkeypatch.setattr(Drafting, "feed", q_unmasked)
+    broken = verify(target, make, _grammar_verify(300, greedy=False))
+    assert not broken.passed and broken.sampling is not None
+    assert broken.sampling.min_p_adjusted < 1e-6  # measured: 1e-105
+
+
+def test_cli_verify_takes_the_grammar_flags(tiny_target, tiny_draft):
+    # the self-test on the user's pair under the user's grammar (GBNF, as llama-cli's)
+    from specgen.cli.app import app
+
+    gbnf = 'root ::= ("the" | "a") " " [a-z]+ "."'
+    args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
+            "--samples", "300", "--grammar", gbnf, "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["passed"] and d["grammar"] == "--grammar" and d["sampling"]["tests"]
+    res = CliRunner().invoke(app, [*args[:-3], "-j", "[1]", "--json"])
+    assert res.exit_code == 1 and "JSON object" in str(res.exception)

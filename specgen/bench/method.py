@@ -241,6 +241,7 @@ def run_bench(
             # as `specgen run` does: the baseline for the controller, timed after the prompt
             measure_ordinary=0 if mode == ORDINARY else 3,
             verify_rule=_verify_rule(settings, params),
+            grammar=settings.grammar,
         )
         p = prompts[prompt_i]
         info = {

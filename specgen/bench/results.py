@@ -11,13 +11,16 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.stats import percentiles, position_counts
 from specgen.constraints import NO_CONSTRAINTS, Constraints
 from specgen.events import ACCEPTANCE_HOW, Stats, Step
 from specgen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.grammar import GrammarSpec  # llguidance loads only for a grammar
 
 FORMAT = "specgen-bench/1"
 ORDINARY = "ordinary"
@@ -147,6 +150,9 @@ class BenchSettings:
         verify: `--verify` (block, token, or None/auto: `session.resolve_verify` per
             temperature).
         lookup: `--lookup` (on, off, or None/auto: `session.resolve_lookup`).
+        constraints: logit bias and penalties, in both modes.
+        grammar: what every generation's output must match (--grammar, --json-schema...),
+            in both modes; None for free text.
     """
 
     draft_max: tuple[int | None, ...] = (4, 8, None)
@@ -164,6 +170,7 @@ class BenchSettings:
     verify: str | None = None
     lookup: str | None = None
     constraints: Constraints = NO_CONSTRAINTS
+    grammar: GrammarSpec | None = None
 
     def params(self, temp: float) -> SamplingParams:
         return SamplingParams(
@@ -195,6 +202,11 @@ class BenchSettings:
             "repeat_last_n": self.constraints.repeat_last_n,
             "presence_penalty": self.constraints.presence_penalty,
             "frequency_penalty": self.constraints.frequency_penalty,
+            "grammar": (
+                None
+                if self.grammar is None
+                else {"kind": self.grammar.kind, "source": self.grammar.source}
+            ),
         }
 
 

@@ -18,6 +18,10 @@ from specgen.cli.options import (
     DraftOpt,
     DraftPMinOpt,
     FrequencyPenaltyOpt,
+    GrammarFileOpt,
+    GrammarOpt,
+    JsonSchemaFileOpt,
+    JsonSchemaOpt,
     LogitBiasOpt,
     LookupOpt,
     MinPOpt,
@@ -148,6 +152,10 @@ def bench(
     repeat_last_n: RepeatLastNOpt = 64,
     presence_penalty: PresencePenaltyOpt = 0.0,
     frequency_penalty: FrequencyPenaltyOpt = 0.0,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFileOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    json_schema_file: JsonSchemaFileOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     n_gpu_layers: NglOpt = 0,
     n_gpu_layers_draft: NgldOpt = 0,
@@ -221,6 +229,10 @@ class BenchFlags:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    grammar: str | None = None
+    grammar_file: Path | None = None
+    json_schema: str | None = None
+    json_schema_file: Path | None = None
     json_path: Path | None = None
     markdown_path: Path | None = None
     plot_path: Path | None = None
@@ -272,6 +284,15 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
 
 
 def _settings(bench, b: BenchFlags, lookup: str | None):
+    # start-up time: the grammar's spec loads llguidance only when a grammar flag is given
+    from specgen.api import grammar_spec
+
+    sampling = SamplingFlags(
+        logit_bias=b.logit_bias, repeat_penalty=b.repeat_penalty,
+        repeat_last_n=b.repeat_last_n, presence_penalty=b.presence_penalty,
+        frequency_penalty=b.frequency_penalty, grammar=b.grammar, grammar_file=b.grammar_file,
+        json_schema=b.json_schema, json_schema_file=b.json_schema_file,
+    )  # fmt: skip
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(b.draft_max),
         temps=bench.parse_temp_list(b.temp),
@@ -283,11 +304,8 @@ def _settings(bench, b: BenchFlags, lookup: str | None):
         min_p=b.min_p,
         verify=b.verify,
         lookup=lookup,
-        constraints=SamplingFlags(
-            logit_bias=b.logit_bias, repeat_penalty=b.repeat_penalty,
-            repeat_last_n=b.repeat_last_n, presence_penalty=b.presence_penalty,
-            frequency_penalty=b.frequency_penalty,
-        ).params().constraints,
+        constraints=sampling.params().constraints,
+        grammar=grammar_spec(sampling),
     )  # fmt: skip
     settings.params(settings.temps[0])  # validates top-p / min-p now
     return settings

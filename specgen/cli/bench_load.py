@@ -27,6 +27,10 @@ CONSTRAINT_FLAGS = (
     ("repeat_last_n", "--repeat-last-n", 64),
     ("presence_penalty", "--presence-penalty", 0.0),
     ("frequency_penalty", "--frequency-penalty", 0.0),
+    ("grammar", "--grammar", None),
+    ("grammar_file", "--grammar-file", None),
+    ("json_schema", "--json-schema", None),
+    ("json_schema_file", "--json-schema-file", None),
 )
 """bench's logits-processing flags and their "off" values: refused with --url rather than
 silently not sent."""

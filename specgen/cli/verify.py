@@ -16,7 +16,11 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     FrequencyPenaltyOpt,
+    GrammarFileOpt,
+    GrammarOpt,
     JsonOpt,
+    JsonSchemaFileOpt,
+    JsonSchemaOpt,
     LogitBiasOpt,
     LookupOpt,
     ModelFlags,
@@ -44,7 +48,8 @@ VERIFY_EPILOG = (
     "Examples:\n\n"
     "  specgen verify                                   # the embedded demo pair\n\n"
     "  specgen verify -m big.gguf -md small.gguf --samples 800\n\n"
-    "  specgen verify --pair qwen2.5-coder-7b --check greedy --json"
+    "  specgen verify --pair qwen2.5-coder-7b --check greedy --json\n\n"
+    "  specgen verify -j '{\"type\": \"object\"}' --prompt 'A person as JSON:'"
 )
 SUMMARIZE_EPILOG = (
     "Examples:\n\n"
@@ -87,6 +92,10 @@ def verify(
     repeat_last_n: RepeatLastNOpt = 64,
     presence_penalty: PresencePenaltyOpt = 0.0,
     frequency_penalty: FrequencyPenaltyOpt = 0.0,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFileOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    json_schema_file: JsonSchemaFileOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed (-1 = random).")] = 0,
     alpha: Annotated[
         float, typer.Option("--alpha", help="Significance level after Holm correction.")
@@ -115,6 +124,9 @@ def verify(
 
     Sampling: the tokens at the first positions must follow the target's own
     distribution (chi-square per position, Holm-corrected).
+
+    With --grammar or --json-schema both checks run under it: the output must equal
+    ordinary constrained decoding, and follow the target's constrained distribution.
 
     Exit code 0 = pass, 1 = fail.
     """
@@ -190,6 +202,7 @@ def verify_command(
 
 
 def _config(sampling: SamplingFlags, v: VerifyFlags):
+    from specgen.api import grammar_spec
     from specgen.verify import VerifyConfig  # start-up time: verify loads numpy
 
     extra: dict[str, Any] = {}
@@ -201,5 +214,7 @@ def _config(sampling: SamplingFlags, v: VerifyFlags):
     return VerifyConfig(
         samples=v.samples, positions=v.positions, k=k, params=sampling.params(),
         seed=seed_or_random(sampling.seed), alpha=v.alpha, greedy=v.check in ("all", "greedy"),
-        sampling=v.check in ("all", "sampling"), verify_rule=sampling.verify_rule, **extra,  # type: ignore[arg-type]
+        sampling=v.check in ("all", "sampling"),
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+        grammar=grammar_spec(sampling), **extra,
     )  # fmt: skip
