@@ -256,7 +256,8 @@ BAD_CHAT = [
     ({"messages": USER, "temperature": "hot"}, "temperature"),
     ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "top_p": 1.5}, "top_p"),
-    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "n": 0}, "n"),
+    ({"messages": USER, "n": 99}, "n"),  # more choices than slots
     ({"messages": USER, "stop": ""}, "stop"),
     ({"messages": USER, "stop": [1, 2]}, "stop"),
     ({"messages": USER, "stop": ["x"] * 17}, "stop"),
@@ -537,8 +538,34 @@ def test_a_steps_events_wake_each_event_loop_once_in_the_order_sent() -> None:
     for loop in (one, other):
         fn, args = loop.calls[0]
         fn(*args)
-    assert [a.queue.get_nowait(), a.queue.get_nowait()] == [ev[0], ev[4]]
-    assert b.queue.get_nowait() is ev[1] and c.queue.get_nowait() is ev[3]
+    # (choice index, event): each request's sink is its choice 0's
+    assert [a.queue.get_nowait(), a.queue.get_nowait()] == [(0, ev[0]), (0, ev[4])]
+    assert b.queue.get_nowait() == (0, ev[1]) and c.queue.get_nowait() == (0, ev[3])
     closed = _Events(_RecordingLoop(closed=True))  # type: ignore[arg-type]
     deliver([(Ticket(job, closed), ev[0])])  # the process is ending: nobody listens
     assert closed.queue.empty()
+
+
+def test_n_choices_are_indexed_seeded_apart_and_share_choice_0s_prompt(served: Served) -> None:
+    client = served.client()
+    r = client.chat.completions.create(model="x", messages=USER, n=2, seed=40)  # type: ignore[arg-type]
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.message.content == fake.REPLY and c.finish_reason == "stop" for c in r.choices)
+    assert r.usage is not None and r.usage.completion_tokens == 2 * len(fake.REPLY)
+    assert r.usage.prompt_tokens == len(fake.render_chat(USER))  # the prompt counted once
+    first, second = served.sched.submitted[-2:]
+    assert (first.config.seed, second.config.seed) == (40, 41)  # seed + choice index
+    assert first.share_from is None and second.share_from == first.id == r.id
+    body = {"prompt": "ab", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=10) as resp:
+        chunks = chunks_of(sse_lines(resp))
+    *rounds, usage = chunks
+    texts = {0: "", 1: ""}
+    finals = []
+    for c in rounds:
+        (choice,) = c["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            finals.append(choice["index"])
+    assert sorted(finals) == [0, 1] and texts == {0: fake.REPLY, 1: fake.REPLY}
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2 * len(fake.REPLY)

@@ -357,3 +357,27 @@ def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
         client.chat.completions.create(
             model=server.model_id, messages=msgs, logprobs=True, top_logprobs=21
         )  # type: ignore[arg-type]
+
+
+def test_n_choices_share_one_prefill_and_each_equals_its_seed_alone(server: Server) -> None:
+    before = server.metric("specgen_prompt_evaluated_tokens_total")
+    fields = {"temperature": 0.9, "seed": 300, "max_tokens": 16}
+    both = completion(server, PROMPTS[1], n=3, **fields)
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2]
+    assert all(c["finish_reason"] == "length" for c in both["choices"])
+    assert both["usage"]["completion_tokens"] == 3 * 16
+    n_prompt = both["usage"]["prompt_tokens"]
+    # one prefill: choice 0 evaluates all but the prompt's last token, the others share it
+    # (a prefix already cached in a slot by an earlier test may shorten even that one)
+    evaluated = server.metric("specgen_prompt_evaluated_tokens_total") - before
+    assert evaluated <= n_prompt - 1
+    # choice i is the request seeded seed + i: the same law, the same stream
+    texts = [c["text"] for c in both["choices"]]
+    alone = [
+        completion(server, PROMPTS[1], **{**fields, "seed": 300 + i})["choices"][0]["text"]
+        for i in range(3)
+    ]
+    assert texts == alone
+    assert len(set(texts)) > 1  # sampled apart
+    with pytest.raises(openai.BadRequestError, match="--parallel"):
+        server.client().completions.create(model=server.model_id, prompt="x", n=5)

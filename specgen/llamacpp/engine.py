@@ -517,6 +517,28 @@ class LlamaEngine:
             self.n_reprocessed += 1
             self._decode_seq(seq, kept, False)
 
+    def _copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make sequence `dst` hold the first n positions of sequence `src`, sharing
+        their cells (`llama_memory_seq_cp(mem, src, dst, 0, n)`: with a unified cache the
+        cells are tagged with both sequence ids, nothing is copied or evaluated again), so
+        several choices of one request pay one prefill. `dst` is cleared first.
+
+        Raises:
+            EngineError: `src` holds fewer than n positions, or the copy did not give
+                `dst` exactly n positions.
+        """
+        if len(self._seqs[src]) < n:
+            raise EngineError(
+                f"{self.name}: sequence {src} holds {len(self._seqs[src])} positions, not {n}"
+            )
+        self._truncate_seq(dst, 0)
+        if n == 0:
+            return
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        if int(llama_cpp.llama_memory_seq_pos_max(self._mem, dst)) != n - 1:
+            raise EngineError(f"{self.name}: the KV cache could not share {n} positions")
+        self._seqs[dst] = list(self._seqs[src][:n])
+
     def _window_intact(self, seq: int = 0) -> bool:
         """Whether the sliding-window layers hold every position the next one attends to.
 
@@ -620,6 +642,12 @@ class SequenceView:
     def truncate(self, n: int) -> None:
         """`LlamaEngine.truncate` on this sequence only."""
         self.engine._truncate_seq(self.seq, n)
+
+    def copy_prefix(self, src: SequenceView, n: int) -> None:
+        """Hold the first n positions of `src` (another sequence of the same engine),
+        sharing its cells: see `LlamaEngine._copy_prefix`."""
+        assert src.engine is self.engine
+        self.engine._copy_prefix(src.seq, self.seq, n)
 
     def close(self) -> None:
         pass

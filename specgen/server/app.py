@@ -142,15 +142,24 @@ class State:
 
 
 class _Events:
-    """One request's events, handed from the worker thread to the event loop: the
-    request's sink (called with one event) and its queue."""
+    """One request's events, handed from the worker thread to the event loop: one queue
+    of (choice index, event), and a sink per choice (`choice`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[Step | Done | Failed] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, Step | Done | Failed]] = asyncio.Queue()
+        self.index = 0
+
+    def choice(self, index: int) -> _Events:
+        """The sink of choice `index` (the same queue)."""
+        if index == 0:
+            return self
+        sink = _Events.__new__(_Events)
+        sink.loop, sink.queue, sink.index = self.loop, self.queue, index
+        return sink
 
     def __call__(self, event: Step | Done | Failed) -> None:
-        _post(self.loop, [(self.queue, event)])
+        _post(self.loop, [(self.queue, (self.index, event))])
 
 
 def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
@@ -158,20 +167,18 @@ def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
     reach their queues in one wake-up of each event loop, in the order sent (a wake-up
     per event let the loop take the GIL while the worker still committed other slots).
     Sinks that are not a request's `_Events` are called in turn."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], JobEvent]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
     for ticket, event in batch:
         sink = ticket.sink
         if isinstance(sink, _Events):
-            by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+            by_loop.setdefault(sink.loop, []).append((sink.queue, (sink.index, event)))
         else:
             deliver_each([(ticket, event)])
     for loop, items in by_loop.items():
         _post(loop, items)
 
 
-def _post(
-    loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], JobEvent]]
-) -> None:
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     def put() -> None:
         for queue, event in items:
             queue.put_nowait(event)
@@ -326,11 +333,32 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             except GrammarError as e:
                 source = config.grammar.source
                 raise RequestError(400, str(e), param=source, code="invalid_grammar") from None
-        job = Job(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", prompt, config)
+        n = req.n or 1
+        if n > b.scheduler.n_parallel:
+            raise RequestError(
+                400,
+                f"n {n} is more choices than the server's {b.scheduler.n_parallel} slots"
+                " (--parallel): each choice takes a slot; ask for at most"
+                f" {b.scheduler.n_parallel}, or restart the server with a larger --parallel",
+                param="n",
+            )
+        job_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        jobs = [Job(job_id, prompt, config)]
+        for i in range(1, n):
+            # choice i: its own random stream (seed + i, documented), the prompt's cells
+            # shared with choice 0 after its one prefill
+            seed = None if config.seed is None else config.seed + i
+            jobs.append(
+                Job(f"{job_id}-{i}", prompt, dataclasses.replace(config, seed=seed), job_id)
+            )
         events = _Events(asyncio.get_running_loop())
+        tickets: list[Any] = []
         try:
-            ticket = b.scheduler.submit(job, events)
+            for i, job in enumerate(jobs):
+                tickets.append(b.scheduler.submit(job, events.choice(i)))
         except QueueFull:
+            for t in tickets:
+                b.scheduler.cancel(t)
             raise RequestError(
                 503,
                 f"all {b.scheduler.n_parallel} slots are busy and the queue is full: retry later",
@@ -339,12 +367,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         except (DoesNotFit, PromptError) as e:
+            for t in tickets:
+                b.scheduler.cancel(t)
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
-            chat, job.id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
+            chat, job_id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
             req.n_logprobs is not None, tools=calls,
         )  # fmt: skip
-        run = _Run(state, b, job, ticket, events, shape, "chat" if chat else "completions")
+        run = _Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:
             return EventSourceResponse(run.stream(req.include_usage), sep="\n")
         return await run.whole(request)
@@ -368,119 +398,142 @@ def _sse(body: dict[str, Any] | BaseModel) -> dict[str, str]:
 
 
 class _Run:
-    """One submitted job: its events in, its response out, and its log line."""
+    """One request's submitted jobs (one per choice): their events in, the response out,
+    and its log line."""
 
     def __init__(
         self,
         state: State,
         b: Backend,
-        job: Job,
-        ticket: Any,
+        jobs: list[Job],
+        tickets: list[Any],
         events: _Events,
         shape: Shape,
         route: str,
     ) -> None:
-        self.state, self.backend, self.job, self.ticket = state, b, job, ticket
+        self.state, self.backend, self.jobs, self.tickets = state, b, jobs, tickets
         self.events, self.shape, self.route = events, shape, route
-        self.steps: list[Step] = []
+        self.steps: list[list[Step]] = [[] for _ in jobs]
+        self.outcomes: list[Outcome | None] = [None for _ in jobs]
         self.t0 = time.perf_counter()
         self.ended = False
         state.in_flight += 1
 
-    async def next_event(self) -> Step | Done | Failed:
+    async def next_event(self) -> tuple[int, Step | Done | Failed]:
         return await self.events.queue.get()
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _finish(self, outcomes: list[Outcome]) -> None:
         """Count and log a request that ended (once)."""
         if self.ended:
             return
         self.ended = True
         self.state.in_flight -= 1
-        s = outcome.stats
-        n_gen = s.n_generated if s is not None else sum(len(x.spans) for x in self.steps)
-        proposed = sum(x.n_proposed for x in self.steps)
-        accepted = sum(x.n_accepted for x in self.steps)
+        all_steps = [x for steps in self.steps for x in steps]
+        n_gen = 0
+        for steps, o in zip(self.steps, outcomes, strict=True):
+            s = o.stats
+            n_gen += s.n_generated if s is not None else sum(len(x.spans) for x in steps)
+        proposed = sum(x.n_proposed for x in all_steps)
+        accepted = sum(x.n_accepted for x in all_steps)
+        first = outcomes[0]
         self.state.metrics.observe_request(
             self.route,
-            outcome.finish,
+            first.finish,
             self.shape.n_prompt,
             n_gen,
-            self.steps,
-            s.ttft_s if s is not None else None,
+            all_steps,
+            first.stats.ttft_s if first.stats is not None else None,
             time.perf_counter() - self.t0,
+            sum(o.stats.n_prefill for o in outcomes if o.stats is not None),
         )
         acc = f"{accepted / proposed:.1%} of {proposed} proposed" if proposed else "n/a"
-        tps = f"{s.tokens_per_s:.1f} tok/s" if s is not None else "- tok/s"
+        tps = f"{first.stats.tokens_per_s:.1f} tok/s" if first.stats is not None else "- tok/s"
+        choices = f" in {len(outcomes)} choices" if len(outcomes) > 1 else ""
         self.state.log(
-            f"{self.job.id} {self.route}: prompt {self.shape.n_prompt} tokens, output {n_gen}"
-            f" tokens, acceptance {acc}, {tps}, finish {outcome.finish}"
+            f"{self.jobs[0].id} {self.route}: prompt {self.shape.n_prompt} tokens, output"
+            f" {n_gen} tokens{choices}, acceptance {acc}, {tps}, finish {first.finish}"
         )
 
     def _cancel(self) -> None:
         if not self.ended:
-            self.backend.scheduler.cancel(self.ticket)
-            self._finish(Outcome("", "cancelled", None, None))
+            for t in self.tickets:
+                self.backend.scheduler.cancel(t)
+            self._finish([o or Outcome("", "cancelled", None, None) for o in self.outcomes])
 
     async def whole(self, request: Request) -> Response:
-        """Wait for the end; cancel the job if the client leaves first."""
+        """Wait for every choice's end; cancel the jobs if the client leaves first."""
         while True:
             try:
-                ev = await asyncio.wait_for(self.next_event(), _POLL_S)
+                i, ev = await asyncio.wait_for(self.next_event(), _POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     self._cancel()
                     return Response(status_code=499)
                 continue
             if isinstance(ev, Step):
-                self.steps.append(ev)
+                self.steps[i].append(ev)
             elif isinstance(ev, Done):
-                outcome = Outcome.of_done(ev)
-                self._finish(outcome)
-                return JSONResponse(self.shape.full(self.steps, outcome))
+                self.outcomes[i] = Outcome.of_done(ev)
+                if all(o is not None for o in self.outcomes):
+                    outcomes = [o for o in self.outcomes if o is not None]
+                    self._finish(outcomes)
+                    return JSONResponse(self.shape.full_n(self.steps, outcomes))
             else:
-                self._finish(Outcome("", "failed", None, None))
+                self.outcomes[i] = Outcome("", "failed", None, None)
+                self._cancel()
                 raise _failure(ev)
 
     async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
-        """Server-sent events: the role, one chunk per round, the final chunk with
-        finish_reason and statistics, the usage chunk when asked, then ``[DONE]``."""
-        written = 0
-        # with tool calls, content streams through the gate (`tools.ContentGate`)
+        """Server-sent events: the role, one chunk per round of a choice (its ``index``),
+        each choice's final chunk with finish_reason and statistics, the usage chunk when
+        asked, then ``[DONE]``."""
+        written = [0 for _ in self.jobs]
+        # with tool calls, content streams through a gate per choice (`tools.ContentGate`)
         calls = self.shape.tools
-        gate = tools.ContentGate(calls.kind == "auto") if calls is not None else None
+        gates = [
+            tools.ContentGate(calls.kind == "auto") if calls is not None else None
+            for _ in self.jobs
+        ]
         try:
-            first = self.shape.first_chunk()
-            if first is not None:
-                yield _sse(first)
+            for i in range(len(self.jobs)):
+                first = self.shape.first_chunk(i)
+                if first is not None:
+                    yield _sse(first)
             while True:
-                ev = await self.next_event()
+                i, ev = await self.next_event()
                 if isinstance(ev, Step):
-                    self.steps.append(ev)
+                    self.steps[i].append(ev)
+                    gate = gates[i]
                     if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
                         content = gate.feed(ev.text)
                         if content:
-                            yield _sse(self.shape.step_chunk(ev, content))
+                            yield _sse(self.shape.step_chunk(ev, content, index=i))
                         continue
-                    written += len(ev.text)
-                    yield _sse(self.shape.step_chunk(ev))
+                    written[i] += len(ev.text)
+                    yield _sse(self.shape.step_chunk(ev, index=i))
                     continue
                 if isinstance(ev, Done):
                     outcome = Outcome.of_done(ev)
-                    rest = ev.text[written:]
+                    rest = ev.text[written[i] :]
                 else:
                     info = _failure(ev).info()
                     outcome = Outcome("", "failed", None, info)
                     rest = ""
-                self._finish(outcome)
+                self.outcomes[i] = outcome
+                gate = gates[i]
                 released = gate.released if gate is not None else 0
-                yield _sse(self.shape.final_chunk(self.steps, outcome, rest, released))
+                yield _sse(self.shape.final_chunk(self.steps[i], outcome, rest, released, index=i))
+                if any(o is None for o in self.outcomes):
+                    continue
+                outcomes = [o for o in self.outcomes if o is not None]
+                self._finish(outcomes)
                 if include_usage:
-                    yield _sse(self.shape.usage_chunk(self.steps, outcome))
+                    yield _sse(self.shape.usage_chunk_n(self.steps, outcomes))
                 yield {"data": "[DONE]"}
                 return
         finally:
             # the client went away (sse-starlette cancels this generator) or the
-            # response failed: free the slot
+            # response failed: free the slots
             self._cancel()
 
 

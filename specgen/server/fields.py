@@ -78,7 +78,7 @@ FIELDS: dict[str, Field] = {
     "top_p": Field(H, "nucleus sampling"),
     "seed": Field(H, "the request's random stream; a negative seed draws one"),
     "stop": Field(H, "up to 16 stop strings"),
-    "n": Field(H, "one choice per request (n=1)"),
+    "n": Field(H, "1 up to the server's slots (--parallel); choice i is seeded seed + i"),
     "stream": Field(H, "server-sent events"),
     "stream_options": Field(H, "include_usage"),
     "user": Field(IG, "an end-user id for abuse monitoring: changes nothing generated"),

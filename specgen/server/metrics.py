@@ -55,6 +55,13 @@ class Metrics:
         self.generated_tokens = Counter(
             "specgen_generation_tokens", "Tokens generated.", registry=r
         )
+        self.prompt_evaluated = Counter(
+            "specgen_prompt_evaluated_tokens",
+            "Prompt tokens the target evaluated for ended requests (all but the last token"
+            " of each prompt not already in its slot: a request with n choices evaluates"
+            " its prompt once).",
+            registry=r,
+        )
         self.draft_tokens = Counter(
             "specgen_draft_tokens", "Tokens the drafter proposed.", registry=r
         )
@@ -177,10 +184,13 @@ class Metrics:
         steps: Sequence[Step],
         ttft_s: float | None,
         wall_s: float | None,
+        n_prefilled: int = 0,
     ) -> None:
-        """One request that ended (any way): its tokens, proposals and acceptance."""
+        """One request that ended (any way): its tokens, proposals and acceptance;
+        `n_prefilled`: prompt tokens its choices evaluated (`Stats.n_prefill` summed)."""
         self.requests.labels(route=route, finish=finish).inc()
         self.prompt_tokens.inc(n_prompt)
+        self.prompt_evaluated.inc(n_prefilled)
         self.generated_tokens.inc(n_generated)
         self.draft_tokens.inc(sum(s.n_proposed for s in steps))
         self.accepted_tokens.inc(sum(s.n_accepted for s in steps))

@@ -71,6 +71,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from specgen.batchctl import (
     Acceptance,
@@ -99,11 +100,20 @@ _LOOKUP_POOLS = 64  # sampling settings whose pooled prompt-lookup record is kep
 
 @dataclass(frozen=True)
 class Job:
-    """One request: token ids already templated and tokenized, and its settings."""
+    """One request (or one choice of a request with n > 1): token ids already templated
+    and tokenized, and its settings.
+
+    `share_from`: the id of the job (choice 0 of the same request, submitted just before)
+    whose prompt cells this one shares instead of evaluating the prompt again: it is
+    admitted once that job's prompt is in its slot, which then shares its cells
+    (`SequenceView.copy_prefix`, llama_memory_seq_cp); when that job is no longer in a
+    slot (ended, cancelled) it evaluates its prompt itself.
+    """
 
     id: str
     prompt: list[int]
     config: GenerateConfig
+    share_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -882,8 +892,14 @@ class Scheduler:
             with self._cond:
                 if not free or not self._queue or self._stopping:
                     return
+                source = self._source_of(self._queue[0].job)
+                if source is False:  # its choice 0 is still evaluating the prompt
+                    return
                 ticket = self._queue.popleft()
             prompt = ticket.job.prompt
+            if source is not None:
+                self._place(min(free, key=lambda s: len(s.target.tokens)), ticket, source)
+                continue
             # the slot holding the longest common prefix; among equals the emptiest,
             # which keeps the other slots' prefixes for the requests that share them
             slot = max(
@@ -892,7 +908,19 @@ class Scheduler:
             )
             self._place(slot, ticket)
 
-    def _place(self, slot: _Slot, ticket: Ticket) -> None:
+    def _source_of(self, job: Job) -> _Slot | None | Literal[False]:
+        """For a job sharing another's prompt cells: the slot holding that job once its
+        prompt (all but the last token) is evaluated there, False while it is not yet,
+        None when it is in no slot (or the job shares nothing)."""
+        if job.share_from is None:
+            return None
+        for s in self._slots:
+            if s.ticket is not None and s.ticket.job.id == job.share_from:
+                ready = s.started and s.target.tokens[: len(job.prompt) - 1] == job.prompt[:-1]
+                return s if ready else False
+        return None
+
+    def _place(self, slot: _Slot, ticket: Ticket, source: _Slot | None = None) -> None:
         job = ticket.job
         slot.ticket = ticket
         slot.t_admit = self.clock()
@@ -903,8 +931,12 @@ class Scheduler:
             slot.seq = Sequence(
                 slot.target, slot.drafter, job.prompt, job.config, FixedK(k_cap), self.clock
             )
-            keep = common_prefix(slot.target.tokens, job.prompt[:-1])
-            slot.target.truncate(keep)
+            if source is not None:  # one prefill for every choice: share its cells
+                keep = len(job.prompt) - 1
+                slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
+            else:
+                keep = common_prefix(slot.target.tokens, job.prompt[:-1])
+                slot.target.truncate(keep)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
             self._end(slot, Failed(str(exc), "engine"))
             return

@@ -150,9 +150,10 @@ class _Generation(_Request):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError(f"only n=1 is supported (one choice per request), got {n}")
+    def _choices(cls, n: int | None) -> int | None:
+        # the bound above is the server's slots (--parallel), checked by the route
+        if n is not None and n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
         return n
 
     @field_validator("logit_bias")

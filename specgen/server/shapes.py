@@ -313,7 +313,8 @@ class Shape:
     return_tokens: bool = False
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
-    _offset: int = 0  # a streamed completion's characters so far (its text_offset)
+    # a streamed completion's characters so far per choice (its text_offset)
+    _offsets: dict[int, int] = field(default_factory=dict)
 
     def _logprobs(self, spans: Sequence[Span], offset: int = 0) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -341,23 +342,45 @@ class Shape:
         }
 
     def full(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
-        """The non-streaming response."""
-        finish = openai_finish(outcome.finish)
+        """The non-streaming response of one choice."""
+        return self.full_n([steps], [outcome])
+
+    def full_n(
+        self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]
+    ) -> dict[str, Any]:
+        """The non-streaming response with one choice per outcome (``index`` in order);
+        usage counts the prompt once and every choice's tokens; the statistics, the error
+        and ``tokens`` are choice 0's."""
         head = self._head()
-        meta = self._meta(steps, outcome)
-        usage = self._usage(steps, outcome)
-        lps = self._logprobs([s for x in steps for s in x.spans])
+        meta = self._meta(steps[0], outcomes[0])
+        usage = self._usage_n(steps, outcomes)
+        chat_choices, text_choices = [], []
+        for i, (st, outcome) in enumerate(zip(steps, outcomes, strict=True)):
+            finish = openai_finish(outcome.finish)
+            lps = self._logprobs([s for x in st for s in x.spans])
+            if self.chat:
+                content, calls = self.parsed(outcome.text)
+                if calls is not None:
+                    message = AssistantMessage(content=content, tool_calls=calls)
+                    finish = "tool_calls"
+                else:  # no tools, or a call cut short (finish "length"): the text as it is
+                    message = AssistantMessage(content=outcome.text)
+                chat_choices.append(
+                    ChatChoice(index=i, message=message, logprobs=lps, finish_reason=finish)
+                )
+            else:
+                text_choices.append(
+                    TextChoice(index=i, text=outcome.text, logprobs=lps, finish_reason=finish)
+                )
         if self.chat:
-            content, calls = self.parsed(outcome.text)
-            if calls is not None:
-                message = AssistantMessage(content=content, tool_calls=calls)
-                finish = "tool_calls"
-            else:  # no tools, or a call cut short (finish "length"): the text as it is
-                message = AssistantMessage(content=outcome.text)
-            choice = ChatChoice(message=message, logprobs=lps, finish_reason=finish)
-            return ChatCompletion(**head, choices=[choice], usage=usage, **meta).wire()
-        text = TextChoice(text=outcome.text, logprobs=lps, finish_reason=finish)
-        return Completion(**head, choices=[text], usage=usage, **meta).wire()
+            return ChatCompletion(**head, choices=chat_choices, usage=usage, **meta).wire()
+        return Completion(**head, choices=text_choices, usage=usage, **meta).wire()
+
+    def _usage_n(self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]) -> Usage:
+        n = sum(self._usage(st, o).completion_tokens for st, o in zip(steps, outcomes, strict=True))
+        return Usage(
+            prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n
+        )
 
     def parsed(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
         """``(content, tool_calls)`` of a chat answer (`specgen.server.tools.parse`);
@@ -371,36 +394,47 @@ class Shape:
         delta: str | None,
         finish: str | None,
         lps: dict[str, Any] | None = None,
+        index: int = 0,
         **extra: Any,
     ) -> dict[str, Any]:
         head = self._head()
         if self.chat:
             d = {} if delta is None else {"content": delta}
-            choices = [ChunkChoice(delta=d, logprobs=lps, finish_reason=finish)]
+            choices = [ChunkChoice(index=index, delta=d, logprobs=lps, finish_reason=finish)]
             return ChatCompletionChunk(**head, choices=choices, **extra).wire()
-        choice = TextChoice(text=delta or "", logprobs=lps, finish_reason=finish)
+        choice = TextChoice(index=index, text=delta or "", logprobs=lps, finish_reason=finish)
         return Completion(**head, choices=[choice], **extra).wire()
 
-    def first_chunk(self) -> dict[str, Any] | None:
-        """The chat stream's opening chunk (the role, as OpenAI sends); None for text."""
+    def first_chunk(self, index: int = 0) -> dict[str, Any] | None:
+        """The chat stream's opening chunk of a choice (the role, as OpenAI sends); None
+        for text."""
         if not self.chat:
             return None
         head = self._head()
-        choice = ChunkChoice(delta={"role": "assistant", "content": ""}, finish_reason=None)
+        choice = ChunkChoice(
+            index=index, delta={"role": "assistant", "content": ""}, finish_reason=None
+        )
         return ChatCompletionChunk(**head, choices=[choice]).wire()
 
-    def step_chunk(self, step: Step, text: str | None = None) -> dict[str, Any]:
-        """One round's committed text (or `text`: the content of it that may go out, with
-        tool calls), with its tokens' log-probabilities when asked."""
-        lps = self._logprobs(step.spans, self._offset)
-        self._offset += len(step.text)
-        return self._chunk(step.text if text is None else text, None, lps)
+    def step_chunk(self, step: Step, text: str | None = None, index: int = 0) -> dict[str, Any]:
+        """One round's committed text of choice `index` (or `text`: the content of it that
+        may go out, with tool calls), with its tokens' log-probabilities when asked."""
+        offset = self._offsets.get(index, 0)
+        lps = self._logprobs(step.spans, offset)
+        self._offsets[index] = offset + len(step.text)
+        return self._chunk(step.text if text is None else text, None, lps, index)
 
     def final_chunk(
-        self, steps: Sequence[Step], outcome: Outcome, rest: str, released: int = 0
+        self,
+        steps: Sequence[Step],
+        outcome: Outcome,
+        rest: str,
+        released: int = 0,
+        index: int = 0,
     ) -> dict[str, Any]:
-        """The chunk carrying finish_reason, the statistics and, when it ended badly, the
-        error; `rest` is text the rounds had not released yet (held UTF-8 bytes). With
+        """The chunk carrying choice `index`'s finish_reason, the statistics and, when it
+        ended badly, the error; `rest` is text the rounds had not released yet (held UTF-8
+        bytes). With
         tools, `rest` is ignored: the answer is parsed whole, its content not yet sent
         (after the `released` characters streamed, `specgen.server.tools.ContentGate`)
         and its calls go out here, as ``delta.tool_calls``."""
@@ -413,13 +447,19 @@ class Shape:
                 ]}  # fmt: skip
                 if content and content[released:]:
                     delta["content"] = content[released:]
-                choice = ChunkChoice(delta=delta, finish_reason="tool_calls")
+                choice = ChunkChoice(index=index, delta=delta, finish_reason="tool_calls")
                 return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
             rest = outcome.text[released:]
-        return self._chunk(rest or None, openai_finish(outcome.finish), **meta)
+        return self._chunk(rest or None, openai_finish(outcome.finish), None, index, **meta)
 
     def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         """stream_options.include_usage: the last chunk, with no choices."""
+        return self.usage_chunk_n([steps], [outcome])
+
+    def usage_chunk_n(
+        self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]
+    ) -> dict[str, Any]:
+        """The usage chunk of a request with one or more choices."""
         head = self._head()
         cls = ChatCompletionChunk if self.chat else Completion
-        return cls(**head, choices=[], usage=self._usage(steps, outcome)).wire()
+        return cls(**head, choices=[], usage=self._usage_n(steps, outcomes)).wire()
