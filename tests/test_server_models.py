@@ -208,7 +208,7 @@ def test_bad_input_is_4xx_and_the_server_keeps_serving(server: Server) -> None:
         (json.dumps({"prompt": "x", "max_tokens": 100000}).encode(), 400),
         (json.dumps({"prompt": "word " * 600}).encode(), 400),
         (json.dumps({"prompt": "x", "stop": [""]}).encode(), 400),
-        (json.dumps({"prompt": "x", "n": 3}).encode(), 400),
+        (json.dumps({"prompt": "x", "n": 5}).encode(), 400),  # more choices than -np 4
     ]
     for body, status in cases:
         r = httpx.post(url + "/v1/completions", content=body, timeout=60)
