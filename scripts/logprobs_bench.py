@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.bench.prompts import builtin_prompts
+from specgen.bench.record import cpu_model
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.logprobs import token_logprobs
 from specgen.models.demo import ensure_demo_pair
@@ -92,18 +92,16 @@ def main() -> int:
                     )
         n_vocab = target.n_vocab
     finally:
-        loaded.target.close()
-        if loaded.drafter is not None:
-            loaded.drafter.close()
+        loaded.close()
     med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
     acc = {m: statistics.median(r["acceptance_rate"] for r in rs) for m, rs in runs.items()}
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     out = {
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": commit,
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": cpu_model(),
         "n": a.n,
         "k": a.k,
         "reps": a.reps,
