@@ -150,7 +150,7 @@ class FakeBatchEngine:
     in one call and checks what llama.cpp would refuse (a sequence twice, more than n_batch
     tokens, a sequence past its context). `fail_next` makes the next batched decode raise
     EngineError (a llama.cpp failure) after checking it; `batches` records each batch as
-    (seq, n_tokens, n_rows) tuples."""
+    (seq, n_tokens, n_rows) tuples; `copies` each `copy_prefix` as (src, dst, n)."""
 
     def __init__(
         self, n_seq: int = 4, n_batch: int = 64, model: FakeEngine | None = None, **kwargs: object
@@ -165,6 +165,7 @@ class FakeBatchEngine:
         self.batches: list[tuple[tuple[int, int, int], ...]] = []
         # each logits row computed: (sequence, the tokens it scores the next one after)
         self.row_contexts: list[tuple[int, tuple[int, ...]]] = []
+        self.copies: list[tuple[int, int, int]] = []
         self._views = [FakeSeqView(self, i) for i in range(n_seq)]
 
     def sequence(self, seq: int) -> FakeSeqView:
@@ -239,6 +240,12 @@ class FakeSeqView:
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
+
+    def copy_prefix(self, src: FakeSeqView, n: int) -> None:
+        """`SequenceView.copy_prefix`: hold src's first n positions, none evaluated."""
+        assert src.engine is self.engine and len(src.tokens) >= n
+        self.tokens = list(src.tokens[:n])
+        self.engine.copies.append((src.seq, self.seq, n))
 
     def close(self) -> None:
         pass

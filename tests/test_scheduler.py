@@ -852,3 +852,52 @@ def test_runs_of_speculative_rounds_are_reported_when_they_end():
     last_step, last_run = ctl.runs[-1]
     assert last_run >= 2 and last_step == ctl.steps  # the run the request's end ended
     assert ctl.run_rounds == 0.0  # three runs: not known yet
+
+
+def choices(prompt, configs, name="req"):
+    """The jobs of one request with a choice per config: choice i > 0 shares choice 0's
+    prompt cells (as the server submits them)."""
+    return [
+        Job(name if i == 0 else f"{name}-{i}", list(prompt), c, None if i == 0 else name)
+        for i, c in enumerate(configs)
+    ]
+
+
+def test_choices_share_one_prefill_and_each_equals_its_seed_alone():
+    sched, target, _ = make()
+    prompt = np.random.default_rng(3).integers(0, V, size=40).tolist()
+    configs = [GenerateConfig(10, SETTINGS[1], ignore_eos=True, seed=7 + i) for i in range(4)]
+    sinks = [Collect() for _ in configs]
+    for job, sink in zip(choices(prompt, configs), sinks, strict=True):
+        sched.submit(job, sink)
+    sched.run_until_idle()
+    # one prefill: choice 0's first decode is its whole prompt (with its first row); the
+    # three others hold its cells by copy_prefix and decode only the prompt's last token
+    first: dict[int, tuple[int, int]] = {}
+    for part in (part for b in target.batches for part in b):
+        first.setdefault(part[0], part[1:])
+    assert first == {0: (len(prompt), 1), 1: (1, 1), 2: (1, 1), 3: (1, 1)}
+    assert sorted(target.copies) == [(0, d, len(prompt) - 1) for d in (1, 2, 3)]
+    assert [s.last.stats.n_prefill for s in sinks] == [len(prompt) - 1, 0, 0, 0]
+    # choice i is the request seeded seed + i served alone: the same law, the same stream
+    for sink, c in zip(sinks, configs, strict=True):
+        assert isinstance(sink.last, Done) and sink.last.tokens == alone(prompt, c).tokens
+    assert len({tuple(s.last.tokens) for s in sinks}) > 1
+
+
+def test_a_choice_whose_choice_0_is_gone_evaluates_the_prompt_itself():
+    sched, target, _ = make(n_parallel=2)
+    prompt = [1, 2, 3, 4, 5, 0, 1]
+    configs = [GenerateConfig(6, SETTINGS[0], ignore_eos=True, seed=11 + i) for i in range(2)]
+    busy = Collect()
+    sched.submit(Job("busy", [4, 4], GenerateConfig(30, GREEDY)), busy)  # holds slot 0
+    first, second = Collect(), Collect()
+    jobs = choices(prompt, configs)
+    t0 = sched.submit(jobs[0], first)
+    sched.submit(jobs[1], second)
+    sched.cancel(t0)  # choice 0 leaves before its prompt is in a slot
+    sched.run_until_idle()
+    assert isinstance(first.last, Failed) and isinstance(second.last, Done)
+    assert target.copies == []
+    assert second.last.stats.n_prefill == len(prompt) - 1
+    assert second.last.tokens == alone(prompt, configs[1]).tokens

@@ -569,3 +569,16 @@ def test_n_choices_are_indexed_seeded_apart_and_share_choice_0s_prompt(served: S
             finals.append(choice["index"])
     assert sorted(finals) == [0, 1] and texts == {0: fake.REPLY, 1: fake.REPLY}
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2 * len(fake.REPLY)
+    # chat, streamed with the openai client: each choice opens with its role, then its
+    # content and its finish under its own index
+    stream = client.chat.completions.create(model="x", messages=USER, n=2, stream=True)  # type: ignore[arg-type]
+    roles, content, finished = [], {0: "", 1: ""}, []
+    for chunk in stream:
+        (c,) = chunk.choices
+        if c.delta.role is not None:
+            roles.append(c.index)
+        content[c.index] += c.delta.content or ""
+        if c.finish_reason is not None:
+            finished.append(c.index)
+    assert roles == [0, 1] and sorted(finished) == [0, 1]
+    assert content == {i: fake.REPLY for i in range(2)}

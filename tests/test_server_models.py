@@ -360,24 +360,37 @@ def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
 
 
 def test_n_choices_share_one_prefill_and_each_equals_its_seed_alone(server: Server) -> None:
+    client = server.client()
+    prompt = "Three short poems about the sea, one per line:\n1."  # in no slot yet
+
+    def create(**fields):
+        return client.completions.create(
+            model=server.model_id, prompt=prompt, temperature=0.9, max_tokens=16,
+            extra_body={"ignore_eos": True}, **fields,
+        )  # fmt: skip
+
     before = server.metric("specgen_prompt_evaluated_tokens_total")
-    fields = {"temperature": 0.9, "seed": 300, "max_tokens": 16}
-    both = completion(server, PROMPTS[1], n=3, **fields)
-    assert [c["index"] for c in both["choices"]] == [0, 1, 2]
-    assert all(c["finish_reason"] == "length" for c in both["choices"])
-    assert both["usage"]["completion_tokens"] == 3 * 16
-    n_prompt = both["usage"]["prompt_tokens"]
-    # one prefill: choice 0 evaluates all but the prompt's last token, the others share it
-    # (a prefix already cached in a slot by an earlier test may shorten even that one)
+    r = create(n=3, seed=300)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in r.choices)
+    assert r.usage is not None and r.usage.completion_tokens == 3 * 16
+    # one prefill: choice 0 evaluates all but the prompt's last token, the others share
+    # its cells (three prefills would count 3 * (prompt_tokens - 1))
     evaluated = server.metric("specgen_prompt_evaluated_tokens_total") - before
-    assert evaluated <= n_prompt - 1
-    # choice i is the request seeded seed + i: the same law, the same stream
-    texts = [c["text"] for c in both["choices"]]
-    alone = [
-        completion(server, PROMPTS[1], **{**fields, "seed": 300 + i})["choices"][0]["text"]
-        for i in range(3)
-    ]
-    assert texts == alone
+    assert 0 < evaluated <= r.usage.prompt_tokens - 1
+    texts = [c.text for c in r.choices]
     assert len(set(texts)) > 1  # sampled apart
+    # streamed: the same choices, each chunk naming its choice; usage counts all three
+    chunks = list(create(n=3, seed=300, stream=True, stream_options={"include_usage": True}))
+    streamed, finished = ["", "", ""], []
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+            if c.finish_reason is not None:
+                finished.append(c.index)
+    assert streamed == texts and sorted(finished) == [0, 1, 2]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3 * 16
+    # choice i is the request seeded seed + i: the same law, the same stream
+    assert texts == [create(seed=300 + i).choices[0].text for i in range(3)]
     with pytest.raises(openai.BadRequestError, match="--parallel"):
-        server.client().completions.create(model=server.model_id, prompt="x", n=5)
+        client.completions.create(model=server.model_id, prompt="x", n=5)
