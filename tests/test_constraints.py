@@ -217,9 +217,14 @@ class OncePerStep(BiasPenalties):
         return super().row(logits, self._own(context), block)
 
 
+_feed = Drafting.feed
+
+
 def draw_raw(self, row):
     """Planted bug: the draft draws from its raw row but reports the processed q."""
     d = self.drafter
+    if d.processor is None:  # nothing to process: nothing differs
+        return _feed(self, row)
     raw = d._align(row)
     q_i = warp_rows(d.processor.row(raw, self.context, self.tokens)[None, :], d.params)
     ids, probs_ = warp_rows(raw[None, :], d.params).row(0)
@@ -295,17 +300,18 @@ BATCH_PROMPTS = ([1, 2], [3], [0, 3, 2], [2, 2])
 N_PER_SETTING = 1000
 
 
-def batch_pvalues():
-    """N_PER_SETTING requests per setting interleaved, so every batch mixes settings and
-    seeds; the first three of four tokens (an ordinary first step, then x_1, x_2 of a block
-    of K = 2) of each setting against its constrained law."""
+def batch_pvalues(n_per_setting=N_PER_SETTING):
+    """`n_per_setting` requests per setting interleaved, so every batch mixes settings and
+    seeds; the four tokens (an ordinary first step, then x_1, x_2 of a block of K = 2 and
+    what follows: a step after a block that committed several tokens, where penalties
+    updated once per step go wrong) of each setting against its constrained law."""
     target = FakeBatchEngine(4, 64, n_vocab=V, seed=0)
     draft = FakeBatchEngine(4, 64, n_vocab=V, seed=0, noise=1.0)
     sched = Scheduler(
         target, ModelDrafter(draft, GREEDY, V), n_parallel=4, queue_max=10_000, draft_max=3
     )
     sinks = []
-    for i in range(N_PER_SETTING * len(BATCH_SETTINGS)):
+    for i in range(n_per_setting * len(BATCH_SETTINGS)):
         s = i % len(BATCH_SETTINGS)
         config = GenerateConfig(4, BATCH_SETTINGS[s], ignore_eos=True, seed=20_000 + i)
         events: list = []
@@ -318,9 +324,9 @@ def batch_pvalues():
         done = events[-1]
         assert isinstance(done, Done) and len(done.tokens) == 4
         assert any(e.k == 2 for e in events if isinstance(e, Step))
-        counts[s][tuple(done.tokens[:3])] += 1
+        counts[s][tuple(done.tokens)] += 1
     return [
-        chi2_pvalue(counts[s], law_of_first(3, target.model, BATCH_PROMPTS[s], params))
+        chi2_pvalue(counts[s], law_of_first(4, target.model, BATCH_PROMPTS[s], params))
         for s, params in enumerate(BATCH_SETTINGS)
     ]
 
@@ -329,10 +335,18 @@ def test_every_setting_in_a_mixed_batch_follows_its_constrained_law():
     assert min(batch_pvalues()) > ALPHA
 
 
-def test_penalties_from_committed_tokens_only_fail_the_batched_check(monkeypatch):
-    for module in (round, drafters):
-        monkeypatch.setattr(module, "processor_for", lambda c, v: CommittedOnly(c, v))
-    assert min(batch_pvalues()) < ALPHA
+@pytest.mark.parametrize("bug", ["committed-only", "once-per-step", "q-not-the-draw"])
+def test_each_planted_bug_fails_the_batched_check(monkeypatch, bug):
+    """The mixed-batch check has power against each kind: penalties counted from the
+    committed tokens only, penalties updated once per step, a draft drawing from its raw
+    row while reporting the processed q (bias and penalties on p's side only)."""
+    if bug == "q-not-the-draw":
+        monkeypatch.setattr(Drafting, "feed", draw_raw)
+    else:
+        planted = CommittedOnly if bug == "committed-only" else OncePerStep
+        for module in (round, drafters):
+            monkeypatch.setattr(module, "processor_for", lambda c, v, p=planted: p(c, v))
+    assert min(batch_pvalues(400)) < ALPHA
 
 
 def test_dists_unchanged_without_constraints():
