@@ -145,7 +145,12 @@ FIELDS: dict[str, Field] = {
     "repeat_last_n": Field(H, "tokens the penalties see (0 off, -1 all)", "llama-server"),
     "grammar": Field(H, "a GBNF grammar the output must match", "llama-server"),
     "json_schema": Field(H, "a JSON Schema the output must follow", "llama-server"),
-    "n_probs": Field(R, "log-probabilities are not served yet", "llama-server", inert=(None, 0)),
+    "n_probs": Field(
+        R,
+        "llama-server's completion_probabilities are not served: send logprobs",
+        "llama-server",
+        inert=(None, 0),
+    ),
     "post_sampling_probs": Field(
         R, "post-sampling probabilities are not served", "llama-server", inert=(None, False)
     ),
@@ -166,7 +171,13 @@ FIELDS: dict[str, Field] = {
     "dry_allowed_length": Field(R, _CHAIN, "llama-server", inert=(None, 2)),
     "dry_penalty_last_n": Field(R, _CHAIN, "llama-server", inert=(None, -1)),
     "dry_sequence_breakers": Field(R, _CHAIN, "llama-server"),
-    "penalize_nl": Field(R, "penalties are not served yet", "llama-server", inert=(None, False)),
+    "penalize_nl": Field(
+        R,
+        "newlines are penalised like any token (true, as llama.cpp since it dropped the"
+        " field); false, exempting them, is refused",
+        "llama-server",
+        inert=(None, True),
+    ),
     "samplers": Field(R, _CHAIN + ", in that fixed order", "llama-server"),
     "lora": Field(R, "no LoRA adapters", "llama-server", inert=(None, [])),
     "chat_template_kwargs": Field(
