@@ -359,7 +359,11 @@ def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
         )  # type: ignore[arg-type]
 
 
-def test_n_choices_share_one_prefill_and_each_equals_its_seed_alone(server: Server) -> None:
+def test_n_choices_share_one_prefill_stream_by_index_and_stop_at_the_slots(server: Server):
+    """n=3 over HTTP with the openai client. That choice i is the request seeded seed + i
+    alone is checked exactly on fakes (test_scheduler): here two runs may differ, since
+    the Q4_1 draft's rows (quantized activations) move with the batch's composition, and
+    with them which proposals are accepted (each run still exact in law)."""
     client = server.client()
     prompt = "Three short poems about the sea, one per line:\n1."  # in no slot yet
 
@@ -378,19 +382,17 @@ def test_n_choices_share_one_prefill_and_each_equals_its_seed_alone(server: Serv
     # its cells (three prefills would count 3 * (prompt_tokens - 1))
     evaluated = server.metric("specgen_prompt_evaluated_tokens_total") - before
     assert 0 < evaluated <= r.usage.prompt_tokens - 1
-    texts = [c.text for c in r.choices]
-    assert len(set(texts)) > 1  # sampled apart
-    # streamed: the same choices, each chunk naming its choice; usage counts all three
+    assert len({c.text for c in r.choices}) > 1  # sampled apart
+    # streamed: each chunk names its choice; each choice ends once; usage counts all three
     chunks = list(create(n=3, seed=300, stream=True, stream_options={"include_usage": True}))
     streamed, finished = ["", "", ""], []
     for chunk in chunks:
         for c in chunk.choices:
             streamed[c.index] += c.text
             if c.finish_reason is not None:
-                finished.append(c.index)
-    assert streamed == texts and sorted(finished) == [0, 1, 2]
+                finished.append((c.index, c.finish_reason))
+    assert sorted(finished) == [(0, "length"), (1, "length"), (2, "length")]
+    assert all(streamed) and len(set(streamed)) > 1
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3 * 16
-    # choice i is the request seeded seed + i: the same law, the same stream
-    assert texts == [create(seed=300 + i).choices[0].text for i in range(3)]
     with pytest.raises(openai.BadRequestError, match="--parallel"):
         client.completions.create(model=server.model_id, prompt="x", n=5)
