@@ -33,6 +33,7 @@ from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import GrammarSpec, compile_grammar, tokenizer_for
 from specgen.models.demo import ensure_demo_pair
+from specgen.round import Sequence
 from specgen.sampling import SamplingParams
 from specgen.session import ModelSpec, load
 
@@ -143,10 +144,16 @@ RECORDS: list[tuple[str, dict]] = [
 ]
 
 
-def one(target, drafter, text, params, spec, k, n, seed) -> dict:
+def one(target, drafter, text, params, spec, k, n, seed, keep_rows=False) -> dict:
     prompt = target.tokenize(text.encode("utf-8"))
     cfg = GenerateConfig(max_tokens=n, params=params, seed=seed, grammar=spec)
-    done = list(generate(target, drafter, prompt, cfg, FixedK(k)))[-1]
+    real = Sequence._forced_rows
+    if keep_rows:  # the code before forced positions skipped their rows: every row computed
+        Sequence._forced_rows = lambda self, block, bonus: ()  # type: ignore[method-assign]
+    try:
+        done = list(generate(target, drafter, prompt, cfg, FixedK(k)))[-1]
+    finally:
+        Sequence._forced_rows = real  # type: ignore[method-assign]
     s = done.stats
     model_drafted = s.n_drafted_by.get("draft", 0)
     return {
@@ -193,6 +200,11 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=160)
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--ab-rows",
+        action="store_true",
+        help="a fourth mode: speculative under the schema with every forced row computed",
+    )
     a = ap.parse_args()
     target_path, draft_path = ensure_demo_pair()
     loaded = load(ModelSpec.from_flags(target_path, draft_path, 2048, 0, 0, 0), SamplingParams())
@@ -209,18 +221,22 @@ def main() -> int:
                 "ord+schema": (None, True, 0),
                 "spec": (drafter, False, a.k),
             }
+            if a.ab_rows:
+                modes["spec+schema,rows"] = (drafter, True, a.k)
             one(target, drafter, RECORDS[0][0], params, None, a.k, 16, 0)  # warm-up
             runs: dict[str, list[dict]] = {m: [] for m in modes}
             names, turn = list(modes), 0
             for rep in range(a.reps):
                 for i, (text, schema) in enumerate(RECORDS):
                     spec = GrammarSpec.json_schema(schema)
-                    order = names[turn % 3 :] + names[: turn % 3]
+                    order = names[turn % len(names) :] + names[: turn % len(names)]
                     turn += 1
                     for m in order:
                         d, constrained, k = modes[m]
                         g = spec if constrained else None
-                        r = one(target, d, text, params, g, k, a.n, 1000 * rep + i)
+                        r = one(
+                            target, d, text, params, g, k, a.n, 1000 * rep + i, m.endswith("rows")
+                        )
                         runs[m].append(r)
                         print(
                             f"  T={temp} rep {rep} #{i} {m:12s} {r['tokens_per_s']:6.1f} tok/s"
@@ -238,6 +254,11 @@ def main() -> int:
             results[f"temp {temp}"] = {
                 "tokens_per_s_median": tps,
                 "speedup_under_schema": tps["spec+schema"] / tps["ord+schema"],  # type: ignore[operator]
+                "skipping_forced_rows_ratio": (
+                    tps["spec+schema"] / tps["spec+schema,rows"]  # type: ignore[operator]
+                    if a.ab_rows
+                    else None
+                ),
                 "draft_acceptance_median": {
                     "schema": med("spec+schema", "draft_acceptance"),
                     "unconstrained": med("spec", "draft_acceptance"),
