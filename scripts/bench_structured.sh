@@ -13,9 +13,9 @@
 #   specgen serve (the draft, --draft-max auto)                       label specgen
 #   specgen serve --draft none                                        label specgen-nodraft
 #
-# REPS alternations of the constrained prompts (schema-N.json), then FREE_REPS of the same
-# prompts without a schema, at FREE_CONC streams, on the two servers with a draft, for the
-# acceptance comparison (free-N.json). scripts/bench_structured.py then checks every
+# REPS alternations of the constrained prompts (schema-N.json), the first FREE_REPS of them
+# each followed by the same prompts without a schema, at FREE_CONC streams, on the two
+# servers with a draft, for the acceptance comparison (free-N.json). scripts/bench_structured.py then checks every
 # constrained output against its schema and writes summary.md: output tokens/s (medians
 # over the alternations), specgen's ratios against the better llama-server configuration
 # and against itself without a draft, draft acceptance and tokens per target pass with and
@@ -76,12 +76,12 @@ for rep in $(seq 1 "$REPS"); do
   "$SPECGEN" bench "${URLS[@]}" --prompts "$OUT/schema.jsonl" --concurrency "$CONC" \
     --temp "$TEMPS" -n "$N" --num-prompts "$n_prompts" --warmup $((rep == 1)) \
     --seed "$rep" --json "$OUT/schema-$rep.json" --markdown "$OUT/schema-$rep.md"
-done
-for rep in $(seq 1 "$FREE_REPS"); do
-  echo "== unconstrained $rep of $FREE_REPS"
-  "$SPECGEN" bench "${DRAFTED[@]}" --prompts "$OUT/free.jsonl" --concurrency "$FREE_CONC" \
-    --temp "$TEMPS" -n "$N" --num-prompts "$n_prompts" --warmup 0 --seed "$rep" \
-    --json "$OUT/free-$rep.json" --markdown "$OUT/free-$rep.md"
+  if [ "$rep" -le "$FREE_REPS" ]; then
+    echo "== unconstrained $rep of $FREE_REPS"
+    "$SPECGEN" bench "${DRAFTED[@]}" --prompts "$OUT/free.jsonl" --concurrency "$FREE_CONC" \
+      --temp "$TEMPS" -n "$N" --num-prompts "$n_prompts" --warmup 0 --seed "$rep" \
+      --json "$OUT/free-$rep.json" --markdown "$OUT/free-$rep.md"
+  fi
 done
 stop_servers
 
