@@ -14,20 +14,21 @@ speculative statistics are the ones `specgen run` gives.
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from specgen import session as _session
-from specgen.chat import prompt_tokens
+from specgen.chat import ChatFormatter, Message, load_template, prompt_tokens
 from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
-from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
+from specgen.flags import MODEL_FLAG, SAMPLING_FLAG, ModelFlags, SamplingFlags, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
 from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
@@ -47,13 +48,17 @@ class Result:
         tokens: the generated token ids.
         finish: why it ended: "length" (max_tokens), "eos", "stop", "context" or
             "interrupted".
-        stats: the counts and timings (seconds), with the speculative statistics:
-            ``stats.n_drafted``, ``stats.n_accepted`` (acceptance rate = their ratio),
-            ``stats.k_history`` (the block size of each round); ``stats.to_dict()`` for JSON.
+        stats: the counts and timings of `specgen run --json`'s ``stats`` (seconds; see
+            docs/reference/json.md), typed: ``stats.n_drafted``, ``stats.n_accepted``,
+            ``stats.acceptance_rate``, ``stats.acceptance_how``, ``stats.k_history`` (the
+            block size of each round), ``stats.wall_s``, ``stats.tokens_per_s``...;
+            ``stats.to_dict()`` is that JSON object, key for key.
         seed: the seed used (a random one when none was given).
         logprobs: with ``logprobs=N``, one `specgen.logprobs.TokenLogprob` per generated
             token (its log-probability under the target's raw logits, natural log, and
             the N most likely tokens there); None when not asked.
+        controller: with ``draft_max="auto"`` and a drafter, the block-size controller's
+            decisions (`run --json`'s ``controller`` object); None otherwise.
     """
 
     text: str
@@ -62,43 +67,20 @@ class Result:
     stats: Stats
     seed: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+    controller: dict[str, object] | None = None
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted proposals over tested proposals (0 when nothing was drafted)."""
-        s = self.stats
-        return s.n_accepted / s.n_drafted if s.n_drafted else 0.0
+        return self.stats.acceptance_rate
 
 
 #: the CLI's flags, as this API's arguments call them (errors are raised in CLI words)
 _ARGUMENT_OF_FLAG = {
-    "-m": "target",
-    "-md": "draft",
-    "--pair": "pair",
-    "--models": "models",
-    "-c": "ctx_size",
-    "-ngl": "n_gpu_layers",
-    "-ngld": "n_gpu_layers_draft",
-    "-t": "threads",
-    "--draft-p-min": "draft_p_min",
-    "-n": "max_tokens",
+    **{flag: name for name, flag in MODEL_FLAG.items()},
+    **{flag: name for name, flag in SAMPLING_FLAG.items()},
     "--temp": "temperature",
-    "--top-k": "top_k",
-    "--top-p": "top_p",
-    "--min-p": "min_p",
-    "--seed": "seed",
-    "--draft-max": "draft_max",
-    "--stop": "stop",
-    "--ignore-eos": "ignore_eos",
-    "--verify": "verify",
-    "--logit-bias": "logit_bias",
-    "--repeat-penalty": "repeat_penalty",
-    "--repeat-last-n": "repeat_last_n",
-    "--presence-penalty": "presence_penalty",
-    "--frequency-penalty": "frequency_penalty",
-    "--logprobs": "logprobs",
-    "--grammar": "grammar",
-    "--json-schema": "json_schema",
+    "--chat-template": "chat_template",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 
@@ -117,8 +99,42 @@ def _argument_names() -> Iterator[None]:
         raise type(exc)(in_python_words(str(exc))) from exc
 
 
+def sampling_flags(settings: Mapping[str, object]) -> SamplingFlags:
+    """A call's keyword settings as the CLI's `SamplingFlags` (``temperature`` is --temp's
+    ``temp``; ``draft_max`` an int or "auto"), validated once.
+
+    Raises:
+        ConfigError: an unknown setting (with the nearest known name), or a bad value,
+            named as the argument (``temperature must be a number, got 'hot'``).
+    """
+    given = dict(settings)
+    if "temperature" in given:
+        if "temp" in given:
+            raise ConfigError("temperature and temp are the same setting: give one")
+        given["temp"] = given.pop("temperature")
+    known = [f.name for f in fields(SamplingFlags)]
+    for name in given:
+        if name not in known:
+            names = [*known, "temperature"]
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = (
+                f" (did you mean {near[0]}?)" if near else f": the settings are {', '.join(names)}"
+            )
+            raise ConfigError(f"unknown setting {name!r}{hint}")
+    draft_max = given.get("draft_max")
+    if isinstance(draft_max, int) and not isinstance(draft_max, bool):
+        given["draft_max"] = str(draft_max)
+    with _argument_names():
+        return SamplingFlags(**given)  # type: ignore[arg-type]
+
+
 class Pair:
     """A loaded target and drafter (`load`); `close()` frees both (also a context manager).
+
+    Every call takes its own settings (temperature, K, seed, constraints...), for both
+    models: the drafter samples its proposals under the call's settings as the target
+    does. A call is independent of the calls before it: the same call with the same
+    ``seed`` and a fixed ``draft_max`` gives the same text, as `specgen run` does.
 
     Attributes:
         session: the open models (`specgen.session.Session`): ``target``, ``drafter``,
@@ -127,35 +143,117 @@ class Pair:
 
     def __init__(self, opened: _session.Session) -> None:
         self.session = opened
+        self._formatters: dict[str | None, ChatFormatter] = {}
 
-    def generate(self, prompt: str | bytes, **sampling: object) -> Result:
+    def generate(self, prompt: str | bytes, **settings: object) -> Result:
         """Generate from `prompt` (the text as it is, no chat template) to the end.
 
         Args:
             prompt: text; bytes are taken as UTF-8.
-            **sampling: `SamplingFlags` fields: ``max_tokens`` (256), ``temperature`` or
-                ``temp`` (0.8; 0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95),
-                ``min_p`` (0.05), ``seed`` (None = random), ``draft_max`` (K as an int, or
-                "auto"), ``stop`` (strings), ``ignore_eos`` (False), ``logit_bias``
-                (``{token_id: bias}``, bias in [-100, 100] or -inf), ``repeat_penalty``
-                (1.0 = off), ``repeat_last_n`` (64; 0 = off, -1 = the whole context),
+            **settings: `run`'s sampling settings (`SamplingFlags`' fields), each for
+                this call only: ``max_tokens`` (256), ``temperature`` or ``temp`` (0.8;
+                0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05),
+                ``seed`` (None = random), ``draft_max`` (K as an int, or "auto"),
+                ``stop`` (a string or strings), ``ignore_eos`` (False), ``verify``
+                ("block", "token", or None = auto), ``logit_bias`` (``{token_id: bias}``,
+                bias in [-100, 100] or -inf), ``repeat_penalty`` (1.0 = off),
+                ``repeat_last_n`` (64; 0 = off, -1 = the whole context),
                 ``presence_penalty`` and ``frequency_penalty`` (-2 to 2; 0 = off). The
                 bias and the penalties act on the logits before the warpers, on the target
                 and the draft alike (`specgen.constraints`), as llama.cpp applies them.
                 ``logprobs`` (None, or N in 0..20: `Result.logprobs` with N alternatives
                 per token).
                 ``grammar`` (GBNF or Lark text) or ``json_schema`` (a dict, JSON text or a
-                pydantic model class): the output must match it, exactly as the target
-                samples under the grammar's mask (`specgen.grammar`); the result ends
-                with finish reason "stop" when the grammar is complete.
+                pydantic model class), or ``grammar_file`` / ``json_schema_file`` (paths):
+                the output must match it, exactly as the target samples under the
+                grammar's mask (`specgen.grammar`); the result ends with finish reason
+                "stop" when the grammar is complete.
 
         Raises:
-            ConfigError: a bad setting (the message names it), a grammar or schema that
-                does not compile (GrammarError); PromptError: an empty prompt or one that
-                does not fit the context.
+            ConfigError: an unknown setting or a bad value (the message names the
+                argument: ``temperature must be a number, got 'hot'``), a grammar or
+                schema that does not compile (GrammarError); PromptError: an empty prompt
+                or one that does not fit the context.
         """
-        asked = sampling.get("logprobs") is not None
-        it, seed = self._start(prompt, sampling)
+        return self._result(self._prompt_ids(prompt), settings)
+
+    def stream(self, prompt: str | bytes, **settings: object) -> Iterator[Event]:
+        """The generation's events as they happen: one `Prefilled`, then a `Step` per round
+        (``.text``: the new text; ``.n_accepted``, ``.k``), then `Done`. Arguments and errors
+        as `generate`, all checked at the call (not at the first event). Closing the
+        iterator early stops generating and leaves the models ready for the next call."""
+        return self._start(self._prompt_ids(prompt), settings)[0]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        *,
+        chat_template: str | Path | None = None,
+        **settings: object,
+    ) -> Result:
+        """The assistant's reply to `messages`, rendered with the target's chat template
+        (the one `specgen chat`, `run` and `serve` apply: its GGUF's
+        ``tokenizer.chat_template``, or the file `chat_template`), then generated as
+        `generate` does.
+
+        Args:
+            messages: ``[{"role": "system" | "user" | "assistant", "content": text}, ...]``,
+                as OpenAI's chat API and transformers take them; the template's
+                generation prompt is added after the last one.
+            chat_template: a Jinja2 template file to use instead of the target's own.
+            **settings: as `generate`'s.
+
+        Raises:
+            ConfigError: the target has no chat template (a base model) and no
+                `chat_template` was given, a template file that cannot be read, malformed
+                messages, or a bad setting (as `generate`). ChatTemplateError: the template
+                does not compile or fails on these messages. PromptError: no messages, or
+                a conversation that does not fit the context.
+        """
+        return self._result(self._chat_ids(messages, chat_template), settings)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        *,
+        chat_template: str | Path | None = None,
+        **settings: object,
+    ) -> Iterator[Event]:
+        """`chat`'s reply as `stream`'s events (`Prefilled`, `Step`..., `Done`). Arguments
+        and errors as `chat`."""
+        return self._start(self._chat_ids(messages, chat_template), settings)[0]
+
+    def _prompt_ids(self, prompt: str | bytes) -> list[int]:
+        if not isinstance(prompt, str | bytes):
+            raise ConfigError(f"prompt must be text (str or bytes), got {type(prompt).__name__}")
+        text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+        if not text:
+            raise PromptError("the prompt is empty")
+        return prompt_tokens(self.session.target, text)
+
+    def _chat_ids(
+        self, messages: Sequence[Mapping[str, object]], chat_template: str | Path | None
+    ) -> list[int]:
+        return self._formatter(chat_template).tokens(check_messages(messages))
+
+    def _formatter(self, path: str | Path | None) -> ChatFormatter:
+        """The target's compiled chat template (or the file's), compiled once per Pair."""
+        key = None if path is None else str(path)
+        if key not in self._formatters:
+            target = self.session.target
+            with _argument_names():
+                template = load_template(target, None if path is None else Path(path))
+            if template is None:
+                raise ConfigError(
+                    f"{target.name} has no chat template (a base model): pass"
+                    " chat_template=FILE, or use generate(), which continues the text as it is"
+                )
+            self._formatters[key] = ChatFormatter(template, target)
+        return self._formatters[key]
+
+    def _result(self, ids: list[int], settings: Mapping[str, object]) -> Result:
+        it, seed, flags, policy = self._start(ids, settings)
+        asked = flags.logprobs is not None
         done: Done | None = None
         logprobs: list[TokenLogprob] = []
         for ev in it:
@@ -166,33 +264,19 @@ class Pair:
         assert done is not None  # the loop always ends with Done
         return Result(
             done.text, done.tokens, done.finish_reason, done.stats, seed,
-            tuple(logprobs) if asked else None,
+            tuple(logprobs) if asked else None, policy.summary(),
         )  # fmt: skip
 
-    def stream(self, prompt: str | bytes, **sampling: object) -> Iterator[Event]:
-        """The generation's events as they happen: one `Prefilled`, then a `Step` per round
-        (``.text``: the new text; ``.n_accepted``, ``.k``), then `Done`. Arguments and errors
-        as `generate`. Closing the iterator early stops generating and leaves the models
-        ready for the next call."""
-        return self._start(prompt, sampling)[0]
-
     def _start(
-        self, prompt: str | bytes, sampling: dict[str, object]
-    ) -> tuple[Iterator[Event], int]:
-        """Check everything now (not at the first event), then the events and the seed."""
-        if "temperature" in sampling:
-            sampling["temp"] = sampling.pop("temperature")
-        if "draft_max" in sampling:
-            sampling["draft_max"] = str(sampling["draft_max"])
-        with _argument_names():
-            flags = SamplingFlags(**sampling)  # type: ignore[arg-type]
-        text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
-        if not text:
-            raise PromptError("the prompt is empty")
-        ids = prompt_tokens(self.session.target, text)
+        self, ids: list[int], settings: Mapping[str, object]
+    ) -> tuple[Iterator[Event], int, SamplingFlags, KPolicy]:
+        """Check everything now (not at the first event), then the events, the seed, the
+        settings and the block-size policy."""
+        flags = sampling_flags(settings)
         seed = seed_or_random(flags.seed)
         with _argument_names():
-            return events(self.session, ids, flags, seed)[0], seed
+            it, policy = events(self.session, ids, flags, seed)
+        return it, seed, flags, policy
 
     def close(self) -> None:
         self.session.close()
@@ -206,68 +290,74 @@ class Pair:
         self.close()
 
 
+def check_messages(messages: object) -> list[Message]:
+    """`messages` as the chat template takes them: a non-empty list of mappings, each with
+    a ``role`` and a ``content`` string (other keys, such as ``tool_calls``, pass through).
+
+    Raises:
+        PromptError: no messages. ConfigError: a message that is not so, naming its index.
+    """
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise ConfigError(
+            'messages must be a list of {"role": ..., "content": ...} dicts,'
+            f" got {type(messages).__name__}"
+        )
+    if not messages:
+        raise PromptError("no messages: give at least one")
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not all(
+            isinstance(m.get(k), str) for k in ("role", "content")
+        ):
+            raise ConfigError(
+                f'messages[{i}] must be a dict with "role" and "content" strings, got {m!r}'
+            )
+        out.append(dict(m))
+    return out
+
+
 def load(
     target: str | Path | None = None,
     draft: str | Path | None = None,
     *,
     pair: str | None = None,
-    models: Path | None = None,
+    models: str | Path | None = None,
     ctx_size: int = 4096,
     n_gpu_layers: int = 0,
     n_gpu_layers_draft: int = 0,
     threads: int = 0,
     draft_p_min: float = 0.0,
+    lookup: str | None = None,
+    swa_full: bool = False,
+    rpc: str | None = None,
 ) -> Pair:
     """Load a target and its drafter: GGUF paths or registry names, a registry `pair`, or
     with neither the embedded demo pair (built once, offline). `draft` may be ``"ngram"``
     (prompt lookup, no model) or ``"none"`` (ordinary decoding).
 
-    The other arguments are the CLI's -c, -ngl, -ngld, -t and --draft-p-min.
+    The other arguments are the CLI's --models, -c, -ngl, -ngld, -t, --draft-p-min,
+    --lookup (on, off, or None = auto), --swa-full and --rpc (`specgen.flags.ModelFlags`).
 
     Raises:
         ConfigError, ModelFileError, ModelLoadError, VocabMismatchError: as `specgen run`
-            reports them (the message says what to do).
+            reports them (the message says what to do), each setting named as the argument.
     """
     with _argument_names():
-        return Pair(
-            _session.open(
-                _model_flags(
-                    target,
-                    draft,
-                    pair,
-                    models,
-                    ctx_size,
-                    n_gpu_layers,
-                    n_gpu_layers_draft,
-                    threads,
-                    draft_p_min,
-                )
-            )
+        flags = ModelFlags(
+            target=None if target is None else str(target),
+            draft=None if draft is None else str(draft),
+            pair=pair,
+            models=models,  # type: ignore[arg-type]  # a str is made a Path when checked
+            ctx_size=ctx_size,
+            n_gpu_layers=n_gpu_layers,
+            n_gpu_layers_draft=n_gpu_layers_draft,
+            threads=threads,
+            draft_p_min=draft_p_min,
+            lookup=lookup,
+            swa_full=swa_full,
+            rpc=rpc,
         )
-
-
-def _model_flags(
-    target: str | Path | None,
-    draft: str | Path | None,
-    pair: str | None,
-    models: Path | None,
-    ctx_size: int,
-    n_gpu_layers: int,
-    n_gpu_layers_draft: int,
-    threads: int,
-    draft_p_min: float,
-) -> ModelFlags:
-    return ModelFlags(
-        target=None if target is None else str(target),
-        draft=None if draft is None else str(draft),
-        pair=pair,
-        models=models,
-        ctx_size=ctx_size,
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
-        threads=threads,
-        draft_p_min=draft_p_min,
-    )
+        return Pair(_session.open(flags))
 
 
 def events(

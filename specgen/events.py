@@ -279,6 +279,16 @@ class Stats:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
+    def acceptance_how(self) -> str:
+        """How `acceptance_rate` counts, in words (`ACCEPTANCE_HOW`)."""
+        return ACCEPTANCE_HOW
+
+    @property
+    def wall_s(self) -> float:
+        """prefill_s + decode_s: the prompt to the last token, seconds."""
+        return self.prefill_s + self.decode_s
+
+    @property
     def tokens_per_pass(self) -> float:
         """Mean tokens emitted per target pass (1.0 for ordinary decoding)."""
         return self.n_generated / self.target_passes if self.target_passes else 0.0
@@ -296,6 +306,8 @@ class Stats:
         return self.tokens_per_s * self.ordinary_token_s
 
     def to_dict(self) -> dict[str, object]:
+        """`run --json`'s ``stats`` object (docs/reference/json.md), every key of it: the
+        one shape bench, the trace's end line and the Python API give too."""
         return {
             "n_prompt": self.n_prompt,
             "n_prefill": self.n_prefill,
@@ -325,6 +337,9 @@ class Stats:
             "n_drafted_by": dict(sorted(self.n_drafted_by.items())),
             "n_accepted_by": dict(sorted(self.n_accepted_by.items())),
             "verify_rule": self.verify_rule,
+            "wall_s": round(self.wall_s, 6),
+            "acceptance_how": ACCEPTANCE_HOW,
+            "k_history": list(self.k_history),
         }
 
 

@@ -10,6 +10,8 @@ Cheap on purpose (no numpy, no llama.cpp): every command module imports it at st
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -60,7 +62,8 @@ class ModelFlags:
             `specgen.hybrid`); None = auto.
 
     Raises:
-        ConfigError: naming the flag (see `check_model_flags`; --draft-p-min outside [0, 1];
+        ConfigError: naming the flag (a value of the wrong type, see `check_types`; see
+            `check_model_flags`; --draft-p-min outside [0, 1];
             --lookup not on/off/auto, or given with --draft ngram or none).
     """
 
@@ -83,6 +86,7 @@ class ModelFlags:
         return pick(cls, values, **override)
 
     def __post_init__(self) -> None:
+        check_types(self, MODEL_FLAG)
         check_model_flags(
             target=self.target,
             draft=self.draft,
@@ -134,7 +138,8 @@ class SamplingFlags:
             builds the grammar from them).
 
     Raises:
-        ConfigError: naming the flag: --temp not finite, --seed below -1, a bad
+        ConfigError: naming the flag: a value of the wrong type (`check_types`: the Python
+            API's ``temperature="hot"``), --temp not finite, --seed below -1, a bad
             --draft-max, -n below 1, an empty --stop string, a malformed --logit-bias
             (--top-p, --min-p and the penalties' ranges: see `params`).
     """
@@ -166,6 +171,7 @@ class SamplingFlags:
         return pick(cls, values, **override)
 
     def __post_init__(self) -> None:
+        check_types(self, SAMPLING_FLAG)
         check_sampling_flags(temp=self.temp)
         if self.seed is not None:
             _check_seed(self.seed)
@@ -231,6 +237,110 @@ class SamplingFlags:
             temp=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
             constraints=constraints,
         )  # fmt: skip
+
+
+#: each field's flag, for messages (the Python API renames them: `specgen.api`)
+MODEL_FLAG = {
+    "target": "-m",
+    "draft": "-md",
+    "pair": "--pair",
+    "models": "--models",
+    "n_gpu_layers": "-ngl",
+    "n_gpu_layers_draft": "-ngld",
+    "threads": "-t",
+    "ctx_size": "-c",
+    "rpc": "--rpc",
+    "swa_full": "--swa-full",
+    "draft_p_min": "--draft-p-min",
+    "lookup": "--lookup",
+}
+SAMPLING_FLAG = {
+    "temp": "--temp",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
+    "seed": "--seed",
+    "draft_max": "--draft-max",
+    "max_tokens": "-n",
+    "stop": "--stop",
+    "ignore_eos": "--ignore-eos",
+    "verify": "--verify",
+    "logit_bias": "--logit-bias",
+    "repeat_penalty": "--repeat-penalty",
+    "repeat_last_n": "--repeat-last-n",
+    "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+    "logprobs": "--logprobs",
+    "grammar": "--grammar",
+    "grammar_file": "--grammar-file",
+    "json_schema": "--json-schema",
+    "json_schema_file": "--json-schema-file",
+}
+
+#: what a value of each annotated type must be, in words
+_KIND_WORDS = {
+    "float": "a number",
+    "int": "an integer",
+    "bool": "True or False",
+    "str": "text",
+    "Path": "a path",
+    "tuple[str, ...]": "a string or a list of strings",
+}
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def check_types(flags: Any, flag_of: Mapping[str, str]) -> None:
+    """Refuse a value of the wrong type in a frozen flags dataclass, naming the flag, and
+    conform the ones that are close enough: an int where a float goes, a str where a
+    ``Path`` goes, one string where strings go (``stop="\\n"``), None for an empty list.
+    Typer hands over the right types already; this is for the Python API, whose keyword
+    arguments are anything (``temperature="hot"`` would otherwise be a bare TypeError deep
+    in the sampler, or worse, work by accident). Fields typed ``Any`` are checked by their
+    own parser.
+
+    Raises:
+        ConfigError: ``--temp must be a number, got 'hot'`` (`flag_of` names the flag).
+    """
+    for f in fields(flags):
+        kind = str(f.type)
+        value = getattr(flags, f.name)
+        optional = kind.endswith(" | None")
+        kind = kind.removesuffix(" | None")
+        if kind == "Any" or (optional and value is None):
+            continue
+        try:
+            conformed = _conform(kind, value)
+        except _Mismatch:
+            words = _KIND_WORDS.get(kind, kind) + (" or None" if optional else "")
+            raise ConfigError(f"{flag_of[f.name]} must be {words}, got {value!r}") from None
+        if conformed is not value:
+            object.__setattr__(flags, f.name, conformed)
+
+
+def _conform(kind: str, value: Any) -> Any:
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+    elif isinstance(value, bool):
+        pass  # True is an int to Python, never a temperature or a token count here
+    elif kind == "float" and isinstance(value, numbers.Real):
+        return value if isinstance(value, float) else float(value)
+    elif kind == "int" and isinstance(value, numbers.Integral):
+        return value if isinstance(value, int) else int(value)
+    elif kind == "str" and isinstance(value, str):
+        return value
+    elif kind == "Path" and isinstance(value, str | os.PathLike):
+        return value if isinstance(value, Path) else Path(value)
+    elif kind == "tuple[str, ...]":
+        if value is None:
+            return ()
+        items = (value,) if isinstance(value, str) else value
+        if isinstance(items, list | tuple) and all(isinstance(x, str) for x in items):
+            return tuple(items) if type(items) is not tuple else items
+    raise _Mismatch
 
 
 def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

@@ -32,10 +32,18 @@ def test_generate_greedy_equals_ordinary_decoding(pair, tiny_target: Path) -> No
     assert max(spec.stats.k_history) == 3 and ordinary.stats.n_drafted == 0  # K <= what is left
 
 
-def test_a_seed_reproduces_a_sampled_generation(pair) -> None:
+def test_a_seed_reproduces_a_sampled_call_whatever_came_before(pair) -> None:
+    """Each call is independent of the calls before it on the same Pair (issue 33: a second
+    seeded call gave another text while `run` reproduces): other calls, at other settings,
+    in between change nothing."""
     args = {"max_tokens": 12, "temperature": 1.0, "draft_max": 3, "ignore_eos": True}
-    a, b = (pair.generate("the cat", seed=7, **args) for _ in range(2))
-    assert a.tokens == b.tokens and a.seed == b.seed == 7
+    a = pair.generate("the cat", seed=7, **args)
+    pair.generate("a dog ran", max_tokens=9, temperature=0, draft_max=5)
+    list(pair.stream("the cat sat", max_tokens=5, temperature=0.5, seed=1))
+    b = pair.generate("the cat", seed=7, **args)
+    c = pair.generate("the cat", seed=8, **args)
+    assert a.tokens == b.tokens and a.text == b.text and a.seed == b.seed == 7
+    assert c.tokens != a.tokens  # the seed matters (12 sampled tokens at temperature 1)
 
 
 def test_the_api_makes_the_rounds_run_makes(pair, tiny_target: Path, tiny_draft: Path) -> None:
@@ -49,6 +57,10 @@ def test_the_api_makes_the_rounds_run_makes(pair, tiny_target: Path, tiny_draft:
         "--draft-max", "8", "-n", "24", "--ignore-eos", "the cat sat",
     )  # fmt: skip
     stats = cli["stats"]
+    # the typed stats are --json's, key for key (timings differ between two runs)
+    assert api.stats.to_dict().keys() == stats.keys()
+    assert api.stats.wall_s == pytest.approx(api.stats.prefill_s + api.stats.decode_s)
+    assert api.stats.acceptance_how == stats["acceptance_how"]
     assert list(api.stats.k_history) == stats["k_history"]
     assert (api.stats.n_drafted, api.stats.n_accepted) == (
         stats["n_drafted"],
@@ -84,14 +96,56 @@ def test_bad_settings_are_refused_before_generating(pair) -> None:
         specgen.load(draft="small.gguf")
 
 
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -> None:
+    """The Python API takes anything: a wrong type is said in one line naming the
+    argument, as a bad value is, not a bare TypeError from deep in the sampler."""
+    for settings, said in (
+        ({"temperature": "hot"}, "^temperature must be a number, got 'hot'"),
+        ({"top_k": 2.5}, "^top_k must be an integer"),
+        ({"max_tokens": True}, "^max_tokens must be an integer"),
+        ({"stop": 5}, "^stop must be a string or a list of strings"),
+        ({"temprature": 0}, "unknown setting 'temprature' \\(did you mean temperature\\?\\)"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            pair.generate("the cat", **settings)
+    with pytest.raises(ConfigError, match="^ctx_size must be an integer, got 'big'"):
+        specgen.load(ctx_size="big")  # refused before anything is loaded
+    with pytest.raises(ConfigError, match="^prompt must be text"):
+        pair.generate(["the cat"])
+    # close enough is taken as meant: an int temperature, one stop string
+    one = pair.generate("the cat", temperature=0, max_tokens=6, stop="zzz", ignore_eos=True)
+    assert len(one.tokens) == 6
+
+
+def test_chat_renders_the_messages_with_the_template(pair, tmp_path: Path) -> None:
+    """`Pair.chat` is `generate` on the messages rendered by the chat template (here a file:
+    the tiny models carry none; SmolLM2's own is checked against `run` below)."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
+    args = dict(max_tokens=8, temperature=0, draft_max=4, ignore_eos=True)
+    reply = pair.chat(messages, chat_template=template, **args)
+    raw = pair.generate("<system>be brief\n<user>the cat\n<assistant>", **args)
+    assert reply.tokens == raw.tokens and reply.stats.n_prompt == raw.stats.n_prompt
+    events = list(pair.stream_chat(messages, chat_template=str(template), **args))
+    assert isinstance(events[-1], Done) and events[-1].tokens == reply.tokens
+    with pytest.raises(ConfigError, match="has no chat template.*chat_template=FILE"):
+        pair.chat(messages)  # a base model: no template of its own
+    with pytest.raises(ConfigError, match=r"^messages\[1\] must be a dict"):
+        pair.chat([messages[0], {"role": "user"}], chat_template=template)
+    with pytest.raises(PromptError, match="no messages"):
+        pair.chat([], chat_template=template)
+
+
 def test_cli_words_become_the_arguments_names() -> None:
     from specgen.api import in_python_words
 
     assert in_python_words("--top-p must be in (0, 1], got 2") == "top_p must be in (0, 1], got 2"
     assert in_python_words("-md needs -m (the target)") == "draft needs target (the target)"
-    assert (
-        in_python_words("--rpc HOST:PORT is bad; see top-k") == "--rpc HOST:PORT is bad; see top-k"
-    )
+    assert in_python_words("--no-live is bad; see top-k") == "--no-live is bad; see top-k"
 
 
 def test_import_specgen_is_cheap() -> None:
@@ -100,3 +154,18 @@ def test_import_specgen_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_chat_on_smollm2_sends_what_run_sends(smol_pair) -> None:
+    """A real ChatML template: `Pair.chat` with one user message renders the prompt `run`
+    renders (the same tokens), and its greedy reply is `run`'s."""
+    target, draft = smol_pair
+    args = dict(max_tokens=12, temperature=0, draft_max=4)
+    with specgen.load(target, draft, ctx_size=512) as smol:
+        reply = smol.chat([{"role": "user", "content": "Name a colour."}], **args)
+    cli = run_json(
+        "-m", str(target), "-md", str(draft), "-c", "512", "--temp", "0", "--draft-max", "4",
+        "-n", "12", "Name a colour.",
+    )  # fmt: skip
+    assert reply.stats.n_prompt == cli["stats"]["n_prompt"] and cli["chat_template"] is not None
+    assert reply.text == cli["text"] and reply.tokens == tuple(cli["tokens"])

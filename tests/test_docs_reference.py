@@ -152,7 +152,7 @@ def test_every_stats_key_is_in_the_json_reference() -> None:
     from specgen.events import Stats
 
     page = (DOCS / "reference" / "json.md").read_text(encoding="utf-8")
-    keys = [*Stats().to_dict(), "wall_s", "acceptance_how", "k_history"]
+    keys = list(Stats().to_dict())
     missing = [k for k in keys if f"`{k}`" not in page]
     assert not missing, f"keys of run --json's stats not in docs/reference/json.md: {missing}"
 

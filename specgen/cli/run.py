@@ -62,7 +62,7 @@ from specgen.cli.options import (
     seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
-from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Step
+from specgen.events import Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
 from specgen.ui import output
 
@@ -388,9 +388,6 @@ def _run_json(
             raise
         # the loop closed the generation first (finish reason "interrupted"): report it
     assert done is not None
-    stats = done.stats.to_dict()
-    stats["wall_s"] = round(done.stats.prefill_s + done.stats.decode_s, 6)
-    stats["acceptance_how"] = ACCEPTANCE_HOW
     obj: dict[str, Any] = {
         "text": done.text,
         "tokens": list(done.tokens),
@@ -400,7 +397,7 @@ def _run_json(
         "seed": seed,
         "backend": backend(),
         "chat_template": chat_template,
-        "stats": {**stats, "k_history": done.stats.k_history},
+        "stats": done.stats.to_dict(),
     }
     if logprobs_asked:
         obj["logprobs"] = logprobs
