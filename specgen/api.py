@@ -15,7 +15,6 @@ speculative statistics are the ones `specgen run` gives.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -25,16 +24,14 @@ from typing import TYPE_CHECKING
 
 from specgen import session as _session
 from specgen.chat import ChatFormatter, Message, load_template, prompt_tokens
-from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
-from specgen.flags import MODEL_FLAG, SAMPLING_FLAG, ModelFlags, SamplingFlags, seed_or_random
+from specgen.flags import ModelFlags, SamplingFlags, in_python_words, seed_or_random
 from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
 from specgen.logprobs import TokenLogprob
-from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specgen.grammar import GrammarSpec
+    pass
 
 Event = Prefilled | Step | Done
 
@@ -73,22 +70,6 @@ class Result:
     def acceptance_rate(self) -> float:
         """Accepted proposals over tested proposals (0 when nothing was drafted)."""
         return self.stats.acceptance_rate
-
-
-#: the CLI's flags, as this API's arguments call them (errors are raised in CLI words)
-_ARGUMENT_OF_FLAG = {
-    **{flag: name for name, flag in MODEL_FLAG.items()},
-    **{flag: name for name, flag in SAMPLING_FLAG.items()},
-    "--temp": "temperature",
-    "--chat-template": "chat_template",
-}
-_FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
-
-
-def in_python_words(message: str) -> str:
-    """A CLI error message with each flag named as this API's argument (``--top-p`` ->
-    ``top_p``); flags without an argument here are left as they are."""
-    return _FLAG.sub(lambda m: _ARGUMENT_OF_FLAG.get(m[0], m[0]), message)
 
 
 @contextmanager
@@ -376,19 +357,9 @@ def events(
             schema does not compile.
     """
     check_prompt(ids, opened.target.n_ctx)
-    config = GenerateConfig(
-        max_tokens=sampling.max_tokens,
-        params=sampling.params(),
-        stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
-        seed=seed,
-        # the baseline for the speedup and the controller's choices
-        measure_ordinary=3 if opened.drafter is not None else 0,
-        trace=trace,
-        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
-        logprobs=sampling.logprobs,
-        grammar=grammar_spec(sampling),
-    )
+    # the baseline for the speedup and the controller's choices
+    measure = 3 if opened.drafter is not None else 0
+    config = GenerateConfig.of(sampling, seed, measure_ordinary=measure, trace=trace)
     if config.grammar is not None:
         # compiled now (and cached): a bad grammar is an error of this call, not of its
         # first event
@@ -396,37 +367,4 @@ def events(
 
         compile_grammar(config.grammar, tokenizer_for(opened.target))
     policy = opened.policy(sampling.k)
-    drafter = _drafter_under(opened.drafter, config.params)
-    return generate(opened.target, drafter, ids, config, policy), policy
-
-
-def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
-    """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or
-    --json-schema-file (`specgen.grammar.spec_of`), or None.
-
-    Raises:
-        ConfigError: a file that cannot be read; GrammarError: a schema that is not JSON.
-    """
-    if (
-        sampling.grammar is None
-        and sampling.grammar_file is None
-        and sampling.json_schema is None
-        and sampling.json_schema_file is None
-    ):
-        return None  # llguidance is not even loaded
-    from specgen.grammar import spec_of
-
-    return spec_of(
-        sampling.grammar, sampling.grammar_file, sampling.json_schema, sampling.json_schema_file
-    )
-
-
-def _drafter_under(drafter: Drafter | None, params: SamplingParams) -> Drafter | None:
-    """The session's drafter with q under `params`: one loaded under other settings
-    (`load()` knows none) is rebuilt on the same engine and cache, so its q rows carry the
-    call's warpers, logit bias and penalties (q is exact either way, as the law x was drawn
-    from; one far from p is accepted less often)."""
-    own = getattr(drafter, "params", None)
-    if drafter is None or own is None or own == params:
-        return drafter
-    return drafter.with_params(params)
+    return generate(opened.target, opened.drafter, ids, config, policy), policy

@@ -193,6 +193,20 @@ class Block:
         return self.sources[i] if self.sources else "draft"
 
 
+def under(drafter: Drafter | None, params: SamplingParams) -> Drafter | None:
+    """`drafter` drawing q under `params`, the generation's own settings: itself when it
+    already does (or its q does not depend on them: no ``params``, prompt lookup), else
+    `Drafter.with_params` (the same engine and cache). Every single-stream generation
+    comes through here (`specgen.generate.generate`), whichever door it came in by: a
+    drafter loaded under other settings proposes from another law than the one p is warped
+    with (still exact, q being the law x was drawn from, but accepted less: a greedy call
+    drafted at the loaded temperature 0.8 accepted 0.70 against 0.95, issue 33)."""
+    own = getattr(drafter, "params", None)
+    if drafter is None or own is None or own == params:
+        return drafter
+    return drafter.with_params(params)
+
+
 class Drafter(Protocol):
     """Proposes up to K tokens after the committed context (llama.cpp's
     `common_speculative_gen_draft`), and keeps whatever cache it has consistent with the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -276,6 +277,22 @@ SAMPLING_FLAG = {
     "json_schema": "--json-schema",
     "json_schema_file": "--json-schema-file",
 }
+
+#: the flags, as the Python API's arguments (and the server's request fields) call them
+_ARGUMENT_OF_FLAG = {
+    **{flag: name for name, flag in MODEL_FLAG.items()},
+    **{flag: name for name, flag in SAMPLING_FLAG.items()},
+    "--temp": "temperature",
+    "--chat-template": "chat_template",
+}
+_FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
+
+
+def in_python_words(message: str) -> str:
+    """A CLI error message with each flag named as the Python API's argument (``--top-p``
+    -> ``top_p``, ``--temp`` -> ``temperature``); flags without one are left as they are."""
+    return _FLAG.sub(lambda m: _ARGUMENT_OF_FLAG.get(m[0], m[0]), message)
+
 
 #: what a value of each annotated type must be, in words
 _KIND_WORDS = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from specgen.engine import Drafter, Engine
+from specgen.engine import Drafter, Engine, under
 from specgen.events import Done, Prefilled, Step
 from specgen.round import Clock, Sequence
 from specgen.stages import (
@@ -44,7 +44,8 @@ def generate(
     ordinary_first: bool = True,
 ) -> Generator[Event, None, None]:
     """Generate from `prompt` (token ids), yielding Prefilled, then a Step per round,
-    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. The first round
+    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. The drafter
+    samples under `config.params` (`specgen.engine.under`). The first round
     is an ordinary pass unless `ordinary_first` is False (`specgen.round.Sequence.prefill`:
     the first token at ordinary decoding's latency; the law of the output is the same
     either way). A consumer
@@ -55,13 +56,24 @@ def generate(
     generator) both caches are left holding the committed tokens except the last.
 
     Raises:
-        PromptError: empty prompt, or no room in the context.
+        PromptError: empty prompt, or no room in the context (raised by the call itself).
+        ConfigError: a setting the engines refuse (a logit bias past the vocabulary),
+            raised by the call itself.
         EngineError: llama.cpp failed.
         KeyboardInterrupt: Ctrl-C during the generation, raised on the next iteration
             after the Done (finish reason "interrupted" unless the last round had already
             ended the generation, whose own reason it then keeps).
     """
-    seq = Sequence(target, drafter, prompt, config, policy, clock)
+    # built now, not at the first event: a bad prompt or setting (a logit bias past the
+    # vocabulary, checked when the drafter is rebuilt under the generation's settings) is
+    # raised by the call itself; q under this generation's own settings, whatever the
+    # drafter was loaded with
+    drafter = under(drafter, config.params)
+    return _drive(Sequence(target, drafter, prompt, config, policy, clock), ordinary_first)
+
+
+def _drive(seq: Sequence, ordinary_first: bool) -> Generator[Event, None, None]:
+    """`generate`'s events from a built Sequence (see there)."""
     # A flag, not the finish reason: a Ctrl-C that lands after the final round closed
     # the emitter (during its rollback or bookkeeping) must still reach the caller.
     interrupted = False

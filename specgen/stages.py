@@ -29,6 +29,7 @@ from specgen.hybrid import HybridDrafter
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
 if TYPE_CHECKING:
+    from specgen.flags import SamplingFlags
     from specgen.grammar import GrammarSpec
 
 VerifyRule = Literal["token", "block"]
@@ -159,10 +160,68 @@ class GenerateConfig:
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
 
+    @classmethod
+    def of(
+        cls,
+        sampling: SamplingFlags,
+        seed: int | None,
+        *,
+        grammar: GrammarSpec | None = None,
+        measure_ordinary: int = 0,
+        trace: bool = False,
+        reuse_cache: bool = False,
+    ) -> GenerateConfig:
+        """The one way from what was asked to a generation's settings: every door builds a
+        `SamplingFlags` (the CLI from its flags, the Python API from keyword arguments,
+        the server from a request over its start flags, bench per configuration) and
+        comes here. A new sampling setting is a `SamplingFlags` field mapped here.
+
+        Args:
+            sampling: the settings asked for (validated when built).
+            seed: the seed to use (`specgen.flags.seed_or_random` of ``sampling.seed``),
+                or None for a fresh one.
+            grammar: what the output must match when it does not come from `sampling`'s
+                grammar flags (a request's ``response_format``); None = theirs.
+            measure_ordinary, trace, reuse_cache: how this generation runs (see above).
+
+        Raises:
+            ConfigError: --top-p or --min-p, a penalty or a bias out of range
+                (`SamplingFlags.params`), a grammar file that cannot be read.
+        """
+        return cls(
+            max_tokens=sampling.max_tokens,
+            params=sampling.params(),
+            stop=sampling.stop,
+            ignore_eos=sampling.ignore_eos,
+            seed=seed,
+            measure_ordinary=measure_ordinary,
+            trace=trace,
+            reuse_cache=reuse_cache,
+            verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+            grammar=grammar if grammar is not None else grammar_spec(sampling),
+            logprobs=sampling.logprobs,
+        )
+
     @property
     def wants_logprobs(self) -> bool:
         """Whether emitted tokens carry their log-probabilities (every one needs its row)."""
         return self.logprobs is not None
+
+
+def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
+    """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or
+    --json-schema-file (`specgen.grammar.spec_of`), or None.
+
+    Raises:
+        ConfigError: a file that cannot be read; GrammarError: a schema that is not JSON.
+    """
+    s = sampling
+    given = (s.grammar, s.grammar_file, s.json_schema, s.json_schema_file)
+    if all(v is None for v in given):
+        return None  # llguidance is not even loaded
+    from specgen.grammar import spec_of
+
+    return spec_of(*given)
 
 
 @dataclass

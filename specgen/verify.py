@@ -652,17 +652,17 @@ def _sample(
     seqs: list[tuple[int, ...]] = []
     drafted = accepted = 0
     step = max(1, len(seeds) // 10)
+    base = GenerateConfig(
+        max_tokens=config.positions,
+        params=config.params,
+        ignore_eos=True,
+        verify_rule=config.verify_rule,
+        grammar=config.grammar,
+    )
     for i, s in enumerate(seeds):
         if i % step == 0:
             say(f"sampling: {label}, sample {i + 1}/{len(seeds)}")
-        gen = GenerateConfig(
-            max_tokens=config.positions,
-            params=config.params,
-            ignore_eos=True,
-            seed=int(s),
-            verify_rule=config.verify_rule,
-            grammar=config.grammar,
-        )
+        gen = replace(base, seed=int(s))
         done, _ = _run(target, drafter, prompt, gen, config.k)  # type: ignore[arg-type]
         seqs.append(done.tokens)
         drafted += done.stats.n_drafted

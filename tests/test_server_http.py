@@ -21,6 +21,7 @@ import uvicorn
 
 from specgen.batchctl import Line
 from specgen.errors import ChatTemplateError
+from specgen.flags import SamplingFlags
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server import runner, wire
@@ -181,7 +182,7 @@ def test_stop_strings_cut_exactly_and_say_stop(served: Served) -> None:
 
 
 def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
-    defaults = Defaults(params=SamplingParams(temp=0.3, top_k=7, top_p=0.5, min_p=0.2), seed=11)
+    defaults = Defaults(SamplingFlags(temp=0.3, top_k=7, top_p=0.5, min_p=0.2, seed=11))
     with serving(Settings(defaults=defaults)) as s:
         assert s.post("/v1/completions", {"prompt": "a"}).status_code == 200
         c = s.sched.submitted[-1].config
@@ -209,7 +210,7 @@ def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
 )
 def test_the_servers_verify_rule_reaches_each_job_and_its_statistics(verify, rules) -> None:
     # --verify auto (None) is each request's own: token when it samples greedily
-    with serving(Settings(defaults=Defaults(verify=verify))) as s:
+    with serving(Settings(defaults=Defaults(SamplingFlags(verify=verify)))) as s:
         for temperature, rule in zip((0.0, 0.8), rules, strict=True):
             r = s.post("/v1/completions", {"prompt": "a", "temperature": temperature})
             assert s.sched.submitted[-1].config.verify_rule == rule

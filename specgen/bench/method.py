@@ -13,6 +13,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
@@ -30,9 +31,8 @@ from specgen.bench.summary import summarize
 from specgen.engine import Drafter, Engine
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import FixedK, GenerateConfig, KPolicy, VerifyRule, generate
+from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
 from specgen.models.resolve import DRAFT_NONE
-from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from specgen.session import Session
@@ -178,12 +178,6 @@ def other_cpu_load(
     return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
-def _verify_rule(settings: BenchSettings, params: SamplingParams) -> VerifyRule:
-    from specgen.session import resolve_verify
-
-    return resolve_verify(settings.verify, params)
-
-
 def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
     # start-up time: session loads llama.cpp; the bench package is imported without a model
     from specgen.session import make_policy
@@ -203,7 +197,8 @@ def run_bench(
     decoding with the same seed (see the module docstring).
 
     Args:
-        target, drafter: open models (the drafter is re-wrapped per temperature).
+        target, drafter: open models (each generation drafts under its own temperature:
+            `specgen.engine.under`).
         on_event: called with (run info, event) for every Prefilled, Step and Done of the
             measured generations, not the warm-up (with `settings.trace`, each Step
             carries its RoundTrace): the seam for `--trace`.
@@ -231,16 +226,15 @@ def run_bench(
             progress(Progress(done, total, desc))
 
     def one(mode, temp, k, prompt_i, run, seed, warm=False) -> RunResult:
-        params = settings.params(temp)
-        config = GenerateConfig(
-            max_tokens=min(settings.n_tokens, 16) if warm else settings.n_tokens,
-            params=params,
-            ignore_eos=True,
-            seed=seed,
+        flags = settings.flags(temp, seed)
+        if warm:
+            flags = replace(flags, max_tokens=min(settings.n_tokens, 16))
+        config = GenerateConfig.of(
+            flags,
+            seed,
             trace=settings.trace,
             # as `specgen run` does: the baseline for the controller, timed after the prompt
             measure_ordinary=0 if mode == ORDINARY else 3,
-            verify_rule=_verify_rule(settings, params),
             grammar=settings.grammar,
         )
         p = prompts[prompt_i]
@@ -258,9 +252,8 @@ def run_bench(
         if mode == ORDINARY:
             rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
         else:
-            dr = drafter.with_params(params)  # q under this temperature's warpers
-            policy = _policy(k, settings.k_init)
-            rounds, d, pre = measure(target, dr, ids[prompt_i], config, policy, hook)
+            policy = _policy(k, settings.k_init)  # the loop drafts under config.params
+            rounds, d, pre = measure(target, drafter, ids[prompt_i], config, policy, hook)
         s = d.stats
         return RunResult(
             mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,

@@ -184,9 +184,9 @@ def build_record(
         "swa_full": target_cfg.swa_full,
         "sampling": {
             "temps": list(settings.temps),
-            "top_k": settings.top_k,
-            "top_p": settings.top_p,
-            "min_p": settings.min_p,
+            "top_k": settings.sampling.top_k,
+            "top_p": settings.sampling.top_p,
+            "min_p": settings.sampling.min_p,
         },
         "seed": settings.seed,
         "n_tokens": settings.n_tokens,
@@ -202,9 +202,7 @@ def build_record(
 
 
 def _rule(settings: BenchSettings, temp: float) -> str:
-    from specgen.session import resolve_verify
-
-    return resolve_verify(settings.verify, settings.params(temp))
+    return settings.flags(temp).verify_rule
 
 
 def _lookup(settings: BenchSettings, draft: Any) -> bool:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from specgen.bench.prompts import BenchPrompt, k_label
 from specgen.bench.stats import percentiles, position_counts
-from specgen.constraints import NO_CONSTRAINTS, Constraints
 from specgen.events import ACCEPTANCE_HOW, Stats, Step
+from specgen.flags import SamplingFlags
 from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -141,16 +141,16 @@ class BenchSettings:
         runs: repetitions of every (configuration, prompt) pair.
         n_tokens: tokens generated per generation (`-n`), end-of-generation ignored.
         seed: base seed; prompt i of run r uses seed + 1000 * r + i in both modes.
-        top_k, top_p, min_p: the other sampling settings (shared by both modes).
+        sampling: the other sampling settings, shared by both modes (--top-k, --top-p,
+            --min-p, -l and the penalties, --verify: block, token, or None for auto, each
+            temperature's own); its temperature, -n and seed are set per generation
+            (`flags`).
         warmup: one discarded generation of each mode first.
         trace: Steps carry a RoundTrace (for `on_event`; costs time).
         n_boot: bootstrap resamples for the speedup interval.
         k_init: first block size of `auto` (a registry pair's recommended K, as `run`
             uses); None = the controller's default.
-        verify: `--verify` (block, token, or None/auto: `session.resolve_verify` per
-            temperature).
         lookup: `--lookup` (on, off, or None/auto: `session.resolve_lookup`).
-        constraints: logit bias and penalties, in both modes.
         grammar: what every generation's output must match (--grammar, --json-schema...),
             in both modes; None for free text.
     """
@@ -160,23 +160,24 @@ class BenchSettings:
     runs: int = 3
     n_tokens: int = 128
     seed: int = 1234
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
     warmup: bool = True
     trace: bool = False
     n_boot: int = 4000
     k_init: int | None = None
-    verify: str | None = None
     lookup: str | None = None
-    constraints: Constraints = NO_CONSTRAINTS
     grammar: GrammarSpec | None = None
 
+    def flags(self, temp: float, seed: int | None = None) -> SamplingFlags:
+        """One generation's settings: `sampling` at temperature `temp` and -n `n_tokens`,
+        end-of-generation ignored (every generation the same length)."""
+        return replace(
+            self.sampling, temp=temp, max_tokens=self.n_tokens, ignore_eos=True, seed=seed
+        )
+
     def params(self, temp: float) -> SamplingParams:
-        return SamplingParams(
-            temp=temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            constraints=self.constraints,
-        )  # fmt: skip
+        """The warpers and constraints at temperature `temp`."""
+        return self.flags(temp).params()
 
     def total_generations(self, n_prompts: int) -> int:
         main = len(self.temps) * len(self.draft_max) * self.runs * n_prompts * 2
@@ -189,19 +190,19 @@ class BenchSettings:
             "runs": self.runs,
             "n_tokens": self.n_tokens,
             "seed": self.seed,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
+            "top_k": self.sampling.top_k,
+            "top_p": self.sampling.top_p,
+            "min_p": self.sampling.min_p,
             "ignore_eos": True,
             "warmup": self.warmup,
             "k_init": self.k_init,
-            "verify": self.verify or "auto",
+            "verify": self.sampling.verify or "auto",
             "lookup": self.lookup or "auto",
-            "logit_bias": [list(pair) for pair in self.constraints.logit_bias],
-            "repeat_penalty": self.constraints.repeat_penalty,
-            "repeat_last_n": self.constraints.repeat_last_n,
-            "presence_penalty": self.constraints.presence_penalty,
-            "frequency_penalty": self.constraints.frequency_penalty,
+            "logit_bias": [list(pair) for pair in self.sampling.logit_bias],
+            "repeat_penalty": self.sampling.repeat_penalty,
+            "repeat_last_n": self.sampling.repeat_last_n,
+            "presence_penalty": self.sampling.presence_penalty,
+            "frequency_penalty": self.sampling.frequency_penalty,
             "grammar": (
                 None
                 if self.grammar is None

@@ -285,9 +285,10 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
 
 def _settings(bench, b: BenchFlags, lookup: str | None):
     # start-up time: the grammar's spec loads llguidance only when a grammar flag is given
-    from specgen.api import grammar_spec
+    from specgen.stages import grammar_spec
 
     sampling = SamplingFlags(
+        top_k=b.top_k, top_p=b.top_p, min_p=b.min_p, verify=b.verify,
         logit_bias=b.logit_bias, repeat_penalty=b.repeat_penalty,
         repeat_last_n=b.repeat_last_n, presence_penalty=b.presence_penalty,
         frequency_penalty=b.frequency_penalty, grammar=b.grammar, grammar_file=b.grammar_file,
@@ -299,12 +300,8 @@ def _settings(bench, b: BenchFlags, lookup: str | None):
         runs=b.runs,
         n_tokens=b.max_tokens,
         seed=seed_or_random(b.seed),
-        top_k=b.top_k,
-        top_p=b.top_p,
-        min_p=b.min_p,
-        verify=b.verify,
+        sampling=sampling,
         lookup=lookup,
-        constraints=sampling.params().constraints,
         grammar=grammar_spec(sampling),
     )  # fmt: skip
     settings.params(settings.temps[0])  # validates top-p / min-p now

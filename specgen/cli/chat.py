@@ -151,7 +151,6 @@ def chat_command(
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
     # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
-    from specgen.api import grammar_spec
     from specgen.chat import ChatFormatter, ChatSession, load_template
     from specgen.generate import GenerateConfig
 
@@ -162,16 +161,8 @@ def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) ->
             " --chat-template FILE, or use `specgen run`, which continues a base model's"
             " text as it is"
         )
-    config = GenerateConfig(
-        max_tokens=sampling.max_tokens,
-        params=sampling.params(),
-        seed=seed_or_random(sampling.seed),
-        stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
-        measure_ordinary=3 if opened.drafter is not None else 0,
-        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
-        grammar=grammar_spec(sampling),
-    )
+    measure = 3 if opened.drafter is not None else 0  # as run: the controller's baseline
+    config = GenerateConfig.of(sampling, seed_or_random(sampling.seed), measure_ordinary=measure)
     return ChatSession(
         opened.target,
         opened.drafter,

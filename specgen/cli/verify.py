@@ -202,7 +202,7 @@ def verify_command(
 
 
 def _config(sampling: SamplingFlags, v: VerifyFlags):
-    from specgen.api import grammar_spec
+    from specgen.stages import grammar_spec  # start-up time: llguidance, when a grammar is given
     from specgen.verify import VerifyConfig  # start-up time: verify loads numpy
 
     extra: dict[str, Any] = {}

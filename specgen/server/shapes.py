@@ -6,13 +6,12 @@ chunk. Pure (no HTTP, no clock besides the `created` the caller passes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
-from specgen.constraints import Constraints
-from specgen.errors import GrammarError
+from specgen.errors import ConfigError, GrammarError
 from specgen.events import Done, FinishReason, Span, Stats, Step
-from specgen.flags import SamplingFlags, verify_rule
+from specgen.flags import SamplingFlags, in_python_words
 from specgen.generate import GenerateConfig
 from specgen.grammar import GrammarSpec
 from specgen.logprobs import TokenLogprob
@@ -32,6 +31,8 @@ from specgen.server.schemas import (
     _Generation,
 )
 from specgen.server.tools import Choice, parse
+
+_V = TypeVar("_V")
 
 _OPENAI_FINISH: dict[str, str] = {
     "eos": "stop",
@@ -74,28 +75,35 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class Defaults:
-    """The server's settings for fields a request omits (the start flags, as `run`'s).
+    """The server's settings for fields a request omits: its start flags, as `run`'s.
 
     Attributes:
-        params: sampling settings (--temp, --top-k, --top-p, --min-p).
-        seed: --seed for every request without one; None draws a fresh seed each time.
+        sampling: serve's sampling flags (--temp, --top-k, --top-p, --min-p, --seed,
+            --verify, -l and the penalties), which a request's own fields replace one by
+            one (`generate_config`). Its --verify is every request's acceptance rule:
+            "block", "token", or None for auto (each request's own: token when it samples
+            greedily, block otherwise; `specgen.flags.verify_rule`).
         max_tokens: -n; -1 (llama-server's default) lets a request run to its slot's
             context when it sets no max_tokens.
-        verify: --verify, the acceptance rule of every request: "block", "token", or
-            None for auto (each request's own: token when it samples greedily, block
-            otherwise; see `specgen.flags.verify_rule`).
     """
 
-    params: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
     max_tokens: int = -1
-    verify: str | None = None
 
     @classmethod
     def of(cls, sampling: SamplingFlags, max_tokens: int) -> Defaults:
         """The server's defaults from its start flags (`max_tokens`: serve's own -n)."""
-        seed = sampling.seed if sampling.seed_given else None
-        return cls(sampling.params(), seed, max_tokens, sampling.verify)
+        return cls(sampling, max_tokens)
+
+    @property
+    def params(self) -> SamplingParams:
+        """The warpers and constraints of a request that sets none of its own."""
+        return self.sampling.params()
+
+    @property
+    def seed(self) -> int | None:
+        """--seed for every request without one; None draws a fresh seed each time."""
+        return self.sampling.seed if self.sampling.seed_given else None
 
 
 def messages_of(chat: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -158,26 +166,37 @@ def generate_config(
             param=name or "max_tokens",
             code="context_length_exceeded",
         )
-    base = defaults.params
-    params = SamplingParams(
-        temp=base.temp if req.temperature is None else req.temperature,
-        top_k=base.top_k if req.top_k is None else req.top_k,
-        top_p=base.top_p if req.top_p is None else req.top_p,
-        min_p=base.min_p if req.min_p is None else req.min_p,
-        constraints=constraints_of(req, base.constraints),
-    )
     # llama.cpp's -1 (and any negative seed) asks for a random one, as an omitted seed does
     seed = req.seed if req.seed is not None and req.seed >= 0 else defaults.seed
-    return GenerateConfig(
-        max_tokens=limit,
-        params=params,
-        stop=req.stop_strings,
-        ignore_eos=bool(req.ignore_eos),
-        seed=seed,
-        verify_rule=verify_rule(defaults.verify, params.greedy),  # type: ignore[arg-type]
-        grammar=grammar_of(req),
-        logprobs=req.n_logprobs,
-    )
+    base = defaults.sampling
+    try:
+        sampling = replace(
+            base,
+            temp=_given(req.temperature, base.temp),
+            top_k=_given(req.top_k, base.top_k),
+            top_p=_given(req.top_p, base.top_p),
+            min_p=_given(req.min_p, base.min_p),
+            seed=seed,
+            max_tokens=limit,
+            stop=req.stop_strings,
+            ignore_eos=bool(req.ignore_eos),
+            # a given logit_bias replaces the server's whole map
+            logit_bias=_given(req.logit_bias, base.logit_bias),
+            repeat_penalty=_given(req.repeat_penalty, base.repeat_penalty),
+            repeat_last_n=_given(req.repeat_last_n, base.repeat_last_n),
+            presence_penalty=_given(req.presence_penalty, base.presence_penalty),
+            frequency_penalty=_given(req.frequency_penalty, base.frequency_penalty),
+            logprobs=req.n_logprobs,
+        )
+        return GenerateConfig.of(sampling, seed, grammar=grammar_of(req))
+    except ConfigError as e:  # a value the schema lets through, said in the request's words
+        message = in_python_words(str(e))
+        raise RequestError(400, message, param=message.split(" ", 1)[0]) from e
+
+
+def _given(value: _V | None, default: _V) -> _V:
+    """A request's field, or the server's default where the request omits it."""
+    return default if value is None else value
 
 
 def grammar_of(req: _Generation) -> GrammarSpec | None:
@@ -221,25 +240,6 @@ def grammar_of(req: _Generation) -> GrammarSpec | None:
             param=specs[1].source,
         )
     return specs[0] if specs else None
-
-
-def constraints_of(req: _Generation, base: Constraints) -> Constraints:
-    """The request's logit bias and penalties, each omitted field the server's (its start
-    flags'); a given `logit_bias` replaces the server's whole map."""
-    c = base
-    return Constraints(
-        logit_bias=c.logit_bias
-        if req.logit_bias is None
-        else tuple((int(t), b) for t, b in req.logit_bias.items()),
-        repeat_penalty=c.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
-        repeat_last_n=c.repeat_last_n if req.repeat_last_n is None else req.repeat_last_n,
-        presence_penalty=c.presence_penalty
-        if req.presence_penalty is None
-        else req.presence_penalty,
-        frequency_penalty=c.frequency_penalty
-        if req.frequency_penalty is None
-        else req.frequency_penalty,
-    )
 
 
 SHUTDOWN_ERROR = ErrorInfo(
