@@ -26,13 +26,17 @@ dev: $(STAMP)
 demo: install
 	$(VENV)/bin/specgen run -n 128 "Once upon a time, in a small village by the sea, there lived"
 
+# Everything: the tests that load no model on two workers (pytest-xdist: they are pure Python,
+# so two processes use both cores), then the model tests in one process (two llama.cpp
+# processes on the same cores slow each other down 50-150x: never in parallel).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not model" -n 2
+	$(PY) -m pytest -q -m model
 
 # The tests on fakes and pure code: no model loaded (tests/conftest.py marks `model` every test
-# that uses a model fixture).
+# that uses a model fixture), on two workers.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not model"
+	$(PY) -m pytest -q -m "not model" -n 2
 
 # Builds (once, cached in .rpc-build/) an RPC-enabled llama-cpp-python and ggml-rpc-server
 # from the same llama.cpp sources into .venv-rpc, then runs the tests marked `rpc`.

@@ -285,8 +285,10 @@ def test_a_lookup_after_model_tokens_with_the_wrong_q_is_detected():
             return Block(block.tokens, Dists.concat(rows, V), block.sources)
 
     model = ModelDrafter(FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0), SAMPLED, V)
-    law, counts, _ = _sample_after_a_started_copy(Mislabeled(model), SAMPLED, "token")
-    assert _chisquare_p(law, counts, 3000) < 1e-4
+    # a third of the sample suffices for the planted bug: p = 3e-126 at 1,000 runs
+    # (1e-9 at 600; measured with these seeds)
+    law, counts, _ = _sample_after_a_started_copy(Mislabeled(model), SAMPLED, "token", n=1000)
+    assert _chisquare_p(law, counts, 1000) < 1e-4
 
 
 def test_a_lookup_row_with_the_wrong_q_is_detected():
@@ -309,7 +311,7 @@ def test_a_lookup_row_with_the_wrong_q_is_detected():
     )
     law = {x: probs(target.logits_after(prompt), SAMPLED)[x] for x in range(V)}
     counts = np.zeros(V)
-    n = 4000
+    n = 1000  # p-value 0.0 in float64 already at 500 runs (measured with these seeds)
     for s in range(n):
         drafter.record = LookupRecord()
         config = GenerateConfig(max_tokens=1 + 1, params=SAMPLED, seed=s)

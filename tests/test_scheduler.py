@@ -157,11 +157,15 @@ def chi2_pvalue(counts, expected):
 
 
 PROMPTS = ([1, 4], [3], [0, 5, 2], [2, 2])
-N_PER_SETTING = 1500
+N_PER_SETTING = 1000
+# The planted bug needs far fewer: at 400 requests per setting the broken residual gives
+# p = 1e-12 to 1e-19 for three of the four settings (measured with these seeds), against
+# ALPHA = 1e-4 (the fourth: 2e-5 and 2e-3).
+N_PLANTED = 400
 
 
-def sample_pairs(cut=False):
-    """N_PER_SETTING requests per setting, interleaved so every batch mixes settings and
+def sample_pairs(cut=False, n=N_PER_SETTING):
+    """`n` requests per setting, interleaved so every batch mixes settings and
     seeds; returns counts[setting] of (second, third) token pairs: after the ordinary
     first step, a block of K = 2 (4 tokens asked for: room for x_1, x_2 and the bonus);
     with `cut`, every block is cut after its first depth as by an arrival (K = 1)."""
@@ -170,7 +174,7 @@ def sample_pairs(cut=False):
         sched._arrival_waits = lambda: True
     counts = np.zeros((len(SETTINGS), V, V))
     sinks = []
-    for i in range(N_PER_SETTING * len(SETTINGS)):
+    for i in range(n * len(SETTINGS)):
         s = i % len(SETTINGS)
         config = GenerateConfig(4, SETTINGS[s], ignore_eos=True, seed=10_000 + i)
         sinks.append((s, submit(sched, PROMPTS[s], config)[0]))
@@ -208,7 +212,7 @@ def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch, cut):
         return int(rng.choice(ids, p=w / w.sum()))
 
     monkeypatch.setattr(rejection, "correct", broken)
-    counts = sample_pairs(cut)
+    counts = sample_pairs(cut, N_PLANTED)
     pvalues = [
         chi2_pvalue(counts[s], second_third_law(PROMPTS[s], p)) for s, p in enumerate(SETTINGS)
     ]
