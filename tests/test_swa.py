@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specgen.drafters import ModelDrafter
+from specgen.engine import SeqDecode
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import SamplingParams
@@ -60,13 +61,16 @@ def test_the_loops_rollbacks_past_the_window_keep_it(target):
     before = target.n_reprocessed
     rng = np.random.default_rng(0)
     k = 8
+    # The passes ask for no logits rows (as tests/test_sequences.py's ring test): rows never
+    # touch the cache, and the demo target's 262,144-wide output layer was most of this
+    # loop's time (9 rows for the block, one per draft pass).
     for _ in range(30):  # crosses the 1024-cell ring's wrap with rejections every round
         x = rng.integers(1000, 20000, size=k + 1).tolist()
         p = len(target.tokens)
-        target.decode(x, all_logits=True)  # the target scores [last, x_1..x_K]
+        target.decode_batch([SeqDecode(0, x, 0)])  # the target scores [last, x_1..x_K]
         target.truncate(p + 1)  # x_1 rejected: keep `last`
         for t in x[1:k]:  # the draft's K-1 single-token passes, all rejected
-            target.decode([t])
+            target.decode_batch([SeqDecode(0, [t], 0)])
         target.truncate(p + 1)
     assert target.n_reprocessed == before, "a rollback of the loop lost window cells"
     context = list(target.tokens)
@@ -104,7 +108,8 @@ def test_greedy_speculation_past_the_window_is_the_targets_argmax(target, demo_p
     with LlamaEngine(demo_pair[1], CTX) as draft:
         drafter = ModelDrafter(draft, greedy, target.n_vocab)
         before = (target.n_reprocessed, draft.n_reprocessed)
-        config = GenerateConfig(max_tokens=120, params=greedy, ignore_eos=True)
+        # 64 tokens: from 1000 prompt positions to 1064, 40 past the ring's 1024 cells
+        config = GenerateConfig(max_tokens=64, params=greedy, ignore_eos=True)
         done = list(generate(target, drafter, prompt, config, FixedK(8)))[-1]
         assert (target.n_reprocessed, draft.n_reprocessed) == before
     out = list(done.tokens)
