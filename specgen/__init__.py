@@ -11,7 +11,7 @@ The public Python API (see docs/guides/python.md)::
             ...
         reply = pair.chat([{"role": "user", "content": "Hi"}])  # an instruct target
 
-`load`, `Pair` and `Result` live in `specgen.api`, imported on first use:
+`load`, `Pair`, `Generation` and `Result` live in `specgen.api`, imported on first use:
 ``import specgen`` stays cheap (no numpy, no llama.cpp) for the CLI's start-up. The events
 (`Prefilled`, `Step`, `Done`, `Span`, `Stats`), the settings (`ModelFlags`,
 `SamplingFlags`) and the errors are cheap modules of their own.
@@ -35,12 +35,13 @@ from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Span, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags
 
 __version__ = "0.1.0"
-_API = ("Pair", "Result", "load")
+_API = ("Generation", "Pair", "Result", "load")
 __all__ = [
     "ACCEPTANCE_HOW",
     "ChatTemplateError",
     "ConfigError",
     "Done",
+    "Generation",
     "GrammarError",
     "ModelFileError",
     "ModelFlags",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from specgen.api import Pair, Result, load
+    from specgen.api import Generation, Pair, Result, load
 
 
 def __getattr__(name: str) -> Any:

@@ -14,10 +14,11 @@ speculative statistics are the ones `specgen run` gives.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -80,9 +81,12 @@ def _argument_names() -> Iterator[None]:
         raise type(exc)(in_python_words(str(exc))) from exc
 
 
-def sampling_flags(settings: Mapping[str, object]) -> SamplingFlags:
+def sampling_flags(
+    settings: Mapping[str, object], base: SamplingFlags | None = None
+) -> SamplingFlags:
     """A call's keyword settings as the CLI's `SamplingFlags` (``temperature`` is --temp's
-    ``temp``; ``draft_max`` an int or "auto"), validated once.
+    ``temp``; ``draft_max`` an int or "auto"), over `base` when given (its fields where
+    `settings` has none; the defaults otherwise), validated once.
 
     Raises:
         ConfigError: an unknown setting (with the nearest known name), or a bad value,
@@ -106,7 +110,56 @@ def sampling_flags(settings: Mapping[str, object]) -> SamplingFlags:
     if isinstance(draft_max, int) and not isinstance(draft_max, bool):
         given["draft_max"] = str(draft_max)
     with _argument_names():
+        if base is not None:
+            return replace(base, **given) if given else base  # type: ignore[arg-type]
         return SamplingFlags(**given)  # type: ignore[arg-type]
+
+
+#: a prompt: text (bytes are UTF-8), or token ids as the target's tokenizer gives them
+Prompt = str | bytes | Sequence[int]
+
+
+class Generation:
+    """One generation under way (`Pair.stream`, `Pair.stream_chat`): an iterator over its
+    events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
+    stops generating and leaves the models ready for the next call;
+    ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
+    finish reason "interrupted").
+
+    Attributes:
+        seed: the seed used (a random one when none was given).
+        settings: the call's settings, validated (`SamplingFlags`).
+        n_prompt: prompt tokens (after the chat template, for a chat).
+    """
+
+    def __init__(
+        self, events: Generator[Event, None, None], seed: int, settings: SamplingFlags,
+        policy: KPolicy, n_prompt: int,
+    ) -> None:  # fmt: skip
+        self._events = events
+        self._policy = policy
+        self.seed = seed
+        self.settings = settings
+        self.n_prompt = n_prompt
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def throw(self, exc: BaseException) -> Event:
+        """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""
+        return self._events.throw(exc)
+
+    @property
+    def controller(self) -> dict[str, object] | None:
+        """With ``draft_max="auto"`` and a drafter, the block-size controller's decisions
+        so far (`run --json`'s ``controller`` object); None otherwise."""
+        return self._policy.summary()
 
 
 class Pair:
@@ -126,12 +179,16 @@ class Pair:
         self.session = opened
         self._formatters: dict[str | None, ChatFormatter] = {}
 
-    def generate(self, prompt: str | bytes, **settings: object) -> Result:
+    def generate(
+        self, prompt: Prompt, settings: SamplingFlags | None = None, /, **kwargs: object
+    ) -> Result:
         """Generate from `prompt` (the text as it is, no chat template) to the end.
 
         Args:
-            prompt: text; bytes are taken as UTF-8.
-            **settings: `run`'s sampling settings (`SamplingFlags`' fields), each for
+            prompt: text (bytes are taken as UTF-8), or token ids.
+            settings: a `SamplingFlags` to start from (the CLI's), the keyword arguments
+                replacing its fields; None = the defaults.
+            **kwargs: `run`'s sampling settings (`SamplingFlags`' fields), each for
                 this call only: ``max_tokens`` (256), ``temperature`` or ``temp`` (0.8;
                 0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05),
                 ``seed`` (None = random), ``draft_max`` (K as an int, or "auto"),
@@ -156,21 +213,32 @@ class Pair:
                 schema that does not compile (GrammarError); PromptError: an empty prompt
                 or one that does not fit the context.
         """
-        return self._result(self._prompt_ids(prompt), settings)
+        return _result(self._start(self._prompt_ids(prompt), settings, kwargs, False))
 
-    def stream(self, prompt: str | bytes, **settings: object) -> Iterator[Event]:
-        """The generation's events as they happen: one `Prefilled`, then a `Step` per round
-        (``.text``: the new text; ``.n_accepted``, ``.k``), then `Done`. Arguments and errors
-        as `generate`, all checked at the call (not at the first event). Closing the
+    def stream(
+        self,
+        prompt: Prompt,
+        settings: SamplingFlags | None = None,
+        /,
+        *,
+        trace: bool = False,
+        **kwargs: object,
+    ) -> Generation:
+        """The generation's events as they happen, a `Generation`: one `Prefilled`, then a
+        `Step` per round (``.text``: the new text; ``.n_accepted``, ``.k``), then `Done`.
+        Arguments and errors as `generate`, all checked at the call (not at the first
+        event); `trace` attaches a `RoundTrace` to every Step (`run --trace`). Closing the
         iterator early stops generating and leaves the models ready for the next call."""
-        return self._start(self._prompt_ids(prompt), settings)[0]
+        return self._start(self._prompt_ids(prompt), settings, kwargs, trace)
 
     def chat(
         self,
         messages: Sequence[Mapping[str, object]],
+        settings: SamplingFlags | None = None,
+        /,
         *,
         chat_template: str | Path | None = None,
-        **settings: object,
+        **kwargs: object,
     ) -> Result:
         """The assistant's reply to `messages`, rendered with the target's chat template
         (the one `specgen chat`, `run` and `serve` apply: its GGUF's
@@ -181,8 +249,8 @@ class Pair:
             messages: ``[{"role": "system" | "user" | "assistant", "content": text}, ...]``,
                 as OpenAI's chat API and transformers take them; the template's
                 generation prompt is added after the last one.
+            settings, **kwargs: as `generate`'s.
             chat_template: a Jinja2 template file to use instead of the target's own.
-            **settings: as `generate`'s.
 
         Raises:
             ConfigError: the target has no chat template (a base model) and no
@@ -191,26 +259,46 @@ class Pair:
                 does not compile or fails on these messages. PromptError: no messages, or
                 a conversation that does not fit the context.
         """
-        return self._result(self._chat_ids(messages, chat_template), settings)
+        ids = self._chat_ids(messages, chat_template)
+        return _result(self._start(ids, settings, kwargs, False))
 
     def stream_chat(
         self,
         messages: Sequence[Mapping[str, object]],
+        settings: SamplingFlags | None = None,
+        /,
         *,
         chat_template: str | Path | None = None,
-        **settings: object,
-    ) -> Iterator[Event]:
+        trace: bool = False,
+        **kwargs: object,
+    ) -> Generation:
         """`chat`'s reply as `stream`'s events (`Prefilled`, `Step`..., `Done`). Arguments
-        and errors as `chat`."""
-        return self._start(self._chat_ids(messages, chat_template), settings)[0]
+        and errors as `chat` and `stream`."""
+        ids = self._chat_ids(messages, chat_template)
+        return self._start(ids, settings, kwargs, trace)
 
-    def _prompt_ids(self, prompt: str | bytes) -> list[int]:
-        if not isinstance(prompt, str | bytes):
-            raise ConfigError(f"prompt must be text (str or bytes), got {type(prompt).__name__}")
-        text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            prompt = prompt.encode("utf-8")
+        if not isinstance(prompt, bytes):
+            return self._token_ids(prompt)
+        text = prompt
         if not text:
             raise PromptError("the prompt is empty")
         return prompt_tokens(self.session.target, text)
+
+    def _token_ids(self, prompt: object) -> list[int]:
+        ids = list(prompt) if isinstance(prompt, Sequence) else None
+        if ids is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ConfigError(
+                f"prompt must be text (str or bytes) or token ids, got {prompt!r:.60}"
+            )
+        if not ids:
+            raise PromptError("the prompt is empty")
+        n_vocab = self.session.target.n_vocab
+        if not all(0 <= t < n_vocab for t in ids):
+            raise ConfigError(f"prompt token ids must be in [0, {n_vocab}) (the vocabulary)")
+        return ids
 
     def _chat_ids(
         self, messages: Sequence[Mapping[str, object]], chat_template: str | Path | None
@@ -232,32 +320,20 @@ class Pair:
             self._formatters[key] = ChatFormatter(template, target)
         return self._formatters[key]
 
-    def _result(self, ids: list[int], settings: Mapping[str, object]) -> Result:
-        it, seed, flags, policy = self._start(ids, settings)
-        asked = flags.logprobs is not None
-        done: Done | None = None
-        logprobs: list[TokenLogprob] = []
-        for ev in it:
-            if isinstance(ev, Done):
-                done = ev
-            elif isinstance(ev, Step) and asked:
-                logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
-        assert done is not None  # the loop always ends with Done
-        return Result(
-            done.text, done.tokens, done.finish_reason, done.stats, seed,
-            tuple(logprobs) if asked else None, policy.summary(),
-        )  # fmt: skip
-
     def _start(
-        self, ids: list[int], settings: Mapping[str, object]
-    ) -> tuple[Iterator[Event], int, SamplingFlags, KPolicy]:
-        """Check everything now (not at the first event), then the events, the seed, the
-        settings and the block-size policy."""
-        flags = sampling_flags(settings)
+        self,
+        ids: list[int],
+        base: SamplingFlags | None,
+        settings: Mapping[str, object],
+        trace: bool,
+    ) -> Generation:
+        """Check everything now (not at the first event), then the generation."""
+        flags = sampling_flags(settings, base)
         seed = seed_or_random(flags.seed)
-        with _argument_names():
-            it, policy = events(self.session, ids, flags, seed)
-        return it, seed, flags, policy
+        # errors in the caller's words: keyword arguments', or a SamplingFlags' flags
+        with _argument_names() if base is None else contextlib.nullcontext():
+            it, policy = events(self.session, ids, flags, seed, trace)
+        return Generation(it, seed, flags, policy, len(ids))
 
     def close(self) -> None:
         self.session.close()
@@ -269,6 +345,23 @@ class Pair:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _result(gen: Generation) -> Result:
+    """Run `gen` to its end: the `Result`."""
+    asked = gen.settings.logprobs is not None
+    done: Done | None = None
+    logprobs: list[TokenLogprob] = []
+    for ev in gen:
+        if isinstance(ev, Done):
+            done = ev
+        elif isinstance(ev, Step) and asked:
+            logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
+    assert done is not None  # the loop always ends with Done
+    return Result(
+        done.text, done.tokens, done.finish_reason, done.stats, gen.seed,
+        tuple(logprobs) if asked else None, gen.controller,
+    )  # fmt: skip
 
 
 def check_messages(messages: object) -> list[Message]:
@@ -347,7 +440,7 @@ def events(
     sampling: SamplingFlags,
     seed: int,
     trace: bool = False,
-) -> tuple[Iterator[Event], KPolicy]:
+) -> tuple[Generator[Event, None, None], KPolicy]:
     """The loop's events for prompt token `ids` on an open session, and the block-size
     policy driving them (the CLI's --json reports its decisions); `trace` attaches a
     `RoundTrace` to every Step.

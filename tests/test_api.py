@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,23 @@ def test_chat_on_smollm2_sends_what_run_sends(smol_pair) -> None:
     )  # fmt: skip
     assert reply.stats.n_prompt == cli["stats"]["n_prompt"] and cli["chat_template"] is not None
     assert reply.text == cli["text"] and reply.tokens == tuple(cli["tokens"])
+
+
+def test_a_settings_object_and_token_ids_go_in_as_keywords_and_text_do(pair) -> None:
+    """What `run` hands the API (its SamplingFlags, the prompt's token ids after its
+    template) gives what keyword arguments and text give; keywords replace the object's
+    fields; the Generation says its seed, settings and controller."""
+    from specgen.chat import prompt_tokens
+
+    flags = specgen.SamplingFlags(temp=0.0, draft_max="3", max_tokens=9, ignore_eos=True)
+    ids = prompt_tokens(pair.session.target, b"the cat")
+    gen = pair.stream(ids, flags, max_tokens=5)
+    done = list(gen)[-1]
+    by_words = pair.generate("the cat", temperature=0, draft_max=3, max_tokens=5, ignore_eos=True)
+    assert isinstance(done, Done) and done.tokens == by_words.tokens and len(done.tokens) == 5
+    assert gen.settings == replace(flags, max_tokens=5) and gen.n_prompt == len(ids)
+    assert gen.controller is None  # a fixed K: no controller
+    auto = pair.generate(ids, draft_max="auto", max_tokens=4, temperature=0)
+    assert auto.controller is not None and "k_history" in auto.controller
+    with pytest.raises(ConfigError, match=r"token ids must be in \[0, "):
+        pair.generate([1, 10**9])

@@ -59,7 +59,6 @@ from specgen.cli.options import (
     TraceOpt,
     VerboseOpt,
     VerifyOpt,
-    seed_or_random,
 )
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, Prefilled, Step
@@ -187,10 +186,10 @@ def run(
 def run_command(
     prompt: bytes, model: ModelFlags, sampling: SamplingFlags, out: OutputFlags, how: PromptFlags
 ) -> int:
-    """Run one generation; returns the exit code (0, or 130 after Ctrl-C)."""
+    """Run one generation through the public API (`specgen.Pair.stream`); returns the exit
+    code (0, or 130 after Ctrl-C)."""
     if not prompt:
         raise PromptError("the prompt is empty")
-    seed = seed_or_random(sampling.seed)
     live = wants_live(out)
     stack = contextlib.ExitStack()
     try:
@@ -199,12 +198,11 @@ def run_command(
         # the trace, then the models
         opened = stack.enter_context(open_session(model, out, sampling.params(), live=live))
         ids, template = _prompt_ids(opened, prompt, sampling, how)
-        events, policy = _events(opened, ids, sampling, seed, out, stack)
+        events, gen = _events(opened, ids, sampling, out, stack)
         if out.json_out:
             info = template.to_dict() if template is not None else None
             return _run_json(
-                events, opened.target.name, opened.draft_name, seed, policy, info,
-                sampling.logprobs is not None,
+                events, opened.target.name, opened.draft_name, gen, info,
             )  # fmt: skip
         if live:
             # echoed dimmed above the reply: the raw text it continues, or the user's message
@@ -242,16 +240,15 @@ def _events(
     opened: Session,
     ids: list[int],
     sampling: SamplingFlags,
-    seed: int,
     out: OutputFlags,
     stack: contextlib.ExitStack,
 ):
-    """The loop's events, passed through the slow-draft check and the --trace writer (each
-    generator closed by `stack`), and the block-size policy that drives them."""
-    from specgen import api  # start-up time: the loop loads numpy and llama.cpp
+    """The generation (`specgen.Pair.stream`), its events passed through the slow-draft
+    check and the --trace writer (each closed by `stack`)."""
+    from specgen import Pair  # start-up time: the API loads numpy and llama.cpp
 
-    events: Any
-    events, policy = api.events(opened, ids, sampling, seed, trace=out.trace is not None)
+    gen = Pair(opened).stream(ids, sampling, trace=out.trace is not None)
+    events: Any = gen
     # each wrapper closes the one inside it, and one never started holds nothing: so
     # closing the outermost restores the caches
     if not opened.warnings:  # one warning about the pair at most
@@ -264,14 +261,14 @@ def _events(
             target=opened.target.name,
             draft=opened.draft_name,
             params=sampling.params(),
-            seed=seed,
+            seed=gen.seed,
             max_tokens=sampling.max_tokens,
             token_text=token_text_of(opened.target),
         )
         stack.callback(writer.close)
         events = tee(events, writer)
     stack.callback(events.close)
-    return events, policy
+    return events, gen
 
 
 def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
@@ -365,13 +362,7 @@ def _run_plain(events) -> int:
 
 
 def _run_json(
-    events,
-    target_name: str,
-    draft_name: str,
-    seed: int | None,
-    policy,
-    chat_template: dict[str, str] | None = None,
-    logprobs_asked: bool = False,
+    events, target_name: str, draft_name: str, gen, chat_template: dict[str, str] | None = None
 ) -> int:
     from specgen.llamacpp import backend  # start-up time: llama.cpp
 
@@ -394,14 +385,14 @@ def _run_json(
         "finish_reason": done.finish_reason,
         "target": target_name,
         "draft": draft_name,
-        "seed": seed,
+        "seed": gen.seed,
         "backend": backend(),
         "chat_template": chat_template,
         "stats": done.stats.to_dict(),
     }
-    if logprobs_asked:
+    if gen.settings.logprobs is not None:
         obj["logprobs"] = logprobs
-    summary = policy.summary()  # the adaptive controller: its decisions, visible
+    summary = gen.controller  # the adaptive controller: its decisions, visible
     if summary is not None:
         obj["controller"] = summary
     output.write_json(obj)
