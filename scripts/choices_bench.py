@@ -29,7 +29,6 @@ import concurrent.futures
 import json
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,31 +38,15 @@ from typing import Any
 
 import httpx
 
+# run as `python scripts/choices_bench.py`: scripts/ is on sys.path, so the server start-up
+# helpers are serve_footprint's, not a copy
+from serve_footprint import free_port, wait_ready
+
 from specgen.bench.prompts import builtin_prompts
 from specgen.bench.record import cpu_model
 
 CHOICES = 4
 METRIC = "specgen_prompt_evaluated_tokens_total"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit("specgen serve exited before it was ready")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"{url} not ready after {timeout_s:.0f} s")
 
 
 def evaluated(url: str) -> float:
