@@ -17,7 +17,7 @@ from specgen.drafters import ModelDrafter
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
 from specgen.sampling import SamplingParams
-from specgen.ui.live import ViewState, apply
+from specgen.ui.state import ViewState, apply
 
 GREEDY = SamplingParams(temp=0.0)
 TARGET_S, ROW_S, DRAFT_S, BUSY = 0.010, 0.001, 0.012, 10.0

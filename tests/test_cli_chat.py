@@ -15,7 +15,7 @@ from test_live_tty import ANSI, DEADLINE_S, GENERATING, read_until, spawn
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import SamplingParams
-from specgen.ui.live import FINISH_TEXT
+from specgen.ui.text import FINISH_TEXT
 
 HAIKU = "Write a haiku about the sea."
 STATS = re.compile(

@@ -196,11 +196,12 @@ def test_gpu_layers_on_a_cpu_build_are_said_to_be_ignored(capsys, tiny_target: P
 def test_the_live_summary_names_the_backend_and_a_full_context() -> None:
     from rich.console import Console
 
-    from specgen.ui import live
+    from specgen.ui.state import ViewState
+    from specgen.ui.text import render_summary
 
-    state = live.ViewState("t.gguf", "d.gguf", backend="CPU", finish_reason="context")
+    state = ViewState("t.gguf", "d.gguf", backend="CPU", finish_reason="context")
     console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
-    console.print(live.render_summary(state))
+    console.print(render_summary(state))
     text = console.export_text()
     assert "target t.gguf · draft d.gguf · on CPU" in text
     assert "context full (raise -c" in text
@@ -306,7 +307,8 @@ def test_show_rejected_leaves_the_clean_text_and_the_legend(monkeypatch) -> None
     from rich.text import Text
 
     from specgen.events import Done, Span, Step
-    from specgen.ui.live import LiveView, ViewState
+    from specgen.ui.live import LiveView
+    from specgen.ui.state import ViewState
 
     c = Console(record=True, width=40, height=20, force_terminal=True, file=io.StringIO())
     kept: list[str] = []  # what is printed for good (the live region is redrawn apart)

@@ -14,20 +14,11 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from specgen.controller import expected_tokens
+from specgen.controller import break_even_alpha, expected_tokens
 from specgen.events import Done, Prefilled, Span, Stats, Step
-from specgen.ui.live import (
-    LiveView,
-    ViewState,
-    apply,
-    body_text,
-    break_even_alpha,
-    console_has_color,
-    legend,
-    loading_status,
-    render,
-    render_summary,
-)
+from specgen.ui.live import LiveView, console_has_color, loading_status
+from specgen.ui.state import ViewState, apply
+from specgen.ui.text import body_text, legend, render, render_summary
 
 WIDTH = 40
 SGR = re.compile(r"\x1b\[([0-9;]*)m")

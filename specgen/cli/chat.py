@@ -283,20 +283,23 @@ def _plain_reply(events: Events) -> Done | None:
 def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
     """The live view for each reply (the user's message echoed dimmed when it was not typed
     on this terminal), then one dim line with the reply's figures."""
-    from specgen.ui import live as view  # start-up time: the live view loads rich.live
+    # start-up time: the live view loads rich.live
+    from specgen.ui.live import LiveView
+    from specgen.ui.state import ViewState
+    from specgen.ui.text import turn_text
 
     console = output.console()
 
     def show(session: ChatSession, line: str, events: Events) -> Done | None:
-        state = view.ViewState(
+        state = ViewState(
             session.target.name,
             None if draft_name == DRAFT_NONE else draft_name,
             show_rejected=show_rejected,
             prompt=line + "\n" if echo else "",
         )
-        with view.LiveView(console, state, summary=False) as lv:
+        with LiveView(console, state, summary=False) as lv:
             done = _consume(events, lv.update)
-        output.show(view.turn_text(state), "", highlight=False)
+        output.show(turn_text(state), "", highlight=False)
         return done
 
     return show

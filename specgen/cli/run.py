@@ -309,9 +309,10 @@ def _run_live(
 ) -> int:
     # start-up time: llama.cpp and the live view (rich.live), which `specgen --help` must not load
     from specgen.llamacpp import backend
-    from specgen.ui import live as view
+    from specgen.ui.live import LiveView
+    from specgen.ui.state import ViewState
 
-    state = view.ViewState(
+    state = ViewState(
         target_name,
         None if draft_name == DRAFT_NONE else draft_name,
         show_rejected=show_rejected,
@@ -319,7 +320,7 @@ def _run_live(
         prompt=prompt,
     )
     try:
-        with view.LiveView(output.console(), state) as live:
+        with LiveView(output.console(), state) as live:
             for ev in events:
                 live.update(ev)
     except KeyboardInterrupt:
