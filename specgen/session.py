@@ -29,8 +29,8 @@ from specgen.llamacpp import (
     parse_rpc_endpoints,
     supports_gpu_offload,
 )
+from specgen.models.files import sha256_file
 from specgen.models.gguf import check_gguf_file, explain_load_failure, header_fields
-from specgen.models.hub import sha256_file
 from specgen.models.resolve import resolve_models
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams

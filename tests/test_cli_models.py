@@ -211,7 +211,8 @@ def test_ctrl_c_during_a_download_exits_130_and_keeps_the_partial_file_to_resume
     import sys
     import time
 
-    from specgen.models.hub import download_model, find_cached
+    from specgen.models.download import download_model
+    from specgen.models.hub import find_cached
     from specgen.models.registry import load_registry
 
     src = tmp_path / "src"

@@ -9,8 +9,9 @@ import pytest
 from hubserver import HubServer, hub_env, isolate_env, tiny_gguf
 
 from specgen.errors import ConfigError, DownloadError, ModelFileError
-from specgen.models import hub as download
-from specgen.models.hub import download_model, find_cached, plan_download
+from specgen.models import hub as hub_api
+from specgen.models.download import download_model, plan_download
+from specgen.models.hub import blob_and_lock, find_cached
 from specgen.models.registry import load_registry
 from specgen.models.resolve import resolve_model, resolve_pair
 
@@ -296,7 +297,7 @@ def test_no_network_is_one_clear_error(tmp_path):
 
 def test_full_disk_is_refused_before_transfer(hub, ggufs, tmp_path, monkeypatch):
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
-    monkeypatch.setattr(download, "_free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(hub_api, "_free_bytes", lambda folder: 1000)
     entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
     with pytest.raises(DownloadError, match="not enough disk space.*HF_HOME"):
         download_model(entry)
@@ -363,7 +364,7 @@ def test_registry_modules_import_nothing_heavy():
     import sys
 
     code = (
-        "import sys, specgen.models.registry, specgen.models.hub;"
+        "import sys, specgen.models.registry, specgen.models.hub, specgen.models.files;"
         "print(sorted(m for m in ('huggingface_hub', 'yaml', 'rich', 'typer', 'llama_cpp')"
         " if m in sys.modules))"
     )
@@ -397,13 +398,13 @@ def test_upstream_hf_hub_download_does_not_resume_so_hub_transfer_does(hub, gguf
 
 
 def test_upstream_blob_layout_is_what_resuming_writes_to(hub, ggufs):
-    """hub._blob_and_lock names the blob hf_hub_download links; _fetch puts bytes there."""
+    """hub.blob_and_lock names the blob hf_hub_download links; hub.fetch puts bytes there."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 
     hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
     path = hf_hub_download("org/target-GGUF", "target-q8_0.gguf")
     meta = get_hf_file_metadata(hf_hub_url("org/target-GGUF", "target-q8_0.gguf"))
-    blob, lock = download._blob_and_lock("org/target-GGUF", meta.etag)
+    blob, lock = blob_and_lock("org/target-GGUF", meta.etag)
     assert Path(path).resolve() == blob.resolve() and blob.read_bytes() == ggufs["target"]
     assert lock.is_file()  # the lock hf_hub_download took for this blob
 

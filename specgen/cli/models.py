@@ -1,7 +1,8 @@
-"""`specgen download` and `specgen models`: thin commands over models/registry.py and hub.py.
+"""`specgen download` and `specgen models`: thin commands over models/registry.py and
+models/download.py.
 
-hub.py (numpy through models/gguf.py), the progress bars and the report tables are imported
-inside the commands, so that `specgen --help` and the other commands start fast."""
+models/download.py (numpy through models/gguf.py), the progress bars and the report tables
+are imported inside the commands, so that `specgen --help` and the other commands start fast."""
 
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ def download(
         else:
             _download(entry, revision, force)
     if unreachable is not None:
-        from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+        # start-up time: models/download.py loads numpy (and huggingface_hub when it asks)
+        from specgen.models.download import dry_run_unchecked
 
         # the plan is printed: a dry run that did its job, so say what is missing and exit 0
-        output.notice(hub.dry_run_unchecked(unreachable))
+        output.notice(dry_run_unchecked(unreachable))
 
 
 def _build_demo(entry: ModelEntry, dry_run: bool) -> None:
@@ -84,11 +86,12 @@ def _build_demo(entry: ModelEntry, dry_run: bool) -> None:
 def _show_plan(entry: ModelEntry, revision: str | None) -> NetworkError | None:
     """One line per file of `entry`: size, cached or not; offline, what the registry knows
     (it needs no network; the Hub's answer does), and the error to report at the end."""
-    from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+    # start-up time: models/download.py loads numpy (and huggingface_hub when it asks)
+    from specgen.models.download import plan_download
     from specgen.ui.reports import human_bytes  # start-up time: the reports load rich tables
 
     try:
-        plans = hub.plan_download(entry, revision)
+        plans = plan_download(entry, revision)
     except NetworkError as e:
         size = f"~{entry.size_gb:g} GB" if entry.size_gb else "size unknown"
         output.write_line(f"{entry.name}\t{entry.repo}/{entry.file}\t{size}\tnot checked")
@@ -101,11 +104,12 @@ def _show_plan(entry: ModelEntry, revision: str | None) -> NetworkError | None:
 
 
 def _download(entry: ModelEntry, revision: str | None, force: bool) -> None:
-    from specgen.models import hub  # start-up time: hub.py loads huggingface_hub and numpy
+    # start-up time: models/download.py loads numpy (and huggingface_hub when it asks)
+    from specgen.models.download import download_model
     from specgen.ui.progress import download_bars  # start-up time: rich's progress bars
 
     with download_bars(output.err_console()) as hook:
-        result = hub.download_model(entry, revision=revision, force=force, progress=hook)
+        result = download_model(entry, revision=revision, force=force, progress=hook)
     output.write_line(f"{entry.name}\t{result.path}")
 
 

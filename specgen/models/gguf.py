@@ -1,7 +1,7 @@
 """Read GGUF headers, derive GGUF model files from other GGUF files.
 
 The one reader of GGUF headers: :func:`read_magic` (the first four bytes, checked against
-:data:`GGUF_MAGIC` by :func:`check_gguf_file` and models/hub.py) and :func:`header_fields`
+:data:`GGUF_MAGIC` by :func:`check_gguf_file` and models/files.py) and :func:`header_fields`
 (a few keys, for bench's record). Two writers, built on the ``gguf`` package (no llama.cpp
 needed), and the plumbing the tests' writers (``tests/tinymodels.py``) share:
 
@@ -18,7 +18,7 @@ Shapes: ``GGUFReader`` reports ``tensor.shape`` in GGML order (``ne0`` first, th
 ``GGUFWriter.add_tensor_info`` takes numpy order (it reverses when writing).
 
 The ``gguf`` package is imported inside the functions that parse or write a file: session.py
-and models/hub.py import this module for its header checks alone.
+and models/files.py import this module for its header checks alone.
 """
 
 from __future__ import annotations

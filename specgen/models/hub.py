@@ -1,4 +1,6 @@
-"""Model downloads into the standard Hugging Face cache, through huggingface_hub's public API.
+"""The one door to huggingface_hub: its settings, the cache lookup, the Hub's requests (file
+lists, metadata, fetching a file into the standard Hugging Face cache) and its errors as
+one-line messages, through huggingface_hub's public API.
 
 Settings are huggingface_hub's own (:mod:`huggingface_hub.constants`, read when it is first
 imported): ``HF_ENDPOINT``, ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``; the token is
@@ -13,29 +15,24 @@ partial file; ``hf_hub_download`` then links the finished blob into its snapshot
 ``tests/test_download.py::test_upstream_*`` fail when upstream changes what this relies on.
 
 huggingface_hub (and its HTTP client) is imported inside the functions that use it: importing
-it costs about 150 ms, and `specgen models` and registry lookups import this module for the
-cache paths and checksums alone (``test_registry_modules_import_nothing_heavy``).
+it costs about 150 ms, and registry lookups import this module for the cache paths alone
+(``test_registry_modules_import_nothing_heavy``). What a download does with these calls is
+``specgen.models.download``; the files' checks are ``specgen.models.files``.
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
-import hashlib
-import json
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specgen.errors import ConfigError, DownloadError, ModelFileError, NetworkError
-from specgen.fileio import atomic_write
-from specgen.models.demo import cache_dir
-from specgen.models.gguf import GGUF_MAGIC, read_magic
+from specgen.errors import DownloadError, ModelFileError, NetworkError
+from specgen.models.files import SPLIT_NAME, select_files, split_names
 
 if TYPE_CHECKING:
     from specgen.models.registry import ModelEntry
@@ -44,33 +41,10 @@ if TYPE_CHECKING:
 ProgressHook = Callable[[str, int, "int | None"], None]
 
 LIBRARY = "specgen"
-_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _GLOB_CHARS = frozenset("*?[")
 #: a transfer that stops without receiving a byte is retried this many times in one run
 _STALLED_RETRIES = 3
-
-
-@dataclass(frozen=True)
-class FilePlan:
-    """What a download of one file would do (``specgen download --dry-run``)."""
-
-    filename: str
-    size_bytes: int | None
-    cached: bool
-
-
-@dataclass(frozen=True)
-class DownloadResult:
-    """Downloaded files of one model, first shard first; ``path`` is the one to load."""
-
-    model: str
-    paths: tuple[Path, ...]
-    transferred_bytes: int
-
-    @property
-    def path(self) -> Path:
-        return self.paths[0]
 
 
 # --- huggingface_hub's settings --------------------------------------------------------------
@@ -103,44 +77,7 @@ def _token() -> str | None:
     return get_token()
 
 
-# --- file selection and the cache (no network) ----------------------------------------------
-
-
-def select_files(pattern: str, available: list[str]) -> list[str]:
-    """The files a registry ``file`` (exact name or glob) stands for, first shard first.
-
-    Returns [] when nothing matches. A match inside a split set (``-00001-of-0000N.gguf``)
-    stands for the whole set.
-
-    Raises:
-        ModelFileError: the pattern matches several files or sets, or a set is incomplete.
-    """
-    matches = sorted(f for f in available if fnmatch.fnmatchcase(f, pattern))
-    groups: dict[tuple[str, str | None], list[str]] = {}
-    for f in matches:
-        m = _SPLIT.match(f)
-        groups.setdefault((m["stem"], m["n"]) if m else (f, None), []).append(f)
-    if len(groups) > 1:
-        shown = ", ".join(matches[:8]) + (", ..." if len(matches) > 8 else "")
-        raise ModelFileError(
-            f"{pattern!r} matches {len(matches)} files ({shown}): "
-            "make `file:` match one file or one split set"
-        )
-    if not groups:
-        return []
-    ((stem, n),) = groups
-    if n is None:
-        return matches
-    names = split_names(stem, int(n))
-    missing = sorted(set(names) - set(available))
-    if missing:
-        raise ModelFileError(f"split set {stem} is incomplete: missing {', '.join(missing)}")
-    return names
-
-
-def split_names(stem: str, count: int) -> list[str]:
-    """All shard names of a split set, first shard first."""
-    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+# --- the cache (no network) -----------------------------------------------------------------
 
 
 def find_cached(entry: ModelEntry, revision: str | None = None) -> list[Path] | None:
@@ -181,203 +118,12 @@ def find_cached(entry: ModelEntry, revision: str | None = None) -> list[Path] | 
     return None
 
 
-def verify_files(entry: ModelEntry, paths: list[Path], sizes: list[int | None]) -> None:
-    """Check GGUF magic and sizes (bytes) of every file, and the registry SHA-256 if given.
-
-    Deletes nothing.
-
-    Raises:
-        ModelFileError: a file is not GGUF, has the wrong size or the wrong SHA-256.
-    """
-    for path, size in zip(paths, sizes, strict=True):
-        magic = read_magic(path)
-        if magic != GGUF_MAGIC:
-            raise ModelFileError(
-                f"{path} is not a GGUF file (starts with {magic!r}); check `file:` for "
-                f"{entry.name} in the registry, then `specgen download {entry.name} --force`"
-            )
-        actual = path.stat().st_size
-        if size is not None and actual != size:
-            raise ModelFileError(
-                f"{path} has {actual} bytes, the Hub says {size}: "
-                f"run `specgen download {entry.name} --force`"
-            )
-    if entry.sha256:
-        digest = sha256_file(paths[0])
-        _remember_checksum(paths[0], None if digest == entry.sha256 else digest)
-        if digest != entry.sha256:
-            raise ModelFileError(
-                f"SHA-256 mismatch for {entry.name}: expected {entry.sha256}, got {digest}; "
-                f"the file is kept at {paths[0]} but not loaded. If the repository changed, "
-                f"pin `revision:` or update `sha256:` in {entry.source}; otherwise download "
-                f"it again with `specgen download {entry.name} --force`"
-            )
-
-
-def checksum_failure(entry: ModelEntry, paths: list[Path]) -> str | None:
-    """Why the cached ``paths`` of ``entry`` must not be loaded, or None if they may be.
-
-    A file that failed the registry's SHA-256 check stays in the cache (nothing is deleted
-    without the user asking) but is refused until it is downloaded again (``--force``), or
-    the registry's ``sha256`` is changed to its digest or removed. The check reads a record
-    kept by :func:`verify_files`, not the file: a multi-GB file is hashed only on download.
-    """
-    if not entry.sha256 or not paths:
-        return None
-    got = _recorded_failure(paths[0])
-    if got is None or got == entry.sha256:
-        return None
-    return (
-        f"{entry.name} failed its SHA-256 check (expected {entry.sha256}, got {got}), so "
-        f"{paths[0]} is not loaded: download it again with `specgen download {entry.name} "
-        f"--force`, or if the repository changed on purpose, pin `revision:` or update "
-        f"`sha256:` in {entry.source}"
-    )
-
-
-def _failures_file() -> Path:
-    return cache_dir() / "checksum-failures.json"
-
-
-def _file_key(path: Path) -> tuple[str, list[int]]:
-    """A file's identity: its real path, and (size, mtime in ns) to notice it was replaced."""
-    st = path.stat()
-    return str(path.resolve()), [st.st_size, st.st_mtime_ns]
-
-
-def _read_failures() -> dict[str, Any]:
-    try:
-        data = json.loads(_failures_file().read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _recorded_failure(path: Path) -> str | None:
-    """The digest a failed check found for ``path``, if that same file is still there."""
-    try:
-        key, stamp = _file_key(path)
-    except OSError:
-        return None
-    record = _read_failures().get(key)
-    if not isinstance(record, dict) or record.get("stamp") != stamp:
-        return None
-    got = record.get("got")
-    return got if isinstance(got, str) else None
-
-
-def _remember_checksum(path: Path, failed_digest: str | None) -> None:
-    """Record (``failed_digest``) or forget (None) a failed SHA-256 check of ``path``."""
-
-    key, stamp = _file_key(path)
-    failures = {k: v for k, v in _read_failures().items() if Path(k).exists()}
-    if failed_digest is None and key not in failures:
-        return
-    if failed_digest is None:
-        del failures[key]
-    else:
-        failures[key] = {"got": failed_digest, "stamp": stamp}
-    target = _failures_file()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, (json.dumps(failures, indent=1) + "\n").encode("utf-8"))
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, read in chunks of ``chunk_bytes``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
 # --- the network ---------------------------------------------------------------------------
-
-
-def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePlan]:
-    """The files a download would fetch, with sizes (bytes) and whether each is cached.
-
-    Uses the network (file metadata only) unless offline.
-
-    Raises:
-        NetworkError: offline, or the Hub cannot be reached, and the files are not cached.
-        DownloadError: authentication or missing-file problems.
-    """
-    repo = _check_downloadable(entry)
-    rev = revision or entry.revision or "main"
-    if is_offline():
-        cached = find_cached(entry, rev)
-        if cached is None:
-            raise _offline_error(entry)
-        return [FilePlan(p.name, p.stat().st_size, True) for p in cached]
-    plans = []
-    with _hub_errors(entry, rev):
-        for name in _remote_names(entry, rev):
-            _, meta = _metadata(repo, name, rev)
-            blob, _ = _blob_and_lock(repo, meta.etag)
-            plans.append(FilePlan(name, meta.size, blob.is_file()))
-    return plans
-
-
-def download_model(
-    entry: ModelEntry,
-    *,
-    revision: str | None = None,
-    force: bool = False,
-    progress: ProgressHook | None = None,
-) -> DownloadResult:
-    """Download every file of a registry model into the Hub cache, then verify it.
-
-    Args:
-        entry: a non-embedded registry model.
-        revision: overrides the registry's revision (default ``main``).
-        force: delete this model's cached copy first (an explicit user request).
-        progress: called with (file name, bytes done, total bytes) as bytes arrive.
-
-    Raises:
-        DownloadError: no network, gated/private repository, missing file, full disk,
-            interrupted transfer (the next run resumes it).
-        ModelFileError: the downloaded file fails the GGUF, size or SHA-256 check.
-        KeyboardInterrupt: passed through; the partial file is kept where the next run
-            resumes from (``blobs/<etag>.incomplete``), never in a snapshot.
-    """
-    repo = _check_downloadable(entry)
-    rev = revision or entry.revision or "main"
-    if is_offline():
-        cached = find_cached(entry, rev)
-        if cached is None:
-            raise _offline_error(entry)
-        verify_files(entry, cached, [None] * len(cached))
-        return DownloadResult(entry.name, tuple(cached), 0)
-    paths: list[Path] = []
-    sizes: list[int | None] = []
-    moved = 0
-    with _hub_errors(entry, rev):
-        names = _remote_names(entry, rev)
-        if entry.sha256 and len(names) > 1:
-            raise ConfigError(
-                f"{entry.source}: models.{entry.name}.sha256: the model is a split set of "
-                f"{len(names)} files; remove sha256"
-            )
-        for name in names:
-            path, size, n = _fetch(repo, name, rev, force, progress)
-            paths.append(path)
-            sizes.append(size)
-            moved += n
-    verify_files(entry, paths, sizes)
-    return DownloadResult(entry.name, tuple(paths), moved)
 
 
 def _client() -> dict[str, Any]:
     """The keyword arguments every huggingface_hub call gets."""
     return {"token": _token(), "library_name": LIBRARY}
-
-
-def _check_downloadable(entry: ModelEntry) -> str:
-    """The entry's Hub repository; ConfigError for an embedded model."""
-    if entry.embedded or entry.repo is None or entry.file is None:
-        raise ConfigError(f"{entry.name} is an embedded model: nothing to download")
-    return entry.repo
 
 
 def _list_files(repo: str, revision: str) -> list[str]:
@@ -401,11 +147,11 @@ def _list_files(repo: str, revision: str) -> list[str]:
     return [s.rfilename for s in info.siblings or []]
 
 
-def _remote_names(entry: ModelEntry, revision: str) -> list[str]:
+def remote_names(entry: ModelEntry, revision: str) -> list[str]:
     """Exact names need no listing (split shards are named by rule); globs list the repo."""
     assert entry.file is not None and entry.repo is not None
     if not _GLOB_CHARS & set(entry.file):
-        m = _SPLIT.match(entry.file)
+        m = SPLIT_NAME.match(entry.file)
         return split_names(m["stem"], int(m["n"])) if m else [entry.file]
     available = _list_files(entry.repo, revision)
     names = select_files(entry.file, available)
@@ -414,15 +160,15 @@ def _remote_names(entry: ModelEntry, revision: str) -> list[str]:
     return names
 
 
-def _fetch(
+def fetch(
     repo: str, filename: str, revision: str, force: bool, progress: ProgressHook | None
 ) -> tuple[Path, int | None, int]:
     """Fetch one file into the cache: (snapshot path, size in bytes, bytes transferred)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import WeakFileLock
 
-    url, meta = _metadata(repo, filename, revision)
-    blob, lock = _blob_and_lock(repo, meta.etag)
+    url, meta = metadata(repo, filename, revision)
+    blob, lock = blob_and_lock(repo, meta.etag)
     partial = blob.with_name(blob.name + ".incomplete")
     if force:
         info = hf_hub_download(repo, filename, revision=revision, dry_run=True, **_client())
@@ -442,7 +188,7 @@ def _fetch(
     return Path(path), meta.size, moved
 
 
-def _metadata(repo: str, filename: str, revision: str) -> tuple[str, Any]:
+def metadata(repo: str, filename: str, revision: str) -> tuple[str, Any]:
     """(URL, ``HfFileMetadata``) of one file: one HEAD request, no retries, so that a
     missing network is said at once (``hf_hub_download`` retries for about 20 s first)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
@@ -457,7 +203,7 @@ def _metadata(repo: str, filename: str, revision: str) -> tuple[str, Any]:
     return url, meta
 
 
-def _blob_and_lock(repo: str, etag: str) -> tuple[Path, Path]:
+def blob_and_lock(repo: str, etag: str) -> tuple[Path, Path]:
     """Where ``hf_hub_download`` keeps a file's bytes and the lock it takes to write them.
 
     The one place that knows huggingface_hub's cache layout (no public function names a
@@ -563,7 +309,7 @@ def _free_bytes(folder: Path) -> int:
 
 
 @contextmanager
-def _hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
+def hub_errors(entry: ModelEntry, revision: str) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into one-line DownloadErrors."""
     import httpx2
     from huggingface_hub.errors import (
@@ -646,21 +392,7 @@ def _missing_file_error(
     )
 
 
-def dry_run_unchecked(e: NetworkError) -> str:
-    """What a dry run could not check without the Hub (``e`` from :func:`plan_download`), in
-    one line: the rows marked "not checked" came from the registry alone."""
-    why = (
-        "HF_HUB_OFFLINE is set"
-        if is_offline()
-        else f"cannot reach {hub_endpoint()} ({type(e.__cause__ or e).__name__})"
-    )
-    return (
-        f"{why}: the rows marked 'not checked' show the registry's file and size, not the"
-        " Hub's (file names, sizes and cache state unchecked); nothing was downloaded"
-    )
-
-
-def _offline_error(entry: ModelEntry) -> NetworkError:
+def offline_error(entry: ModelEntry) -> NetworkError:
     return NetworkError(
         f"{entry.name} is not in the cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set: "
         f"unset HF_HUB_OFFLINE and run `specgen download {entry.name}`"

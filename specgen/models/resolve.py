@@ -13,8 +13,8 @@ from specgen.flags import DRAFT_AUTO, DRAFT_NGRAM, DRAFT_NONE
 from specgen.models.demo import DEMO_MODELS, cache_dir, ensure_demo_model, ensure_demo_pair
 from specgen.models.registry import ModelEntry, Registry, load_registry
 
-# models/hub.py is imported inside the functions that look up a download: it reads GGUF
-# headers with numpy, which `specgen --help` and `specgen run -m FILE` need not load.
+# models/hub.py and models/files.py are imported inside the functions that look up a download:
+# they read GGUF headers with numpy, which `specgen --help` and `specgen run -m FILE` need not load.
 
 __all__ = [
     "DRAFT_AUTO",
@@ -51,7 +51,8 @@ def resolve_model(reg: Registry, name_or_path: str) -> Path:
         )
     if entry.embedded:
         return ensure_demo_model(entry.name)
-    from specgen.models.hub import checksum_failure, find_cached
+    from specgen.models.files import checksum_failure
+    from specgen.models.hub import find_cached
 
     files = find_cached(entry)
     if files is None:
@@ -180,7 +181,7 @@ def _resolve_one(name: str, models: Path | None) -> Path | str:
 
 def checksum_failure(m: ModelEntry, paths: list[Path]) -> str | None:
     """Why the downloaded ``paths`` of ``m`` are refused (failed SHA-256 check), or None."""
-    from specgen.models.hub import checksum_failure as failure
+    from specgen.models.files import checksum_failure as failure
 
     return None if m.embedded else failure(m, paths)
 
