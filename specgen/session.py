@@ -30,7 +30,7 @@ from specgen.llamacpp import (
     supports_gpu_offload,
 )
 from specgen.models.files import sha256_file
-from specgen.models.gguf import check_gguf_file, explain_load_failure, header_fields
+from specgen.models.header import check_gguf_file, explain_load_failure, header_fields
 from specgen.models.resolve import resolve_models
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams

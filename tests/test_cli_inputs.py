@@ -393,7 +393,7 @@ def test_version() -> None:
 
 
 def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: Path) -> None:
-    from specgen.models.gguf import implied_size
+    from specgen.models.header import implied_size
 
     data = tiny_target.read_bytes()
     assert implied_size(tiny_target) == len(data)

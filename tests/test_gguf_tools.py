@@ -1,4 +1,5 @@
-"""specgen.models.gguf and specgen.models.demo: real files, read back with gguf and llama.cpp."""
+"""specgen.models.gguf, specgen.models.header and specgen.models.demo: real files, read back
+with gguf and llama.cpp."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import tinymodels
 
 from specgen.errors import ConfigError, ModelFileError
-from specgen.models import demo
+from specgen.models import demo, header
 from specgen.models import gguf as gguf_tools
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -389,19 +390,19 @@ def test_header_fields_agree_with_gguf_reader_and_stop_early(tiny_target: Path) 
         "tokenizer.ggml.tokens",  # an array: not returned
         "no.such.key",
     ]
-    got = gguf_tools.header_fields(tiny_target, keys)
+    got = header.header_fields(tiny_target, keys)
     assert set(got) == set(keys[:4])
     for key in keys[:4]:
         assert got[key] == pytest.approx(fields[key][0])
-    assert gguf_tools.read_magic(tiny_target) == gguf_tools.GGUF_MAGIC
+    assert header.read_magic(tiny_target) == header.GGUF_MAGIC
 
 
 def test_header_fields_refuse_non_gguf_and_truncated_files(tiny_target: Path, tmp_path) -> None:
     not_gguf = tmp_path / "x.gguf"
     not_gguf.write_bytes(b"<html>")
     with pytest.raises(ModelFileError, match="not a GGUF file"):
-        gguf_tools.header_fields(not_gguf, ["general.architecture"])
+        header.header_fields(not_gguf, ["general.architecture"])
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_target.read_bytes()[:2000])  # inside the token list
     with pytest.raises(ModelFileError, match="truncated or corrupt"):
-        gguf_tools.header_fields(cut, ["tokenizer.ggml.add_bos_token"])
+        header.header_fields(cut, ["tokenizer.ggml.add_bos_token"])

@@ -13,7 +13,7 @@ import tinymodels as gguf_tools
 from hubserver import isolate_env, tiny_gguf
 
 from specgen.models import local
-from specgen.models.gguf import read_vocab
+from specgen.models.header import read_vocab
 
 
 def _write(path: Path, **kw) -> Path:

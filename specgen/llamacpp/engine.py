@@ -43,7 +43,7 @@ def _load_failure(path: Path) -> ModelLoadFailure:
     """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
     last line, "failed to load model", says nothing), and for a file that ends early, that
     it is truncated or corrupt, with its size. (The size its header implies is added by
-    `specgen.models.gguf.explain_load_failure`: reading a header is not this door's job.)"""
+    `specgen.models.header.explain_load_failure`: reading a header is not this door's job.)"""
     lines = [ln.strip() for ln in _recent_log if ln.strip()]
     truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
     reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from specgen.errors import ModelFileError
 from specgen.fileio import atomic_write
 from specgen.models.demo import cache_dir
-from specgen.models.gguf import GGUF_MAGIC, read_magic
+from specgen.models.header import GGUF_MAGIC, read_magic
 
 if TYPE_CHECKING:
     from specgen.models.registry import ModelEntry

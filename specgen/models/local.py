@@ -4,7 +4,7 @@ llama.cpp's cache, LM Studio's models folder and Ollama's blob store (`specgen m
 could use from them (`-md auto`).
 
 Nothing is loaded: each file's vocabulary comes from its GGUF header
-(:func:`specgen.models.gguf.read_vocab`), and no network is used.
+(:func:`specgen.models.header.read_vocab`), and no network is used.
 
 Where each tool keeps its files (looked up at each call, from the environment):
 
@@ -37,7 +37,7 @@ from specgen.compat import check_compatible
 from specgen.engine import VocabInfo
 from specgen.errors import ModelFileError, VocabMismatchError
 from specgen.models.demo import cache_dir
-from specgen.models.gguf import GGUF_MAGIC, HeaderVocab, read_magic, read_vocab
+from specgen.models.header import GGUF_MAGIC, HeaderVocab, read_magic, read_vocab
 
 HUGGING_FACE = "Hugging Face"
 LLAMA_CPP = "llama.cpp"
