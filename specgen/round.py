@@ -47,6 +47,7 @@ from specgen.stages import (
     time_passes,
     tokens_to_score,
     verify_block,
+    with_lead,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +55,11 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (`time.perf_counter`); tests pass a fake one."""
+
+
+#: the most tokens the grammar's lead (`Sequence.draft_context`) chains in one round: a
+#: bound on a round's batch (a long forced string is spelt over several rounds)
+LEAD_MAX = 32
 
 
 def _now() -> float:
@@ -81,6 +87,11 @@ class Proposal:
             there (the block's `Block.sole` and the bonus position): the constrained p
             is one-hot on it whatever the logits. Empty when the request asks for
             log-probabilities (every emitted token needs its row).
+        lead: how many of the block's first tokens are the grammar's lead
+            (`Sequence.draft_context`): tokens it allows alone after the committed ones,
+            chained before drafting whatever K is, at no draft pass and no row. They are
+            always accepted and are not what K was chosen for, so the policy does not
+            learn from them.
     """
 
     k: int
@@ -93,6 +104,7 @@ class Proposal:
     decode0: float = 0.0
     decode1: float = 0.0
     forced: tuple[tuple[int, int], ...] = ()
+    lead: int = 0
 
     @property
     def to_score(self) -> list[int]:
@@ -180,6 +192,8 @@ class Sequence:
         self._t_decode = self._t_last = self.clock()
         # set by `prefill`: the first round is ordinary, the start-up follows it
         self._first_ordinary = self._start_due = False
+        # `draft_context`'s lead for the round about to be proposed: (len(committed), lead)
+        self._lead: tuple[int, list[int]] = (-1, [])
 
     def _attach_grammar(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
@@ -318,23 +332,59 @@ class Sequence:
             return 0
         return self.policy.choose_k(min(self.emitter.remaining - 1, self._room()))
 
-    def propose(self, k: int, block: Block | None = None, drafted_s: float = 0.0) -> Proposal:
-        """Stage 1: up to k proposals with their q rows, or `block` when it was drafted
-        elsewhere (the server drafts every slot's block in one decode per depth), which
-        took `drafted_s` seconds, all of it inside llama_decode for this sequence's
-        accounting of host time."""
+    def draft_context(self, k: int) -> list[int]:
+        """The context this round's block of up to k proposals is drafted after: the
+        committed tokens, then the grammar's lead, the tokens it allows alone from there
+        on (`GrammarProcessor.single`, on the target's matcher), chained whatever k is.
+
+        Each lead token has a one-hot constrained p whatever the logits (see
+        `Proposal.full_rows`), so with a one-hot q it is always accepted and needs no
+        draft pass and no target row: the grammar drafts it for free (issue 36). Under a
+        JSON Schema with fixed separators that is every key, quote, colon and brace the
+        schema dictates. Only with a drafter (`--draft none` stays ordinary decoding, one
+        token per pass, the baseline) and at most `LEAD_MAX` tokens, within -n and the
+        context with room for k more. The lead is kept for the next `propose`, which
+        puts it in front of the block."""
+        lead: list[int] = []
+        if self.grammar is not None and self.drafter is not None:
+            cap = min(self.emitter.remaining - 1, self._room(), k + LEAD_MAX) - k
+            while len(lead) < cap:
+                t = self.grammar.single(self.committed, lead)
+                if t is None:
+                    break
+                lead.append(t)
+                if self.target.is_eog(t):
+                    break
+        self._lead = (len(self.committed), lead)
+        return self.committed + lead if lead else self.committed
+
+    def propose(
+        self, k: int, block: Block | None = None, drafted_s: float = 0.0, lead: bool = True
+    ) -> Proposal:
+        """Stage 1: up to k proposals with their q rows after the grammar's lead
+        (`draft_context`), or `block` when it was drafted elsewhere after
+        `draft_context(k)` (the server drafts every slot's block in one decode per
+        depth), which took `drafted_s` seconds, all of it inside llama_decode for this
+        sequence's accounting of host time. `lead` False: no lead (a round that must be
+        one ordinary pass, the first after the prompt)."""
         t_start, decode0 = self.clock() - drafted_s, self._inside() - drafted_s
         bonus = k == 0 or self.policy.bonus()
         if k == 0 and self._draft_engine is not None and self.policy.retime_draft():
             self._time_draft(1)  # a draft too slow to use: its cost, counted as drafting
         catchup_s = 0.0
         if block is None:
-            block = draft_block(self.drafter, self.committed, k, self.draft_rng)
+            context = self.draft_context(k) if lead else self.committed
+            block = draft_block(self.drafter, context, k, self.draft_rng)
             if k > 0 and self.drafter is not None:
                 catchup_s = self.drafter.catchup_s
+        at, head = self._lead
+        head = head if lead and at == len(self.committed) else []
+        self._lead = (-1, [])
+        if head:
+            block = with_lead(head, block, self.target.n_vocab)
         return Proposal(
             k, block, bonus, self.committed[-1], t_start, self.clock(), catchup_s,
-            decode0, self._inside(), self._forced_rows(block, bonus),
+            decode0, self._inside(), self._forced_rows(block, bonus), len(head),
         )  # fmt: skip
 
     def _forced_rows(self, block: Block, bonus: bool) -> tuple[tuple[int, int], ...]:
@@ -405,14 +455,17 @@ class Sequence:
         # the policy's verify cost is the whole rest of the round: all of it grows with the
         # block; catching up after ordinary rounds is a cost of the probe, passed apart
         if observe:
+            # the grammar's lead is not the block K was chosen for: the policy learns
+            # from what follows it (the lead is always accepted)
             self.policy.observe(
-                p.k, n, p.draft_s - p.catchup_s, verify_s + self.clock() - t2, m,
-                p.catchup_s,
+                p.k, max(0, n - p.lead), p.draft_s - p.catchup_s,
+                verify_s + self.clock() - t2, m - p.lead, p.catchup_s,
                 # prompt lookup's and the grammar's tokens cost no draft pass: free
-                n_lookup=p.block.sources.count("lookup") + p.block.sources.count("grammar"),
+                n_lookup=p.block.sources.count("lookup") + p.block.sources.count("grammar")
+                - p.lead,
             )  # fmt: skip
         t_end = self.clock()
-        if p.k == 0 and new:
+        if p.k == 0 and m == 0 and new:
             # an ordinary pass as this run pays for it, since the previous round ended
             # (the consumer's time between rounds included, as in tokens/s): an all-ordinary
             # run then shows a speedup of 1
@@ -500,7 +553,7 @@ class Sequence:
         forced = self._first_ordinary
         if forced:
             self._first_ordinary, self._start_due = False, True
-            proposal = self.propose(0)
+            proposal = self.propose(0, lead=False)
         else:
             if self._start_due:
                 self._start_due = False

@@ -246,6 +246,22 @@ def draft_block(
     return drafter.draft(context, k, rng)
 
 
+def with_lead(lead: list[int], block: Block, n_vocab: int) -> Block:
+    """`block` after `lead`, tokens the grammar allows alone (`Sequence.draft_context`):
+    each with a one-hot q, source "grammar" and its index in `Block.sole` (no target row);
+    the block's own `sole` indices move up by len(lead)."""
+    lead_q = Dists.one_hot(np.array(lead, dtype=np.int64), n_vocab)
+    if len(block.tokens) and block.q.dense:
+        lead_q = Dists(None, lead_q.to_dense(), n_vocab)
+    m = len(block.tokens)
+    return Block(
+        np.concatenate([np.array(lead, dtype=np.int64), block.tokens]),
+        Dists.concat([lead_q, block.q], n_vocab) if m else lead_q,
+        ("grammar",) * len(lead) + (block.sources or ("draft",) * m),
+        tuple(range(len(lead))) + tuple(len(lead) + i for i in block.sole),
+    )
+
+
 def tokens_to_score(last: int, block: Block, bonus: bool = True) -> list[int]:
     """Stage 2's input: [last, x_1..x_K], or [last, x_1..x_{K-1}] without the bonus position
     (the round then ends at x_K if all are accepted)."""

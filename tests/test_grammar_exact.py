@@ -457,3 +457,39 @@ def test_a_lazy_grammar_keeps_the_constrained_law_and_a_planted_bug_breaks_it(mo
     assert output_pvalue(params, spec=LAZY) > ALPHA
     monkeypatch.setattr(Matcher, "sync", no_rollback)
     assert output_pvalue(params, n=500, spec=LAZY, check_accepted=False) < ALPHA
+
+
+# -- the grammar's lead: forced tokens chained before drafting, whatever K is ------------
+
+
+def test_the_grammar_leads_a_round_at_k_0_for_free():
+    """With a drafter and K = 0 (the controller's choice when drafting does not pay), the
+    tokens the grammar allows alone after the committed ones still join the round, as its
+    lead: fewer target passes than ordinary constrained decoding, no row at a forced
+    position, no draft-model proposal, the same greedy output. Without a drafter
+    (`--draft none`) decoding stays ordinary: one token per pass."""
+    greedy = SamplingParams(temp=0.0)
+    config = GenerateConfig(20, greedy, grammar=FORCED_SPEC)
+    target, draft = TextEngine(seed=0, scale=1.0), TextEngine(seed=0, scale=1.0, noise=1.0)
+    drafter = ModelDrafter(draft, greedy, target.n_vocab)
+    led = list(generate(target, drafter, PROMPT, config, FixedK(0)))
+    plain = list(generate(TextEngine(seed=0, scale=1.0), None, PROMPT, config))
+    assert led[-1].tokens == plain[-1].tokens and led[-1].finish_reason == "stop"
+    led_steps = [e for e in led if isinstance(e, Step)]
+    plain_steps = [e for e in plain if isinstance(e, Step)]
+    assert all(s.n_proposed == 0 for s in plain_steps)
+    assert len(led_steps) < len(plain_steps)
+    assert sum(s.n_drafted_by.get("grammar", 0) for s in led_steps) >= 2
+    assert all(set(s.n_drafted_by) <= {"grammar"} and s.k == 0 for s in led_steps)
+    assert not forced_rows(target.row_contexts, PROMPT, FORCED_SPEC)
+
+
+def test_the_lead_keeps_the_constrained_law_and_a_planted_bug_breaks_it(monkeypatch):
+    """Rounds at K = 0 with a drafter (every round a lead, if any, and the target's token)
+    follow the constrained target's joint law; planted: the lead takes the first token
+    of a forced string where the mask allows another spelling too."""
+    params = SETTINGS[1]
+    assert output_pvalue(params, k=0, check_accepted=False) > ALPHA
+    assert output_pvalue(params, k=0, spec=TWO_WAYS, check_accepted=False) > ALPHA
+    monkeypatch.setattr(Matcher, "single", two_ways_single)
+    assert output_pvalue(params, k=0, n=300, spec=TWO_WAYS, check_accepted=False) < ALPHA

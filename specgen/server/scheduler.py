@@ -224,8 +224,10 @@ def _model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
     model down too, so that a slot whose draft lacks its prompt never drafted with it
     again (the catch-up's cost outweighs a low estimate). (0, 0) where the model's part
     was not reached or there is none; a block without lookup tokens counts as before,
-    at the K asked for."""
-    sources = prop.block.sources
+    at the K asked for. The grammar's lead (`Proposal.lead`, always accepted) is not
+    part of it."""
+    sources = prop.block.sources[prop.lead :]
+    n_accepted = max(0, n_accepted - prop.lead)
     if "lookup" not in sources:
         return prop.k, n_accepted
     head = 0
@@ -715,7 +717,7 @@ class Scheduler:
                 continue
             try:
                 if k > 0 and isinstance(d, ModelDrafter | HybridDrafter):
-                    together.append((slot, k, d.begin(seq.committed, k, seq.draft_rng)))
+                    together.append((slot, k, d.begin(seq.draft_context(k), k, seq.draft_rng)))
                 else:
                     proposals.append((slot, seq.propose(k)))
             except EngineError as exc:
@@ -853,7 +855,7 @@ class Scheduler:
                 continue
             slot.first = False  # this round is its ordinary first
             slot.reason = "first"
-            prop = slot.seq.propose(0)
+            prop = slot.seq.propose(0, lead=False)
             out.append((slot, SeqDecode(slot.index, part.tokens + prop.to_score, 1)))
             firsts.append((slot, prop))
             budget -= len(prop.to_score)
