@@ -24,7 +24,7 @@ from specgen.controller import Baseline
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
-from specgen.events import RoundTrace
+from specgen.events import RoundTrace, Source
 from specgen.hybrid import HybridDrafter
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
@@ -254,10 +254,11 @@ def with_lead(lead: list[int], block: Block, n_vocab: int) -> Block:
     if len(block.tokens) and block.q.dense:
         lead_q = Dists(None, lead_q.to_dense(), n_vocab)
     m = len(block.tokens)
+    sources: tuple[Source, ...] = ("grammar",) * len(lead) + (block.sources or ("draft",) * m)
     return Block(
         np.concatenate([np.array(lead, dtype=np.int64), block.tokens]),
         Dists.concat([lead_q, block.q], n_vocab) if m else lead_q,
-        ("grammar",) * len(lead) + (block.sources or ("draft",) * m),
+        sources,
         tuple(range(len(lead))) + tuple(len(lead) + i for i in block.sole),
     )
 
