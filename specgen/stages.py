@@ -254,7 +254,8 @@ def with_lead(lead: list[int], block: Block, n_vocab: int) -> Block:
     if len(block.tokens) and block.q.dense:
         lead_q = Dists(None, lead_q.to_dense(), n_vocab)
     m = len(block.tokens)
-    sources: tuple[Source, ...] = ("grammar",) * len(lead) + (block.sources or ("draft",) * m)
+    grammar: Source = "grammar"
+    sources = (grammar,) * len(lead) + (block.sources or (block.source(0),) * m)
     return Block(
         np.concatenate([np.array(lead, dtype=np.int64), block.tokens]),
         Dists.concat([lead_q, block.q], n_vocab) if m else lead_q,
