@@ -26,17 +26,17 @@ dev: $(STAMP)
 demo: install
 	$(VENV)/bin/specgen run -n 128 "Once upon a time, in a small village by the sea, there lived"
 
-# Everything: the tests that load no model on two workers (pytest-xdist: they are pure Python,
-# so two processes use both cores), then the model tests in one process (two llama.cpp
-# processes on the same cores slow each other down 50-150x: never in parallel).
+# Everything, on two pytest-xdist workers. tests/conftest.py pins each worker to its own
+# share of the CPUs, and llama.cpp's default thread count is that share: two llama.cpp
+# processes on the same cores slow each other down 50-150x (spinning threads), on disjoint
+# cores they do not. worksteal: an idle worker takes queued tests from the busy one.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not model" -n 2
-	$(PY) -m pytest -q -m model
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 # The tests on fakes and pure code: no model loaded (tests/conftest.py marks `model` every test
 # that uses a model fixture), on two workers.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not model" -n 2
+	$(PY) -m pytest -q -m "not model" -n 2 --dist worksteal
 
 # Builds (once, cached in .rpc-build/) an RPC-enabled llama-cpp-python and ggml-rpc-server
 # from the same llama.cpp sources into .venv-rpc, then runs the tests marked `rpc`.

