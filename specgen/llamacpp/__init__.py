@@ -12,7 +12,8 @@ from specgen.llamacpp.devices import (
     supports_gpu_offload,
     system_info,
 )
-from specgen.llamacpp.engine import EngineConfig, LlamaEngine, default_threads
+from specgen.llamacpp.engine import LlamaEngine
+from specgen.llamacpp.loading import EngineConfig, default_threads
 from specgen.llamacpp.rpc import (
     REBUILD_WITH_RPC,
     add_rpc_servers,

@@ -11,19 +11,18 @@ rows the loop asks for, so nothing grows as n_ctx x n_vocab (the high-level
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from specgen.engine import Logits, SeqDecode, VocabInfo
-from specgen.errors import EngineError, ModelFileError, ModelLoadError, ModelLoadFailure
+from specgen.errors import EngineError, ModelLoadError
 from specgen.llamacpp.devices import offload_devices
+from specgen.llamacpp.loading import EngineConfig, check_path, default_threads, load_failure
+from specgen.llamacpp.sequence import SequenceView
 from specgen.llamacpp.signals import (
     _ABORTABLE_TOKENS,
     _DECODE_ABORT_REF,
@@ -34,92 +33,10 @@ from specgen.llamacpp.signals import (
     _recent_log,
     _sigint_deferred,
 )
-
-# Lines llama.cpp logs when a file ends before its header says it should.
-_TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
+from specgen.llamacpp.vocab import VocabularyMixin
 
 
-def _load_failure(path: Path) -> ModelLoadFailure:
-    """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
-    last line, "failed to load model", says nothing), and for a file that ends early, that
-    it is truncated or corrupt, with its size. (The size its header implies is added by
-    `specgen.models.header.explain_load_failure`: reading a header is not this door's job.)"""
-    lines = [ln.strip() for ln in _recent_log if ln.strip()]
-    truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
-    reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())
-    reason = reason.split("error loading model:", 1)[-1].strip()
-    try:
-        size = path.stat().st_size
-    except OSError:
-        return ModelLoadFailure(f"llama.cpp could not load {path}: {reason}", path, reason)
-    if truncated is not None:
-        return ModelLoadFailure(
-            f"{path} is truncated or corrupt ({size:,} bytes; llama.cpp: {reason}):"
-            " download or build it again",
-            path,
-            reason,
-        )
-    return ModelLoadFailure(
-        f"llama.cpp could not load {path} ({size:,} bytes): {reason}", path, reason
-    )
-
-
-def default_threads() -> int:
-    """CPU threads to use when -t is 0: the CPUs this process may run on (also the
-    "usable CPUs" of bench's record)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
-def _check_path(path: Path) -> None:
-    """Refuse a path llama.cpp cannot open before it sees it (its NULL says less).
-
-    Raises:
-        ModelFileError: missing, a directory, or not a regular file.
-    """
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelFileError(f"{path} is a directory, not a GGUF file")
-    if not path.is_file():
-        raise ModelFileError(f"not a file: {path}")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Settings for one model.
-
-    Attributes:
-        n_ctx: context size in tokens (0 = the model's training context).
-        n_gpu_layers: layers offloaded to the GPU (-1 or 99 = all, 0 = CPU only).
-        n_threads: CPU threads for generation and batch evaluation (0 = llama.cpp default).
-        n_batch: maximum tokens per llama_decode call (longer prompts are split).
-        local_only: offload only to this machine's devices, never to RPC servers (the
-            draft's setting: it must not pay network round trips).
-        swa_full: keep every position in the sliding-window layers (llama.cpp's
-            `--swa-full`). Off by default: llama.cpp then sizes those layers' cache to the
-            window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
-            `truncate` re-evaluates the context in the rare case a rollback reaches
-            positions that cache no longer holds.
-        n_seq_max: sequences the cache holds (the server's slots, llama-server's -np).
-            With N > 1 the cache is unified (`kv_unified`: one buffer for all sequences)
-            of n_ctx cells (the server passes N x -c), and each sequence's context is
-            n_ctx // N: N sequences at their limit always fit together. 1 (the default)
-            is the single-stream engine.
-    """
-
-    n_ctx: int = 4096
-    n_gpu_layers: int = 0
-    n_threads: int = 0
-    n_batch: int = 512
-    local_only: bool = False
-    swa_full: bool = False
-    n_seq_max: int = 1
-
-
-class LlamaEngine:
+class LlamaEngine(VocabularyMixin):
     """One GGUF model with a KV cache, implementing `specgen.engine.Engine`.
 
     `tokens` mirrors the cache: positions 0..len(tokens)-1 are evaluated. `decode_s`
@@ -140,7 +57,7 @@ class LlamaEngine:
         self._batch = None
         self.path = Path(path)
         self.name = self.path.name
-        _check_path(self.path)
+        check_path(self.path)
         try:
             self._open(config)
         except BaseException:  # Ctrl-C included: free what was made, then pass it on
@@ -162,7 +79,7 @@ class LlamaEngine:
             self._model = model
         _raise_if_interrupted()  # the load was cancelled (NULL) or has just finished
         if not model:  # NULL: truncated, corrupt or unsupported
-            raise _load_failure(self.path)
+            raise load_failure(self.path)
         self._vocab = llama_cpp.llama_model_get_vocab(model)
 
         cparams = llama_cpp.llama_context_default_params()
@@ -241,55 +158,6 @@ class LlamaEngine:
         if not 0 <= seq < self.n_seq:
             raise EngineError(f"{self.name}: sequence {seq} is not in 0..{self.n_seq - 1}")
         return self._views[seq]
-
-    # -- vocabulary ---------------------------------------------------------------
-
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
-        """Tokenize UTF-8 bytes; special-token text (e.g. ``<start_of_turn>``) is parsed."""
-        n_max = len(text) + 8
-        buf = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, n_max, add_special, True)
-        if n < 0:  # buffer too small: -n is the size needed
-            n_max = -n
-            buf = (llama_cpp.llama_token * n_max)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, text, len(text), buf, n_max, add_special, True
-            )
-        if n < 0:
-            raise EngineError(f"{self.name}: tokenization failed")
-        return list(buf[:n])
-
-    def token_bytes(self, token: int) -> bytes:
-        """Bytes the token renders to in output text; control tokens give b''."""
-        piece = self._piece_cache.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            piece = buf.raw[: max(n, 0)]
-            self._piece_cache[token] = piece
-        return piece
-
-    def token_text(self, token: int) -> str:
-        """The vocabulary entry as stored (`llama_vocab_get_text`)."""
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def llama_vocab(self) -> Any:
-        """The model's `llama_vocab` pointer, valid while the engine is open: what
-        `specgen.grammar` builds its tokenizer from (llguidance's `lltokenizer_from_vocab`)."""
-        return self._vocab
-
-    def chat_template(self) -> str | None:
-        """The GGUF's default chat template (`tokenizer.chat_template`), or None."""
-        raw = llama_cpp.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8", errors="replace") if raw else None
-
-    def is_eog(self, token: int) -> bool:
-        """End-of-generation token (EOS, EOT, ...) per `llama_vocab_is_eog`."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     # -- evaluation ---------------------------------------------------------------
 
@@ -583,71 +451,3 @@ def _ascending_within(rows: tuple[int, ...], n_tokens: int, n_rows: int) -> bool
         and all(0 <= r < n_tokens for r in rows)
         and all(a < b for a, b in zip(rows, rows[1:], strict=False))
     )
-
-
-class SequenceView:
-    """Sequence `seq` of a `LlamaEngine`, implementing `specgen.engine.Engine`: the
-    vocabulary is the engine's; `decode` and `truncate` touch only this sequence's cells
-    (`llama_memory_seq_rm(mem, seq, n, -1)`), so one slot's rollback never moves another's.
-    `n_ctx` is this sequence's share of the unified cache; `decode_s` is the engine's
-    (shared by all sequences). `close` is a no-op: the engine owns the context."""
-
-    def __init__(self, engine: LlamaEngine, seq: int) -> None:
-        self.engine = engine
-        self.seq = seq
-        self.name = engine.name
-
-    @property
-    def n_vocab(self) -> int:
-        return self.engine.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.engine.n_ctx
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.engine.vocab
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.engine._seqs[self.seq]
-
-    @property
-    def decode_s(self) -> float:
-        return self.engine.decode_s
-
-    @property
-    def n_reprocessed(self) -> int:
-        return self.engine.n_reprocessed
-
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
-        return self.engine.tokenize(text, add_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.engine.token_bytes(token)
-
-    def token_text(self, token: int) -> str:
-        return self.engine.token_text(token)
-
-    def is_eog(self, token: int) -> bool:
-        return self.engine.is_eog(token)
-
-    def decode(
-        self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None
-    ) -> Logits:
-        """`LlamaEngine.decode` on this sequence (a view valid until the next decode)."""
-        return self.engine._decode_seq(self.seq, tokens, all_logits, rows)
-
-    def truncate(self, n: int) -> None:
-        """`LlamaEngine.truncate` on this sequence only."""
-        self.engine._truncate_seq(self.seq, n)
-
-    def copy_prefix(self, src: SequenceView, n: int) -> None:
-        """Hold the first n positions of `src` (another sequence of the same engine),
-        sharing its cells: see `LlamaEngine._copy_prefix`."""
-        assert src.engine is self.engine
-        self.engine._copy_prefix(src.seq, self.seq, n)
-
-    def close(self) -> None:
-        pass

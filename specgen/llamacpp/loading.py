@@ -1,0 +1,97 @@
+"""What opening a model with llama.cpp needs around the load itself: the settings
+(`EngineConfig`), the thread default, the path check before llama.cpp sees a file, and the
+error for a NULL from `llama_model_load_from_file`, read from what llama.cpp logged."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.errors import ModelFileError, ModelLoadFailure
+from specgen.llamacpp.signals import _last_error, _recent_log
+
+__all__ = ["EngineConfig", "check_path", "default_threads", "load_failure"]
+
+# Lines llama.cpp logs when a file ends before its header says it should.
+_TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
+
+
+def load_failure(path: Path) -> ModelLoadFailure:
+    """The error for a NULL from llama_model_load_from_file: llama.cpp's own reason (its
+    last line, "failed to load model", says nothing), and for a file that ends early, that
+    it is truncated or corrupt, with its size. (The size its header implies is added by
+    `specgen.models.header.explain_load_failure`: reading a header is not this door's job.)"""
+    lines = [ln.strip() for ln in _recent_log if ln.strip()]
+    truncated = next((ln for ln in lines if any(s in ln for s in _TRUNCATION_SIGNS)), None)
+    reason = truncated or next((ln for ln in lines if "error loading model:" in ln), _last_error())
+    reason = reason.split("error loading model:", 1)[-1].strip()
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ModelLoadFailure(f"llama.cpp could not load {path}: {reason}", path, reason)
+    if truncated is not None:
+        return ModelLoadFailure(
+            f"{path} is truncated or corrupt ({size:,} bytes; llama.cpp: {reason}):"
+            " download or build it again",
+            path,
+            reason,
+        )
+    return ModelLoadFailure(
+        f"llama.cpp could not load {path} ({size:,} bytes): {reason}", path, reason
+    )
+
+
+def default_threads() -> int:
+    """CPU threads to use when -t is 0: the CPUs this process may run on (also the
+    "usable CPUs" of bench's record)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def check_path(path: Path) -> None:
+    """Refuse a path llama.cpp cannot open before it sees it (its NULL says less).
+
+    Raises:
+        ModelFileError: missing, a directory, or not a regular file.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings for one model.
+
+    Attributes:
+        n_ctx: context size in tokens (0 = the model's training context).
+        n_gpu_layers: layers offloaded to the GPU (-1 or 99 = all, 0 = CPU only).
+        n_threads: CPU threads for generation and batch evaluation (0 = llama.cpp default).
+        n_batch: maximum tokens per llama_decode call (longer prompts are split).
+        local_only: offload only to this machine's devices, never to RPC servers (the
+            draft's setting: it must not pay network round trips).
+        swa_full: keep every position in the sliding-window layers (llama.cpp's
+            `--swa-full`). Off by default: llama.cpp then sizes those layers' cache to the
+            window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
+            `truncate` re-evaluates the context in the rare case a rollback reaches
+            positions that cache no longer holds.
+        n_seq_max: sequences the cache holds (the server's slots, llama-server's -np).
+            With N > 1 the cache is unified (`kv_unified`: one buffer for all sequences)
+            of n_ctx cells (the server passes N x -c), and each sequence's context is
+            n_ctx // N: N sequences at their limit always fit together. 1 (the default)
+            is the single-stream engine.
+    """
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    n_threads: int = 0
+    n_batch: int = 512
+    local_only: bool = False
+    swa_full: bool = False
+    n_seq_max: int = 1
