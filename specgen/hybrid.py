@@ -303,7 +303,7 @@ class HybridDrafting:
 
     def stop(self) -> None:
         """End the block at the proposals so far (`Drafting.stop`): the server cuts every
-        block short when a request arrives during drafting (`Scheduler._draft_depths`)."""
+        block short when a request arrives during drafting (`Drafting._draft_depths`)."""
         if self.inner is not None:
             self.inner.stop()
 

@@ -1,7 +1,7 @@
 """Admission and latency under load (issue 37), on fake engines and fake clocks (no timed
 test: every second below is the fake clock's).
 
-The rule (`specgen.server.scheduler`'s module docstring): a request that arrives while a
+The rule (`specgen.server.sched.step`'s module docstring): a request that arrives while a
 step drafts cuts the blocks short after the depth under way and joins that step's target
 decode (its first prompt chunk); the prompt's last chunk carries the request's first
 round, so its first token comes from the decode that ends its prefill; and while requests
@@ -22,7 +22,8 @@ from specgen.events import Done, Step
 from specgen.generate import GenerateConfig
 from specgen.hybrid import HybridDrafter
 from specgen.sampling import SamplingParams
-from specgen.server.scheduler import BatchReport, Job, Scheduler
+from specgen.server.sched.jobs import BatchReport, Job
+from specgen.server.sched.scheduler import Scheduler
 
 V = 6
 GREEDY = SamplingParams(temp=0.0)
@@ -318,7 +319,7 @@ def test_hybrid_blocks_cut_short_keep_every_request_s_output():
             draft_max=4,
         )  # fmt: skip
         if cut:
-            sched._arrival_waits = lambda: True  # type: ignore[method-assign]
+            sched.drafting.arrival_waits = lambda: True
         events: list[list[object]] = [[], [], []]
         prompts = ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [0, 3, 1])
         for i, p in enumerate(prompts):

@@ -30,7 +30,8 @@ from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import GrammarSpec, Matcher, compile_grammar, tokenizer_for
 from specgen.sampling import SamplingParams, draw, warp_rows
-from specgen.server.scheduler import Job, Scheduler
+from specgen.server.sched.jobs import Job
+from specgen.server.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
 PROMPT = [7, 1, 7]

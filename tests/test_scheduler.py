@@ -28,7 +28,8 @@ from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, Rate
 from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams
-from specgen.server.scheduler import DoesNotFit, Failed, Job, QueueFull, Scheduler
+from specgen.server.sched.jobs import DoesNotFit, Failed, Job, QueueFull
+from specgen.server.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
 V = 6
@@ -171,7 +172,7 @@ def sample_pairs(cut=False, n=N_PER_SETTING):
     with `cut`, every block is cut after its first depth as by an arrival (K = 1)."""
     sched, target, _ = make(k=3)
     if cut:
-        sched._arrival_waits = lambda: True
+        sched.drafting.arrival_waits = lambda: True
     counts = np.zeros((len(SETTINGS), V, V))
     sinks = []
     for i in range(n * len(SETTINGS)):
@@ -196,7 +197,7 @@ def sample_pairs(cut=False, n=N_PER_SETTING):
 
 @pytest.mark.parametrize("cut", [False, True])
 def test_every_setting_in_a_mixed_batch_follows_its_target_law(cut):
-    """Also with every block cut short by an arrival (`Scheduler._draft_depths`)."""
+    """Also with every block cut short by an arrival (`Drafting._draft_depths`)."""
     counts = sample_pairs(cut)
     for s, params in enumerate(SETTINGS):
         assert chi2_pvalue(counts[s], second_third_law(PROMPTS[s], params)) > ALPHA
@@ -806,7 +807,7 @@ def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
 def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     from specgen.engine import Block
     from specgen.round import Proposal
-    from specgen.server.scheduler import _model_part
+    from specgen.server.sched.step import model_part
 
     def prop(sources, k=None):
         tokens = np.zeros(len(sources), dtype=np.int64)
@@ -814,13 +815,13 @@ def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
         return Proposal(k or len(sources), block, True, 0, 0.0, 0.0)
 
     L, D = "lookup", "draft"
-    assert _model_part(prop([D] * 3, k=4), 1) == (4, 1)  # no lookup: as before
-    assert _model_part(prop([L] * 4), 2) == (0, 0)  # lookup alone: the model untested
-    assert _model_part(prop([L, L, D, D]), 1) == (0, 0)  # rejected before the model's part
-    assert _model_part(prop([L, L, D, D]), 2) == (2, 0)  # the model's first token rejected
-    assert _model_part(prop([L, L, D, D]), 3) == (2, 1)
-    assert _model_part(prop([D, L, L, L]), 0) == (1, 0)  # x_1 by the model, rejected
-    assert _model_part(prop([D, L, L, L]), 2) == (1, 1)  # accepted; the tail is lookup's
+    assert model_part(prop([D] * 3, k=4), 1) == (4, 1)  # no lookup: as before
+    assert model_part(prop([L] * 4), 2) == (0, 0)  # lookup alone: the model untested
+    assert model_part(prop([L, L, D, D]), 1) == (0, 0)  # rejected before the model's part
+    assert model_part(prop([L, L, D, D]), 2) == (2, 0)  # the model's first token rejected
+    assert model_part(prop([L, L, D, D]), 3) == (2, 1)
+    assert model_part(prop([D, L, L, L]), 0) == (1, 0)  # x_1 by the model, rejected
+    assert model_part(prop([D, L, L, L]), 2) == (1, 1)  # accepted; the tail is lookup's
 
 
 def test_runs_of_speculative_rounds_are_reported_when_they_end():

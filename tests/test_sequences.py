@@ -20,7 +20,8 @@ from specgen.engine import SeqDecode
 from specgen.errors import EngineError
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
-from specgen.server.scheduler import Job, Scheduler
+from specgen.server.sched.jobs import Job
+from specgen.server.sched.scheduler import Scheduler
 
 # the tiny model in F32: batched and single passes agree to float rounding
 TOL = 1e-3

@@ -26,7 +26,7 @@ from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server import runner, wire
 from specgen.server.app import Backend, Settings, State, _Events, create_app, deliver
-from specgen.server.scheduler import BatchReport, Failed, Job, Ticket
+from specgen.server.sched.jobs import BatchReport, Failed, Job, Ticket
 from specgen.server.shapes import Defaults
 
 USER = [{"role": "user", "content": "Hi there"}]

@@ -14,7 +14,8 @@ from specgen.events import Step
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server.metrics import Metrics
-from specgen.server.scheduler import BatchReport, Job, Scheduler
+from specgen.server.sched.jobs import BatchReport, Job
+from specgen.server.sched.scheduler import Scheduler
 
 V = 6
 GREEDY = SamplingParams(temp=0.0)

@@ -1,9 +1,7 @@
 """`specgen serve` end to end: the real command, scheduler and SmolLM2 pair over real HTTP,
 driven by the official `openai` client and httpx.
 
-NEEDS THE SCHEDULER: skipped until `specgen.server.scheduler.Scheduler` exists (the HTTP side
-and the scheduler are built apart and merged; until then scheduler.py holds only the agreed
-interface types). Every wait is for an observable state (a line, a chunk, a metric).
+Every wait is for an observable state (a line, a chunk, a metric).
 
 Greedy equality under concurrency: batched target decodes of different row counts may
 differ in the last bits of float arithmetic, so outputs may diverge at a near-tie; the
@@ -29,13 +27,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from specgen.server import scheduler as _scheduler
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(_scheduler, "Scheduler"),
-    reason="needs specgen.server.scheduler.Scheduler (merged from the scheduler branch)",
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"^specgen: serving (\S+) at (http://\S+)/v1 ")

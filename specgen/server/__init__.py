@@ -2,6 +2,6 @@
 
 The HTTP side (`schemas`, `app`, `guard`, `metrics`, `stats`, `runner`, `backend`) is the
 only place FastAPI/Starlette, uvicorn, sse-starlette, pydantic and prometheus-client enter;
-the scheduler (`scheduler`) knows nothing of HTTP. Nothing here is imported by the other
+the scheduler (the `sched` package) knows nothing of HTTP. Nothing here is imported by the other
 commands: `specgen.cli.serve` imports it lazily, so a missing ``serve`` extra is one line.
 """

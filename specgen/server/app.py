@@ -39,7 +39,7 @@ from specgen.grammar import GrammarSpec
 from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
-from specgen.server.scheduler import (
+from specgen.server.sched.jobs import (
     DoesNotFit,
     Failed,
     Job,
@@ -69,7 +69,7 @@ _POLL_S = 0.5  # how often a non-streaming request checks that its client is sti
 
 
 class SchedulerLike(Protocol):
-    """The part of `specgen.server.scheduler.Scheduler` the routes use."""
+    """The part of `specgen.server.sched.scheduler.Scheduler` the routes use."""
 
     n_parallel: int
     n_ctx_slot: int

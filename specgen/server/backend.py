@@ -111,7 +111,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     # start-up time: the scheduler and the chat module load numpy
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
-    from specgen.server.scheduler import Scheduler
+    from specgen.server.sched.scheduler import Scheduler
     from specgen.server.tools import TemplateTools
 
     target = opened.target

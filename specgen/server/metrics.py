@@ -23,7 +23,7 @@ from prometheus_client import (
 )
 
 from specgen.events import Step
-from specgen.server.scheduler import BatchReport
+from specgen.server.sched.jobs import BatchReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)

@@ -1,0 +1,12 @@
+"""The core of `specgen serve`, which knows nothing of HTTP: slots, a bounded queue, and
+one worker thread that owns llama.cpp and runs the batched rounds.
+
+One job per module:
+  - `jobs`: what crosses the seam with the HTTP side (`Job`, `Ticket`, the events, the
+    errors of `submit`, the per-step `BatchReport`);
+  - `scheduler`: `Scheduler`, the queue and the worker thread (admission into slots,
+    start-up calibration, delivery of each step's events);
+  - `slot`: a slot's state and its life (placed with a job, started, ended);
+  - `drafting`: drafting across slots (catch-up, one draft decode per depth, re-timing);
+  - `step`: one step (choose K, propose, ONE target decode, commit every slot).
+"""

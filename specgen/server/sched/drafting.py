@@ -1,0 +1,251 @@
+"""Drafting across slots: the blocks of every slot chosen to speculate, with ONE draft
+decode per depth holding every slot still drafting (llama-server keeps one draft context
+for all slots too), each slot sampling its own row with its own settings and random
+stream (`ModelDrafter.begin`); a model-free drafter drafts per slot.
+
+A slot's draft is prefilled only once it is chosen to speculate (under load it may never
+be): its prompt is then a catch-up, in the block's first depth, or by `prefill_chunk`
+chunks at K = 0 while longer (`Drafting.catch_up`). While no slot drafts, the draft's
+cost is re-timed now and then (`Drafting.retime_draft`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specgen.batchctl import BatchController
+from specgen.drafters import ModelDrafter, Stepwise
+from specgen.engine import BatchEngine, SeqDecode
+from specgen.errors import EngineError
+from specgen.hybrid import HybridDrafter
+from specgen.round import Clock, Proposal
+from specgen.server.sched.slot import Slot
+
+
+class Drafting:
+    """Stage 1 across the slots, for one draft engine with a sequence per slot.
+
+    Args:
+        draft: the draft engine (None: a model-free drafter or none).
+        controller: the batch controller, told the draft's measured costs (None: fixed K).
+        clock: seconds.
+        prefill_chunk: most draft tokens one slot catches up on in a step.
+        fail: ends a slot's job with `Failed` (`Slots.fail`).
+        arrival_waits: whether a queued request could take a free slot now
+            (`Scheduler._arrival_waits`): the blocks are then cut short.
+    """
+
+    def __init__(
+        self,
+        draft: BatchEngine | None,
+        controller: BatchController | None,
+        *,
+        clock: Clock,
+        prefill_chunk: int,
+        fail: Callable[[Slot, str, str], None],
+        arrival_waits: Callable[[], bool],
+    ) -> None:
+        self._draft = draft
+        self.controller = controller
+        self.clock = clock
+        self.prefill_chunk = prefill_chunk
+        self._fail = fail
+        self.arrival_waits = arrival_waits
+        self.cut = False  # this step's blocks were cut short by an arrival (`_draft_depths`)
+        self.undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
+
+    def count_runs(self, active: list[Slot], chosen: list[int], ks: list[int]) -> None:
+        """Count each model-drafting slot's consecutive speculative rounds and report a run
+        when it ends at K = 0 (`BatchController.observe_run`); a step spent on a chunk of
+        catch-up (chosen K >= 1, run at 0) starts a run rather than ending one."""
+        ctl = self.controller
+        if ctl is None:
+            return
+        for slot, k_chosen, k in zip(active, chosen, ks, strict=True):
+            if not isinstance(slot.drafter, ModelDrafter | HybridDrafter):
+                continue
+            if k > 0:
+                slot.run += 1
+            elif k_chosen == 0 and slot.run:
+                ctl.observe_run(slot.run)
+                slot.run = 0
+
+    def catch_up(self, active: list[Slot], ks: list[int]) -> list[int]:
+        """Bring long-behind draft caches forward by a chunk: a slot chosen to speculate
+        whose draft lacks more than `prefill_chunk` committed tokens (its prompt, never
+        drafted for, or a long stretch at K = 0) evaluates `prefill_chunk` of them (no
+        logits rows) in one draft decode with the others' chunks, and stays at K = 0 this
+        step; so a long prompt stalls the other slots by one chunk in the draft as in the
+        target. Shorter catch-ups go in the block's first depth (`_draft_depths`).
+
+        Returns:
+            ks with 0 for every slot that caught up this step.
+
+        Raises nothing: a failed draft decode fails those slots' jobs.
+        """
+        if self._draft is None:
+            return ks
+        chunks: list[tuple[Slot, SeqDecode]] = []
+        out = list(ks)
+        for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
+            d, seq, cache = slot.drafter, slot.seq, slot.draft
+            if k == 0 or not isinstance(d, ModelDrafter | HybridDrafter) or cache is None:
+                continue
+            if slot.catch_up <= self.prefill_chunk:  # set by `Stepper._choose_ks`
+                continue
+            assert seq is not None
+            context = seq.committed
+            (d.model if isinstance(d, HybridDrafter) else d).rollback(context)
+            have = len(cache.tokens)
+            chunks.append(
+                (slot, SeqDecode(slot.index, context[have : have + self.prefill_chunk], 0))
+            )
+            out[i] = 0
+            slot.reason = "catch_up"
+        if chunks:
+            parts = [part for _, part in chunks]
+            t0 = self.clock()
+            try:
+                self._draft.decode_batch(parts)
+            except EngineError as exc:
+                for slot, _ in chunks:
+                    self._fail(slot, str(exc), "engine")
+            else:
+                if self.controller is not None:  # tokens without rows: the catch-up's cost
+                    n_tokens = sum(len(part.tokens) for part in parts)
+                    self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows=0)
+        return out
+
+    def propose(self, active: list[Slot], ks: list[int]) -> list[tuple[Slot, Proposal]]:
+        """Stage 1 for every generating slot: model blocks drafted together
+        (`_draft_depths`), the others by their own drafter."""
+        proposals: list[tuple[Slot, Proposal]] = []
+        together: list[tuple[Slot, int, Stepwise]] = []
+        for slot, k in zip(active, ks, strict=True):
+            seq, d = slot.seq, slot.drafter
+            if seq is None:  # failed earlier in this step
+                continue
+            try:
+                if k > 0 and isinstance(d, ModelDrafter | HybridDrafter):
+                    together.append((slot, k, d.begin(seq.draft_context(k), k, seq.draft_rng)))
+                else:
+                    proposals.append((slot, seq.propose(k)))
+            except EngineError as exc:
+                self._fail(slot, str(exc), "engine")
+        if not together:
+            return proposals
+        t0 = self.clock()
+        try:
+            self._draft_depths([(s.index, w) for s, _, w in together])
+        except EngineError as exc:
+            for slot, _, _ in together:
+                self._fail(slot, str(exc), "engine")
+            return proposals
+        drafted_s = self.clock() - t0
+        for slot, k, w in together:
+            assert slot.seq is not None
+            block = w.block()
+            # a block cut short is a round at the K it reached (what its acceptance tests)
+            k_run = min(k, len(block.tokens)) if self.cut else k
+            if k_run < k:
+                slot.reason = "cut"
+            proposals.append((slot, slot.seq.propose(k_run, block, drafted_s)))
+        return proposals
+
+    def retime_draft(self, active: list[Slot]) -> bool:
+        """A step without drafting: now and then (`BatchController.retime_due`), time one
+        draft decode of one token per model-drafting slot, appended where each slot's
+        draft cache stands and removed again, so the draft's cost line follows the machine
+        while no slot drafts (a line left high by one slow moment would hold K at 0 for
+        good: no drafting, no measurement). The single stream re-times its draft likewise
+        (`Controller.retime_draft`).
+
+        Returns:
+            whether a draft decode was made.
+        """
+        ctl, draft = self.controller, self._draft
+        if ctl is None or draft is None:
+            return False
+        # (slot, its draft sequence, that sequence's length now, the token to append)
+        held = [
+            (s.index, s.draft, len(s.draft.tokens), s.seq.committed[-1]) for s in active
+            if isinstance(s.drafter, ModelDrafter | HybridDrafter) and s.draft is not None
+            and s.seq is not None and len(s.draft.tokens) < s.draft.n_ctx
+        ]  # fmt: skip
+        if not held or not ctl.retime_due(len(held), self.undrafted_s):
+            return False
+        parts = [SeqDecode(i, [token], 1) for i, _, _, token in held]
+        t0 = self.clock()
+        try:
+            draft.decode_batch(parts)
+            seconds = self.clock() - t0
+        except EngineError:
+            return True  # only a measurement: the slots' next blocks re-sync their caches
+        finally:
+            for _, seq, n, _ in held:
+                seq.truncate(n)
+        ctl.observe_draft(len(parts), seconds, n_rows=len(parts))
+        self.undrafted_s = 0.0
+        return True
+
+    def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
+        """Drive every slot's block to its end with one draft decode per depth holding
+        every slot still drafting (its sequence's pending tokens, one logits row each).
+        The first decode also catches each draft sequence up on what its last round
+        committed; a decode beyond n_batch tokens is split into several.
+
+        A request that arrives while the blocks are drafted, with a slot free for it,
+        cuts every block short after the depth under way (`Stepwise.stop`, setting
+        `cut`): the step goes on to its target decode, which then holds the request's
+        first prompt chunk (`Stepper.run` admits again before it), so a new request waits one
+        draft depth instead of all of them (see `specgen.server.sched.step`: admission). Exact:
+        where a block ends depends on the clock and the queue, never on the tokens drawn,
+        and a round's law does not depend on its K (Leviathan et al. 2023, Theorem 3.5).
+
+        Raises:
+            EngineError: a draft decode failed (the caller fails every drafting slot).
+        """
+        assert self._draft is not None
+        draft, n_batch = self._draft, self._draft.n_batch
+        live = [(seq, d) for seq, d in work if d.pending]
+        while live:
+            for group in _groups(live, n_batch):
+                t0 = self.clock()
+                n_tokens = sum(len(d.pending) for _, d in group)
+                n_rows = len(group)  # each slot's last pending token: its next q row
+                if len(group) == 1 and len(group[0][1].pending) > n_batch:
+                    seq, d = group[0]  # a long catch-up: the engine splits it itself
+                    d.feed(draft.sequence(seq).decode(d.pending)[-1])
+                else:
+                    parts = [SeqDecode(seq, d.pending, 1) for seq, d in group]
+                    # views, not a copy of the rows: each feed warps and draws from its
+                    # row at once and never decodes, so no row outlives the buffer
+                    rows = draft.decode_batch(parts, copy=False)
+                    for (_, d), r in zip(group, rows, strict=True):
+                        d.feed(r[-1])
+                # every decode's cost by its tokens, a first depth's catch-up included:
+                # the controller charges a slot's catch-up by the same line
+                if self.controller is not None:
+                    self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows)
+                    self.undrafted_s = 0.0
+            live = [(seq, d) for seq, d in live if d.pending]
+            if live and self.arrival_waits():
+                for _, d in live:
+                    d.stop()
+                self.cut = True
+                return
+
+
+def _groups(live: list[tuple[int, Stepwise]], n_batch: int) -> list[list[tuple[int, Stepwise]]]:
+    """Consecutive groups of at most n_batch pending tokens (a part longer than n_batch
+    alone in its group)."""
+    groups: list[list[tuple[int, Stepwise]]] = []
+    used = n_batch
+    for item in live:
+        n = len(item[1].pending)
+        if used + n > n_batch:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += n
+    return groups

@@ -1,0 +1,203 @@
+"""A slot: one llama.cpp sequence in the target's cache (and one in the draft's) and the
+job in it, with its state and its life: placed with a job (`Slots.place`), started once
+its prompt is evaluated (`Slots.start`), ended (`Slots.end`).
+
+Isolation: slot i's target cells are sequence i of the target's cache and its draft cells
+sequence i of the draft's; each request gets its own drafter (q under its own settings)
+and its own `Sequence` (random streams from its own seed). A drafter keeps only the prefix
+its sequence shares with the new prompt (`ModelDrafter` re-syncs on the first draft), so
+nothing drafted for one request is proposed for another. What requests share is
+statistics of earlier rounds: the controller's pooled acceptance and prompt lookup's
+pooled record per sampling setting (`Slots.lookup_pool`), which value a slot's proposals
+for the choice of K, never decide what is proposed or a round's law.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from specgen.batchctl import Acceptance, BatchController, recent_entry
+from specgen.drafters import ModelDrafter, common_prefix
+from specgen.engine import BatchEngine, Drafter, Engine
+from specgen.errors import EngineError
+from specgen.generate import FixedK
+from specgen.hybrid import HybridDrafter, LookupRecord
+from specgen.ngram import NgramDrafter
+from specgen.round import Clock, Sequence
+from specgen.sampling import SamplingParams
+from specgen.server.sched.jobs import Failed, JobEvent, Ticket
+
+_LOOKUP_POOLS = 64  # sampling settings whose pooled prompt-lookup record is kept
+
+
+class Slot:
+    """One slot's state: its sequences, the job in it and where that job stands."""
+
+    def __init__(self, index: int, target: Engine, draft: Engine | None) -> None:
+        self.index = index
+        self.target = target
+        self.draft = draft
+        self.ticket: Ticket | None = None
+        self.seq: Sequence | None = None
+        self.drafter: Drafter | None = None
+        self.todo: list[int] = []  # prompt tokens the target has still to evaluate
+        self.started = False
+        self.t_admit = 0.0
+        self.n_prefill = 0
+        self.acceptance: Acceptance | None = None
+        self.idle = 0  # steps since this slot last speculated
+        self.fresh = False  # its request has not had a step that could speculate yet
+        self.first = False  # its request has not had a step yet: that one is ordinary
+        self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
+        self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
+        self.t_sent: float | None = None  # clock when its request was last sent tokens
+        self.reason = "first"  # why its K is what it is this step (`batchctl.REASONS`)
+
+
+class Slots:
+    """The scheduler's slots (`all`, slot i holding sequence i of each cache) and each
+    slot's life. `send` queues an event for its ticket (`Scheduler`'s outbox)."""
+
+    def __init__(
+        self,
+        target: BatchEngine,
+        draft: BatchEngine | None,
+        drafter: Drafter | None,
+        *,
+        n_parallel: int,
+        draft_max: int | None,
+        controller: BatchController | None,
+        clock: Clock,
+        send: Callable[[Ticket, JobEvent], None],
+    ) -> None:
+        self._drafter = drafter
+        self.draft_max = draft_max
+        self.controller = controller
+        self.clock = clock
+        self.send = send
+        self.all = [
+            Slot(i, target.sequence(i), draft.sequence(i) if draft is not None else None)
+            for i in range(n_parallel)
+        ]
+        # prompt lookup's pooled record per sampling setting (`HybridDrafter`'s pool), the
+        # least recently used first
+        self._lookup_pools: collections.OrderedDict[SamplingParams, LookupRecord] = (
+            collections.OrderedDict()
+        )
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for s in self.all if s.ticket is not None)
+
+    def place(self, slot: Slot, ticket: Ticket, source: Slot | None = None) -> None:
+        job = ticket.job
+        slot.ticket = ticket
+        slot.t_admit = self.clock()
+        slot.t_sent = None
+        try:
+            slot.drafter = self.drafter_for(slot, job.config.params)
+            k_cap = self.draft_max if self.draft_max is not None else self.k_cap()
+            slot.seq = Sequence(
+                slot.target, slot.drafter, job.prompt, job.config, FixedK(k_cap), self.clock
+            )
+            if source is not None:  # one prefill for every choice: share its cells
+                keep = len(job.prompt) - 1
+                slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
+            else:
+                keep = common_prefix(slot.target.tokens, job.prompt[:-1])
+                slot.target.truncate(keep)
+        except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
+            self.end(slot, Failed(str(exc), "engine"))
+            return
+        slot.todo = job.prompt[keep:-1]
+        slot.n_prefill = len(slot.todo)
+        slot.started = False
+        slot.idle = 0
+        slot.fresh = slot.first = True
+        slot.acceptance = (
+            self.controller.new_acceptance(job.config.params) if self.controller else None
+        )
+
+    def k_cap(self) -> int:
+        return self.controller.k_max if self.controller is not None else 0
+
+    def drafter_for(self, slot: Slot, params: SamplingParams) -> Drafter | None:
+        """A drafter of the slot's own: q under this request's settings, in its own
+        draft sequence (never another request's state)."""
+        d = self._drafter
+        if d is None:
+            return None
+        if isinstance(d, ModelDrafter):
+            assert slot.draft is not None
+            return ModelDrafter(slot.draft, params, d.n_vocab, d.p_min)
+        if isinstance(d, HybridDrafter):
+            assert slot.draft is not None
+            m = ModelDrafter(slot.draft, params, d.n_vocab, d.model.p_min)
+            pool = self.lookup_pool(params)
+            return HybridDrafter(m, d.index.n_max, d.index.n_min, d.min_match, pool)
+        if isinstance(d, NgramDrafter):
+            return NgramDrafter(d.n_vocab, d.index.n_max, d.index.n_min)
+        return d  # a single slot: its one drafter
+
+    def lookup_pool(self, params: SamplingParams) -> LookupRecord:
+        """Prompt lookup's pooled record of the requests with these settings
+        (`HybridDrafter`'s pool), which values a request's lookups at match lengths it has
+        not scored itself: its own record starts from the prior each time (a first lookup
+        valued at 0.6, where at temperature 0.8 lookups may be right far less often), and
+        under load, where its slot rarely speculates, it hardly learns before the end."""
+        return recent_entry(self._lookup_pools, params, LookupRecord, _LOOKUP_POOLS)
+
+    def start(self, slot: Slot) -> None:
+        assert slot.seq is not None and slot.ticket is not None
+        try:
+            d = slot.drafter
+            if isinstance(d, ModelDrafter | HybridDrafter):
+                # the draft's prefill waits for the slot's first block (`Drafting.catch_up`): under
+                # load the controller may never choose to speculate for this request
+                d.prefill(slot.ticket.job.prompt, evaluate=False)
+            elif d is not None:
+                d.prefill(slot.ticket.job.prompt)
+            slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
+        except EngineError as exc:
+            self.fail(slot, str(exc), "engine")
+            return
+        slot.started = True
+
+    def end(self, slot: Slot, event: JobEvent | None, reason: str | None = None) -> None:
+        """Free the slot: roll its caches back to the committed tokens and send `event`
+        (the Done from `Sequence.finish` when None)."""
+        seq, ticket = slot.seq, slot.ticket
+        if slot.run and self.controller is not None:
+            self.controller.observe_run(slot.run)  # a run the request's end ended
+        slot.run = 0
+        done: JobEvent | None = None
+        if seq is not None:
+            try:
+                seq.rollback()
+                if not seq.ended():  # a cancel, a failure or shutdown ends it here
+                    done = seq.finish(reason or "interrupted")  # type: ignore[arg-type]
+                else:
+                    done = seq.finish()
+            except Exception:  # noqa: BLE001 - the cache may be broken: start it afresh
+                _clear(slot)
+        slot.ticket = slot.seq = slot.drafter = None
+        slot.started = False
+        slot.todo = []
+        if ticket is not None:
+            ev = event if event is not None else done
+            if ev is not None:
+                self.send(ticket, ev)
+
+    def fail(self, slot: Slot, message: str, kind: str) -> None:
+        self.end(slot, Failed(message, kind))
+
+
+def _clear(slot: Slot) -> None:
+    """Empty both of the slot's sequences (after a failure that may have left them broken)."""
+    for engine in (slot.target, slot.draft):
+        if engine is not None:
+            try:
+                engine.truncate(0)
+            except EngineError:
+                pass
