@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from specgen.controller import Controller
+from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine

@@ -134,7 +134,7 @@ class Step:
         n_rows: logits rows the target computed (K + 1, or K without the bonus row; less
             the positions where the grammar allowed one token alone, which need none).
         ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
-            token (`specgen.controller.Baseline`), None when not measured.
+            token (`specgen.measure.Baseline`), None when not measured.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
             ("draft", "lookup", "grammar"), only sources with a count.
         timed_ordinary_s, timed_draft_s: medians of the single-token target and draft
@@ -143,7 +143,7 @@ class Step:
             them; `specgen.round.Sequence.step`), else None. What `Prefilled` carries
             when a batched prefill times them (`Sequence.start`).
         k_reason: why the server's step gave this round its K
-            (`specgen.batchctl.REASONS`); None outside the server.
+            (`specgen.control.goodput.REASONS`); None outside the server.
     """
 
     k: int
@@ -197,7 +197,7 @@ class Stats:
         ttft_s: time to first token: prefill plus the first round, seconds.
         k_history: block size chosen each round.
         ordinary_token_s: the ordinary-decoding baseline at the end (seconds per token;
-            `specgen.controller.Baseline`: the passes timed after the prompt, then the
+            `specgen.measure.Baseline`: the passes timed after the prompt, then the
             run's own K = 0 rounds), None when not measured.
         baseline_note: why that baseline is uncertain (the first passes and the run's
             ordinary rounds disagree by more than their noise), or None.

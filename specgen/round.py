@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specgen.constraints import Chain, processor_for
-from specgen.controller import Baseline
 from specgen.drafters import ModelDrafter, attach_grammar
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
 from specgen.hybrid import HybridDrafter
 from specgen.logprobs import token_logprobs
+from specgen.measure import Baseline
 from specgen.stages import (
     FixedK,
     GenerateConfig,

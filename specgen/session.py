@@ -14,7 +14,7 @@ from typing import Any
 
 from specgen import llamacpp
 from specgen.compat import check_compatible
-from specgen.controller import Controller
+from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ModelFileError, ModelLoadFailure
@@ -358,7 +358,7 @@ def swap_warning(
 ) -> str | None:  # fmt: skip
     """The warning for a draft larger than its target, by file size or parameter count,
     else None. Such a draft is rarely cheaper per token than its target, and then no block
-    size can pay (`specgen.controller.Controller.hopeless`); most often the two files were
+    size can pay (`specgen.control.single.Controller.hopeless`); most often the two files were
     given the wrong way round."""
     if draft_bytes > target_bytes:
         what = f"{_gb(draft_bytes)} against {_gb(target_bytes)}"
@@ -391,7 +391,7 @@ def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | No
 
 
 def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = None) -> KPolicy:
-    """FixedK for a number; the adaptive controller (`specgen.controller`) for `auto`,
+    """FixedK for a number; the adaptive controller (`specgen.control.single`) for `auto`,
     starting from `k_init` (a registry pair's recommended block size) when given."""
     if draft_max is not None:
         return FixedK(draft_max)

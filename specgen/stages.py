@@ -20,12 +20,12 @@ import numpy as np
 
 from specgen import rejection
 from specgen.constraints import Processor
-from specgen.controller import Baseline
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import RoundTrace, Source
 from specgen.hybrid import HybridDrafter
+from specgen.measure import Baseline
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
 
 
 class KPolicy(Protocol):
-    """Chooses the block size each round (see `specgen.controller.Controller`)."""
+    """Chooses the block size each round (see `specgen.control.single.Controller`)."""
 
     def choose_k(self, remaining: int) -> int: ...
 

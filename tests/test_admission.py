@@ -7,7 +7,7 @@ decode (its first prompt chunk); the prompt's last chunk carries the request's f
 round, so its first token comes from the decode that ends its prefill; and while requests
 wait for their first token, the controller counts the seconds speculation adds once more
 per waiting request, and keeps the latency targets (--slo-ttft, --slo-tpot) by dropping
-draft depths (`specgen.batchctl.BatchController`)."""
+draft depths (`specgen.control.batch.BatchController`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ import itertools
 import pytest
 from fakes import FakeBatchEngine
 
-from specgen.batchctl import REASONS, Acceptance, BatchController, Line, SlotState
+from specgen.control.acceptance import Acceptance
+from specgen.control.batch import BatchController, SlotState
+from specgen.control.costs import Line
+from specgen.control.goodput import REASONS
 from specgen.drafters import ModelDrafter
 from specgen.events import Done, Step
 from specgen.generate import GenerateConfig

@@ -12,10 +12,11 @@ import time
 import pytest
 from fakes import FakeEngine
 
-from specgen.controller import Baseline, Controller
+from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import GenerateConfig, generate
+from specgen.measure import Baseline
 from specgen.sampling import SamplingParams
 from specgen.ui.state import ViewState, apply
 

@@ -8,20 +8,17 @@ import itertools
 import numpy as np
 import pytest
 
-from specgen.batchctl import (
-    Acceptance,
-    BatchController,
-    DraftFit,
-    Line,
-    LineFit,
+from specgen.control.acceptance import Acceptance
+from specgen.control.batch import BatchController, SlotState, recent_entry
+from specgen.control.costs import DraftFit, Line, LineFit
+from specgen.control.goodput import (
     SlotInput,
-    SlotState,
     _catch_up_share,
     choose,
-    recent_entry,
+    expected_gains,
+    expected_tokens,
     step_seconds,
 )
-from specgen.controller import expected_gains, expected_tokens
 from specgen.sampling import SamplingParams
 
 # FIELD.md's costs on the 2-core CPU: one row 38 ms, each extra row ~6 ms, a draft token 19 ms

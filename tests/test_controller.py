@@ -1,4 +1,4 @@
-"""The online cost model (`specgen.controller`) against simulated costs and acceptance.
+"""The online cost model (`specgen.control`) against simulated costs and acceptance.
 
 Simulated round: the controller picks K, each of the K proposals is accepted with
 probability alpha until the first rejection, the round emits n + 1 tokens and costs
@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from specgen.controller import Controller, break_even_alpha, expected_tokens
+from specgen.control.goodput import break_even_alpha, expected_tokens
+from specgen.control.single import Controller
 
 # the issue's synthetic CPU-like costs (seconds): ordinary pass = verify_s(1) = 0.034
 DRAFT_S = 0.01
@@ -436,7 +437,8 @@ def test_end_to_end_against_fixed_k_and_ordinary() -> None:
 
 def test_pure_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys, specgen.controller, specgen.ngram, specgen.cutoff\n"
+        "import sys, specgen.control.single, specgen.control.batch, specgen.measure\n"
+        "import specgen.ngram, specgen.cutoff\n"
         "heavy = {'llama_cpp', 'rich', 'typer', 'huggingface_hub'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )

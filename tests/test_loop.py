@@ -436,7 +436,7 @@ def test_a_slower_draft_is_timed_before_the_first_round(monkeypatch: pytest.Monk
     target decode, 25 ms per draft decode."""
     import time
 
-    from specgen.controller import Controller
+    from specgen.control.single import Controller
 
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -503,7 +503,7 @@ def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> 
     rare probes, and the output is ordinary decoding's."""
     import time
 
-    from specgen.controller import Controller
+    from specgen.control.single import Controller
 
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -551,7 +551,7 @@ def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
     decode, 3 ms per draft decode, nothing else."""
     import time
 
-    from specgen.controller import Controller
+    from specgen.control.single import Controller
 
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])

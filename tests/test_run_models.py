@@ -223,7 +223,7 @@ def test_weak_draft_with_auto_is_lossless(demo, weak_draft):
     controller picks from its timings, the output is ordinary decoding's, and the draft
     agrees rarely. Its fallback decision is checked on a controlled clock
     (test_loop.py::test_a_weak_draft_under_auto_falls_back)."""
-    from specgen.controller import Controller
+    from specgen.control.single import Controller
 
     target, _ = demo
     ids = target.tokenize(PROMPTS[0])
@@ -253,7 +253,7 @@ def test_swapped_demo_pair_with_auto_is_lossless_and_follows_its_timings(demo):
     against the measurement the controller was given; the decision logic itself is
     checked on a controlled clock (test_loop.py::test_a_slower_draft_is_timed_before_the_
     first_round)."""
-    from specgen.controller import Controller
+    from specgen.control.single import Controller
     from specgen.events import Prefilled, Step
 
     f32, q4 = demo

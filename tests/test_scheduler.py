@@ -21,7 +21,9 @@ from reference import probs
 from scipy import stats
 
 from specgen import rejection
-from specgen.batchctl import BatchController, Choice, Line
+from specgen.control.batch import BatchController
+from specgen.control.costs import Line
+from specgen.control.goodput import Choice
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate

@@ -19,7 +19,7 @@ import openai
 import pytest
 import uvicorn
 
-from specgen.batchctl import Line
+from specgen.control.costs import Line
 from specgen.errors import ChatTemplateError
 from specgen.flags import SamplingFlags
 from specgen.generate import GenerateConfig

@@ -14,7 +14,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from specgen.controller import break_even_alpha, expected_tokens
+from specgen.control.goodput import break_even_alpha, expected_tokens
 from specgen.events import Done, Prefilled, Span, Stats, Step
 from specgen.ui.live import LiveView, console_has_color, loading_status
 from specgen.ui.state import ViewState, apply

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from specgen.controller import expected_tokens
+from specgen.control.goodput import expected_tokens
 
 # -- statistics (pure) ----------------------------------------------------------------------
 
@@ -52,7 +52,7 @@ def theoretical_speedup(
 
     Each round with block m is expected to emit E(m) = 1 + sum_{i<=m} prod_{j<=i} alpha_j
     tokens (Leviathan et al. 2023, eq. (1) for a constant alpha: (1 - alpha^(m+1)) /
-    (1 - alpha); `specgen.controller.expected_tokens`) and to cost m * draft_token_s +
+    (1 - alpha); `specgen.control.goodput.expected_tokens`) and to cost m * draft_token_s +
     verify_s(m). Over the rounds actually run (block sizes `block_sizes`, which lets an
     adaptive K count):
 

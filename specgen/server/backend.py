@@ -35,7 +35,7 @@ class ServeArgs:
         alias: --alias, the model id (None: the target's file name).
         chat_template: --chat-template FILE instead of the GGUF's.
         slo_ttft_s, slo_tpot_s: --slo-ttft and --slo-tpot in seconds (None: no target):
-            the batch controller's latency targets (`specgen.batchctl.BatchController`).
+            the batch controller's latency targets (`specgen.control.batch.BatchController`).
     """
 
     model: ModelFlags

@@ -75,7 +75,7 @@ class Speculative:
             per-position rate); as long as the largest proposal.
         k_per_step: the block size K chosen each step, in order.
         k_reason_per_step: why each of those K is what it is, in order
-            (`specgen.batchctl.REASONS`: "goodput", "waiting", "slo_ttft", "slo_tpot",
+            (`specgen.control.goodput.REASONS`: "goodput", "waiting", "slo_ttft", "slo_tpot",
             "probe", "fixed", "first", "catch_up", "cut").
         finish: specgen's own finish reason (`specgen.events.FinishReason`), or "failed" /
             "cancelled" when the request ended by an error or a disconnect.

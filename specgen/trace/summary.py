@@ -292,7 +292,7 @@ def lost_rounds(
     margin = loss_margin(k0)
     for gen, emitted in zip(generations, emitted_by_gen, strict=True):
         # the run's own baseline at its end (the passes after the prompt, then its K = 0
-        # rounds: `specgen.controller.Baseline`), as the summary and --json show it
+        # rounds: `specgen.measure.Baseline`), as the summary and --json show it
         at_end = gen.end.stats.get("ordinary_token_s") if gen.end is not None else None
         measured = at_end or (gen.prefill.ordinary_token_s if gen.prefill is not None else None)
         baseline = measured if measured else k0_median

@@ -2,7 +2,7 @@
 folds the loop's ``Prefilled`` / ``Step`` / ``Done`` events into it (the view is a function of
 this state: ``specgen.ui.text`` renders it, ``specgen.ui.live`` draws it).
 
-Imports no rich: ``specgen.events`` and the pure ``specgen.controller`` (for
+Imports no rich: ``specgen.events`` and the pure ``specgen.control.goodput`` (for
 ``break_even_alpha``, the same formula the controller decides with).
 """
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specgen.controller import break_even_alpha
+from specgen.control.goodput import break_even_alpha
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 
 __all__ = ["ORDINARY_HOW", "ROUNDS_HOW", "Event", "Origin", "Position", "ViewState", "apply"]
@@ -32,7 +32,7 @@ ORDINARY_HOW = "median of single-token target passes after the prompt"
 next to the speedup; a single stream times them after its first token)."""
 ROUNDS_HOW = "median of this run's ordinary rounds"
 """How the baseline is measured once the run's own K = 0 rounds decide it
-(`specgen.controller.Baseline`)."""
+(`specgen.measure.Baseline`)."""
 
 Position = tuple[int, int]
 """(segment index, character offset) into ``ViewState.segments``."""

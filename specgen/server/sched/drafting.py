@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specgen.batchctl import BatchController
+from specgen.control.batch import BatchController
 from specgen.drafters import ModelDrafter, Stepwise
 from specgen.engine import BatchEngine, SeqDecode
 from specgen.errors import EngineError

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgen.batchctl import Line
+from specgen.control.costs import Line
 from specgen.events import Done, Step
 from specgen.generate import GenerateConfig
 
@@ -77,7 +77,7 @@ class BatchReport:
             an earlier step had sent its request some: the gap between the two sends (an
             inter-token latency per streamed chunk, as `specgen bench --url` counts ITL)
             and the tokens of this chunk; a request's first tokens (its TTFT) are not in it.
-        reasons: why each K in `k` is what it is (`specgen.batchctl.REASONS`), then
+        reasons: why each K in `k` is what it is (`specgen.control.goodput.REASONS`), then
             "first" for each request whose first round rode on its prefill this step.
     """
 

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from specgen.batchctl import BatchController, Line, LineFit
+from specgen.control.batch import BatchController
+from specgen.control.costs import Line, LineFit
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import BatchEngine, Drafter, SeqDecode
 from specgen.errors import EngineError

@@ -17,7 +17,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from specgen.batchctl import Acceptance, BatchController, recent_entry
+from specgen.control.acceptance import Acceptance
+from specgen.control.batch import BatchController, recent_entry
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine
 from specgen.errors import EngineError
@@ -52,7 +53,7 @@ class Slot:
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
         self.t_sent: float | None = None  # clock when its request was last sent tokens
-        self.reason = "first"  # why its K is what it is this step (`batchctl.REASONS`)
+        self.reason = "first"  # why its K is what it is this step (`goodput.REASONS`)
 
 
 class Slots:

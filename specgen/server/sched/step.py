@@ -27,7 +27,7 @@ Admission (issue 37): a request does not wait for a speculative step.
   - While requests wait for their first token the batch controller counts the seconds
     speculation adds once more per waiting request and makes no probe; with
     --slo-ttft/--slo-tpot it also keeps the step within those targets
-    (`specgen.batchctl.BatchController`, the goodput of SmartSpec, Liu et al. 2024,
+    (`specgen.control.batch.BatchController`, the goodput of SmartSpec, Liu et al. 2024,
     priced for latency). Each slot's K carries its reason (`BatchReport.reasons`,
     `Step.k_reason`).
   So a short prompt arriving mid-step gets its first token at the end of that step's
@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from specgen.batchctl import BatchController, SlotState
+from specgen.control.batch import BatchController, SlotState
 from specgen.drafters import ModelDrafter
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError

@@ -5,18 +5,11 @@ round costs. Leviathan et al. 2023 ("Fast Inference from Transformers via Specul
 Decoding", section 3.4, eq. (1) and Theorem 3.8) give the expected number of tokens of a
 round with block K under a constant acceptance rate alpha, E = (1 - alpha^(K+1)) /
 (1 - alpha); the speedup is E divided by the round's cost in ordinary-decoding passes.
-This module measures every term online instead of assuming it:
-
-- acceptance per position i of the block, alpha_i = P(x_i accepted | x_1..x_{i-1}
-  accepted), as Beta-like counts with exponential forgetting, shrunk toward the pooled
-  rate of all positions (deep positions are seen rarely);
-- the probability that the drafter proposes position i at all, s_i (a confidence
-  cut-off or an n-gram lookup may stop a block early: positions never drafted are not
-  rejections, they make the round shorter and its verification cheaper);
-- the draft cost as a function of the number of drafted tokens, and the target's verify
-  cost as a function of the number of tokens in the batch (a per-size moving average
-  plus a linear fit c0 + c1 * n for sizes not seen yet). On a CPU scoring 8 tokens costs
-  2x to 5x one token; on a GPU it is nearly flat, so neither is assumed.
+This module's `Controller` measures every term online instead of assuming it: acceptance
+by block position and the probability that the drafter proposes it at all
+(`specgen.control.acceptance.Rates`), the draft's and the verify's costs by size
+(`specgen.control.costs.CostModel`), the tokens per second they predict
+(`specgen.control.goodput.round_rates`).
 
 A round with K = 0 is an ordinary decoding pass, so its measured cost *is* the ordinary
 baseline 1 / `ordinary_token_s`. The controller runs one K = 0 round first to measure
@@ -49,311 +42,21 @@ Pure: numpy only. The loop calls `choose_k` before and `observe` after every rou
 
 from __future__ import annotations
 
-import collections
 import math
-import statistics
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
-_SURPRISING = 0.1  # tail probability that makes a round count toward a change
+from specgen.control.acceptance import ChangeDetector, FloatArray, Rates
+from specgen.control.costs import CostModel
+from specgen.control.goodput import round_rates
+from specgen.measure import Baseline
+
 # a hopeless draft is re-timed at most this many times more rarely than probe_every_max
 _RETIME_GAP = 4
 
 Reason = Literal["warmup", "model", "fallback", "probe", "fixed", "limit"]
-FloatArray = npt.NDArray[np.float64]
-
-
-def expected_gains(alpha_by_pos: Sequence[float], k_max: int) -> np.ndarray:
-    """Expected tokens emitted by one round, for every block size K = 0..k_max at once.
-
-    E(K) = 1 + sum_{i=1..K} prod_{j<=i} alpha_j: the accepted prefix plus the one token the
-    target always adds (the residual draw after a rejection, or the bonus token). With a
-    constant alpha this is Leviathan et al. 2023, eq. (1): (1 - alpha^(K+1)) / (1 - alpha).
-
-    Args:
-        alpha_by_pos: alpha_1, alpha_2, ...: probability that position i is accepted given
-            positions 1..i-1 were (to account for a drafter that may stop early, pass
-            s_i * alpha_i, the probability it is drafted *and* accepted). Shorter than
-            k_max: the last value repeats. Empty: alpha = 0. Clipped to [0, 1].
-        k_max: the largest block size (< 0 counts as 0).
-
-    Returns:
-        (k_max + 1,) float64, E(0) = 1 <= E(K) <= K + 1, non-decreasing in K.
-    """
-    k_max = max(0, k_max)
-    a = np.clip(np.asarray(alpha_by_pos, dtype=np.float64)[:k_max], 0.0, 1.0)
-    if a.size == 0:
-        a = np.zeros(k_max)
-    elif a.size < k_max:
-        a = np.concatenate([a, np.full(k_max - a.size, a[-1])])
-    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(a))])
-
-
-def expected_tokens(alpha_by_pos: Sequence[float], k: int) -> float:
-    """Expected tokens emitted by one round with block size k (>= 0): `expected_gains`'s
-    E(k), in [1, k + 1]."""
-    return float(expected_gains(alpha_by_pos, k)[-1])
-
-
-def break_even_alpha(
-    k: int, draft_token_s: float, verify_s: float, ordinary_token_s: float
-) -> float:
-    """The constant acceptance rate below which block size k is slower than ordinary decoding.
-
-    Speculation with block k pays when E(alpha, k) / (k * draft_token_s + verify_s) >
-    1 / ordinary_token_s (E from `expected_tokens`), i.e. E(alpha, k) > c with
-    c = (k * draft_token_s + verify_s) / ordinary_token_s. E rises from 1 at alpha = 0 to
-    k + 1 at alpha = 1, so the root is found by bisection.
-
-    Args:
-        k: block size (>= 1).
-        draft_token_s: seconds to draft one token.
-        verify_s: seconds for the target to score the k + 1 tokens [last, x_1..x_k].
-        ordinary_token_s: seconds of one ordinary decoding pass (one token).
-
-    Returns:
-        alpha in [0, 1]; 0.0 when speculation pays at any alpha (c <= 1), 1.0 when it
-        cannot pay even at alpha = 1 (c >= k + 1).
-    """
-    c = (k * draft_token_s + verify_s) / ordinary_token_s
-    if c <= 1.0:
-        return 0.0
-    if c >= k + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):  # 2^-60: far below any timing noise
-        mid = 0.5 * (lo + hi)
-        if expected_tokens([mid], k) < c:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-class _Rates:
-    """Per-position Bernoulli rates with exponential forgetting and pooled shrinkage.
-
-    Position i (0-based) holds decayed counts hits_i / trials_i. The estimate is
-    (hits_i + shrink * pooled) / (trials_i + shrink), where pooled =
-    (prior_mean * prior_strength + sum hits) / (prior_strength + sum trials): an
-    optimistic prior that evidence outweighs within a round or two.
-
-    Positions a round did not test decay by `forget * forget_untested` instead of
-    `forget`. Without it a single early rejection at position i (common: the first
-    tokens after a prompt are the hardest) makes blocks longer than i - 1 look bad, the
-    controller stops drafting that far, position i is never tested again, and its
-    estimate recovers only as fast as plain forgetting (about ten rounds on the demo
-    pair, observed). With it, the old evidence there fades within a few rounds back to
-    the pooled rate, so K grows again as soon as the short blocks keep being accepted.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        prior_mean: float,
-        prior_strength: float,
-        shrink: float,
-        forget: float,
-        forget_untested: float = 1.0,
-    ) -> None:
-        self.hits = np.zeros(n)
-        self.trials = np.zeros(n)
-        self.prior_mean = prior_mean
-        self.prior_strength = prior_strength
-        self.shrink = shrink
-        self.forget = forget
-        self.forget_untested = forget_untested
-
-    def update(self, tested: int, hits: int) -> None:
-        """One round: positions 0..tested-1 were tried, the first `hits` of them succeeded."""
-        # forgetting per round (not per trial) so stale deep positions drift back to the pool
-        self.hits *= self.forget
-        self.trials *= self.forget
-        self.hits[tested:] *= self.forget_untested
-        self.trials[tested:] *= self.forget_untested
-        self.trials[:tested] += 1.0
-        self.hits[:hits] += 1.0
-
-    def discount(self, factor: float) -> None:
-        """Keep only `factor` of the evidence (after a detected change)."""
-        self.hits *= factor
-        self.trials *= factor
-
-    def pooled(self) -> float:
-        num = self.prior_mean * self.prior_strength + float(self.hits.sum())
-        return num / (self.prior_strength + float(self.trials.sum()))
-
-    def estimate(self) -> FloatArray:
-        """(n,) float64 rates in [0, 1]."""
-        pooled = self.pooled()
-        return (self.hits + self.shrink * pooled) / (self.trials + self.shrink)
-
-
-class _CostModel:
-    """Seconds as a function of a size n (tokens): per-size moving average + linear fit.
-
-    A size seen before is predicted by its moving average blended with the fit (weight
-    of the average = number of observations, capped); an unseen size by the fit alone.
-    The fit is weighted least squares of c0 + c1 * n over the per-size averages with
-    c0, c1 >= 0 (cost never falls with more tokens). With a single size observed the
-    slope comes from `prior_slope(n0, seconds0)`.
-    """
-
-    def __init__(
-        self,
-        prior_slope: Callable[[int, float], float],
-        ema: float = 0.25,
-        max_weight: float = 8.0,
-        line_weight: float = 2.0,
-    ) -> None:
-        self._mean: dict[int, float] = {}
-        self._count: dict[int, float] = {}
-        self._prior_slope = prior_slope
-        self._ema = ema
-        self._max_weight = max_weight
-        self._line_weight = line_weight
-        self._fit: tuple[float, float] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self._mean)
-
-    @property
-    def sizes(self) -> list[int]:
-        """The sizes observed so far."""
-        return list(self._mean)
-
-    def add(self, n: int, seconds: float) -> None:
-        if not math.isfinite(seconds) or seconds < 0.0:
-            return
-        if n in self._mean:
-            # one slow outlier (a garbage-collector pause, another process) raises the
-            # average by at most a quarter: on a draft slower than its target, one such
-            # ordinary round used to make speculation look possible again (`hopeless`).
-            # A lasting slow-down still shows within a few rounds; speed-ups at once.
-            seconds = min(seconds, 2.0 * self._mean[n])
-            # a pass never runs faster than the machine allows: a faster one means the
-            # earlier ones were slowed (a busy start), so it counts at once
-            ema = 1.0 if seconds < 0.5 * self._mean[n] else self._ema
-            self._mean[n] += ema * (seconds - self._mean[n])
-            self._count[n] += 1.0
-        else:
-            self._mean[n] = seconds
-            self._count[n] = 1.0
-        self._fit = None
-
-    def fit(self) -> tuple[float, float]:
-        """(c0, c1) seconds and seconds/token. Requires at least one observation."""
-        if self._fit is not None:
-            return self._fit
-        xs = np.array(list(self._mean), dtype=np.float64)
-        ys = np.array(list(self._mean.values()))
-        ws = np.minimum(np.array(list(self._count.values())), self._max_weight)
-        if xs.size == 1:
-            c1 = max(0.0, self._prior_slope(int(xs[0]), float(ys[0])))
-            c0 = float(ys[0]) - c1 * float(xs[0])
-            if c0 < 0.0:  # through the origin instead
-                c0, c1 = 0.0, float(ys[0] / xs[0])
-        else:
-            xm, ym = np.average(xs, weights=ws), np.average(ys, weights=ws)
-            sxx = float(np.sum(ws * (xs - xm) ** 2))
-            c1 = float(np.sum(ws * (xs - xm) * (ys - ym)) / sxx)
-            c0 = float(ym - c1 * xm)
-            if c1 < 0.0:
-                c0, c1 = float(ym), 0.0
-            elif c0 < 0.0:
-                c0, c1 = 0.0, float(np.sum(ws * xs * ys) / np.sum(ws * xs * xs))
-        self._fit = (c0, c1)
-        return self._fit
-
-    def __call__(self, n: int) -> float:
-        """Predicted seconds at size n; nan before any observation."""
-        if not self._mean:
-            return math.nan
-        c0, c1 = self.fit()
-        line = c0 + c1 * n
-        if n in self._mean:
-            w = min(self._count[n], self._max_weight)
-            return line + w / (w + self._line_weight) * (self._mean[n] - line)
-        return line
-
-
-class Baseline:
-    """Seconds of one ordinary decoding pass (the target alone, one token): the one figure
-    every speedup is measured against, kept current by the run.
-
-    It starts from the single-token passes timed right after the prompt (`add_initial`);
-    every K = 0 round is an ordinary pass too and updates it (`add_round`). Once the run
-    has `settle` ordinary rounds of its own, they alone decide (the median of the last
-    `window`), so a machine that was busy for the first passes cannot make a run of
-    ordinary rounds claim a speedup. One slow round counts at most twice the current
-    estimate (the controller's outlier rule, `_CostModel.add`).
-
-    Args:
-        window: ordinary rounds kept (the newest).
-        settle: ordinary rounds after which the initial passes no longer count.
-        disagree: the ratio of the two medians beyond which they are said to disagree
-            (a round costs a little more than a bare pass: the host's work and the
-            consumer's between rounds).
-    """
-
-    def __init__(self, window: int = 32, settle: int = 3, disagree: float = 1.5) -> None:
-        self._initial: list[float] = []
-        self._rounds: collections.deque[float] = collections.deque(maxlen=window)
-        self._settle = settle
-        self._disagree = disagree
-
-    def add_initial(self, seconds: Sequence[float]) -> None:
-        """The passes timed after the prompt, seconds each."""
-        self._initial.extend(s for s in seconds if math.isfinite(s) and s > 0.0)
-
-    def add_round(self, seconds: float) -> None:
-        """The decode of one K = 0 round, seconds."""
-        if not math.isfinite(seconds) or seconds <= 0.0:
-            return
-        now = self.token_s
-        self._rounds.append(seconds if now is None else min(seconds, 2.0 * now))
-
-    @property
-    def n_rounds(self) -> int:
-        """Ordinary rounds measured so far (in the window)."""
-        return len(self._rounds)
-
-    @property
-    def token_s(self) -> float | None:
-        """The current estimate, seconds per token; None before any measurement."""
-        if len(self._rounds) >= self._settle:
-            return statistics.median(self._rounds)
-        both = [*self._initial, *self._rounds]
-        return statistics.median(both) if both else None
-
-    def disagreement(self) -> float | None:
-        """initial median / rounds' median when the two sets of passes disagree by more
-        than their noise (at least `settle` of each, their [min, max] ranges do not
-        overlap, and the medians differ by more than `disagree`), else None. > 1: the first
-        passes were slower (a busy machine)."""
-        a, b = self._initial, list(self._rounds)
-        if len(a) < self._settle or len(b) < self._settle:
-            return None
-        if min(a) <= max(b) and min(b) <= max(a):
-            return None
-        r = statistics.median(a) / statistics.median(b)
-        return r if max(r, 1.0 / r) > self._disagree else None
-
-    def disagreement_note(self) -> str | None:
-        """One line for the summary and --json when `disagreement` is not None."""
-        r = self.disagreement()
-        if r is None:
-            return None
-        which = "slower" if r > 1.0 else "faster"
-        return (
-            f"the ordinary passes timed after the prompt were {max(r, 1 / r):.1f}x {which}"
-            f" than the run's {self.n_rounds} ordinary rounds (a busy machine?): the speedup"
-            " uses the rounds"
-        )
 
 
 @dataclass(frozen=True)
@@ -411,11 +114,12 @@ class Controller:
             unlucky round cannot stop a good draft (they use the model's best K >= 1).
         forget: per-round decay of the acceptance counts (memory ~ 1 / (1 - forget) rounds).
         forget_untested: extra decay of the positions a round did not test, so their
-            estimates return to the pooled rate within a few rounds (see `_Rates`).
+            estimates return to the pooled rate within a few rounds (see `Rates`).
         prior_alpha, prior_strength: optimistic Beta prior of the pooled acceptance rate
             (mean, pseudo-count); evidence outweighs it after a round or two.
         shrink: pseudo-count pulling each position's rate toward the pooled rate.
-        change_p, change_keep: change detection on the acceptance (see `_detect_change`);
+        change_p, change_keep: change detection on the acceptance (see
+            `specgen.control.acceptance.ChangeDetector`);
             change_p = 0 disables it.
     """
 
@@ -454,20 +158,18 @@ class Controller:
         self.probe_k = probe_k
         self.probe_bonus = probe_bonus
         n = max(self.k_max, 1)
-        self._alpha = _Rates(n, prior_alpha, prior_strength, shrink, forget, forget_untested)
+        self._alpha = Rates(n, prior_alpha, prior_strength, shrink, forget, forget_untested)
         # drafted-at-all rates: prior "the drafter proposes every position it is asked for"
-        self._drafted = _Rates(n, 0.95, 1.0, shrink, forget)
+        self._drafted = Rates(n, 0.95, 1.0, shrink, forget)
         # a single verify size: assume scoring n tokens costs 1 + 0.15 (n - 1) passes (the
         # CPU F32 figure, 8 tokens ~ 2 passes) until a second size is measured
-        self._verify = _CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
+        self._verify = CostModel(lambda n0, y0: 0.15 * y0 / (1.0 + 0.15 * (n0 - 1)))
         # a single draft size: proportional to tokens; only m = 0 seen: 0.3 ordinary passes
         self._model_drafted = False  # a draft model proposed a token (see `observe`)
-        self._draft = _CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
+        self._draft = CostModel(lambda m0, y0: y0 / m0 if m0 > 0 else 0.3 * self.ordinary_token_s)
         self._n_spec = 0  # rounds that drafted at least one token
         self._catchup_s: float | None = None  # moving average, rounds that caught up
-        self.change_p = change_p
-        self.change_keep = change_keep
-        self._streak, self._streak_dir = 1.0, 0  # see _detect_change
+        self._change = ChangeDetector(change_p, change_keep)
         self.decisions: list[Decision] = []
         self._pending: Decision | None = None
         self._since_spec = 0  # ordinary rounds since the last block was drafted
@@ -542,27 +244,9 @@ class Controller:
         return per_token >= self.ordinary_token_s
 
     def _rates(self, k_cap: int) -> FloatArray:
-        """(k_cap + 1,) float64 predicted tokens/s for K = 0..k_cap (nan before data).
-
-        For a block size K the number m of tokens actually drafted is random (early
-        stop): P(m) = r_m (1 - s_{m+1}) for m < K and r_K for m = K, with r_m =
-        prod_{j<=m} s_j. Expected cost = sum_m P(m) (draft_s(m) + verify_s(m + 1));
-        expected tokens = 1 + sum_{i<=K} prod_{j<=i} s_j alpha_j.
-        """
-        out = np.full(k_cap + 1, math.nan)
-        out[0] = 1.0 / self.ordinary_token_s if self._verify else math.nan
-        if k_cap == 0 or not self._verify or not self._draft:
-            return out
-        s = self.drafted_by_pos[:k_cap]
-        a = self.alpha_by_pos[:k_cap]
-        tokens = 1.0 + np.cumsum(np.cumprod(s * a))  # (k_cap,) for K = 1..k_cap
-        reach = np.concatenate([[1.0], np.cumprod(s)])  # r_0..r_{k_cap}
-        m = np.arange(k_cap + 1)
-        cost_m = np.array([self._draft(i) + self._verify(i + 1) for i in m])
-        stop_here = reach[:-1] * (1.0 - s) * cost_m[:-1]  # m = 0..k_cap-1 and stopped
-        cost = np.cumsum(stop_here) + reach[1:] * cost_m[1:]  # for K = 1..k_cap
-        out[1:] = tokens / cost
-        return out
+        """(k_cap + 1,) float64 predicted tokens/s for K = 0..k_cap (`round_rates`)."""
+        alpha, drafted = self.alpha_by_pos, self.drafted_by_pos
+        return round_rates(k_cap, self.ordinary_token_s, alpha, drafted, self._draft, self._verify)
 
     def predicted_tokens_per_s(self, k: int) -> float:
         """Expected tokens/s of block size k (0 = ordinary decoding) under the current
@@ -685,7 +369,7 @@ class Controller:
             # the drafter tried positions 1..min(m+1, k) and continued past the first m
             self._drafted.update(min(m + 1, k), m)
         if m > 0:
-            self._detect_change(n, m)
+            self._change.observe(self._alpha, n, m)
             # positions 1..n accepted, n+1 (if drafted) rejected, later ones never tested
             self._alpha.update(min(n + 1, m), n)
         d, self._pending = self._pending, None
@@ -717,34 +401,6 @@ class Controller:
         """
         self._draft.add(1, draft_s)
         self._n_timed += 1
-
-    def _detect_change(self, n: int, m: int) -> None:
-        """Discount the acceptance evidence when recent rounds are too unlikely under it.
-
-        Forgetting alone is slow to notice that the text changed (say, from copying to
-        free writing): the counts of a long run of accepted blocks take many rejections
-        to outweigh, and all that time the controller drafts long blocks in vain. Each
-        round's accepted length N is scored by its tail probability under the current
-        estimates, P(N <= n) or P(N >= n) (whichever is smaller). A round whose tail is
-        below 0.1 is surprising; when the product of the tails of a run of consecutive
-        surprising rounds (same direction) falls below `change_p`, that is taken as a
-        change and only `change_keep` of the evidence is kept. With alpha = 0.95 -> 0.02
-        that is three rounds; on stationary acceptance it fires rarely (each false alarm
-        only weakens the estimates for a few rounds).
-        """
-        reach = np.cumprod(self._alpha.estimate()[:m])  # P(N >= j), j = 1..m
-        upper = float(reach[n - 1]) if n > 0 else 1.0  # P(N >= n)
-        lower = 1.0 - float(reach[n]) if n < m else 1.0  # P(N <= n)
-        direction, tail = (-1, lower) if lower < upper else (1, upper)
-        if tail >= _SURPRISING:
-            self._streak, self._streak_dir = 1.0, 0
-            return
-        if direction != self._streak_dir:
-            self._streak, self._streak_dir = 1.0, direction
-        self._streak *= tail
-        if self._streak < self.change_p:
-            self._alpha.discount(self.change_keep)
-            self._streak, self._streak_dir = 1.0, 0
 
     def _gap_cap(self) -> int:
         """Largest probe gap: probe_every_max, or sooner when failed probes are cheap.

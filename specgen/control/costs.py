@@ -1,0 +1,300 @@
+"""Cost estimators: the seconds of a decode as a function of its size, fitted online.
+
+- `CostModel` (the single stream's `specgen.control.single.Controller`): the draft cost as a
+  function of the number of drafted tokens, and the target's verify cost as a function of
+  the number of tokens in the batch (a per-size moving average plus a linear fit
+  c0 + c1 * n for sizes not seen yet). On a CPU scoring 8 tokens costs 2x to 5x one token;
+  on a GPU it is nearly flat, so neither is assumed.
+- `LineFit` and `DraftFit` (the server's `specgen.control.batch.BatchController`): the
+  target's seconds by the rows of a decode, T, and the draft's by the logits rows and the
+  tokens of a decode, S (`specgen.control.goodput` says how they price a step); `Line` is
+  what they give.
+
+Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+_MIN_PER_SIZE = 3  # decodes of a size before `LineFit` fits on it (once two sizes have them)
+
+
+class CostModel:
+    """Seconds as a function of a size n (tokens): per-size moving average + linear fit.
+
+    A size seen before is predicted by its moving average blended with the fit (weight
+    of the average = number of observations, capped); an unseen size by the fit alone.
+    The fit is weighted least squares of c0 + c1 * n over the per-size averages with
+    c0, c1 >= 0 (cost never falls with more tokens). With a single size observed the
+    slope comes from `prior_slope(n0, seconds0)`.
+    """
+
+    def __init__(
+        self,
+        prior_slope: Callable[[int, float], float],
+        ema: float = 0.25,
+        max_weight: float = 8.0,
+        line_weight: float = 2.0,
+    ) -> None:
+        self._mean: dict[int, float] = {}
+        self._count: dict[int, float] = {}
+        self._prior_slope = prior_slope
+        self._ema = ema
+        self._max_weight = max_weight
+        self._line_weight = line_weight
+        self._fit: tuple[float, float] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._mean)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes observed so far."""
+        return list(self._mean)
+
+    def add(self, n: int, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0.0:
+            return
+        if n in self._mean:
+            # one slow outlier (a garbage-collector pause, another process) raises the
+            # average by at most a quarter: on a draft slower than its target, one such
+            # ordinary round used to make speculation look possible again (`hopeless`).
+            # A lasting slow-down still shows within a few rounds; speed-ups at once.
+            seconds = min(seconds, 2.0 * self._mean[n])
+            # a pass never runs faster than the machine allows: a faster one means the
+            # earlier ones were slowed (a busy start), so it counts at once
+            ema = 1.0 if seconds < 0.5 * self._mean[n] else self._ema
+            self._mean[n] += ema * (seconds - self._mean[n])
+            self._count[n] += 1.0
+        else:
+            self._mean[n] = seconds
+            self._count[n] = 1.0
+        self._fit = None
+
+    def fit(self) -> tuple[float, float]:
+        """(c0, c1) seconds and seconds/token. Requires at least one observation."""
+        if self._fit is not None:
+            return self._fit
+        xs = np.array(list(self._mean), dtype=np.float64)
+        ys = np.array(list(self._mean.values()))
+        ws = np.minimum(np.array(list(self._count.values())), self._max_weight)
+        if xs.size == 1:
+            c1 = max(0.0, self._prior_slope(int(xs[0]), float(ys[0])))
+            c0 = float(ys[0]) - c1 * float(xs[0])
+            if c0 < 0.0:  # through the origin instead
+                c0, c1 = 0.0, float(ys[0] / xs[0])
+        else:
+            xm, ym = np.average(xs, weights=ws), np.average(ys, weights=ws)
+            sxx = float(np.sum(ws * (xs - xm) ** 2))
+            c1 = float(np.sum(ws * (xs - xm) * (ys - ym)) / sxx)
+            c0 = float(ym - c1 * xm)
+            if c1 < 0.0:
+                c0, c1 = float(ym), 0.0
+            elif c0 < 0.0:
+                c0, c1 = 0.0, float(np.sum(ws * xs * ys) / np.sum(ws * xs * xs))
+        self._fit = (c0, c1)
+        return self._fit
+
+    def __call__(self, n: int) -> float:
+        """Predicted seconds at size n; nan before any observation."""
+        if not self._mean:
+            return math.nan
+        c0, c1 = self.fit()
+        line = c0 + c1 * n
+        if n in self._mean:
+            w = min(self._count[n], self._max_weight)
+            return line + w / (w + self._line_weight) * (self._mean[n] - line)
+        return line
+
+
+@dataclass(frozen=True)
+class Line:
+    """seconds = intercept_s + slope_s * x (x = rows of a target decode, or slots drafting
+    one depth)."""
+
+    intercept_s: float
+    slope_s: float
+
+    def __call__(self, x: float) -> float:
+        return self.intercept_s + self.slope_s * x
+
+
+class LineFit:
+    """Least-squares line through one point per decode size x: the median seconds of that
+    size's last `per_size` observations, every size weighing the same; a size seen fewer
+    than `_MIN_PER_SIZE` times is left out while two sizes have been seen that often.
+
+    By size, not one window of the latest decodes: a server that speculates makes its
+    decodes at a few large sizes (four slots at K = 8: 36 rows), and the target's cost is
+    concave in rows, so a line fitted there alone extrapolates badly to the ordinary size
+    (one row per slot), the one K = 0 is judged by. Measured on the demo pair at four
+    sampled streams (model drafting, prompt lookup off): 132 ms + 3.4 ms a row, where a
+    four-row decode took 65 ms; every choice then favoured speculation, which measured
+    0.60x ordinary batched decoding (`--draft none`), 0.79x at eight streams. A size seen
+    rarely (the ordinary one, a ramp with fewer slots) keeps its last measurements until
+    newer ones of that size replace them, and weighs as much as the size the server makes
+    all the time. Medians, and sizes seen a few times only, because one far size carries
+    much weight in a line: a single 68-row decode of 868 ms (a steady one took about 400)
+    alone had made a server's line 12 ms + 12.4 ms a row.
+
+    Until two distinct x have been seen the prior's slope is kept and the line is moved to
+    pass through the mean of what was seen (one measured size fixes the level); where that
+    would need a negative intercept (the prior's slope is steeper than the measured point
+    allows), the line goes through the origin and that point instead. Both coefficients are
+    kept >= 0 (a decode never gets cheaper with more rows), as the least-squares line under
+    those bounds: a bound that binds is fitted on (intercept 0: slope sum(xy)/sum(x^2);
+    slope 0: intercept mean(y)), never clamped after the fit, which would lift the whole
+    line above every point measured. (Clamped, a one-stream server whose draft prior came
+    out 0 ms + 40 ms a token kept predicting 40 ms per token while its re-times, all of one
+    token, measured 22 ms: speculation never paid, and nothing could correct it.)
+    """
+
+    def __init__(self, prior: Line, per_size: int = 32) -> None:
+        self.prior = prior
+        self.per_size = per_size
+        self._bins: dict[float, collections.deque[float]] = {}
+        self._line: Line | None = None  # the fit, until the next `add`
+
+    def set_prior(self, prior: Line) -> None:
+        """Replace the prior (what `line` gives until two distinct x have been seen)."""
+        self.prior = prior
+        self._line = None
+
+    def add(self, x: float, seconds: float) -> None:
+        size = float(x)
+        if size not in self._bins:
+            self._bins[size] = collections.deque(maxlen=self.per_size)
+        self._bins[size].append(float(seconds))
+        self._line = None
+
+    @property
+    def n(self) -> int:
+        return sum(len(b) for b in self._bins.values())
+
+    def line(self) -> Line:
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> Line:
+        if not self._bins:
+            return self.prior
+        # one point per size: the sizes a server rarely makes weigh as much as those it
+        # makes all the time, so the line stays true at both ends
+        sizes = [x for x, b in self._bins.items() if len(b) >= _MIN_PER_SIZE]
+        if len(sizes) < 2:
+            sizes = list(self._bins)
+        x = np.asarray(sizes, dtype=np.float64)
+        y = np.asarray([statistics.median(self._bins[size]) for size in sizes])
+        if np.ptp(x) == 0:
+            slope = self.prior.slope_s
+            if x[0] > 0:
+                slope = min(slope, max(0.0, float(y.mean() / x[0])))
+            return Line(max(0.0, float(y.mean() - slope * x[0])), slope)
+        slope, intercept = (float(c) for c in np.polyfit(x, y, 1))
+        if slope < 0.0:
+            return Line(max(0.0, float(y.mean())), 0.0)
+        if intercept < 0.0:
+            return Line(0.0, max(0.0, float(x @ y / (x @ x))))
+        return Line(intercept, slope)
+
+
+class DraftFit:
+    """The draft's seconds per decode as c0 + c_row * rows + c_tok * (tokens - rows): a
+    logits row (one per slot drafting a depth) and a token evaluated without one (a
+    catch-up on committed tokens, lookup tokens the model's first decode takes in) cost
+    apart. Measured on the demo draft (Gemma 3 270M Q4_K_M, 2 AMD EPYC cores): one token
+    with its row 12.4 ms; four tokens of one sequence with one row 17.3 ms, with four rows
+    39.9 ms; four slots' one token each 37.4 ms. A row costs about 9 ms (the 262,144-wide
+    output layer), a token without one 1.4 ms: one line in the tokens, fitted mostly to
+    catch-ups, came out 24 ms + 1.4 ms a token in a real server: a depth of four slots at
+    three quarters of its cost, one of one slot at twice it.
+
+    The fit is least squares over the last `window` decodes with each coefficient >= 0,
+    plus a small ridge toward the prior (c0, c_row, c_tok): `_PRIOR_WEIGHT` *
+    ||beta - prior||^2, seconds squared. It decides only what the decodes leave open (no
+    catch-up seen yet: c_tok stays the prior's; one size of depth only: c0 + c_row is
+    fitted, their split follows the prior), so the first real decodes replace the prior
+    where they can, as `LineFit`'s do. Exact under the bounds: the penalized objective is
+    strictly convex, and its minimum over the faces of the orthant is found by trying each
+    set of coefficients held at 0 (eight).
+    """
+
+    def __init__(self, prior: Line, token_s: float | None = None, window: int = 256) -> None:
+        self.window = window
+        self._rows: list[float] = []
+        self._extra: list[float] = []
+        self._y: list[float] = []
+        self._coef: tuple[float, float, float] | None = None
+        self.set_prior(prior, token_s)
+
+    def set_prior(self, prior: Line, token_s: float | None = None) -> None:
+        """A depth of n slots at `prior`(n); a token without a row at `token_s` seconds
+        (the prior's slope when None)."""
+        tok = prior.slope_s if token_s is None else token_s
+        self.prior = (prior.intercept_s, prior.slope_s, tok)
+        self._coef = None
+
+    def add(self, rows: int, tokens: int, seconds: float) -> None:
+        self._rows.append(float(rows))
+        self._extra.append(float(max(0, tokens - rows)))
+        self._y.append(float(seconds))
+        if len(self._y) > self.window:
+            del self._rows[0], self._extra[0], self._y[0]
+        self._coef = None
+
+    @property
+    def n(self) -> int:
+        return len(self._y)
+
+    def coef(self) -> tuple[float, float, float]:
+        """(c0, c_row, c_tok), seconds."""
+        if self._coef is None:
+            self._coef = self._fit()
+        return self._coef
+
+    def line(self) -> Line:
+        """Seconds of a depth drafted by n slots (n rows, n tokens): c0 + c_row n."""
+        c0, c_row, _ = self.coef()
+        return Line(c0, c_row)
+
+    @property
+    def token_s(self) -> float:
+        """Seconds of one token evaluated without a logits row (c_tok)."""
+        return self.coef()[2]
+
+    def _fit(self) -> tuple[float, float, float]:
+        if not self._y:
+            return self.prior
+        p = np.asarray(self.prior, dtype=np.float64)
+        x = np.column_stack([np.ones(len(self._y)), self._rows, self._extra])
+        y = np.asarray(self._y)
+        gram, rhs = x.T @ x, x.T @ y
+        best, best_obj = p.clip(0.0), np.inf
+        for free in _FACES:
+            beta = np.zeros(3)
+            idx = list(free)
+            if idx:
+                beta[idx] = np.linalg.solve(
+                    gram[np.ix_(idx, idx)] + _PRIOR_WEIGHT * np.eye(len(idx)),
+                    rhs[idx] + _PRIOR_WEIGHT * p[idx],
+                )
+            if (beta < 0.0).any():
+                continue
+            obj = float(((x @ beta - y) ** 2).sum() + _PRIOR_WEIGHT * ((beta - p) ** 2).sum())
+            if obj < best_obj:
+                best, best_obj = beta, obj
+        return float(best[0]), float(best[1]), float(best[2])
+
+
+# DraftFit's ridge: a coefficient 10 ms off its prior costs as much as a 0.3 ms residual
+_PRIOR_WEIGHT = 1e-3
+# the sets of DraftFit's coefficients left free (the others held at 0), all first
+_FACES = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,), ())
