@@ -120,8 +120,12 @@ def validate(text: str | None, schema: dict[str, Any]) -> str | None:
 
 
 def _load(out: Path, kind: str) -> list[dict[str, Any]]:
-    files = sorted(out.glob(f"{kind}-*.json"), key=lambda p: int(p.stem.split("-")[-1]))
-    return [json.loads(p.read_text()) for p in files]
+    """One {"runs": [...]} per alternation: the runs of its files (`KIND-REP.json`, or one
+    file per temperature, `KIND-tT-REP.json`) together."""
+    alts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for p in out.glob(f"{kind}-*.json"):
+        alts[int(p.stem.split("-")[-1])] += json.loads(p.read_text())["runs"]
+    return [{"runs": alts[rep]} for rep in sorted(alts)]
 
 
 def _key(run: dict[str, Any]) -> tuple[float, int]:

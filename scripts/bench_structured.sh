@@ -24,7 +24,8 @@
 #   scripts/bench_structured.sh [OUT_DIR]        (default: bench-structured)
 #
 # Environment: REPS (default 3), FREE_REPS (default 1), CONC (default 1,4), FREE_CONC
-# (default 1), TEMPS (default 0,0.8), N (default 160), NP (slots, default 4), CTX (context
+# (default 1), TEMPS (default 0,0.8), DRAFT_TEMPS (those of TEMPS at which llama-server with
+# its draft is measured, default all), N (default 160), NP (slots, default 4), CTX (context
 # per slot, default 2048), THREADS (default 2), K (llama-server's --spec-draft-n-max,
 # default 8), SPECGEN, PYTHON, JOBS, NICE, SERVE_BUILD_DIR: as scripts/bench_serve.sh
 # (serve_common.sh builds llama-server on the first run).
@@ -36,6 +37,7 @@ FREE_REPS=${FREE_REPS:-1}
 CONC=${CONC:-1,4}
 FREE_CONC=${FREE_CONC:-1}
 TEMPS=${TEMPS:-0,0.8}
+DRAFT_TEMPS=${DRAFT_TEMPS:-$TEMPS}
 N=${N:-160}
 NP=${NP:-4}
 CTX=${CTX:-2048}
@@ -69,19 +71,28 @@ start specgen "${SERVE[@]}"
 start specgen-nodraft "${SERVE[@]}" --draft none
 DRAFTED=("${URLS[@]:4:4}" "${URLS[@]:8:4}") # llama-draft$K and specgen
 
-# one request per prompt and level: the 8 records, each once, in an order seeded per level
+# one request per prompt and level: the 8 records, each once, in an order seeded per level;
+# llama-server's draft only at the temperatures in DRAFT_TEMPS (under a schema at 0.8 its
+# requests fell to 0.04-0.8 tokens/s on this CPU and a level did not end in four minutes)
 n_prompts=$(wc -l <"$OUT/schema.jsonl")
+IFS=, read -ra temps <<<"$TEMPS"
 for rep in $(seq 1 "$REPS"); do
-  echo "== alternation $rep of $REPS, under the schema"
-  "$SPECGEN" bench "${URLS[@]}" --prompts "$OUT/schema.jsonl" --concurrency "$CONC" \
-    --temp "$TEMPS" -n "$N" --num-prompts "$n_prompts" --warmup $((rep == 1)) \
-    --seed "$rep" --json "$OUT/schema-$rep.json" --markdown "$OUT/schema-$rep.md"
-  if [ "$rep" -le "$FREE_REPS" ]; then
-    echo "== unconstrained $rep of $FREE_REPS"
-    "$SPECGEN" bench "${DRAFTED[@]}" --prompts "$OUT/free.jsonl" --concurrency "$FREE_CONC" \
-      --temp "$TEMPS" -n "$N" --num-prompts "$n_prompts" --warmup 0 --seed "$rep" \
-      --json "$OUT/free-$rep.json" --markdown "$OUT/free-$rep.md"
-  fi
+  for t in "${temps[@]}"; do
+    urls=("${URLS[@]}") drafted=("${DRAFTED[@]}")
+    if [[ ",$DRAFT_TEMPS," != *",$t,"* ]]; then
+      urls=("${URLS[@]:0:4}" "${URLS[@]:8}") drafted=("${URLS[@]:8:4}")
+    fi
+    echo "== alternation $rep of $REPS, temperature $t, under the schema"
+    "$SPECGEN" bench "${urls[@]}" --prompts "$OUT/schema.jsonl" --concurrency "$CONC" \
+      --temp "$t" -n "$N" --num-prompts "$n_prompts" --warmup $((rep == 1)) \
+      --seed "$rep" --json "$OUT/schema-t$t-$rep.json" --markdown "$OUT/schema-t$t-$rep.md"
+    if [ "$rep" -le "$FREE_REPS" ]; then
+      echo "== unconstrained $rep of $FREE_REPS, temperature $t"
+      "$SPECGEN" bench "${drafted[@]}" --prompts "$OUT/free.jsonl" --concurrency "$FREE_CONC" \
+        --temp "$t" -n "$N" --num-prompts "$n_prompts" --warmup 0 --seed "$rep" \
+        --json "$OUT/free-t$t-$rep.json" --markdown "$OUT/free-t$t-$rep.md"
+    fi
+  done
 done
 stop_servers
 
