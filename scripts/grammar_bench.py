@@ -31,7 +31,8 @@ from pathlib import Path
 from specgen.bench.record import cpu_model
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.grammar import GrammarSpec, compile_grammar, tokenizer_for
+from specgen.grammar import compile_grammar, tokenizer_for
+from specgen.grammarspec import GrammarSpec
 from specgen.models.demo import ensure_demo_pair
 from specgen.round import Sequence
 from specgen.sampling import SamplingParams

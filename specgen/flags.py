@@ -135,7 +135,7 @@ class SamplingFlags:
             Lark one) the output must match (llama-cli's flags).
         json_schema, json_schema_file: -j/--json-schema JSON / --json-schema-file FILE, a
             JSON Schema the output must follow; the Python API also takes a dict or a
-            pydantic model class. At most one of the four (`specgen.grammar.spec_of`
+            pydantic model class. At most one of the four (`specgen.grammarspec.spec_of`
             builds the grammar from them).
 
     Raises:

@@ -10,24 +10,8 @@ runs on the raw logits, then the chain) and the order every row-level rejection 
 needs: p_i and q_i are both "mask, then warp", so q_i is the law the draft really drew
 x_i from and p_i the target's constrained law at that position.
 
-Formats (`GrammarSpec.kind`):
-
-- ``json_schema``: JSON Schema (llguidance's coverage, docs/json_schema.md of llguidance);
-- ``json_object``: any JSON object (``{"type": "object"}``), OpenAI's JSON mode;
-- ``lark``: llguidance's Lark dialect;
-- ``gbnf``: llama.cpp's GBNF, converted by llguidance's `gbnf_to_lark` (``any_to_lark``:
-  a Lark grammar, or one starting with ``%llguidance``, is taken as it is);
-- ``regex``: a regular expression the whole output must match.
-
-JSON whitespace (`JSON_DEFAULTS`). JSON Schema grammars default to *fixed* separators,
-``", "`` between items and ``": "`` after keys, no other whitespace: the layout of Python's
-``json.dumps`` and of most JSON in models' training text. Measured on the demo vocabulary
-(FIELD.md): on a 24-token record 10 positions allow a single token with fixed separators
-against 4 with JSON's flexible whitespace, and each such position is a token the grammar
-proposes for free (no draft pass). Flexible whitespace also lets small models loop on
-newlines until max_tokens. OpenAI's structured outputs promise no whitespace either. A
-schema's own ``"x-guidance"`` options (e.g. ``{"whitespace_flexible": true}``) override
-the default.
+The request's side, what a grammar is before compilation (`GrammarSpec`, its formats
+and the JSON whitespace default), is `specgen.grammarspec`, which loads no llguidance.
 
 End of generation: a matcher that is *stopped* (the grammar is complete and allows
 nothing but an end-of-generation token) ends generation with finish reason ``stop``; where
@@ -42,121 +26,22 @@ full-vocabulary mask in 0.01-0.02 ms, a rollback in 0.01 ms.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import llguidance
 import numpy as np
 import numpy.typing as npt
 from llguidance.gbnf_to_lark import any_to_lark
 
-from specgen.errors import ConfigError, GrammarError
-
-GrammarKind = Literal["json_schema", "json_object", "lark", "gbnf", "regex"]
-GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "lark", "gbnf", "regex")
-
-JSON_DEFAULTS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
-"""llguidance's JSON compile options used under every schema unless its ``x-guidance``
-says otherwise (see the module docstring: fixed separators, chosen for forced tokens)."""
+from specgen.errors import GrammarError
+from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What a request constrains its output to, before compilation; frozen and hashable
-    (the compiled grammar is cached per spec, and settings are keyed by it).
-
-    Attributes:
-        kind: one of `GRAMMAR_KINDS`.
-        text: the grammar source, or the schema as compact JSON text (keys in their given
-            order: it is the order properties are generated in); empty for
-            ``json_object``.
-        source: where it came from, for error messages (``--json-schema``,
-            ``response_format.json_schema.schema``, ``grammar``...).
-    """
-
-    kind: GrammarKind
-    text: str = ""
-    source: str = "grammar"
-
-    def __post_init__(self) -> None:
-        if self.kind not in GRAMMAR_KINDS:
-            raise GrammarError(f"{self.source}: unknown grammar kind {self.kind!r}")
-
-    @classmethod
-    def json_schema(cls, schema: Any, source: str = "json_schema") -> GrammarSpec:
-        """A spec from a JSON Schema given as a dict, as JSON text, or as a pydantic model
-        class (anything with ``model_json_schema()``).
-
-        Raises:
-            GrammarError: not JSON, not a JSON object, naming `source`.
-        """
-        if hasattr(schema, "model_json_schema"):
-            schema = schema.model_json_schema()
-        if isinstance(schema, str | bytes):
-            try:
-                schema = json.loads(schema)
-            except ValueError as e:
-                raise GrammarError(f"{source}: not valid JSON: {e}") from None
-        if not isinstance(schema, Mapping):
-            raise GrammarError(
-                f"{source}: a JSON Schema must be a JSON object, got {type(schema).__name__}"
-            )
-        # keys keep their order: a schema's property order is the order fields are generated
-        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-        return cls("json_schema", text, source)
-
-    @property
-    def label(self) -> str:
-        """One word for the output: the kind, e.g. ``json_schema``."""
-        return self.kind
-
-
-def spec_of(
-    grammar: str | None = None,
-    grammar_file: Path | str | None = None,
-    json_schema: Any = None,
-    json_schema_file: Path | str | None = None,
-) -> GrammarSpec | None:
-    """The spec of llama-cli's flags (`specgen.flags.SamplingFlags`' four fields): --grammar
-    TEXT and --grammar-file FILE (GBNF, or Lark), -j/--json-schema JSON (or a dict or a
-    pydantic model class) and --json-schema-file FILE; None when none is given.
-
-    Raises:
-        ConfigError: a file that cannot be read. GrammarError: a schema that is not JSON.
-    """
-    if grammar is not None:
-        return GrammarSpec("gbnf", grammar, "--grammar")
-    if grammar_file is not None:
-        return GrammarSpec(
-            "gbnf", _read(grammar_file, "--grammar-file"), f"--grammar-file {grammar_file}"
-        )
-    if json_schema is not None:
-        return GrammarSpec.json_schema(json_schema, "--json-schema")
-    if json_schema_file is not None:
-        text = _read(json_schema_file, "--json-schema-file")
-        return GrammarSpec.json_schema(text, f"--json-schema-file {json_schema_file}")
-    return None
-
-
-def _read(path: Path | str, flag: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 # -- compilation (per spec, cached) ---------------------------------------------------

@@ -30,7 +30,7 @@ from specgen.sampling import Dists, SamplingParams, warp_rows
 
 if TYPE_CHECKING:
     from specgen.flags import SamplingFlags
-    from specgen.grammar import GrammarSpec
+    from specgen.grammarspec import GrammarSpec
 
 VerifyRule = Literal["token", "block"]
 VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
@@ -210,7 +210,7 @@ class GenerateConfig:
 
 def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
     """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or
-    --json-schema-file (`specgen.grammar.spec_of`), or None.
+    --json-schema-file (`specgen.grammarspec.spec_of`), or None.
 
     Raises:
         ConfigError: a file that cannot be read; GrammarError: a schema that is not JSON.
@@ -219,7 +219,7 @@ def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
     given = (s.grammar, s.grammar_file, s.json_schema, s.json_schema_file)
     if all(v is None for v in given):
         return None  # llguidance is not even loaded
-    from specgen.grammar import spec_of
+    from specgen.grammarspec import spec_of
 
     return spec_of(*given)
 

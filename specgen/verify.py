@@ -57,7 +57,7 @@ from specgen.generate import FixedK, GenerateConfig, VerifyRule, generate
 from specgen.sampling import SamplingParams, warp
 
 if TYPE_CHECKING:
-    from specgen.grammar import GrammarSpec  # llguidance loads only for a grammar
+    from specgen.grammarspec import GrammarSpec
 
 __all__ = [
     "DEFAULT_SAMPLING_PARAMS",

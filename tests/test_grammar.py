@@ -8,12 +8,8 @@ import pytest
 from fakes import TextEngine
 
 from specgen.errors import GrammarError
-from specgen.grammar import (
-    GrammarProcessor,
-    GrammarSpec,
-    compile_grammar,
-    tokenizer_for,
-)
+from specgen.grammar import GrammarProcessor, compile_grammar, tokenizer_for
+from specgen.grammarspec import GrammarSpec
 
 # "a" or "ab" or "abc", then "}" : alternatives sharing prefixes
 LARK = 'start: ("a" | "ab" | "abc") "}"'

@@ -28,7 +28,8 @@ from specgen import drafters, round
 from specgen.drafters import Drafting, ModelDrafter
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.grammar import GrammarSpec, Matcher, compile_grammar, tokenizer_for
+from specgen.grammar import Matcher, compile_grammar, tokenizer_for
+from specgen.grammarspec import GrammarSpec
 from specgen.sampling import SamplingParams, draw, warp_rows
 from specgen.server.sched.jobs import Job
 from specgen.server.sched.scheduler import Scheduler

@@ -82,6 +82,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
         "events",
         "flags",
         "compat",
+        "grammarspec",  # what a grammar is before compilation (no llguidance)
     ),
     # the doors: llama.cpp, files/registry/Hub, and llguidance (grammars)
     ("llamacpp", "models", "grammar"),

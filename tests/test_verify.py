@@ -466,7 +466,7 @@ VERIFY_LARK = 'start: ("a" | "ab" | "c") "x" "}"{1,2} ("a" | "b" | "cx")'
 
 
 def _grammar_verify(samples: int, **kw) -> VerifyConfig:
-    from specgen.grammar import GrammarSpec
+    from specgen.grammarspec import GrammarSpec
 
     return VerifyConfig(
         samples=samples, k=3, params=SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),

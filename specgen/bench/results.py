@@ -20,7 +20,7 @@ from specgen.flags import SamplingFlags
 from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specgen.grammar import GrammarSpec  # llguidance loads only for a grammar
+    from specgen.grammarspec import GrammarSpec
 
 FORMAT = "specgen-bench/1"
 ORDINARY = "ordinary"

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp
 from specgen.constraints import check_vocab
 from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
 from specgen.events import Done, Step
-from specgen.grammar import GrammarSpec
+from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics

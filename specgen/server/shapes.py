@@ -13,7 +13,7 @@ from specgen.errors import ConfigError, GrammarError
 from specgen.events import Done, FinishReason, Span, Stats, Step
 from specgen.flags import SamplingFlags, in_python_words
 from specgen.generate import GenerateConfig
-from specgen.grammar import GrammarSpec
+from specgen.grammarspec import GrammarSpec
 from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specgen.errors import ChatTemplateError
-from specgen.grammar import JSON_DEFAULTS, GrammarSpec
+from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 
 Syntax = Literal["hermes", "json"]
