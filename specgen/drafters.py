@@ -84,6 +84,11 @@ class ModelDrafter:
         return ModelDrafter(self.engine, params, self.n_vocab, self.p_min)
 
     @property
+    def model(self) -> ModelDrafter:
+        """The drafter's draft-model part: itself (a `HybridDrafter`'s is its `model`)."""
+        return self
+
+    @property
     def cached_tokens(self) -> int:
         """Positions held in the draft model's KV cache."""
         return len(self.engine.tokens)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specgen.control.batch import BatchController
-from specgen.drafters import ModelDrafter, Stepwise
+from specgen.drafters import Stepwise
 from specgen.engine import BatchEngine, SeqDecode
 from specgen.errors import EngineError
-from specgen.hybrid import HybridDrafter
 from specgen.round import Clock, Proposal
-from specgen.server.sched.slot import Slot
+from specgen.server.sched.slot import Slot, batched
 
 
 class Drafting:
@@ -62,7 +61,7 @@ class Drafting:
         if ctl is None:
             return
         for slot, k_chosen, k in zip(active, chosen, ks, strict=True):
-            if not isinstance(slot.drafter, ModelDrafter | HybridDrafter):
+            if batched(slot.drafter) is None:
                 continue
             if k > 0:
                 slot.run += 1
@@ -88,14 +87,14 @@ class Drafting:
         chunks: list[tuple[Slot, SeqDecode]] = []
         out = list(ks)
         for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
-            d, seq, cache = slot.drafter, slot.seq, slot.draft
-            if k == 0 or not isinstance(d, ModelDrafter | HybridDrafter) or cache is None:
+            d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
+            if k == 0 or d is None or cache is None:
                 continue
             if slot.catch_up <= self.prefill_chunk:  # set by `Stepper._choose_ks`
                 continue
             assert seq is not None
             context = seq.committed
-            (d.model if isinstance(d, HybridDrafter) else d).rollback(context)
+            d.model.rollback(context)
             have = len(cache.tokens)
             chunks.append(
                 (slot, SeqDecode(slot.index, context[have : have + self.prefill_chunk], 0))
@@ -122,11 +121,11 @@ class Drafting:
         proposals: list[tuple[Slot, Proposal]] = []
         together: list[tuple[Slot, int, Stepwise]] = []
         for slot, k in zip(active, ks, strict=True):
-            seq, d = slot.seq, slot.drafter
+            seq, d = slot.seq, batched(slot.drafter)
             if seq is None:  # failed earlier in this step
                 continue
             try:
-                if k > 0 and isinstance(d, ModelDrafter | HybridDrafter):
+                if k > 0 and d is not None:
                     together.append((slot, k, d.begin(seq.draft_context(k), k, seq.draft_rng)))
                 else:
                     proposals.append((slot, seq.propose(k)))
@@ -169,7 +168,7 @@ class Drafting:
         # (slot, its draft sequence, that sequence's length now, the token to append)
         held = [
             (s.index, s.draft, len(s.draft.tokens), s.seq.committed[-1]) for s in active
-            if isinstance(s.drafter, ModelDrafter | HybridDrafter) and s.draft is not None
+            if batched(s.drafter) is not None and s.draft is not None
             and s.seq is not None and len(s.draft.tokens) < s.draft.n_ctx
         ]  # fmt: skip
         if not held or not ctl.retime_due(len(held), self.undrafted_s):

@@ -21,10 +21,9 @@ from typing import Literal
 
 from specgen.control.batch import BatchController
 from specgen.control.costs import Line, LineFit
-from specgen.drafters import ModelDrafter, common_prefix
+from specgen.drafters import common_prefix
 from specgen.engine import BatchEngine, Drafter, SeqDecode
 from specgen.errors import EngineError
-from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
 from specgen.round import Clock
 from specgen.server.sched.drafting import Drafting
@@ -40,7 +39,7 @@ from specgen.server.sched.jobs import (
     Ticket,
     deliver_each,
 )
-from specgen.server.sched.slot import Slot, Slots
+from specgen.server.sched.slot import Slot, Slots, batched
 from specgen.server.sched.step import Stepper
 
 #: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
@@ -92,8 +91,9 @@ class Scheduler:
             raise ValueError(f"the target holds {target.n_seq} sequences, not {n_parallel}")
         self.target = target
         self._draft: BatchEngine | None = None
-        if isinstance(drafter, ModelDrafter | HybridDrafter):
-            draft: BatchEngine = drafter.engine  # type: ignore[assignment]  # the loaded one
+        batch = batched(drafter)
+        if batch is not None:
+            draft: BatchEngine = batch.model.engine  # type: ignore[assignment]  # the loaded one
             if draft.n_seq < n_parallel:
                 raise ValueError(f"the draft holds too few sequences for {n_parallel} slots")
             self._draft = draft

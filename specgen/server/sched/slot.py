@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
 
 from specgen.control.acceptance import Acceptance
 from specgen.control.batch import BatchController, recent_entry
-from specgen.drafters import ModelDrafter, common_prefix
+from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine
 from specgen.errors import EngineError
 from specgen.generate import FixedK
@@ -30,6 +33,28 @@ from specgen.sampling import SamplingParams
 from specgen.server.sched.jobs import Failed, JobEvent, Ticket
 
 _LOOKUP_POOLS = 64  # sampling settings whose pooled prompt-lookup record is kept
+
+
+class BatchDrafter(Protocol):
+    """A slot's drafter that drafts with the draft model in the slot's own draft sequence,
+    its decodes batched across slots by depth (`Drafting`): `ModelDrafter` and
+    `HybridDrafter`. A model-free drafter (n-gram) drafts per slot through its `Sequence`."""
+
+    @property
+    def model(self) -> ModelDrafter:
+        """The draft-model part, whose cache is the slot's draft sequence."""
+        ...
+
+    def behind(self, context: list[int]) -> int: ...
+
+    def prefill(self, context: list[int], evaluate: bool = True) -> None: ...
+
+    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> Stepwise: ...
+
+
+def batched(drafter: Drafter | None) -> BatchDrafter | None:
+    """`drafter` where it drafts through the draft model's batched decodes, else None."""
+    return drafter if isinstance(drafter, ModelDrafter | HybridDrafter) else None
 
 
 class Slot:
@@ -152,11 +177,11 @@ class Slots:
     def start(self, slot: Slot) -> None:
         assert slot.seq is not None and slot.ticket is not None
         try:
-            d = slot.drafter
-            if isinstance(d, ModelDrafter | HybridDrafter):
+            d, b = slot.drafter, batched(slot.drafter)
+            if b is not None:
                 # the draft's prefill waits for the slot's first block (`Drafting.catch_up`): under
                 # load the controller may never choose to speculate for this request
-                d.prefill(slot.ticket.job.prompt, evaluate=False)
+                b.prefill(slot.ticket.job.prompt, evaluate=False)
             elif d is not None:
                 d.prefill(slot.ticket.job.prompt)
             slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)

@@ -44,14 +44,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from specgen.control.batch import BatchController, SlotState
-from specgen.drafters import ModelDrafter
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
 from specgen.round import Clock, Proposal
 from specgen.server.sched.drafting import Drafting
 from specgen.server.sched.jobs import BatchReport
-from specgen.server.sched.slot import Slot, Slots
+from specgen.server.sched.slot import Slot, Slots, batched
 
 
 def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -305,7 +304,8 @@ class Stepper:
             caps.append(0 if slot.first else seq.choose_k())
             slot.reason = "first" if slot.first else "fixed"
             slot.first = False
-            behind = d.behind(seq.committed) if isinstance(d, ModelDrafter | HybridDrafter) else 1
+            b = batched(d)
+            behind = b.behind(seq.committed) if b is not None else 1
             slot.catch_up = max(0, behind - 1)
         if self.controller is None or not active:
             return caps
