@@ -325,12 +325,18 @@ class Sequence:
         # the target will hold len - 1 + 1 + K tokens
         return self.target.n_ctx - len(self.committed)
 
-    def choose_k(self) -> int:
-        """The policy's block size, capped so that a round (up to K + 1 tokens) never runs
-        past -n or the context; 0 without a drafter."""
+    def k_room(self) -> int:
+        """The largest K a round may have now: up to K + 1 tokens never run past -n or
+        the context (may be below 0 near either end; 0 without a drafter)."""
         if self.drafter is None:
             return 0
-        return self.policy.choose_k(min(self.emitter.remaining - 1, self._room()))
+        return min(self.emitter.remaining - 1, self._room())
+
+    def choose_k(self) -> int:
+        """The policy's block size, capped by `k_room`; 0 without a drafter."""
+        if self.drafter is None:
+            return 0
+        return self.policy.choose_k(self.k_room())
 
     def draft_context(self, k: int) -> list[int]:
         """The context this round's block of up to k proposals is drafted after: the

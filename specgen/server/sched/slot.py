@@ -25,7 +25,6 @@ from specgen.control.batch import BatchController, recent_entry
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine
 from specgen.errors import EngineError
-from specgen.generate import FixedK
 from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
 from specgen.round import Clock, Sequence
@@ -123,10 +122,8 @@ class Slots:
         slot.t_sent = None
         try:
             slot.drafter = self.drafter_for(slot, job.config.params)
-            k_cap = self.draft_max if self.draft_max is not None else self.k_cap()
-            slot.seq = Sequence(
-                slot.target, slot.drafter, job.prompt, job.config, FixedK(k_cap), self.clock
-            )
+            # no K policy: the scheduler chooses every slot's K (`Stepper._choose_ks`)
+            slot.seq = Sequence(slot.target, slot.drafter, job.prompt, job.config, None, self.clock)
             if source is not None:  # one prefill for every choice: share its cells
                 keep = len(job.prompt) - 1
                 slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
@@ -146,6 +143,9 @@ class Slots:
         )
 
     def k_cap(self) -> int:
+        """The largest K of any slot's round: --draft-max, or the controller's ceiling."""
+        if self.draft_max is not None:
+            return self.draft_max
         return self.controller.k_max if self.controller is not None else 0
 
     def drafter_for(self, slot: Slot, params: SamplingParams) -> Drafter | None:

@@ -293,6 +293,7 @@ class Stepper:
             for s in self.slots.all
             if s.ticket is not None and s.seq is not None and (not s.started or s.first)
         ]
+        k_cap = self.slots.k_cap()
         for slot in active:
             seq, d = slot.seq, slot.drafter
             assert seq is not None
@@ -301,7 +302,7 @@ class Stepper:
             # block would hold it back by the draft's catch-up on the prompt and K draft
             # decodes (2-4x the TTFT of --draft none on the demo pair); its draft catches
             # up in its next step
-            caps.append(0 if slot.first else seq.choose_k())
+            caps.append(0 if slot.first else max(0, min(k_cap, seq.k_room())))
             slot.reason = "first" if slot.first else "fixed"
             slot.first = False
             b = batched(d)
