@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import tinymodels
+from support.net import free_port
 
 # Weight noise of the tiny draft relative to the tiny target (same seed). Measured with
 # llama-cpp-python 0.3.36 over 256 positions of random token sequences: mean sum(min(p, q))
@@ -231,13 +232,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("rpc"):
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 10.0) -> None:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 from support.cli import specgen
-from test_live_tty import ANSI, DEADLINE_S, GENERATING, read_until, spawn
+from support.tty import ANSI, DEADLINE_S, GENERATING, read_until, spawn
 
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine

@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 from support.greedy import NEAR_TIE_LOGITS
-from test_server_models import Server, start
+from support.serve import Server, start
 
 import specgen
 from specgen.chat import prompt_tokens
@@ -183,7 +183,7 @@ def test_verify_holds_the_pair_to_the_constrained_law(tiny_target, tiny_draft, m
     penalties counted from the committed tokens only (its reference stays right). The
     setting favours repeating the previous token (+4 logits), so the planted bug's wrong
     "previous token" inside a block moves the law far."""
-    from test_constraints import CommittedOnly
+    from support.planted import CommittedOnly
     from typer.testing import CliRunner
 
     from specgen import drafters, round

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pydantic
 import pytest
-from test_server_models import Server, start
+from support.serve import Server, start
 
 
 class City(pydantic.BaseModel):

@@ -496,3 +496,27 @@ def test_the_reason_check_finds_a_bare_local_import(tmp_path: Path) -> None:
         "utf-8",
     )
     assert _unexplained_local_imports("specgen.cli.x", src) == [f"{src}:2 imports json"]
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """The modules `path` imports (top-level and inside functions), as written."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_no_test_file_imports_another() -> None:
+    """Issue 33 item 6: helpers shared by test files live in tests/support/ (or a helper
+    module beside the tests), never in a test file another one imports."""
+    tests = ROOT / "tests"
+    bad = [
+        f"{path.name} imports {name}"
+        for path in sorted(tests.glob("*.py")) + sorted((tests / "support").glob("*.py"))
+        for name in _test_module_imports(path)
+        if name.split(".")[-1].startswith("test_") or name.startswith(("tests.", "conftest"))
+    ]
+    assert not bad, bad

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.greedy import assert_same_or_near_tie
+from support.net import free_port
 
 from specgen import llamacpp
 from specgen.errors import ConfigError, RpcError
-from tests.conftest import free_port
-from tests.test_run_models import assert_same_or_near_tie
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import json
 import socket
 
 import pytest
-from test_server_http import USER, Served, serving
+from support.served import USER, Served, serving
 
 from specgen.server import wire
 from specgen.server.app import Settings

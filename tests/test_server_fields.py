@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types import completion_create_params as text_params
 from openai.types.chat import completion_create_params as chat_params
-from test_server_http import USER, Served, serving
+from support.served import USER, Served, serving
 
 from specgen.server.fields import FIELDS, Status, refusal
 from specgen.server.schemas import ChatCompletionRequest, CompletionRequest, _Generation

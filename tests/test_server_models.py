@@ -5,7 +5,7 @@ Every wait is for an observable state (a line, a chunk, a metric).
 
 Greedy equality under concurrency: batched target decodes of different row counts may
 differ in the last bits of float arithmetic, so outputs may diverge at a near-tie; the
-suite's rule (`test_run_models.assert_same_or_near_tie`) accepts a divergence only where
+suite's rule (`support.greedy.assert_same_or_near_tie`) accepts a divergence only where
 the target's top-two logit gap is below NEAR_TIE_LOGITS.
 """
 
@@ -13,67 +13,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from support.serve import Server, start
 
-ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"^specgen: serving (\S+) at (http://\S+)/v1 ")
 PROMPTS = [
     "The three most important ideas in computer science are",
     "def fibonacci(n):\n    ",
     "A recipe for pancakes: first,",
     "The capital of France is",
 ]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    model_id: str
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
-
-    def metric(self, name: str) -> float:
-        # httpx's default 5 s read timeout is a wall-clock bound: on a loaded machine a
-        # scrape beside a streaming request can take longer (it failed once so)
-        for line in httpx.get(self.url + "/metrics", timeout=120).text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"no metric {name}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-
-def start(smol_pair, *flags: str) -> Server:
-    target, draft = smol_pair
-    cmd = [sys.executable, "-m", "specgen", "serve", "-m", str(target), "-md", str(draft)]
-    cmd += ["--port", "0", "-c", "512", "-t", "2", *flags]  # a later -c wins
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    m = READY.match(line)
-    if m is None:
-        proc.kill()
-        raise AssertionError(f"no ready line: {line!r} {proc.communicate()[1]}")
-    return Server(proc, m.group(2), m.group(1))
 
 
 @pytest.fixture(scope="module")

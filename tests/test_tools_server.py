@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_server_models import Server, start
+from support.serve import Server, start
 
 TEMPLATE = Path(__file__).parent / "support" / "qwen2.5-chat-template.jinja"
 # SmolLM2's tokens of "<tool_call>": "<", "tool", "_", "call", ">" (its BPE vocabulary)
