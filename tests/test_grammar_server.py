@@ -202,25 +202,14 @@ def test_a_named_tool_choice_streams_delta_tool_calls(server: Server) -> None:
     check_call(calls[0])
 
 
-def test_required_and_a_tool_result_round_trip(server: Server) -> None:
+def test_required_returns_a_valid_call(server: Server) -> None:
+    # (a tool result sent back through the template: tests/test_tools_server.py)
     c = server.client()
     r = c.chat.completions.create(
         model=server.model_id, messages=WHAT, tools=[WEATHER], tool_choice="required",
         temperature=0, max_tokens=80,
     )  # fmt: skip
-    call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
-    check_call(call)
-    history = [
-        *WHAT,
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21, "sky": "clear"}'},
-    ]
-    after = c.chat.completions.create(
-        model=server.model_id, messages=history, tools=[WEATHER], tool_choice="none",
-        temperature=0, max_tokens=20,
-    )  # fmt: skip
-    assert after.choices[0].finish_reason in ("stop", "length")
-    assert after.choices[0].message.content
+    check_call(r.choices[0].message.tool_calls[0])  # type: ignore[index]
 
 
 def test_tool_choice_auto_and_unknown_names_are_400(server: Server) -> None:

@@ -268,10 +268,11 @@ def test_loop_samples_the_targets_joint_distribution(params, policy, k, rule):
     """First three tokens of (prompt [1]): the exact law is the product of the target's
     warped conditionals; the draft is a different, noisy model. Also without the bonus
     row (a probe): then every token is an accepted proposal or a residual draw. Under
-    either acceptance rule (`--verify token|block`). Token-wise on 2,500 runs (the planted
-    bug below fails on 1,000), block verification on 5,000 (its subtle planted bugs are
-    shown failing in tests/test_block_verify.py, on 8,000 rounds of a case chosen for them)."""
-    assert joint_pvalue(params, policy, k, rule, 2500 if rule == "token" else 5000) > 1e-4
+    either acceptance rule (`--verify token|block`). Token-wise on 1,000 runs, the sample on
+    which the planted bug below fails (was 2,500), block verification on 5,000 (its subtle
+    planted bugs are shown failing in tests/test_block_verify.py, on 8,000 rounds of a case
+    chosen for them)."""
+    assert joint_pvalue(params, policy, k, rule, 1000 if rule == "token" else 5000) > 1e-4
 
 
 def test_a_broken_residual_in_the_loop_is_detected(monkeypatch):
