@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from specgen.errors import ConfigError
 
@@ -29,17 +29,6 @@ DRAFT_NONE = "none"
 DRAFT_NGRAM = "ngram"
 #: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
 DRAFT_AUTO = "auto"
-
-_T = TypeVar("_T")
-
-
-def pick(cls: type[_T], values: Mapping[str, Any], **override: Any) -> _T:
-    """The dataclass `cls` from a mapping holding (at least) its field names, such as a
-    Typer command's ``locals()``: fields missing from `values` keep their defaults, names
-    that are not fields are ignored, `override` wins over both."""
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    given = {k: v for k, v in values.items() if k in names}
-    return cls(**{**given, **override})
 
 
 @dataclass(frozen=True)
@@ -80,11 +69,6 @@ class ModelFlags:
     swa_full: bool = False
     draft_p_min: float = 0.0
     lookup: str | None = None
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any], **override: Any) -> ModelFlags:
-        """From a Typer command's ``locals()`` (see `pick`)."""
-        return pick(cls, values, **override)
 
     def __post_init__(self) -> None:
         check_types(self, MODEL_FLAG)
@@ -165,11 +149,6 @@ class SamplingFlags:
     grammar_file: Path | None = None
     json_schema: Any = None  # JSON text; the Python API: a dict or a pydantic model class
     json_schema_file: Path | None = None
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any], **override: Any) -> SamplingFlags:
-        """From a Typer command's ``locals()`` (see `pick`)."""
-        return pick(cls, values, **override)
 
     def __post_init__(self) -> None:
         check_types(self, SAMPLING_FLAG)

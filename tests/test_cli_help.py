@@ -3,12 +3,16 @@ shows a Python type (`<list[str]>`, `<bool>`, `<int>`)."""
 
 from __future__ import annotations
 
+import inspect
 import re
+from typing import Annotated
 
 import pytest
 from typer.testing import CliRunner
 
 from specgen.cli.app import app
+from specgen.cli.options import MODEL, SAMPLING, ModelFlags, SamplingFlags, grouped
+from specgen.errors import ConfigError
 
 COMMANDS = [
     ["run"],
@@ -48,3 +52,28 @@ def test_named_values_read_like_llama_cpp() -> None:
     assert rows["--draft-max"][2] == "K|auto" and rows["--ignore-eos"][2] == "Do"
     usage = next(line for line in _help(["run"]).splitlines() if "Usage:" in line)
     assert usage.rstrip().endswith("[PROMPT]")
+
+
+def test_a_grouped_command_sees_each_group_as_its_options_and_gets_one_object() -> None:
+    seen: dict[str, object] = {}
+
+    @grouped
+    def command(
+        n: int = 1,
+        *,
+        model: Annotated[ModelFlags, MODEL.only("target", "ctx_size")],
+        sampling: Annotated[SamplingFlags, SAMPLING.only("temp", "seed").but(temp=0.0)],
+    ) -> None:
+        seen.update(n=n, model=model, sampling=sampling)
+
+    params = inspect.signature(command).parameters  # what Typer reads
+    assert list(params) == ["n", "target", "ctx_size", "temp", "seed"]
+    assert params["temp"].default == 0.0 and params["ctx_size"].default == 4096
+    command(n=2, target="t.gguf", ctx_size=512, temp=0.5, seed=None)
+    assert seen == {
+        "n": 2,
+        "model": ModelFlags(target="t.gguf", ctx_size=512),
+        "sampling": SamplingFlags(temp=0.5),
+    }
+    with pytest.raises(ConfigError, match="-c/--ctx-size must be 0"):
+        command(n=1, target=None, ctx_size=-1, temp=0.0, seed=None)

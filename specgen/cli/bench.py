@@ -5,7 +5,6 @@ are imported inside the command so that `specgen --help` and the other commands 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,42 +13,21 @@ import typer
 
 from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
-    CtxOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    FrequencyPenaltyOpt,
-    GrammarFileOpt,
-    GrammarOpt,
-    JsonSchemaFileOpt,
-    JsonSchemaOpt,
-    LogitBiasOpt,
-    LookupOpt,
-    MinPOpt,
+    GRAMMAR,
+    MODEL,
+    OUTPUT,
+    SAMPLING,
+    Group,
     ModelFlags,
-    ModelsOpt,
-    NgldOpt,
-    NglOpt,
     OutputFlags,
-    PairOpt,
-    PresencePenaltyOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
-    SwaFullOpt,
-    TargetOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    TraceOpt,
-    VerboseOpt,
-    VerifyOpt,
+    SamplingFlags,
     check_output_path,
-    pick,
+    grouped,
+    opt,
     seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.events import Prefilled
-from specgen.flags import SamplingFlags, check_verify
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -67,143 +45,69 @@ EPILOG = (
     " --label llama-server --temp 0,0.8 --slo ttft=500,tpot=50 --markdown load.md"
 )
 
-#: `bench --url` (a server under load): these options only apply there
-UrlOpt = Annotated[
-    list[str] | None,
-    typer.Option("--url", help="Measure an OpenAI-compatible server (repeat for side by side)."),
-]
-LabelOpt = Annotated[
-    list[str] | None, typer.Option("--label", help="A name for each --url in the tables.")
-]
-ConcurrencyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--concurrency", help="--url: requests in flight, a sweep like 1,2,4,8 (the default)."
+
+@dataclass(frozen=True)
+class LoadFlags:
+    """`bench --url` (a server under load): these options only apply there; checked by
+    `specgen.cli.bench_load` when --url is given."""
+
+    url: list[str] | None = None
+    label: list[str] | None = None
+    concurrency: str | None = None
+    request_rate: str | None = None
+    burstiness: float = 1.0
+    num_prompts: int = 16
+    warmup: int = 1
+    endpoint: str | None = None
+    slo: str | None = None
+    kind: str | None = None
+    timeout: float = 600.0
+    api_key: str | None = None
+
+
+LOAD = Group(
+    LoadFlags,
+    url=opt(
+        list[str] | None,
+        None,
+        "--url",
+        help="Measure an OpenAI-compatible server (repeat for side by side).",
     ),
-]
-RateOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--request-rate", help="--url: open-loop arrivals per second, e.g. 0.5,1,inf (Poisson)."
+    label=opt(list[str] | None, None, "--label", help="A name for each --url in the tables."),
+    concurrency=opt(
+        str | None,
+        None,
+        "--concurrency",
+        help="--url: requests in flight, a sweep like 1,2,4,8 (the default).",
     ),
-]
-BurstOpt = Annotated[
-    float,
-    typer.Option("--burstiness", help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."),
-]
-NumPromptsOpt = Annotated[
-    int, typer.Option("--num-prompts", help="--url: requests per level and server.")
-]
-WarmupOpt = Annotated[
-    int, typer.Option("--warmup", help="--url: requests per server before measuring.")
-]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option("--endpoint", help="--url: chat or completions (default: chat for messages)."),
-]
-SloOpt = Annotated[
-    str | None,
-    typer.Option("--slo", help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."),
-]
-KindOpt = Annotated[
-    str | None, typer.Option("--kind", help="--url: only prompts of these kinds, e.g. code,chat.")
-]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="--url: seconds per request.")]
-ApiKeyOpt = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="SPECGEN_API_KEY", help="--url: the servers' API key."),
-]
-
-
-def register(app: typer.Typer) -> None:
-    """Add the `bench` command to `app`."""
-    app.command("bench", epilog=EPILOG)(bench)
-
-
-def bench(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
-    models: ModelsOpt = None,
-    prompts: Annotated[
-        Path | None,
-        typer.Option(
-            "--prompts", help="Your prompts: JSONL with a 'prompt' field, or one per line."
-        ),
-    ] = None,
-    draft_max: Annotated[
-        str, typer.Option("--draft-max", help="Block sizes to compare, e.g. 4,8,auto.")
-    ] = "4,8,auto",
-    temp: Annotated[
-        str, typer.Option("--temp", help="Temperatures, e.g. 0,0.8 (0 or below = greedy).")
-    ] = "0",
-    runs: Annotated[int, typer.Option("--runs", help="Repetitions of each prompt.")] = 3,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Tokens per generation (EOS ignored).")
-    ] = 128,
-    seed: Annotated[
-        int, typer.Option("--seed", help="Base random seed (-1 = random, as in llama.cpp).")
-    ] = 1234,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    logit_bias: LogitBiasOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = 64,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    grammar: GrammarOpt = None,
-    grammar_file: GrammarFileOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    json_schema_file: JsonSchemaFileOpt = None,
-    draft_p_min: DraftPMinOpt = 0.0,
-    n_gpu_layers: NglOpt = 0,
-    n_gpu_layers_draft: NgldOpt = 0,
-    rpc: RpcOpt = None,
-    threads: ThreadsOpt = 0,
-    ctx_size: CtxOpt = 4096,
-    swa_full: SwaFullOpt = False,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write every figure and the record.")
-    ] = None,
-    markdown_path: Annotated[
-        Path | None, typer.Option("--markdown", help="Write README-ready tables.")
-    ] = None,
-    plot_path: Annotated[
-        Path | None,
-        typer.Option("--plot", help="Write a PNG (needs matplotlib: pip install -e '.\\[plot]')."),
-    ] = None,
-    compare: Annotated[
-        Path | None,
-        typer.Option("--compare", help="An earlier --json result to compare with."),
-    ] = None,
-    trace: TraceOpt = None,
-    verbose: VerboseOpt = False,
-    url: UrlOpt = None,
-    label: LabelOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    request_rate: RateOpt = None,
-    burstiness: BurstOpt = 1.0,
-    num_prompts: NumPromptsOpt = 16,
-    warmup: WarmupOpt = 1,
-    endpoint: EndpointOpt = None,
-    slo: SloOpt = None,
-    kind: KindOpt = None,
-    timeout: TimeoutOpt = 600.0,
-    api_key: ApiKeyOpt = None,
-    verify: VerifyOpt = None,
-    lookup: LookupOpt = None,
-) -> None:
-    """Measure speculative against ordinary decoding: speedup, acceptance, latency; or, with
-    --url, OpenAI-compatible servers under load: TTFT, TPOT, ITL, throughput."""
-    given = locals()
-    if url:
-        # start-up time: the load client brings httpx and asyncio
-        from specgen.cli.bench_load import run_load_command
-
-        run_load_command(given)
-        return
-    bench_command(ModelFlags.pick(given), BenchFlags.pick(given), OutputFlags.pick(given))
+    request_rate=opt(
+        str | None,
+        None,
+        "--request-rate",
+        help="--url: open-loop arrivals per second, e.g. 0.5,1,inf (Poisson).",
+    ),
+    burstiness=opt(
+        float, 1.0, "--burstiness", help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."
+    ),
+    num_prompts=opt(int, 16, "--num-prompts", help="--url: requests per level and server."),
+    warmup=opt(int, 1, "--warmup", help="--url: requests per server before measuring."),
+    endpoint=opt(
+        str | None,
+        None,
+        "--endpoint",
+        help="--url: chat or completions (default: chat for messages).",
+    ),
+    slo=opt(
+        str | None, None, "--slo", help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."
+    ),
+    kind=opt(
+        str | None, None, "--kind", help="--url: only prompts of these kinds, e.g. code,chat."
+    ),
+    timeout=opt(float, 600.0, "--timeout", help="--url: seconds per request."),
+    api_key=opt(
+        str | None, None, "--api-key", envvar="SPECGEN_API_KEY", help="--url: the servers' API key."
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -211,8 +115,8 @@ class BenchFlags:
     """bench's own options: what to measure, how often, and where to write it.
 
     Raises:
-        ConfigError: naming the flag: --runs below 1, -n below 2, an output path that cannot
-            be written (checked now: a wrong one must not cost a benchmark of minutes).
+        ConfigError: naming the flag: --runs below 1, an output path that cannot be written
+            (checked now: a wrong one must not cost a benchmark of minutes).
     """
 
     prompts: Path | None = None
@@ -221,42 +125,88 @@ class BenchFlags:
     runs: int = 3
     max_tokens: int = 128
     seed: int = 1234
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    logit_bias: list[str] | None = None
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    grammar: str | None = None
-    grammar_file: Path | None = None
-    json_schema: str | None = None
-    json_schema_file: Path | None = None
     json_path: Path | None = None
     markdown_path: Path | None = None
     plot_path: Path | None = None
     compare: Path | None = None
-    verify: str | None = None
 
     def __post_init__(self) -> None:
         if self.runs < 1:
             raise ConfigError(f"--runs must be at least 1, got {self.runs}")
-        if self.max_tokens < 2:
-            raise ConfigError(f"-n must be at least 2, got {self.max_tokens}")
-        check_verify(self.verify)
         for flag, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
                            ("--plot", self.plot_path)):  # fmt: skip
             if path is not None:
                 check_output_path(flag, path)
 
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> BenchFlags:
-        """From the command's ``locals()`` (see `specgen.flags.pick`)."""
-        return pick(cls, values)
+    def write(self, report: Any, result: Any) -> None:
+        """Write `result` to the files asked for (--json, --markdown, --plot) with the
+        `report` module's writers (`specgen.bench`'s, or the load client's for --url)."""
+        for path, write in ((self.json_path, report.write_json),
+                            (self.markdown_path, report.write_markdown),
+                            (self.plot_path, report.write_plot)):  # fmt: skip
+            if path is not None:
+                write(result, path)
 
 
-def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
+BENCH = Group(
+    BenchFlags,
+    prompts=opt(
+        Path | None,
+        None,
+        "--prompts",
+        help="Your prompts: JSONL with a 'prompt' field, or one per line.",
+    ),
+    draft_max=opt(str, "4,8,auto", "--draft-max", help="Block sizes to compare, e.g. 4,8,auto."),
+    temp=opt(str, "0", "--temp", help="Temperatures, e.g. 0,0.8 (0 or below = greedy)."),
+    runs=opt(int, 3, "--runs", help="Repetitions of each prompt."),
+    max_tokens=opt(int, 128, "--max-tokens", "-n", help="Tokens per generation (EOS ignored)."),
+    seed=opt(int, 1234, "--seed", help="Base random seed (-1 = random, as in llama.cpp)."),
+    json_path=opt(Path | None, None, "--json", help="Write every figure and the record."),
+    markdown_path=opt(Path | None, None, "--markdown", help="Write README-ready tables."),
+    plot_path=opt(
+        Path | None,
+        None,
+        "--plot",
+        help="Write a PNG (needs matplotlib: pip install -e '.\\[plot]').",
+    ),
+    compare=opt(Path | None, None, "--compare", help="An earlier --json result to compare with."),
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `bench` command to `app`."""
+    app.command("bench", epilog=EPILOG)(bench)
+
+
+@grouped
+def bench(
+    *,
+    model: Annotated[ModelFlags, MODEL],
+    b: Annotated[BenchFlags, BENCH],
+    # --temp, --draft-max, -n and --seed are bench's own (lists to sweep, a base seed)
+    sampling: Annotated[
+        SamplingFlags,
+        SAMPLING.without("max_tokens", "temp", "seed", "draft_max", "stop", "ignore_eos") + GRAMMAR,
+    ],
+    out: Annotated[OutputFlags, OUTPUT.only("trace", "verbose")],
+    load: Annotated[LoadFlags, LOAD],
+) -> None:
+    """Measure speculative against ordinary decoding: speedup, acceptance, latency; or, with
+    --url, OpenAI-compatible servers under load: TTFT, TPOT, ITL, throughput."""
+    if load.url:
+        # start-up time: the load client brings httpx and asyncio
+        from specgen.cli.bench_load import run_load_command
+
+        run_load_command(model, sampling, b, out, load)
+        return
+    if b.max_tokens < 2:
+        raise ConfigError(f"-n must be at least 2, got {b.max_tokens}")
+    bench_command(model, sampling, b, out)
+
+
+def bench_command(
+    model: ModelFlags, sampling: SamplingFlags, b: BenchFlags, out: OutputFlags
+) -> None:
     """Validate everything cheap first, load, measure with a progress bar, then write the
     outputs and print the table."""
     # start-up time: the bench package loads numpy, which `specgen --help` must not
@@ -266,7 +216,7 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
     if b.plot_path is not None:
         bench.check_plot_available()
     earlier = bench.load_earlier(b.compare) if b.compare is not None else None
-    settings = _settings(bench, b, model.lookup)
+    settings = _settings(bench, sampling, b, model.lookup)
     prompts = bench.load_prompts(b.prompts)
     with open_session(model, out, settings.params(settings.temps[0])) as opened:
         show_messages(opened)  # before measuring: a run of minutes at CPU speed
@@ -274,26 +224,14 @@ def bench_command(model: ModelFlags, b: BenchFlags, out: OutputFlags) -> None:
         result = _measure_traced(bench, opened, prompts, settings, out.trace)
     if b.compare is not None:
         result.compared = bench.compare_with(result, b.compare, earlier)
-    if b.json_path is not None:
-        bench.write_json(result, b.json_path)
-    if b.markdown_path is not None:
-        bench.write_markdown(result, b.markdown_path)
-    if b.plot_path is not None:
-        bench.write_plot(result, b.plot_path)
+    b.write(bench, result)
     _show(result)
 
 
-def _settings(bench, b: BenchFlags, lookup: str | None):
+def _settings(bench, sampling: SamplingFlags, b: BenchFlags, lookup: str | None):
     # start-up time: the grammar's spec loads llguidance only when a grammar flag is given
     from specgen.stages import grammar_spec
 
-    sampling = SamplingFlags(
-        top_k=b.top_k, top_p=b.top_p, min_p=b.min_p, verify=b.verify,
-        logit_bias=b.logit_bias, repeat_penalty=b.repeat_penalty,
-        repeat_last_n=b.repeat_last_n, presence_penalty=b.presence_penalty,
-        frequency_penalty=b.frequency_penalty, grammar=b.grammar, grammar_file=b.grammar_file,
-        json_schema=b.json_schema, json_schema_file=b.json_schema_file,
-    )  # fmt: skip
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(b.draft_max),
         temps=bench.parse_temp_list(b.temp),

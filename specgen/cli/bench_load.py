@@ -6,55 +6,53 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specgen.cli.options import check_output_path, seed_or_random
+from specgen.cli.options import ModelFlags, OutputFlags, SamplingFlags, seed_or_random
 from specgen.errors import ConfigError
 from specgen.ui import output
 
 if TYPE_CHECKING:
     from specgen.bench.load import LoadResult, LoadSettings
     from specgen.bench.loadstats import LoadLevel
+    from specgen.cli.bench import BenchFlags, LoadFlags
 
 #: `bench` options that choose or load models: meaningless when measuring a server
-MODEL_FLAGS = (("target", "-m"), ("draft", "-md"), ("pair", "--pair"), ("trace", "--trace"))
+MODEL_FLAGS = (("target", "-m"), ("draft", "-md"), ("pair", "--pair"))
 
-
+#: bench's logits-processing flags (`SamplingFlags` fields): refused with --url, unless at
+#: their "off" defaults, rather than silently not sent
 CONSTRAINT_FLAGS = (
-    ("logit_bias", "--logit-bias", None),
-    ("repeat_penalty", "--repeat-penalty", 1.0),
-    ("repeat_last_n", "--repeat-last-n", 64),
-    ("presence_penalty", "--presence-penalty", 0.0),
-    ("frequency_penalty", "--frequency-penalty", 0.0),
-    ("grammar", "--grammar", None),
-    ("grammar_file", "--grammar-file", None),
-    ("json_schema", "--json-schema", None),
-    ("json_schema_file", "--json-schema-file", None),
+    ("logit_bias", "--logit-bias"),
+    ("repeat_penalty", "--repeat-penalty"),
+    ("repeat_last_n", "--repeat-last-n"),
+    ("presence_penalty", "--presence-penalty"),
+    ("frequency_penalty", "--frequency-penalty"),
+    ("grammar", "--grammar"),
+    ("grammar_file", "--grammar-file"),
+    ("json_schema", "--json-schema"),
+    ("json_schema_file", "--json-schema-file"),
 )
-"""bench's logits-processing flags and their "off" values: refused with --url rather than
-silently not sent."""
 
 
-def run_load_command(a: dict[str, Any]) -> None:
-    """Validate, measure, write, show. `a` holds `bench`'s parameters by name."""
-    _check(a)
+def run_load_command(
+    model: ModelFlags, sampling: SamplingFlags, b: BenchFlags, out: OutputFlags, load: LoadFlags
+) -> None:
+    """Validate, measure, write, show: `bench`'s flags, with --url given."""
+    _check(model, sampling, b, out, load)
     # start-up time: the load client (httpcore) and the stats load only for --url
     from specgen.bench.load import load_prompts, parse_servers, report
 
-    servers = parse_servers(a["url"], a["label"] or [])
-    settings = _settings(a)
-    earlier = report.load_earlier(a["compare"]) if a["compare"] is not None else None
-    kinds = [k.strip() for k in a["kind"].split(",") if k.strip()] if a["kind"] else []
-    prompts = load_prompts(a["prompts"], kinds)
+    servers = parse_servers(load.url or [], load.label or [])
+    settings = _settings(sampling, b, load)
+    earlier = report.load_earlier(b.compare) if b.compare is not None else None
+    kinds = [k.strip() for k in load.kind.split(",") if k.strip()] if load.kind else []
+    prompts = load_prompts(b.prompts, kinds)
     result = _measure(servers, prompts, settings)
-    compared = report.compare_with(result, a["compare"], earlier) if earlier is not None else None
-    if a["json_path"] is not None:
-        report.write_json(result, a["json_path"])
-    if a["markdown_path"] is not None:
-        report.write_markdown(result, a["markdown_path"])
-    if a["plot_path"] is not None:
-        report.write_plot(result, a["plot_path"])
+    compared = None
+    if b.compare is not None and earlier is not None:
+        compared = report.compare_with(result, b.compare, earlier)
+    b.write(report, result)
     # start-up time: the Rich tables load only once there is something to show
     from specgen.ui.load_reports import render_load
 
@@ -63,83 +61,80 @@ def run_load_command(a: dict[str, Any]) -> None:
     output.note(*notes)
 
 
-def _check(a: dict[str, Any]) -> None:
+def _check(
+    model: ModelFlags, sampling: SamplingFlags, b: BenchFlags, out: OutputFlags, load: LoadFlags
+) -> None:
     """Refuse, in one line naming the flag, what cannot be measured: model flags, a missing
     httpcore, bad numbers, an output path that cannot be written (before anything is sent)."""
-    for key, flag in MODEL_FLAGS:
-        if a.get(key) is not None:
+    chosen = [(getattr(model, key), flag) for key, flag in MODEL_FLAGS]
+    for value, flag in [*chosen, (out.trace, "--trace")]:
+        if value is not None:
             raise ConfigError(
                 f"{flag} chooses models for bench to load; with --url the server has them"
             )
-    for key, flag, off in CONSTRAINT_FLAGS:
-        if a.get(key) not in (None, off, []):
+    off = SamplingFlags()
+    for key, flag in CONSTRAINT_FLAGS:
+        if getattr(sampling, key) != getattr(off, key):
             raise ConfigError(
                 f"{flag} is not sent by bench --url: set it on the servers (their own"
                 " start flags), so every server measured gets the same"
             )
     if importlib.util.find_spec("httpcore") is None:
         raise ConfigError("bench --url needs httpcore: pip install httpcore")
-    if a["num_prompts"] < 1:
-        raise ConfigError(f"--num-prompts must be at least 1, got {a['num_prompts']}")
-    if a["warmup"] < 0:
-        raise ConfigError(f"--warmup must be 0 or more, got {a['warmup']}")
-    if a["max_tokens"] < 1:
-        raise ConfigError(f"-n must be at least 1, got {a['max_tokens']}")
-    if not (a["burstiness"] > 0 and math.isfinite(a["burstiness"])):
-        raise ConfigError(f"--burstiness must be a positive number, got {a['burstiness']}")
-    if not a["timeout"] > 0:
-        raise ConfigError(f"--timeout must be positive seconds, got {a['timeout']}")
-    if a["endpoint"] not in (None, "chat", "completions"):
-        raise ConfigError(f"--endpoint must be chat or completions, got {a['endpoint']!r}")
-    if a["plot_path"] is not None:
+    if load.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be at least 1, got {load.num_prompts}")
+    if load.warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more, got {load.warmup}")
+    if b.max_tokens < 1:
+        raise ConfigError(f"-n must be at least 1, got {b.max_tokens}")
+    if not (load.burstiness > 0 and math.isfinite(load.burstiness)):
+        raise ConfigError(f"--burstiness must be a positive number, got {load.burstiness}")
+    if not load.timeout > 0:
+        raise ConfigError(f"--timeout must be positive seconds, got {load.timeout}")
+    if load.endpoint not in (None, "chat", "completions"):
+        raise ConfigError(f"--endpoint must be chat or completions, got {load.endpoint!r}")
+    if b.plot_path is not None:
         # start-up time: the plot's check imports the bench package only when asked
         from specgen.bench.report import check_plot_available
 
         check_plot_available()
-    for flag, key in (
-        ("--json", "json_path"),
-        ("--markdown", "markdown_path"),
-        ("--plot", "plot_path"),
-    ):
-        if a[key] is not None:
-            check_output_path(flag, Path(a[key]))
 
 
-def _levels(a: dict[str, Any]) -> list[LoadLevel]:
+def _levels(b: BenchFlags, load: LoadFlags) -> list[LoadLevel]:
     """The load levels: every --temp with every --concurrency (closed loop), or with every
     --request-rate (open loop, --concurrency then one cap on requests in flight)."""
     # start-up time: the load statistics load numpy, only for --url
     from specgen.bench import loadstats
     from specgen.bench.prompts import parse_temp_list
 
-    temps = parse_temp_list(a["temp"])
-    if a["request_rate"] is None:
-        conc = loadstats.parse_int_list("--concurrency", a["concurrency"] or "1,2,4,8")
+    temps = parse_temp_list(b.temp)
+    if load.request_rate is None:
+        conc = loadstats.parse_int_list("--concurrency", load.concurrency or "1,2,4,8")
         return [loadstats.LoadLevel(t, concurrency=c) for t in temps for c in conc]
     cap = None
-    if a["concurrency"] is not None:
-        caps = loadstats.parse_int_list("--concurrency", a["concurrency"])
+    if load.concurrency is not None:
+        caps = loadstats.parse_int_list("--concurrency", load.concurrency)
         if len(caps) != 1:
             raise ConfigError("with --request-rate, --concurrency is one cap on requests in flight")
         cap = caps[0]
-    rates = loadstats.parse_rate_list(a["request_rate"])
+    rates = loadstats.parse_rate_list(load.request_rate)
     return [
         loadstats.LoadLevel(t, request_rate=r, max_concurrency=cap) for t in temps for r in rates
     ]
 
 
-def _settings(a: dict[str, Any]) -> LoadSettings:
+def _settings(sampling: SamplingFlags, b: BenchFlags, load: LoadFlags) -> LoadSettings:
     # start-up time: the load client loads httpcore, only for --url
     from specgen.bench import loadstats
     from specgen.bench.load import LoadSettings
 
-    levels = _levels(a)
+    levels = _levels(b, load)
     return LoadSettings(
-        levels=tuple(levels), num_prompts=a["num_prompts"], max_tokens=a["max_tokens"],
-        seed=seed_or_random(a["seed"]), burstiness=a["burstiness"], warmup=a["warmup"],
-        endpoint=a["endpoint"], top_k=a["top_k"], top_p=a["top_p"], min_p=a["min_p"],
-        timeout_s=a["timeout"], slo=loadstats.parse_slo(a["slo"]) if a["slo"] else None,
-        api_key=a["api_key"],
+        levels=tuple(levels), num_prompts=load.num_prompts, max_tokens=b.max_tokens,
+        seed=seed_or_random(b.seed), burstiness=load.burstiness, warmup=load.warmup,
+        endpoint=load.endpoint, top_k=sampling.top_k, top_p=sampling.top_p,
+        min_p=sampling.min_p, timeout_s=load.timeout,
+        slo=loadstats.parse_slo(load.slo) if load.slo else None, api_key=load.api_key,
     )  # fmt: skip
 
 

@@ -16,45 +16,17 @@ import typer
 
 from specgen.cli.loading import open_session, show_messages, wants_live
 from specgen.cli.options import (
-    ChatTemplateOpt,
-    CtxOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    FrequencyPenaltyOpt,
-    GrammarFileOpt,
-    GrammarOpt,
-    IgnoreEosOpt,
-    JsonSchemaFileOpt,
-    JsonSchemaOpt,
-    LogitBiasOpt,
-    LookupOpt,
-    MinPOpt,
+    GRAMMAR,
+    MODEL,
+    OUTPUT,
+    PROMPT,
+    SAMPLING,
     ModelFlags,
-    ModelsOpt,
-    NgldOpt,
-    NglOpt,
-    NoLiveOpt,
     OutputFlags,
-    PairOpt,
-    PresencePenaltyOpt,
     PromptFlags,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
     SamplingFlags,
-    SeedOpt,
-    ShowRejectedOpt,
-    StopOpt,
-    SwaFullOpt,
-    SystemOpt,
-    TargetOpt,
-    TempOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    VerboseOpt,
-    VerifyOpt,
+    grouped,
+    opt,
     seed_or_random,
 )
 from specgen.errors import ConfigError
@@ -83,57 +55,23 @@ def register(app: typer.Typer) -> None:
     app.command("chat", epilog=EPILOG)(chat)
 
 
+#: -n in chat: per reply
+REPLY_TOKENS = opt(int, 1024, "--max-tokens", "-n", help="Tokens per reply at most.")
+
+
+@grouped
 def chat(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
-    models: ModelsOpt = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Tokens per reply at most.")
-    ] = 1024,
-    temp: TempOpt = 0.8,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    logit_bias: LogitBiasOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = 64,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    grammar: GrammarOpt = None,
-    grammar_file: GrammarFileOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    json_schema_file: JsonSchemaFileOpt = None,
-    seed: SeedOpt = None,
-    draft_max: DraftMaxOpt = "auto",
-    draft_p_min: DraftPMinOpt = 0.0,
-    stop: StopOpt = None,
-    ignore_eos: IgnoreEosOpt = False,
-    system: SystemOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    no_live: NoLiveOpt = False,
-    show_rejected: ShowRejectedOpt = False,
-    n_gpu_layers: NglOpt = 0,
-    n_gpu_layers_draft: NgldOpt = 0,
-    rpc: RpcOpt = None,
-    threads: ThreadsOpt = 0,
-    ctx_size: CtxOpt = 4096,
-    swa_full: SwaFullOpt = False,
-    verbose: VerboseOpt = False,
-    verify: VerifyOpt = None,
-    lookup: LookupOpt = None,
+    *,
+    model: Annotated[ModelFlags, MODEL],
+    sampling: Annotated[SamplingFlags, SAMPLING.but(max_tokens=REPLY_TOKENS) + GRAMMAR],
+    out: Annotated[OutputFlags, OUTPUT.only("no_live", "show_rejected", "verbose")],
+    how: Annotated[PromptFlags, PROMPT.without("raw")],
 ) -> None:
     """Chat with an instruct model (its chat template applied), replies drafted and verified.
 
     /exit or Ctrl-D leaves, /reset starts over, /stats shows the totals; Ctrl-C stops a reply.
     """
-    given = locals()
-    model, sampling, out = (
-        ModelFlags.pick(given),
-        SamplingFlags.pick(given),
-        OutputFlags.pick(given),
-    )
-    chat_command(model, sampling, out, PromptFlags.pick(given))
+    chat_command(model, sampling, out, how)
 
 
 def chat_command(

@@ -16,49 +16,17 @@ import typer
 
 from specgen.cli.loading import open_session, show_messages, wants_live
 from specgen.cli.options import (
-    ChatTemplateOpt,
-    CtxOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    FrequencyPenaltyOpt,
-    GrammarFileOpt,
-    GrammarOpt,
-    IgnoreEosOpt,
-    JsonOpt,
-    JsonSchemaFileOpt,
-    JsonSchemaOpt,
-    LogitBiasOpt,
-    LogprobsOpt,
-    LookupOpt,
-    MinPOpt,
+    GRAMMAR,
+    LOGPROBS,
+    MODEL,
+    OUTPUT,
+    PROMPT,
+    SAMPLING,
     ModelFlags,
-    ModelsOpt,
-    NgldOpt,
-    NglOpt,
-    NoLiveOpt,
     OutputFlags,
-    PairOpt,
-    PresencePenaltyOpt,
     PromptFlags,
-    RawOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
     SamplingFlags,
-    SeedOpt,
-    ShowRejectedOpt,
-    StopOpt,
-    SwaFullOpt,
-    SystemOpt,
-    TargetOpt,
-    TempOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    TraceOpt,
-    VerboseOpt,
-    VerifyOpt,
+    grouped,
 )
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, Prefilled, Step
@@ -116,71 +84,28 @@ def _is_file(name: str) -> bool:
         return False
 
 
+@grouped
 def run(
     prompt: Annotated[
         str | None, typer.Argument(help="Prompt text; omit or '-' to read stdin.")
     ] = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
-    models: ModelsOpt = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")
-    ] = 256,
-    temp: TempOpt = 0.8,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    logit_bias: LogitBiasOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = 64,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    grammar: GrammarOpt = None,
-    grammar_file: GrammarFileOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    json_schema_file: JsonSchemaFileOpt = None,
-    seed: SeedOpt = None,
-    draft_max: DraftMaxOpt = "auto",
-    draft_p_min: DraftPMinOpt = 0.0,
-    stop: StopOpt = None,
-    ignore_eos: IgnoreEosOpt = False,
-    json_out: JsonOpt = False,
-    logprobs: LogprobsOpt = None,
-    no_live: NoLiveOpt = False,
-    show_rejected: ShowRejectedOpt = False,
-    n_gpu_layers: NglOpt = 0,
-    n_gpu_layers_draft: NgldOpt = 0,
-    rpc: RpcOpt = None,
-    threads: ThreadsOpt = 0,
-    ctx_size: CtxOpt = 4096,
-    swa_full: SwaFullOpt = False,
-    verbose: VerboseOpt = False,
-    trace: TraceOpt = None,
-    raw: RawOpt = False,
-    system: SystemOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    verify: VerifyOpt = None,
-    lookup: LookupOpt = None,
+    *,
+    model: Annotated[ModelFlags, MODEL],
+    sampling: Annotated[SamplingFlags, SAMPLING + GRAMMAR + LOGPROBS],
+    out: Annotated[OutputFlags, OUTPUT],
+    how: Annotated[PromptFlags, PROMPT],
 ) -> None:
     """Generate text with a draft and a target model (or the target alone).
 
     When the target carries a chat template (instruct models), the prompt is sent as one
     user message in it, as llama-cli and Ollama do; --raw sends the text as it is.
     """
-    given = locals()
     # every flag is checked (when its shape is built) before the prompt is read: stdin may
     # wait for the user
-    model, sampling, out = (
-        ModelFlags.pick(given),
-        SamplingFlags.pick(given),
-        OutputFlags.pick(given),
-    )
-    template = PromptFlags.pick(given)
     sampling.params()  # checks --top-p and --min-p
-    if logprobs is not None and not json_out:
+    if sampling.logprobs is not None and not out.json_out:
         raise ConfigError("--logprobs is shown in --json's output only: add --json")
-    raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, template))
+    raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, how))
 
 
 def run_command(

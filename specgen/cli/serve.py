@@ -15,37 +15,17 @@ import typer
 
 from specgen.cli.loading import show_messages
 from specgen.cli.options import (
-    ChatTemplateOpt,
-    CtxOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    FrequencyPenaltyOpt,
-    LogitBiasOpt,
-    LookupOpt,
-    MinPOpt,
+    MODEL,
+    OUTPUT,
+    PROMPT,
+    SAMPLING,
+    Group,
     ModelFlags,
-    ModelsOpt,
-    NgldOpt,
-    NglOpt,
-    PairOpt,
-    PresencePenaltyOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
     SamplingFlags,
-    SeedOpt,
-    SwaFullOpt,
-    TargetOpt,
-    TempOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    VerboseOpt,
-    VerifyOpt,
+    grouped,
+    opt,
 )
 from specgen.errors import ConfigError
-from specgen.flags import pick
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -121,90 +101,67 @@ class ServerFlags:
                 raise ConfigError(f"{flag} must be more than 0 milliseconds, got {ms:g}")
 
 
+SERVER = Group(
+    ServerFlags,
+    host=opt(str, "127.0.0.1", "--host", help="Address to listen on."),
+    port=opt(int, 8080, "--port", help="Port (0 = any free port)."),
+    parallel=opt(int, 4, "--parallel", "-np", help="Requests served at once (slots of -c each)."),
+    queue=opt(int, 64, "--queue", help="Requests that may wait for a slot (then 503)."),
+    alias=opt(
+        str | None,
+        None,
+        "--alias",
+        help="Model id in /v1/models (default: the target's file name).",
+    ),
+    api_key=opt(
+        str | None,
+        None,
+        "--api-key",
+        envvar="SPECGEN_API_KEY",
+        show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on every route but /health.",
+    ),
+    cors=opt(
+        list[str] | None, None, "--cors", help="Allow browser requests from ORIGIN (repeatable)."
+    ),
+    max_tokens=opt(
+        int, -1, "--max-tokens", "-n", help="Default max_tokens (-1 = until the slot's context)."
+    ),
+    chat_template=PROMPT.options["chat_template"],
+    verbose=OUTPUT.options["verbose"],
+    slo_ttft=opt(
+        float | None,
+        None,
+        "--slo-ttft",
+        metavar="MS",
+        help="Time-to-first-token target: while requests wait for their first token,"
+        " steps are shortened (fewer draft depths) to end within it. Needs --draft-max"
+        " auto. Default: none.",
+    ),
+    slo_tpot=opt(
+        float | None,
+        None,
+        "--slo-tpot",
+        metavar="MS",
+        help="Time-per-output-token target: no slot gets its tokens slower than this"
+        " per token because others speculate (fewer draft depths). Needs --draft-max"
+        " auto. Default: none.",
+    ),
+)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `serve` command to `app`."""
     app.command("serve", epilog=EPILOG)(serve)
 
 
+@grouped
 def serve(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
-    models: ModelsOpt = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 = any free port).")] = 8080,
-    parallel: Annotated[
-        int,
-        typer.Option("--parallel", "-np", help="Requests served at once (slots of -c each)."),
-    ] = 4,
-    queue: Annotated[
-        int, typer.Option("--queue", help="Requests that may wait for a slot (then 503).")
-    ] = 64,
-    alias: Annotated[
-        str | None,
-        typer.Option("--alias", help="Model id in /v1/models (default: the target's file name)."),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            envvar="SPECGEN_API_KEY",
-            show_envvar=True,
-            help="Require 'Authorization: Bearer KEY' on every route but /health.",
-        ),
-    ] = None,
-    cors: Annotated[
-        list[str] | None,
-        typer.Option("--cors", help="Allow browser requests from ORIGIN (repeatable)."),
-    ] = None,
-    max_tokens: Annotated[
-        int,
-        typer.Option(
-            "--max-tokens", "-n", help="Default max_tokens (-1 = until the slot's context)."
-        ),
-    ] = -1,
-    temp: TempOpt = 0.8,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    logit_bias: LogitBiasOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = 64,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    seed: SeedOpt = None,
-    draft_max: DraftMaxOpt = "auto",
-    draft_p_min: DraftPMinOpt = 0.0,
-    n_gpu_layers: NglOpt = 0,
-    n_gpu_layers_draft: NgldOpt = 0,
-    rpc: RpcOpt = None,
-    threads: ThreadsOpt = 0,
-    ctx_size: CtxOpt = 4096,
-    swa_full: SwaFullOpt = False,
-    chat_template: ChatTemplateOpt = None,
-    verbose: VerboseOpt = False,
-    verify: VerifyOpt = None,
-    lookup: LookupOpt = None,
-    slo_ttft: Annotated[
-        float | None,
-        typer.Option(
-            "--slo-ttft",
-            metavar="MS",
-            help="Time-to-first-token target: while requests wait for their first token,"
-            " steps are shortened (fewer draft depths) to end within it. Needs --draft-max"
-            " auto. Default: none.",
-        ),
-    ] = None,
-    slo_tpot: Annotated[
-        float | None,
-        typer.Option(
-            "--slo-tpot",
-            metavar="MS",
-            help="Time-per-output-token target: no slot gets its tokens slower than this"
-            " per token because others speculate (fewer draft depths). Needs --draft-max"
-            " auto. Default: none.",
-        ),
-    ] = None,
+    *,
+    model: Annotated[ModelFlags, MODEL],
+    server: Annotated[ServerFlags, SERVER],
+    # -n is serve's own (-1: until the slot's context, in `server`), which run's shape refuses
+    sampling: Annotated[SamplingFlags, SAMPLING.without("max_tokens", "stop", "ignore_eos")],
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (chat, completions, streaming).
 
@@ -212,11 +169,6 @@ def serve(
     these flags' values. Prints the URL once the models are ready; one line per request
     on stderr. Ctrl-C (or SIGTERM) ends the requests in flight and exits.
     """
-    given = locals()
-    server = pick(ServerFlags, given)
-    model = ModelFlags.pick(given)
-    # -n is serve's own (-1: until the slot's context, in `server`), which run's shape refuses
-    sampling = SamplingFlags.pick(given, max_tokens=SamplingFlags.max_tokens)
     sampling.params()  # checks --top-p and --min-p
     raise typer.Exit(serve_command(model, sampling, server))
 

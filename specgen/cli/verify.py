@@ -4,7 +4,6 @@ rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,35 +12,21 @@ import typer
 
 from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
-    CtxOpt,
-    DraftOpt,
-    FrequencyPenaltyOpt,
-    GrammarFileOpt,
-    GrammarOpt,
+    GRAMMAR,
+    MODEL,
+    OUTPUT,
+    SAMPLING,
+    Group,
     JsonOpt,
-    JsonSchemaFileOpt,
-    JsonSchemaOpt,
-    LogitBiasOpt,
-    LookupOpt,
     ModelFlags,
-    ModelsOpt,
-    NgldOpt,
-    NglOpt,
     OutputFlags,
-    PairOpt,
-    PresencePenaltyOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
     SamplingFlags,
-    TargetOpt,
-    ThreadsOpt,
-    VerboseOpt,
-    VerifyOpt,
-    pick,
+    grouped,
+    opt,
     seed_or_random,
 )
 from specgen.errors import ConfigError
+from specgen.flags import parse_draft_max
 from specgen.ui import output
 
 VERIFY_EPILOG = (
@@ -69,53 +54,61 @@ def register(app: typer.Typer) -> None:
     app.add_typer(trace_app, name="trace")
 
 
-def verify(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
-    models: ModelsOpt = None,
-    samples: Annotated[
-        int, typer.Option("--samples", help="Speculative samples per sampling prompt.")
-    ] = 400,
-    positions: Annotated[
-        int, typer.Option("--positions", help="Generated positions tested per sample.")
-    ] = 3,
-    draft_max: Annotated[
-        int, typer.Option("--draft-max", help="Block size K of the sampling check.")
-    ] = 3,
-    temp: Annotated[float, typer.Option("--temp", help="Sampling check temperature.")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).")] = 1.0,
-    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).")] = 0.0,
-    logit_bias: LogitBiasOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = 64,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
-    grammar: GrammarOpt = None,
-    grammar_file: GrammarFileOpt = None,
-    json_schema: JsonSchemaOpt = None,
-    json_schema_file: JsonSchemaFileOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed (-1 = random).")] = 0,
-    alpha: Annotated[
-        float, typer.Option("--alpha", help="Significance level after Holm correction.")
-    ] = 1e-3,
-    check: Annotated[
-        str, typer.Option("--check", help="Which checks: all, greedy or sampling.")
-    ] = "all",
-    prompt: Annotated[
+@dataclass(frozen=True)
+class VerifyFlags:
+    """verify's own options (--samples, --positions, --draft-max, --alpha, --check,
+    --prompt).
+
+    Raises:
+        ConfigError: --check not all, greedy or sampling; --draft-max outside 1 to 64.
+    """
+
+    samples: int = 400
+    positions: int = 3
+    draft_max: int = 3
+    alpha: float = 1e-3
+    check: str = "all"
+    prompt: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        parse_draft_max(str(self.draft_max))
+        if self.check not in ("all", "greedy", "sampling"):
+            raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
+        object.__setattr__(self, "prompt", tuple(self.prompt or ()))  # Typer: a list or None
+
+
+VERIFY = Group(
+    VerifyFlags,
+    samples=opt(int, 400, "--samples", help="Speculative samples per sampling prompt."),
+    positions=opt(int, 3, "--positions", help="Generated positions tested per sample."),
+    draft_max=opt(int, 3, "--draft-max", help="Block size K of the sampling check."),
+    alpha=opt(float, 1e-3, "--alpha", help="Significance level after Holm correction."),
+    check=opt(str, "all", "--check", help="Which checks: all, greedy or sampling."),
+    prompt=opt(
         list[str] | None,
-        typer.Option("--prompt", help="Prompt to use instead of the built-in ones (repeatable)."),
-    ] = None,
-    json_out: JsonOpt = False,
-    n_gpu_layers: NglOpt = 0,
-    n_gpu_layers_draft: NgldOpt = 0,
-    rpc: RpcOpt = None,
-    threads: ThreadsOpt = 0,
-    ctx_size: CtxOpt = 1024,
-    verbose: VerboseOpt = False,
-    verify_rule: VerifyOpt = None,
-    lookup: LookupOpt = None,
+        None,
+        "--prompt",
+        help="Prompt to use instead of the built-in ones (repeatable).",
+    ),
+)
+#: the sampling check's own defaults: the target's raw distribution at temperature 1 but
+#: for top-k
+SAMPLING_CHECKED = SAMPLING.without("max_tokens", "draft_max", "stop", "ignore_eos").but(
+    temp=opt(float, 1.0, "--temp", help="Sampling check temperature."),
+    top_k=opt(int, 40, "--top-k", help="Top-k (0 = off)."),
+    top_p=1.0,
+    min_p=0.0,
+    seed=opt(int, 0, "--seed", help="Random seed (-1 = random)."),
+)
+
+
+@grouped
+def verify(
+    *,
+    model: Annotated[ModelFlags, MODEL.without("swa_full", "draft_p_min").but(ctx_size=1024)],
+    v: Annotated[VerifyFlags, VERIFY],
+    sampling: Annotated[SamplingFlags, SAMPLING_CHECKED + GRAMMAR],
+    out: Annotated[OutputFlags, OUTPUT.only("json_out", "verbose")],
 ) -> None:
     """Check that speculation leaves the target's output unchanged on your pair.
 
@@ -130,36 +123,7 @@ def verify(
 
     Exit code 0 = pass, 1 = fail.
     """
-    given = locals()
-    # --verify's parameter is named verify_rule: `verify` is this command
-    sampling = SamplingFlags.pick(given, draft_max=str(draft_max), verify=verify_rule)
-    model, out = ModelFlags.pick(given), OutputFlags.pick(given)
-    raise typer.Exit(verify_command(model, sampling, VerifyFlags.pick(given), out))
-
-
-@dataclass(frozen=True)
-class VerifyFlags:
-    """verify's own options (--samples, --positions, --alpha, --check, --prompt).
-
-    Raises:
-        ConfigError: --check not all, greedy or sampling.
-    """
-
-    samples: int = 400
-    positions: int = 3
-    alpha: float = 1e-3
-    check: str = "all"
-    prompt: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.check not in ("all", "greedy", "sampling"):
-            raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
-        object.__setattr__(self, "prompt", tuple(self.prompt or ()))  # Typer: a list or None
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> VerifyFlags:
-        """From the command's ``locals()`` (see `specgen.flags.pick`)."""
-        return pick(cls, values)
+    raise typer.Exit(verify_command(model, sampling, v, out))
 
 
 def summarize(
@@ -209,10 +173,8 @@ def _config(sampling: SamplingFlags, v: VerifyFlags):
     if v.prompt:
         encoded = tuple(p.encode("utf-8", "surrogateescape") for p in v.prompt)
         extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
-    k = sampling.k
-    assert k is not None  # verify's --draft-max is a number
     return VerifyConfig(
-        samples=v.samples, positions=v.positions, k=k, params=sampling.params(),
+        samples=v.samples, positions=v.positions, k=v.draft_max, params=sampling.params(),
         seed=seed_or_random(sampling.seed), alpha=v.alpha, greedy=v.check in ("all", "greedy"),
         sampling=v.check in ("all", "sampling"),
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
