@@ -59,12 +59,8 @@ def plan_download(entry: ModelEntry, revision: str | None = None) -> list[FilePl
         NetworkError: offline, or the Hub cannot be reached, and the files are not cached.
         DownloadError: authentication or missing-file problems.
     """
-    repo = _check_downloadable(entry)
-    rev = revision or entry.revision or "main"
-    if is_offline():
-        cached = find_cached(entry, rev)
-        if cached is None:
-            raise offline_error(entry)
+    repo, rev, cached = _source(entry, revision)
+    if cached is not None:
         return [FilePlan(p.name, p.stat().st_size, True) for p in cached]
     plans = []
     with hub_errors(entry, rev):
@@ -97,12 +93,8 @@ def download_model(
         KeyboardInterrupt: passed through; the partial file is kept where the next run
             resumes from (``blobs/<etag>.incomplete``), never in a snapshot.
     """
-    repo = _check_downloadable(entry)
-    rev = revision or entry.revision or "main"
-    if is_offline():
-        cached = find_cached(entry, rev)
-        if cached is None:
-            raise offline_error(entry)
+    repo, rev, cached = _source(entry, revision)
+    if cached is not None:
         verify_files(entry, cached, [None] * len(cached))
         return DownloadResult(entry.name, tuple(cached), 0)
     paths: list[Path] = []
@@ -124,11 +116,23 @@ def download_model(
     return DownloadResult(entry.name, tuple(paths), moved)
 
 
-def _check_downloadable(entry: ModelEntry) -> str:
-    """The entry's Hub repository; ConfigError for an embedded model."""
+def _source(entry: ModelEntry, revision: str | None) -> tuple[str, str, list[Path] | None]:
+    """The entry's Hub repository and revision (default ``main``) and, offline, its cached
+    files (None when the Hub may be asked).
+
+    Raises:
+        ConfigError: an embedded model (nothing to download).
+        NetworkError: offline, and the files are not cached.
+    """
     if entry.embedded or entry.repo is None or entry.file is None:
         raise ConfigError(f"{entry.name} is an embedded model: nothing to download")
-    return entry.repo
+    rev = revision or entry.revision or "main"
+    if not is_offline():
+        return entry.repo, rev, None
+    cached = find_cached(entry, rev)
+    if cached is None:
+        raise offline_error(entry)
+    return entry.repo, rev, cached
 
 
 def dry_run_unchecked(e: NetworkError) -> str:
