@@ -149,9 +149,8 @@ def check_plot_available() -> None:
         raise ConfigError(PLOT_MISSING)
 
 
-def write_plot(result: BenchResult, path: Path) -> None:
-    """PNG: speedup against block size per prompt kind (one panel per temperature), and
-    acceptance by position in the block.
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing off-screen (the Agg backend: no display needed).
 
     Raises:
         ConfigError: matplotlib is not installed.
@@ -161,6 +160,30 @@ def write_plot(result: BenchResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Lay out `fig`, write it to `path` as a PNG of `dpi` dots per inch in one atomic
+    write, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def write_plot(result: BenchResult, path: Path) -> None:
+    """PNG: speedup against block size per prompt kind (one panel per temperature), and
+    acceptance by position in the block.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
+    plt = pyplot()
     import matplotlib.ticker
 
     temps = list(dict.fromkeys(c.temp for c in result.configs))
@@ -193,8 +216,4 @@ def write_plot(result: BenchResult, path: Path) -> None:
     ax.set_ylabel("acceptance (given the previous accepted)")
     ax.set_title("acceptance by position")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path, dpi=120)

@@ -5,7 +5,6 @@ earlier `--json` file."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import platform
 import statistics
@@ -244,13 +243,9 @@ def write_plot(result: LoadResult, path: Path) -> None:
     Raises:
         ConfigError: matplotlib is not installed.
     """
-    from specgen.bench.report import check_plot_available
+    from specgen.bench.report import pyplot, save_png
 
-    check_plot_available()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(r.level.name for r in result.runs))
     series = list(dict.fromkeys((r.label, r.level.temp) for r in result.runs))
@@ -281,11 +276,7 @@ def write_plot(result: LoadResult, path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("load")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path, dpi=110)
 
 
 # -- --compare ----------------------------------------------------------------------------------
