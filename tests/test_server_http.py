@@ -22,7 +22,8 @@ from specgen.flags import SamplingFlags
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
 from specgen.server import runner
-from specgen.server.app import Settings, _Events, deliver
+from specgen.server.app import Settings
+from specgen.server.responses import Events, deliver
 from specgen.server.sched.jobs import BatchReport, Failed, Job, Ticket
 from specgen.server.shapes import Defaults
 
@@ -467,7 +468,7 @@ class _RecordingLoop:
 
 def test_a_steps_events_wake_each_event_loop_once_in_the_order_sent() -> None:
     one, other = _RecordingLoop(), _RecordingLoop()
-    a, b, c = _Events(one), _Events(one), _Events(other)  # type: ignore[arg-type]
+    a, b, c = Events(one), Events(one), Events(other)  # type: ignore[arg-type]
     plain: list = []
     job = Job("j", [1], GenerateConfig(4, SamplingParams()))
     ev = [Failed(f"event {i}", "engine") for i in range(5)]
@@ -482,7 +483,7 @@ def test_a_steps_events_wake_each_event_loop_once_in_the_order_sent() -> None:
     # (choice index, event): each request's sink is its choice 0's
     assert [a.queue.get_nowait(), a.queue.get_nowait()] == [(0, ev[0]), (0, ev[4])]
     assert b.queue.get_nowait() == (0, ev[1]) and c.queue.get_nowait() == (0, ev[3])
-    closed = _Events(_RecordingLoop(closed=True))  # type: ignore[arg-type]
+    closed = Events(_RecordingLoop(closed=True))  # type: ignore[arg-type]
     deliver([(Ticket(job, closed), ev[0])])  # the process is ending: nobody listens
     assert closed.queue.empty()
 

@@ -4,8 +4,8 @@ scheduler owns the models in its worker thread.
 The async side never touches llama.cpp's decode: it tokenizes (the vocabulary is read
 only, in the thread pool), submits a `Job`, and turns the events the worker thread hands
 it (a step's events for all requests in one ``loop.call_soon_threadsafe``: `deliver`)
-into OpenAI bodies. A client that goes away mid-request has its job cancelled, which
-frees the slot within one step.
+into OpenAI bodies (`specgen.server.responses`). A client that goes away mid-request has
+its job cancelled, which frees the slot within one step.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
 ``GET /health`` (503 while loading or shutting down; the one route without the API key)
@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -34,38 +33,22 @@ from starlette.types import ASGIApp
 
 from specgen.constraints import check_vocab
 from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
-from specgen.events import Done, Step
 from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
-from specgen.server.sched.jobs import (
-    DoesNotFit,
-    Failed,
-    Job,
-    JobEvent,
-    QueueFull,
-    Ticket,
-    deliver_each,
-)
+from specgen.server.responses import Events, Run
+from specgen.server.sched.jobs import DoesNotFit, Job, QueueFull
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     _Generation,
     validation_error,
 )
-from specgen.server.shapes import (
-    Defaults,
-    Outcome,
-    RequestError,
-    Shape,
-    generate_config,
-    messages_of,
-)
+from specgen.server.shapes import Defaults, RequestError, Shape, generate_config, messages_of
 
 OPEN_PATHS = frozenset({"/health"})
 RETRY_AFTER_S = 1
-_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
 class SchedulerLike(Protocol):
@@ -139,54 +122,6 @@ class State:
     created: int = field(default_factory=lambda: int(time.time()))
     log: Callable[[str], None] = lambda line: None
     in_flight: int = 0
-
-
-class _Events:
-    """One request's events, handed from the worker thread to the event loop: one queue
-    of (choice index, event), and a sink per choice (`choice`)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[tuple[int, Step | Done | Failed]] = asyncio.Queue()
-        self.index = 0
-
-    def choice(self, index: int) -> _Events:
-        """The sink of choice `index` (the same queue)."""
-        if index == 0:
-            return self
-        sink = _Events.__new__(_Events)
-        sink.loop, sink.queue, sink.index = self.loop, self.queue, index
-        return sink
-
-    def __call__(self, event: Step | Done | Failed) -> None:
-        _post(self.loop, [(self.queue, (self.index, event))])
-
-
-def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
-    """The scheduler's `Deliver` for the server: one step's events for every request
-    reach their queues in one wake-up of each event loop, in the order sent (a wake-up
-    per event let the loop take the GIL while the worker still committed other slots).
-    Sinks that are not a request's `_Events` are called in turn."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
-    for ticket, event in batch:
-        sink = ticket.sink
-        if isinstance(sink, _Events):
-            by_loop.setdefault(sink.loop, []).append((sink.queue, (sink.index, event)))
-        else:
-            deliver_each([(ticket, event)])
-    for loop, items in by_loop.items():
-        _post(loop, items)
-
-
-def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    def put() -> None:
-        for queue, event in items:
-            queue.put_nowait(event)
-
-    try:
-        loop.call_soon_threadsafe(put)
-    except RuntimeError:  # the loop has closed (the process is ending): nobody listens
-        pass
 
 
 def _error_response(e: RequestError) -> JSONResponse:
@@ -351,7 +286,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             jobs.append(
                 Job(f"{job_id}-{i}", prompt, dataclasses.replace(config, seed=seed), job_id)
             )
-        events = _Events(asyncio.get_running_loop())
+        events = Events(asyncio.get_running_loop())
         tickets: list[Any] = []
         try:
             for i, job in enumerate(jobs):
@@ -374,7 +309,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             chat, job_id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
             req.n_logprobs is not None, tools=calls,
         )  # fmt: skip
-        run = _Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
+        run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:
             return EventSourceResponse(run.stream(req.include_usage), sep="\n")
         return await run.whole(request)
@@ -390,154 +325,3 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             allow_headers=["Authorization", "Content-Type"],
         )
     return app
-
-
-def _sse(body: dict[str, Any] | BaseModel) -> dict[str, str]:
-    data = body.model_dump() if isinstance(body, BaseModel) else body
-    return {"data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
-
-
-class _Run:
-    """One request's submitted jobs (one per choice): their events in, the response out,
-    and its log line."""
-
-    def __init__(
-        self,
-        state: State,
-        b: Backend,
-        jobs: list[Job],
-        tickets: list[Any],
-        events: _Events,
-        shape: Shape,
-        route: str,
-    ) -> None:
-        self.state, self.backend, self.jobs, self.tickets = state, b, jobs, tickets
-        self.events, self.shape, self.route = events, shape, route
-        self.steps: list[list[Step]] = [[] for _ in jobs]
-        self.outcomes: list[Outcome | None] = [None for _ in jobs]
-        self.t0 = time.perf_counter()
-        self.ended = False
-        state.in_flight += 1
-
-    async def next_event(self) -> tuple[int, Step | Done | Failed]:
-        return await self.events.queue.get()
-
-    def _finish(self, outcomes: list[Outcome]) -> None:
-        """Count and log a request that ended (once)."""
-        if self.ended:
-            return
-        self.ended = True
-        self.state.in_flight -= 1
-        all_steps = [x for steps in self.steps for x in steps]
-        n_gen = 0
-        for steps, o in zip(self.steps, outcomes, strict=True):
-            s = o.stats
-            n_gen += s.n_generated if s is not None else sum(len(x.spans) for x in steps)
-        proposed = sum(x.n_proposed for x in all_steps)
-        accepted = sum(x.n_accepted for x in all_steps)
-        first = outcomes[0]
-        self.state.metrics.observe_request(
-            self.route,
-            first.finish,
-            self.shape.n_prompt,
-            n_gen,
-            all_steps,
-            first.stats.ttft_s if first.stats is not None else None,
-            time.perf_counter() - self.t0,
-            sum(o.stats.n_prefill for o in outcomes if o.stats is not None),
-        )
-        acc = f"{accepted / proposed:.1%} of {proposed} proposed" if proposed else "n/a"
-        tps = f"{first.stats.tokens_per_s:.1f} tok/s" if first.stats is not None else "- tok/s"
-        choices = f" in {len(outcomes)} choices" if len(outcomes) > 1 else ""
-        self.state.log(
-            f"{self.jobs[0].id} {self.route}: prompt {self.shape.n_prompt} tokens, output"
-            f" {n_gen} tokens{choices}, acceptance {acc}, {tps}, finish {first.finish}"
-        )
-
-    def _cancel(self) -> None:
-        if not self.ended:
-            for t in self.tickets:
-                self.backend.scheduler.cancel(t)
-            self._finish([o or Outcome("", "cancelled", None, None) for o in self.outcomes])
-
-    async def whole(self, request: Request) -> Response:
-        """Wait for every choice's end; cancel the jobs if the client leaves first."""
-        while True:
-            try:
-                i, ev = await asyncio.wait_for(self.next_event(), _POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self._cancel()
-                    return Response(status_code=499)
-                continue
-            if isinstance(ev, Step):
-                self.steps[i].append(ev)
-            elif isinstance(ev, Done):
-                self.outcomes[i] = Outcome.of_done(ev)
-                if all(o is not None for o in self.outcomes):
-                    outcomes = [o for o in self.outcomes if o is not None]
-                    self._finish(outcomes)
-                    return JSONResponse(self.shape.full_n(self.steps, outcomes))
-            else:
-                self.outcomes[i] = Outcome("", "failed", None, None)
-                self._cancel()
-                raise _failure(ev)
-
-    async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
-        """Server-sent events: the role, one chunk per round of a choice (its ``index``),
-        each choice's final chunk with finish_reason and statistics, the usage chunk when
-        asked, then ``[DONE]``."""
-        written = [0 for _ in self.jobs]
-        # with tool calls, content streams through a gate per choice (`tools.ContentGate`)
-        calls = self.shape.tools
-        gates = [
-            tools.ContentGate(calls.kind == "auto") if calls is not None else None
-            for _ in self.jobs
-        ]
-        try:
-            for i in range(len(self.jobs)):
-                first = self.shape.first_chunk(i)
-                if first is not None:
-                    yield _sse(first)
-            while True:
-                i, ev = await self.next_event()
-                if isinstance(ev, Step):
-                    self.steps[i].append(ev)
-                    gate = gates[i]
-                    if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
-                        content = gate.feed(ev.text)
-                        if content:
-                            yield _sse(self.shape.step_chunk(ev, content, index=i))
-                        continue
-                    written[i] += len(ev.text)
-                    yield _sse(self.shape.step_chunk(ev, index=i))
-                    continue
-                if isinstance(ev, Done):
-                    outcome = Outcome.of_done(ev)
-                    rest = ev.text[written[i] :]
-                else:
-                    info = _failure(ev).info()
-                    outcome = Outcome("", "failed", None, info)
-                    rest = ""
-                self.outcomes[i] = outcome
-                gate = gates[i]
-                released = gate.released if gate is not None else 0
-                yield _sse(self.shape.final_chunk(self.steps[i], outcome, rest, released, index=i))
-                if any(o is None for o in self.outcomes):
-                    continue
-                outcomes = [o for o in self.outcomes if o is not None]
-                self._finish(outcomes)
-                if include_usage:
-                    yield _sse(self.shape.usage_chunk_n(self.steps, outcomes))
-                yield {"data": "[DONE]"}
-                return
-        finally:
-            # the client went away (sse-starlette cancels this generator) or the
-            # response failed: free the slots
-            self._cancel()
-
-
-def _failure(ev: Failed) -> RequestError:
-    if ev.kind == "shutdown":
-        return RequestError(503, ev.message, type_="unavailable_error", code="shutdown")
-    return RequestError(500, ev.message, type_="server_error", code=ev.kind)

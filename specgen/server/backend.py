@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from specgen.flags import ModelFlags, SamplingFlags
 from specgen.hybrid import HybridDrafter
-from specgen.server.app import Backend, deliver
+from specgen.server.app import Backend
 from specgen.server.metrics import Metrics
+from specgen.server.responses import deliver
 
 if TYPE_CHECKING:
     from specgen.session import Session

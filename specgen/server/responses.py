@@ -1,0 +1,228 @@
+"""One request's life on the async side once its jobs are submitted: the events the worker
+thread hands it (one queue per request, `Events`; a step's events for all requests in one
+``loop.call_soon_threadsafe``: `deliver`), and the response they become (`Run`: one JSON
+body, or server-sent events), with its metrics and log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from specgen.events import Done, Step
+from specgen.server import tools
+from specgen.server.sched.jobs import Failed, Job, JobEvent, Ticket, deliver_each
+from specgen.server.shapes import Outcome, RequestError, Shape
+
+if TYPE_CHECKING:
+    from specgen.server.app import Backend, State
+
+__all__ = ["Events", "Run", "deliver"]
+
+_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+class Events:
+    """One request's events, handed from the worker thread to the event loop: one queue
+    of (choice index, event), and a sink per choice (`choice`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[int, Step | Done | Failed]] = asyncio.Queue()
+        self.index = 0
+
+    def choice(self, index: int) -> Events:
+        """The sink of choice `index` (the same queue)."""
+        if index == 0:
+            return self
+        sink = Events.__new__(Events)
+        sink.loop, sink.queue, sink.index = self.loop, self.queue, index
+        return sink
+
+    def __call__(self, event: Step | Done | Failed) -> None:
+        _post(self.loop, [(self.queue, (self.index, event))])
+
+
+def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
+    """The scheduler's `Deliver` for the server: one step's events for every request
+    reach their queues in one wake-up of each event loop, in the order sent (a wake-up
+    per event let the loop take the GIL while the worker still committed other slots).
+    Sinks that are not a request's `Events` are called in turn."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+    for ticket, event in batch:
+        sink = ticket.sink
+        if isinstance(sink, Events):
+            by_loop.setdefault(sink.loop, []).append((sink.queue, (sink.index, event)))
+        else:
+            deliver_each([(ticket, event)])
+    for loop, items in by_loop.items():
+        _post(loop, items)
+
+
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    def put() -> None:
+        for queue, event in items:
+            queue.put_nowait(event)
+
+    try:
+        loop.call_soon_threadsafe(put)
+    except RuntimeError:  # the loop has closed (the process is ending): nobody listens
+        pass
+
+
+def _sse(body: dict[str, Any] | BaseModel) -> dict[str, str]:
+    data = body.model_dump() if isinstance(body, BaseModel) else body
+    return {"data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
+
+
+class Run:
+    """One request's submitted jobs (one per choice): their events in, the response out,
+    and its log line."""
+
+    def __init__(
+        self,
+        state: State,
+        b: Backend,
+        jobs: list[Job],
+        tickets: list[Any],
+        events: Events,
+        shape: Shape,
+        route: str,
+    ) -> None:
+        self.state, self.backend, self.jobs, self.tickets = state, b, jobs, tickets
+        self.events, self.shape, self.route = events, shape, route
+        self.steps: list[list[Step]] = [[] for _ in jobs]
+        self.outcomes: list[Outcome | None] = [None for _ in jobs]
+        self.t0 = time.perf_counter()
+        self.ended = False
+        state.in_flight += 1
+
+    async def next_event(self) -> tuple[int, Step | Done | Failed]:
+        return await self.events.queue.get()
+
+    def _finish(self, outcomes: list[Outcome]) -> None:
+        """Count and log a request that ended (once)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.state.in_flight -= 1
+        all_steps = [x for steps in self.steps for x in steps]
+        n_gen = 0
+        for steps, o in zip(self.steps, outcomes, strict=True):
+            s = o.stats
+            n_gen += s.n_generated if s is not None else sum(len(x.spans) for x in steps)
+        proposed = sum(x.n_proposed for x in all_steps)
+        accepted = sum(x.n_accepted for x in all_steps)
+        first = outcomes[0]
+        self.state.metrics.observe_request(
+            self.route,
+            first.finish,
+            self.shape.n_prompt,
+            n_gen,
+            all_steps,
+            first.stats.ttft_s if first.stats is not None else None,
+            time.perf_counter() - self.t0,
+            sum(o.stats.n_prefill for o in outcomes if o.stats is not None),
+        )
+        acc = f"{accepted / proposed:.1%} of {proposed} proposed" if proposed else "n/a"
+        tps = f"{first.stats.tokens_per_s:.1f} tok/s" if first.stats is not None else "- tok/s"
+        choices = f" in {len(outcomes)} choices" if len(outcomes) > 1 else ""
+        self.state.log(
+            f"{self.jobs[0].id} {self.route}: prompt {self.shape.n_prompt} tokens, output"
+            f" {n_gen} tokens{choices}, acceptance {acc}, {tps}, finish {first.finish}"
+        )
+
+    def _cancel(self) -> None:
+        if not self.ended:
+            for t in self.tickets:
+                self.backend.scheduler.cancel(t)
+            self._finish([o or Outcome("", "cancelled", None, None) for o in self.outcomes])
+
+    async def whole(self, request: Request) -> Response:
+        """Wait for every choice's end; cancel the jobs if the client leaves first."""
+        while True:
+            try:
+                i, ev = await asyncio.wait_for(self.next_event(), _POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self._cancel()
+                    return Response(status_code=499)
+                continue
+            if isinstance(ev, Step):
+                self.steps[i].append(ev)
+            elif isinstance(ev, Done):
+                self.outcomes[i] = Outcome.of_done(ev)
+                if all(o is not None for o in self.outcomes):
+                    outcomes = [o for o in self.outcomes if o is not None]
+                    self._finish(outcomes)
+                    return JSONResponse(self.shape.full_n(self.steps, outcomes))
+            else:
+                self.outcomes[i] = Outcome("", "failed", None, None)
+                self._cancel()
+                raise _failure(ev)
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+        """Server-sent events: the role, one chunk per round of a choice (its ``index``),
+        each choice's final chunk with finish_reason and statistics, the usage chunk when
+        asked, then ``[DONE]``."""
+        written = [0 for _ in self.jobs]
+        # with tool calls, content streams through a gate per choice (`tools.ContentGate`)
+        calls = self.shape.tools
+        gates = [
+            tools.ContentGate(calls.kind == "auto") if calls is not None else None
+            for _ in self.jobs
+        ]
+        try:
+            for i in range(len(self.jobs)):
+                first = self.shape.first_chunk(i)
+                if first is not None:
+                    yield _sse(first)
+            while True:
+                i, ev = await self.next_event()
+                if isinstance(ev, Step):
+                    self.steps[i].append(ev)
+                    gate = gates[i]
+                    if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
+                        content = gate.feed(ev.text)
+                        if content:
+                            yield _sse(self.shape.step_chunk(ev, content, index=i))
+                        continue
+                    written[i] += len(ev.text)
+                    yield _sse(self.shape.step_chunk(ev, index=i))
+                    continue
+                if isinstance(ev, Done):
+                    outcome = Outcome.of_done(ev)
+                    rest = ev.text[written[i] :]
+                else:
+                    info = _failure(ev).info()
+                    outcome = Outcome("", "failed", None, info)
+                    rest = ""
+                self.outcomes[i] = outcome
+                gate = gates[i]
+                released = gate.released if gate is not None else 0
+                yield _sse(self.shape.final_chunk(self.steps[i], outcome, rest, released, index=i))
+                if any(o is None for o in self.outcomes):
+                    continue
+                outcomes = [o for o in self.outcomes if o is not None]
+                self._finish(outcomes)
+                if include_usage:
+                    yield _sse(self.shape.usage_chunk_n(self.steps, outcomes))
+                yield {"data": "[DONE]"}
+                return
+        finally:
+            # the client went away (sse-starlette cancels this generator) or the
+            # response failed: free the slots
+            self._cancel()
+
+
+def _failure(ev: Failed) -> RequestError:
+    if ev.kind == "shutdown":
+        return RequestError(503, ev.message, type_="unavailable_error", code="shutdown")
+    return RequestError(500, ev.message, type_="server_error", code=ev.kind)
