@@ -87,7 +87,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     # the doors: llama.cpp, files/registry/Hub, and llguidance (grammars)
     ("llamacpp", "models", "grammar"),
     ("drafters", "hybrid", "ngram", "emit"),
-    ("round", "stages", "generate", "chat"),  # the round unit and what drives it
+    ("round", "proposal", "stages", "generate", "chat"),  # the round unit and what drives it
     ("session",),  # the one loader
     ("api", "bench", "verify", "trace", "server"),  # the public API and what uses the loop
     ("ui",),

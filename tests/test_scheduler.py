@@ -809,7 +809,7 @@ def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
 
 def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     from specgen.engine import Block
-    from specgen.round import Proposal
+    from specgen.proposal import Proposal
     from specgen.server.sched.step import model_part
 
     def prop(sources, k=None):

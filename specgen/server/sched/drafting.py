@@ -17,7 +17,8 @@ from specgen.control.batch import BatchController
 from specgen.drafters import Stepwise
 from specgen.engine import BatchEngine, SeqDecode
 from specgen.errors import EngineError
-from specgen.round import Clock, Proposal
+from specgen.proposal import Proposal
+from specgen.round import Clock
 from specgen.server.sched.slot import Slot, batched
 
 

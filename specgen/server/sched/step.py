@@ -47,7 +47,8 @@ from specgen.control.batch import BatchController, SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
-from specgen.round import Clock, Proposal
+from specgen.proposal import Proposal
+from specgen.round import Clock
 from specgen.server.sched.drafting import Drafting
 from specgen.server.sched.jobs import BatchReport
 from specgen.server.sched.slot import Slot, Slots, batched
