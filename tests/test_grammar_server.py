@@ -76,6 +76,13 @@ def test_json_mode_and_llama_servers_fields(server: Server) -> None:
     assert g.status_code == 200, g.text
     assert g.json()["choices"][0]["text"] in ("yes.", "no.")
     assert g.json()["choices"][0]["finish_reason"] == "stop"
+    # OpenAI's response_format on /v1/completions too (as vLLM serves it), not ignored
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    t = c.completions.create(
+        model=server.model_id, prompt=body["prompt"], max_tokens=30, temperature=0,
+        extra_body={"response_format": fmt},
+    )  # fmt: skip
+    assert json.loads(t.choices[0].text)["ok"] in (True, False)
 
 
 @pytest.mark.parametrize(

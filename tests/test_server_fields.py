@@ -56,7 +56,7 @@ def test_inert_values_compare_by_type_as_well() -> None:
     found = refusal({"post_sampling_probs": 0}, "completions")  # 0 is no boolean
     assert found is not None and found[0] == "post_sampling_probs"
     assert refusal({"response_format": {"type": "text"}}, "chat") is None
-    assert refusal({"echo": True}, "chat") is None  # a completions field: chat ignores it
+    assert refusal({"echo": True}, "chat") is not None  # a completions field: refused, not ignored
     assert refusal(["not", "a", "dict"], "chat") is None
 
 
@@ -133,3 +133,29 @@ def test_fields_that_change_nothing_unknown_ones_and_inert_values_are_accepted(
     text: dict[str, Any] = {n: "x" for n in IGNORED if "completions" in FIELDS[n].routes}
     text |= {"echo": False, "suffix": "", "best_of": 1, "repeat_penalty": 1.0}
     assert _create(client, "completions", text).choices[0].text
+
+
+#: fields of one route sent to the other, with values that ask for something
+CROSS = [
+    ("completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("completions", "messages", USER),
+    ("completions", "top_logprobs", 2),
+    ("chat", "prompt", "Hi"),
+    ("chat", "echo", True),
+]
+
+
+@pytest.mark.parametrize(("route", "name", "value"), CROSS, ids=[f"{r}-{n}" for r, n, _ in CROSS])
+def test_a_field_of_the_other_route_is_refused_not_ignored(
+    served: Served, route: str, name: str, value: Any
+) -> None:
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, route, {name: value})
+    err = caught.value.body
+    assert isinstance(err, dict) and err["param"] == name
+    assert "not of this route" in err["message"]
+    # inert values and fields that change nothing stay accepted on either route
+    assert refusal({name: None}, route) is None  # type: ignore[arg-type]
+    assert refusal({"user": "u"}, route) is None  # type: ignore[arg-type]
+    assert _create(client, route, {}).choices[0].finish_reason is not None

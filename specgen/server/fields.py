@@ -90,13 +90,13 @@ FIELDS: dict[str, Field] = {
         "chat: true; completions: N alternatives (0-20); the target's log-softmax of its raw"
         " logits",
     ),
+    "response_format": Field(
+        H, "text, json_object, or json_schema (output constrained to it); on both routes"
+    ),
     # -- OpenAI, chat ------------------------------------------------------------------
     "messages": Field(H, "text content; image and audio parts are refused", routes=CHAT),
     "max_completion_tokens": Field(H, "max_tokens' newer name (it wins)", routes=CHAT),
     "top_logprobs": Field(H, "0-20 alternatives per token, with logprobs: true", routes=CHAT),
-    "response_format": Field(
-        H, "text, json_object, or json_schema (output constrained to it)", routes=CHAT
-    ),
     "tools": Field(
         H,
         "function tools, given to the chat template as `tools` (a system message when the"
@@ -219,9 +219,17 @@ def refusal(body: Any, route: Route) -> tuple[str, str] | None:
         return None
     for name, value in body.items():
         f = FIELDS.get(name)
-        if f is None or f.status is not Status.REFUSED or route not in f.routes:
+        if f is None or _is_inert(value, f.inert):
             continue
-        if _is_inert(value, f.inert):
+        if route not in f.routes and f.status is not Status.IGNORED:
+            # another route's field (tools, messages, prompt...): a client that sends it
+            # here expects it used, and this route has nothing to use it for
+            other = "/v1/chat/completions" if route == "completions" else "/v1/completions"
+            return name, (
+                f"{name} is a field of {other}, not of this route: the request is refused"
+                " rather than served without it"
+            )
+        if f.status is not Status.REFUSED or route not in f.routes:
             continue
         shown = ", ".join(json.dumps(v) for v in f.inert)
         return name, (

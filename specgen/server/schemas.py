@@ -133,7 +133,9 @@ class _Generation(_Request):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)  # llama-server's
     repeat_last_n: int | None = Field(default=None, ge=-1)  # llama-server's; -1 = context
-    # structured output (specgen.grammar): llama-server's GBNF grammar and JSON schema
+    # structured output (specgen.grammar): OpenAI's response_format (on /v1/completions
+    # too, as vLLM serves it), llama-server's GBNF grammar and JSON schema
+    response_format: ResponseFormat | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
 
@@ -203,7 +205,6 @@ class _Generation(_Request):
 class ChatCompletionRequest(_Generation):
     route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = None
     parallel_tool_calls: bool | None = None
