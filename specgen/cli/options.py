@@ -336,7 +336,7 @@ GRAMMAR = Group(
         str | None,
         None,
         "--grammar",
-        help="A GBNF grammar the output must match (as in llama-cli).",
+        help="A GBNF grammar the output must match (as in llama-cli; a Lark grammar is taken too).",
     ),
     grammar_file=opt(Path | None, None, "--grammar-file", help="Read the --grammar from FILE."),
     json_schema=opt(
@@ -344,7 +344,8 @@ GRAMMAR = Group(
         None,
         "--json-schema",
         "-j",
-        help="A JSON Schema the output must follow, e.g. '{}' for any JSON object.",
+        help='A JSON Schema the output must follow, e.g. \'{"type": "object"}\' for any'
+        " JSON object ('{}' allows any JSON value).",
     ),
     json_schema_file=opt(
         Path | None, None, "--json-schema-file", help="Read the --json-schema from FILE."
