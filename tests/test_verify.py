@@ -28,15 +28,10 @@ from specgen.errors import ConfigError
 from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import Dists, SamplingParams, warp_rows
-from specgen.verify import (
-    VerifyConfig,
-    check_greedy,
-    chi2_sf,
-    drafter_factory,
-    holm,
-    pooled_chisquare,
-    verify,
-)
+from specgen.verify.config import VerifyConfig, drafter_factory
+from specgen.verify.greedy import check_greedy
+from specgen.verify.report import verify
+from specgen.verify.stats import chi2_sf, holm, pooled_chisquare
 
 # Tiny pair: the correct rules are checked with 2,000 samples per prompt (~5 s; the
 # correct rule's smallest Holm-adjusted p-value was 0.05). The broken ones need fewer:

@@ -1,4 +1,4 @@
-"""`specgen verify` and `specgen trace summarize`: thin commands over verify.py and trace/,
+"""`specgen verify` and `specgen trace summarize`: thin commands over verify/ and trace/,
 rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr. The model side
 (numpy, llama.cpp) is imported inside the commands so that `specgen --help` starts fast."""
 
@@ -147,10 +147,13 @@ def verify_command(
     model: ModelFlags, sampling: SamplingFlags, v: VerifyFlags, out: OutputFlags
 ) -> int:
     """Load the pair, run the checks, print the report; returns 0 (pass) or 1 (fail)."""
-    # start-up time: verify and the reports load numpy and rich's tables
+    # start-up time: the reports load rich's tables
     from specgen.ui import reports
     from specgen.ui.progress import stage_status
-    from specgen.verify import drafter_factory, verify
+
+    # start-up time: verify loads numpy
+    from specgen.verify.config import drafter_factory
+    from specgen.verify.report import verify
 
     config = _config(sampling, v)
     with open_session(model, out, config.params) as opened:
@@ -167,7 +170,7 @@ def verify_command(
 
 def _config(sampling: SamplingFlags, v: VerifyFlags):
     from specgen.stages import grammar_spec  # start-up time: llguidance, when a grammar is given
-    from specgen.verify import VerifyConfig  # start-up time: verify loads numpy
+    from specgen.verify.config import VerifyConfig  # start-up time: verify loads numpy
 
     extra: dict[str, Any] = {}
     if v.prompt:

@@ -17,7 +17,7 @@ from specgen.events import ACCEPTANCE_HOW
 if TYPE_CHECKING:
     from specgen.constraints import Constraints
     from specgen.trace import TraceSummary
-    from specgen.verify import VerifyReport
+    from specgen.verify.report import VerifyReport
 
 # -- specgen bench ---------------------------------------------------------------------------
 

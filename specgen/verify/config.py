@@ -1,0 +1,107 @@
+"""What `specgen verify` runs: its settings (`VerifyConfig`), defaults and prompts, and the
+drafter each sampling setting is checked with (`drafter_factory`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specgen.engine import Drafter
+from specgen.errors import ConfigError
+from specgen.generate import VerifyRule
+from specgen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.grammarspec import GrammarSpec
+
+Progress = Callable[[str], None]
+DrafterFactory = Callable[[SamplingParams], Drafter]
+"""Builds the drafter for a given sampling setting (a model drafter samples with it)."""
+
+GREEDY = SamplingParams(temp=0.0)
+DEFAULT_SAMPLING_PARAMS = SamplingParams(temp=1.0, top_k=40, top_p=1.0, min_p=0.0)
+"""High temperature and top-k only: wide support, so a wrong rule has room to show."""
+
+GREEDY_PROMPTS: tuple[bytes, ...] = (
+    b"The history of the Roman Empire begins",
+    b"def fibonacci(n):\n",
+    b"Once upon a time, in a small village,",
+)
+SAMPLING_PROMPTS: tuple[bytes, ...] = (
+    b"My favourite colour is",
+    b"The weather today is",
+)
+NOISE_GAP_LOGITS = 0.05
+"""Floor of the near-tie threshold, in logits (see `specgen.verify.greedy`)."""
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """What `verify` runs.
+
+    Attributes:
+        samples: N, speculative generations per sampling prompt.
+        positions: m, generated tokens checked per sample (positions 1..m).
+        k: block size of the sampling check (the loop caps it at m - 1, so the first
+            block spans positions 1..K and the bonus token lands at K + 1).
+        params: sampling settings of the sampling check.
+        seed: fixes every random stream (sample i uses a seed derived from it).
+        alpha: family-wise significance level after the Holm correction.
+        min_group: smallest prefix group tested at positions >= 2.
+        greedy_ks: block sizes of the greedy check.
+        greedy_tokens: tokens generated per greedy case.
+        noise_gap: floor of the greedy near-tie threshold, logits.
+        greedy_prompts, sampling_prompts: UTF-8 prompts.
+        greedy, sampling: run that check.
+        verify_rule: the acceptance rule both checks run under (`--verify`).
+        grammar: what the output must match (--grammar, --json-schema...), or None. Both
+            checks then run under it: greedy speculative output must equal ordinary
+            constrained decoding, and the sampling check's exact law at each position is
+            the grammar's mask then the warpers (`specgen.grammar`).
+    """
+
+    samples: int = 400
+    positions: int = 3
+    k: int = 3
+    params: SamplingParams = DEFAULT_SAMPLING_PARAMS
+    seed: int = 0
+    alpha: float = 1e-3
+    min_group: int = 20
+    greedy_ks: tuple[int, ...] = (4, 8)
+    greedy_tokens: int = 48
+    noise_gap: float = NOISE_GAP_LOGITS
+    greedy_prompts: tuple[bytes, ...] = GREEDY_PROMPTS
+    sampling_prompts: tuple[bytes, ...] = SAMPLING_PROMPTS
+    greedy: bool = True
+    sampling: bool = True
+    verify_rule: VerifyRule = "token"
+    grammar: GrammarSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampling:
+            if self.samples < 20:
+                raise ConfigError(f"--samples must be at least 20, got {self.samples}")
+            if self.positions < 1:
+                raise ConfigError(f"--positions must be at least 1, got {self.positions}")
+            if self.k < 1:
+                raise ConfigError(f"--draft-max must be at least 1, got {self.k}")
+            if self.params.greedy:
+                raise ConfigError("the sampling check needs --temp > 0")
+        if not 0.0 < self.alpha < 1.0:
+            raise ConfigError(f"--alpha must be in (0, 1), got {self.alpha}")
+        if not (self.greedy or self.sampling):
+            raise ConfigError("nothing to verify: both checks are off")
+
+
+def drafter_factory(drafter: Drafter | None) -> DrafterFactory:
+    """A factory over a loaded drafter: a `ModelDrafter` is rebuilt on the same engine for
+    each sampling setting (its q must come from the setting it samples with); other
+    drafters (prompt lookup) are returned as they are.
+
+    Raises:
+        ConfigError: no drafter (``--draft none``): there is nothing to verify.
+    """
+    if drafter is None:
+        raise ConfigError("verify needs a draft: pass --draft MODEL or 'ngram', not 'none'")
+    return drafter.with_params
