@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import re
 import signal
 import statistics
@@ -37,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_common import emit, medians, provenance
 
 # run as `python scripts/choices_bench.py`: scripts/ is on sys.path, so the server start-up
 # helpers are serve_footprint's, not a copy
 from serve_footprint import free_port, wait_ready
 
 from specgen.bench.prompts import builtin_prompts
-from specgen.bench.record import cpu_model
 
 CHOICES = 4
 METRIC = "specgen_prompt_evaluated_tokens_total"
@@ -131,18 +130,13 @@ def main() -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
-    pre = {m: statistics.median(r["prompt_evaluated"] for r in rs) for m, rs in runs.items()}
+    med = medians(runs, "tokens_per_s")
+    pre = medians(runs, "prompt_evaluated")
     paired = statistics.median(
         x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs["n4"], runs["sep4"], strict=True)
     )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     out = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": commit,
-        "machine": cpu_model(),
+        **provenance(),
         "prompt": a.prompt,
         "n": a.n,
         "temp": a.temp,
@@ -151,11 +145,8 @@ def main() -> int:
         "median_prompt_evaluated": pre,
         "ratio_n4_over_sep4": med["n4"] / med["sep4"],
         "median_paired_ratio": paired,
-        "runs": runs,
     }
-    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
-    if a.json is not None:
-        a.json.write_text(json.dumps(out, indent=1))
+    emit(out, a.json, runs)
     return 0
 
 

@@ -20,15 +20,14 @@ Usage (hold the model lock: two llama.cpp processes slow each other down):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from specgen.bench.record import cpu_model
+from bench_common import emit, provenance
+
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import compile_grammar, tokenizer_for
@@ -271,22 +270,15 @@ def main() -> int:
         host = host_cost(target)
     finally:
         loaded.close()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     out = {
-        "machine": cpu_model(),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": commit,
+        **provenance(),
         "n": a.n,
         "k": a.k,
         "reps": a.reps,
         "results": results,
         "grammar_host_cost": host,
     }
-    print(json.dumps(out, indent=2))
-    if a.json is not None:
-        a.json.write_text(json.dumps(out, indent=2) + "\n")
+    emit(out, a.json)
     return 0
 
 

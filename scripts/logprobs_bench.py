@@ -17,18 +17,15 @@ Usage (hold the model lock: two llama.cpp processes slow each other down):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from bench_common import emit, medians, progress, provenance
 
 from specgen.bench.prompts import builtin_prompts
-from specgen.bench.record import cpu_model
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.logprobs import token_logprobs
 from specgen.models.demo import ensure_demo_pair
@@ -84,24 +81,14 @@ def main() -> int:
                     cfg = replace(base, seed=1000 * rep + 7, logprobs=modes[m])
                     r = one(target, drafter, text, cfg, a.k)
                     runs[m].append(r)
-                    print(
-                        f"  rep {rep} {pid:18s} {m:9s} {r['tokens_per_s']:6.1f} tok/s"
-                        f" acceptance {r['acceptance_rate']:.2f}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    progress(rep, pid, m, r)
         n_vocab = target.n_vocab
     finally:
         loaded.close()
-    med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
-    acc = {m: statistics.median(r["acceptance_rate"] for r in rs) for m, rs in runs.items()}
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    med = medians(runs, "tokens_per_s")
+    acc = medians(runs, "acceptance_rate")
     out = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": commit,
-        "machine": cpu_model(),
+        **provenance(),
         "n": a.n,
         "k": a.k,
         "reps": a.reps,
@@ -109,11 +96,8 @@ def main() -> int:
         "median_acceptance": acc,
         "ratio_with_over_without": med["logprobs5"] / med["plain"],
         "host_ms_per_token": host_cost(n_vocab),
-        "runs": runs,
     }
-    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
-    if a.json is not None:
-        a.json.write_text(json.dumps(out, indent=1))
+    emit(out, a.json, runs)
     return 0
 
 

@@ -17,18 +17,15 @@ Usage (hold the model lock: two llama.cpp processes slow each other down):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from bench_common import emit, medians, progress, provenance
 
 from specgen.bench.prompts import builtin_prompts
-from specgen.bench.record import cpu_model
 from specgen.constraints import Constraints, processor_for
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
@@ -102,26 +99,16 @@ def main() -> int:
                 for m in order:
                     r = modes[m](text, 1000 * rep + 7)
                     runs[m].append(r)
-                    print(
-                        f"  rep {rep} {pid:18s} {m:9s} {r['tokens_per_s']:6.1f} tok/s"
-                        f" acceptance {r['acceptance_rate']:.2f}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    progress(rep, pid, m, r)
         n_vocab = target.n_vocab
     finally:
         loaded.close()
-    med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
-    acc = {m: statistics.median(r["acceptance_rate"] for r in rs) for m, rs in runs.items()}
+    med = medians(runs, "tokens_per_s")
+    acc = medians(runs, "acceptance_rate")
     speedup = med["spec"] / med["ord"]
     speedup_pen = med["spec+pen"] / med["ord+pen"]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     out = {
-        "machine": cpu_model(),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": commit,
+        **provenance(),
         "n": a.n,
         "k": a.k,
         "reps": a.reps,
@@ -134,9 +121,7 @@ def main() -> int:
         "speedup_ratio": speedup_pen / speedup,
         "host_cost": host_cost(n_vocab, a.k),
     }
-    print(json.dumps(out, indent=2))
-    if a.json is not None:
-        a.json.write_text(json.dumps({**out, "runs": runs}, indent=2) + "\n")
+    emit(out, a.json, runs)
     return 0
 
 

@@ -1,0 +1,50 @@
+"""What the in-process benchmark scripts (choices, grammar, logprobs, penalty) share: the
+record's provenance, the progress line of one run, medians over the alternated runs, and
+the result written once (the summary on stdout, the summary and every run in --json).
+scripts/ is on sys.path when a script runs, so each imports this as `bench_common`."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specgen.bench.record import cpu_model
+
+
+def provenance() -> dict[str, str]:
+    """{"date" (UTC, YYYY-MM-DD), "commit" (git's short hash, empty outside a checkout),
+    "machine" (the CPU model)}: the first keys of every result."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
+            "machine": cpu_model()}  # fmt: skip
+
+
+def progress(rep: int, prompt_id: str, mode: str, run: dict[str, Any]) -> None:
+    """One run's line on stderr: tokens/s and acceptance."""
+    print(
+        f"  rep {rep} {prompt_id:18s} {mode:9s} {run['tokens_per_s']:6.1f} tok/s"
+        f" acceptance {run['acceptance_rate']:.2f}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def medians(runs: dict[str, list[dict[str, Any]]], key: str) -> dict[str, float]:
+    """{mode: the median of `key` over that mode's runs}."""
+    return {m: statistics.median(r[key] for r in rs) for m, rs in runs.items()}
+
+
+def emit(out: dict[str, Any], path: Path | None, runs: Any = None) -> None:
+    """Print `out` as JSON; write it to `path` (when given) with `runs` as its last key
+    (when given): the summary to read, the record to recompute from."""
+    print(json.dumps(out, indent=1))
+    if path is not None:
+        full = out if runs is None else {**out, "runs": runs}
+        path.write_text(json.dumps(full, indent=1) + "\n")
