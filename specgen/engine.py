@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -102,6 +102,48 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+_E = TypeVar("_E", bound="Engine")
+
+
+class EngineView(Generic[_E]):
+    """An `Engine` over another engine's model: the name, sizes, vocabulary, tokenizer and
+    decode time are the wrapped `engine`'s; a subclass says which cells its `tokens`,
+    `decode` and `truncate` touch (`specgen.llamacpp.SequenceView`: one sequence of a
+    shared cache; the sampling check's prompt cache: lazy truncation)."""
+
+    def __init__(self, engine: _E) -> None:
+        self.engine = engine
+        self.name = engine.name
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.engine.vocab
+
+    @property
+    def decode_s(self) -> float:
+        return self.engine.decode_s
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+        return self.engine.tokenize(text, add_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.engine.token_bytes(token)
+
+    def token_text(self, token: int) -> str:
+        return self.engine.token_text(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.engine.is_eog(token)
 
 
 @dataclass(frozen=True)

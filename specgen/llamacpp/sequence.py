@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specgen.engine import Logits, VocabInfo
+from specgen.engine import EngineView, Logits
 
 if TYPE_CHECKING:
     from specgen.llamacpp.engine import LlamaEngine
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["SequenceView"]
 
 
-class SequenceView:
+class SequenceView(EngineView["LlamaEngine"]):
     """Sequence `seq` of a `LlamaEngine`, implementing `specgen.engine.Engine`: the
     vocabulary is the engine's; `decode` and `truncate` touch only this sequence's cells
     (`llama_memory_seq_rm(mem, seq, n, -1)`), so one slot's rollback never moves another's.
@@ -21,45 +21,16 @@ class SequenceView:
     (shared by all sequences). `close` is a no-op: the engine owns the context."""
 
     def __init__(self, engine: LlamaEngine, seq: int) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.seq = seq
-        self.name = engine.name
-
-    @property
-    def n_vocab(self) -> int:
-        return self.engine.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.engine.n_ctx
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.engine.vocab
 
     @property
     def tokens(self) -> list[int]:
         return self.engine._seqs[self.seq]
 
     @property
-    def decode_s(self) -> float:
-        return self.engine.decode_s
-
-    @property
     def n_reprocessed(self) -> int:
         return self.engine.n_reprocessed
-
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
-        return self.engine.tokenize(text, add_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.engine.token_bytes(token)
-
-    def token_text(self, token: int) -> str:
-        return self.engine.token_text(token)
-
-    def is_eog(self, token: int) -> bool:
-        return self.engine.is_eog(token)
 
     def decode(
         self, tokens: list[int], all_logits: bool = False, rows: Sequence[int] | None = None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specgen.engine import Drafter, Engine, Logits
+from specgen.engine import Drafter, Engine, EngineView, Logits
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams, warp
 from specgen.verify.config import DrafterFactory, Progress, VerifyConfig
@@ -95,7 +95,7 @@ class SamplingResult:
         return min((t.p_adjusted for t in self.tests), default=1.0)
 
 
-class _PromptCache:
+class _PromptCache(EngineView[Engine]):
     """Target wrapper that keeps the evaluated prompt between samples.
 
     `generate` starts each sample with ``truncate(0)`` and ``decode(prompt[:-1])``. Here
@@ -106,33 +106,13 @@ class _PromptCache:
     """
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.n_vocab = engine.n_vocab
-        self.n_ctx = engine.n_ctx
-        self.vocab = engine.vocab
+        super().__init__(engine)
         self._n = len(engine.tokens)
         self._memo: tuple[list[int], Logits] | None = None
 
     @property
     def tokens(self) -> list[int]:
         return self.engine.tokens[: self._n]
-
-    @property
-    def decode_s(self) -> float:
-        return self.engine.decode_s
-
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
-        return self.engine.tokenize(text, add_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.engine.token_bytes(token)
-
-    def token_text(self, token: int) -> str:
-        return self.engine.token_text(token)
-
-    def is_eog(self, token: int) -> bool:
-        return self.engine.is_eog(token)
 
     def truncate(self, n: int) -> None:
         self._n = min(n, self._n)
