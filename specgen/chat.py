@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from specgen.engine import Drafter, Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
-from specgen.events import Done, Prefilled, Stats, Step
+from specgen.events import Done, Prefilled, Stats, Step, Totals
 from specgen.generate import Event, GenerateConfig, KPolicy, generate
 
 EMBEDDED_KEY = "tokenizer.chat_template"
@@ -211,7 +211,7 @@ class ContextFullError(PromptError):
 
 
 @dataclass
-class ChatTotals:
+class ChatTotals(Totals):
     """A chat session's running totals over its replies (what `/stats` shows).
 
     Attributes:
@@ -226,44 +226,21 @@ class ChatTotals:
     """
 
     turns: int = 0
-    n_generated: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
-    target_passes: int = 0
-    decode_s: float = 0.0
     ordinary: list[float] = field(default_factory=list)
     last_prompt: int = 0
     last_prefill: int = 0
 
     def add(self, stats: Stats, ordinary_token_s: float | None) -> None:
         self.turns += 1
-        self.n_generated += stats.n_generated
-        self.n_drafted += stats.n_drafted
-        self.n_accepted += stats.n_accepted
-        self.target_passes += stats.target_passes
-        self.decode_s += stats.decode_s
+        self.add_totals(stats)
         self.last_prompt = stats.n_prompt
         self.last_prefill = stats.n_prefill
         if ordinary_token_s:
             self.ordinary.append(ordinary_token_s)
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
     def ordinary_token_s(self) -> float | None:
         return statistics.median(self.ordinary) if self.ordinary else None
-
-    @property
-    def speedup(self) -> float | None:
-        """Tokens/s over ordinary decoding's (1 / ordinary_token_s), as `run` measures it."""
-        o = self.ordinary_token_s
-        return self.tokens_per_s * o if o and self.decode_s > 0 else None
 
     def describe(self) -> str:
         """One line for `/stats`: replies, tokens, acceptance, tokens/s, speedup over

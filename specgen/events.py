@@ -3,7 +3,7 @@ writer turn them into output. Field names carry units (`_s` = seconds)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -173,7 +173,57 @@ class Step:
 
 
 @dataclass
-class Stats:
+class Totals:
+    """The counts and seconds of generated text and the rates made of them (acceptance,
+    tokens/s, the speedup over ordinary decoding), defined once: summed over one
+    generation's rounds (`Stats`) or over a chat's replies (`specgen.chat.ChatTotals`).
+
+    Attributes:
+        n_generated: tokens emitted.
+        n_drafted: proposals tested (each round's up to and including its first rejection).
+        n_accepted: of those, accepted.
+        target_passes: target decodes after the prompt.
+        decode_s: seconds of decoding (prefill excluded).
+    """
+
+    n_generated: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    target_passes: int = 0
+    decode_s: float = 0.0
+
+    if TYPE_CHECKING:  # a field of `Stats`, the median of the replies' in `ChatTotals`
+
+        @property
+        def ordinary_token_s(self) -> float | None: ...
+
+    def add_totals(self, other: Totals) -> None:
+        """Add each of `other`'s counts and seconds (the fields above) to these."""
+        for f in fields(Totals):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha estimate: accepted / drafted, where drafted counts each round's tested
+        proposals (`Step.n_drafted`); 0 when nothing was drafted. The one definition
+        the footer, the summary, --json and bench show (`ACCEPTANCE_HOW`)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over decode wall time (prefill excluded), tokens/s."""
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        """tokens/s over ordinary decoding's (1 / ordinary_token_s); None unmeasured."""
+        if not self.ordinary_token_s or self.decode_s <= 0:
+            return None
+        return self.tokens_per_s * self.ordinary_token_s
+
+
+@dataclass
+class Stats(Totals):
     """Running totals of one generation, folded from its Steps by `add` (the one
     accumulator: the loop, the live view and bench all count with it).
 
@@ -209,12 +259,7 @@ class Stats:
 
     n_prompt: int = 0
     n_prefill: int = 0
-    n_generated: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
-    target_passes: int = 0
     prefill_s: float = 0.0
-    decode_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
     sample_s: float = 0.0
@@ -272,13 +317,6 @@ class Stats:
         return (self.host_s - self.draft_host_s) / self.n_rows if self.n_rows else 0.0
 
     @property
-    def acceptance_rate(self) -> float:
-        """alpha estimate: accepted / drafted, where drafted counts each round's tested
-        proposals (`Step.n_drafted`); 0 when nothing was drafted. The one definition
-        the footer, the summary, --json and bench show (`ACCEPTANCE_HOW`)."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
     def acceptance_how(self) -> str:
         """How `acceptance_rate` counts, in words (`ACCEPTANCE_HOW`)."""
         return ACCEPTANCE_HOW
@@ -292,18 +330,6 @@ class Stats:
     def tokens_per_pass(self) -> float:
         """Mean tokens emitted per target pass (1.0 for ordinary decoding)."""
         return self.n_generated / self.target_passes if self.target_passes else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens over decode wall time (prefill excluded), tokens/s."""
-        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        """tokens/s over ordinary decoding's (1 / ordinary_token_s); None unmeasured."""
-        if not self.ordinary_token_s or self.decode_s <= 0:
-            return None
-        return self.tokens_per_s * self.ordinary_token_s
 
     def to_dict(self) -> dict[str, object]:
         """`run --json`'s ``stats`` object (docs/reference/json.md), every key of it: the
