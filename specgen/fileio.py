@@ -1,4 +1,5 @@
-"""Atomic file writes: a destination is either as it was or complete, never partial.
+"""Atomic file writes: a destination is either as it was or complete, never partial; and
+`check_model_path`, the refusal of a model path that names no regular file.
 
 The rule (write a temporary file in the same directory, then ``os.replace`` it onto the
 destination, which POSIX and Windows make atomic on one file system) is written once here
@@ -13,6 +14,8 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from specgen.errors import ModelFileError
 
 
 @contextlib.contextmanager
@@ -44,3 +47,19 @@ def atomic_write(dst: Path | str, data: bytes) -> None:
     """Write ``data`` to ``dst`` atomically (see :func:`atomic_path`)."""
     with atomic_path(dst) as tmp:
         tmp.write_bytes(data)
+
+
+def check_model_path(path: Path) -> None:
+    """Refuse a model path that is not a regular file, before llama.cpp sees it (its NULL
+    says less): the first check of `specgen.models.header.check_gguf_file` and of
+    `specgen.llamacpp.LlamaEngine`.
+
+    Raises:
+        ModelFileError: missing, a directory, or not a regular file.
+    """
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")

@@ -20,8 +20,9 @@ import numpy as np
 
 from specgen.engine import Logits, SeqDecode, VocabInfo
 from specgen.errors import EngineError, ModelLoadError
+from specgen.fileio import check_model_path
 from specgen.llamacpp.devices import offload_devices
-from specgen.llamacpp.loading import EngineConfig, check_path, default_threads, load_failure
+from specgen.llamacpp.loading import EngineConfig, default_threads, load_failure
 from specgen.llamacpp.sequence import SequenceView
 from specgen.llamacpp.signals import (
     _ABORTABLE_TOKENS,
@@ -57,7 +58,7 @@ class LlamaEngine(VocabularyMixin):
         self._batch = None
         self.path = Path(path)
         self.name = self.path.name
-        check_path(self.path)
+        check_model_path(self.path)
         try:
             self._open(config)
         except BaseException:  # Ctrl-C included: free what was made, then pass it on

@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.errors import ModelFileError, ModelLoadFailure
+from specgen.errors import ModelLoadFailure
 from specgen.llamacpp.signals import _last_error, _recent_log
 
-__all__ = ["EngineConfig", "check_path", "default_threads", "load_failure"]
+__all__ = ["EngineConfig", "default_threads", "load_failure"]
 
 # Lines llama.cpp logs when a file ends before its header says it should.
 _TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
@@ -49,20 +49,6 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows
         return max(1, os.cpu_count() or 1)
-
-
-def check_path(path: Path) -> None:
-    """Refuse a path llama.cpp cannot open before it sees it (its NULL says less).
-
-    Raises:
-        ModelFileError: missing, a directory, or not a regular file.
-    """
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelFileError(f"{path} is a directory, not a GGUF file")
-    if not path.is_file():
-        raise ModelFileError(f"not a file: {path}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specgen.errors import ModelFileError, ModelLoadFailure
+from specgen.fileio import check_model_path
 from specgen.models.gguf import ARCH_KEY, scalar_formats, tensor_bytes, value_types
 
 __all__ = [
@@ -266,12 +267,7 @@ def check_gguf_file(path: Path) -> None:
     Raises:
         ModelFileError: missing, a directory, unreadable, empty, or without the GGUF magic.
     """
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelFileError(f"{path} is a directory, not a GGUF file")
-    if not path.is_file():
-        raise ModelFileError(f"not a file: {path}")
+    check_model_path(path)
     try:
         magic = read_magic(path)
     except OSError as e:
