@@ -156,8 +156,7 @@ class SamplingFlags:
         if self.seed is not None:
             _check_seed(self.seed)
         parse_draft_max(self.draft_max)
-        if self.max_tokens < 1:
-            raise ConfigError(f"-n must be at least 1, got {self.max_tokens}")
+        at_least("-n", self.max_tokens, 1)
         object.__setattr__(self, "stop", check_stop_strings(self.stop))  # Typer: a list or None
         check_verify(self.verify)
         object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
@@ -443,6 +442,18 @@ def check_stop_strings(stop: list[str] | tuple[str, ...] | None) -> tuple[str, .
     if any(s == "" for s in stops):
         raise ConfigError('--stop needs a non-empty string (--stop "" would end at once)')
     return stops
+
+
+def at_least(flag: str, value: int, least: int) -> None:
+    """Refuse a count below its least value, naming the flag.
+
+    Raises:
+        ConfigError: "FLAG must be at least LEAST, got VALUE" ("must be 0 or more" when
+            `least` is 0).
+    """
+    if value < least:
+        bound = "0 or more" if least == 0 else f"at least {least}"
+        raise ConfigError(f"{flag} must be {bound}, got {value}")
 
 
 def seed_or_random(seed: int | None) -> int:

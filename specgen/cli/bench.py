@@ -26,8 +26,8 @@ from specgen.cli.options import (
     opt,
     seed_or_random,
 )
-from specgen.errors import ConfigError
 from specgen.events import Prefilled
+from specgen.flags import at_least
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -131,8 +131,7 @@ class BenchFlags:
     compare: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.runs < 1:
-            raise ConfigError(f"--runs must be at least 1, got {self.runs}")
+        at_least("--runs", self.runs, 1)
         for flag, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
                            ("--plot", self.plot_path)):  # fmt: skip
             if path is not None:
@@ -199,8 +198,7 @@ def bench(
 
         run_load_command(model, sampling, b, out, load)
         return
-    if b.max_tokens < 2:
-        raise ConfigError(f"-n must be at least 2, got {b.max_tokens}")
+    at_least("-n", b.max_tokens, 2)
     bench_command(model, sampling, b, out)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from specgen.cli.options import ModelFlags, OutputFlags, SamplingFlags, seed_or_random
 from specgen.errors import ConfigError
+from specgen.flags import at_least
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -81,12 +82,9 @@ def _check(
             )
     if importlib.util.find_spec("httpcore") is None:
         raise ConfigError("bench --url needs httpcore: pip install httpcore")
-    if load.num_prompts < 1:
-        raise ConfigError(f"--num-prompts must be at least 1, got {load.num_prompts}")
-    if load.warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more, got {load.warmup}")
-    if b.max_tokens < 1:
-        raise ConfigError(f"-n must be at least 1, got {b.max_tokens}")
+    at_least("--num-prompts", load.num_prompts, 1)
+    at_least("--warmup", load.warmup, 0)
+    at_least("-n", b.max_tokens, 1)
     if not (load.burstiness > 0 and math.isfinite(load.burstiness)):
         raise ConfigError(f"--burstiness must be a positive number, got {load.burstiness}")
     if not load.timeout > 0:

@@ -26,6 +26,7 @@ from specgen.cli.options import (
     opt,
 )
 from specgen.errors import ConfigError
+from specgen.flags import at_least
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -86,10 +87,8 @@ class ServerFlags:
         object.__setattr__(self, "cors", tuple(self.cors or ()))  # Typer: a list or None
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be between 0 and 65535, got {self.port}")
-        if self.parallel < 1:
-            raise ConfigError(f"-np/--parallel must be at least 1, got {self.parallel}")
-        if self.queue < 0:
-            raise ConfigError(f"--queue must be 0 or more, got {self.queue}")
+        at_least("-np/--parallel", self.parallel, 1)
+        at_least("--queue", self.queue, 0)
         if self.max_tokens == 0 or self.max_tokens < -1:
             raise ConfigError(
                 f"-n must be -1 (until the context) or at least 1, got {self.max_tokens}"

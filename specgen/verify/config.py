@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
+from specgen.flags import at_least
 from specgen.generate import VerifyRule
 from specgen.sampling import SamplingParams
 
@@ -80,12 +81,9 @@ class VerifyConfig:
 
     def __post_init__(self) -> None:
         if self.sampling:
-            if self.samples < 20:
-                raise ConfigError(f"--samples must be at least 20, got {self.samples}")
-            if self.positions < 1:
-                raise ConfigError(f"--positions must be at least 1, got {self.positions}")
-            if self.k < 1:
-                raise ConfigError(f"--draft-max must be at least 1, got {self.k}")
+            at_least("--samples", self.samples, 20)
+            at_least("--positions", self.positions, 1)
+            at_least("--draft-max", self.k, 1)
             if self.params.greedy:
                 raise ConfigError("the sampling check needs --temp > 0")
         if not 0.0 < self.alpha < 1.0:
