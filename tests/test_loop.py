@@ -18,7 +18,7 @@ from specgen.drafters import ModelDrafter
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.sampling import SamplingParams
+from specgen.sampling import SamplingParams, draw
 
 GREEDY = SamplingParams(temp=0.0)
 
@@ -268,17 +268,19 @@ def test_loop_samples_the_targets_joint_distribution(params, policy, k, rule):
     """First three tokens of (prompt [1]): the exact law is the product of the target's
     warped conditionals; the draft is a different, noisy model. Also without the bonus
     row (a probe): then every token is an accepted proposal or a residual draw. Under
-    either acceptance rule (`--verify token|block`). Token-wise on 1,000 runs, the sample on
-    which the planted bug below fails (was 2,500), block verification on 5,000 (its subtle
-    planted bugs are shown failing in tests/test_block_verify.py, on 8,000 rounds of a case
-    chosen for them)."""
-    assert joint_pvalue(params, policy, k, rule, 1000 if rule == "token" else 5000) > 1e-4
+    either acceptance rule (`--verify token|block`); every run's first round verifies a
+    block of min(K, 3) proposals. On 1,000 runs, the sample on which the planted bugs
+    below fail (token-wise was 2,500; block verification was 5,000, on runs whose
+    ordinary first pass left room for blocks of one proposal only, where the two rules
+    coincide; its subtler planted bugs are shown failing in tests/test_block_verify.py,
+    on 8,000 rounds of a case chosen for them)."""
+    assert joint_pvalue(params, policy, k, rule, 1000) > 1e-4
 
 
 def test_a_broken_residual_in_the_loop_is_detected(monkeypatch):
     """The test above has power: a residual drawn from p (not renormalized max(0, p - q))
-    fails it on 1,000 runs (measured with these seeds: p = 7e-8; 1e-24 at temperature 0.7
-    with top-k 3, top-p 0.9, min-p 0.05)."""
+    fails it on 1,000 runs (measured with these seeds: p = 6e-20; 1e-40 at temperature 0.7
+    with top-k 3, top-p 0.9, min-p 0.05; 3e-31 and 4e-64 without the bonus row)."""
 
     def broken(n, q, p, rng):
         ids, w = p.row(n) if hasattr(p, "row") else (np.arange(p.shape[1]), p[n])
@@ -287,6 +289,23 @@ def test_a_broken_residual_in_the_loop_is_detected(monkeypatch):
     monkeypatch.setattr(rejection, "correct", broken)
     params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     assert joint_pvalue(params, FixedK, 2, "token", 1000) < 1e-4
+
+
+def test_a_broken_block_residual_in_the_loop_is_detected(monkeypatch):
+    """The block cases above have power: block verification's correction drawn from
+    p_tau (not the block residual) fails them on 1,000 runs (measured with these seeds:
+    p = 4e-23 at K = 3, temperature 1; at 0.7 with top-k 3, top-p 0.9, min-p 0.05: 7e-34
+    at K = 2, 3e-47 at K = 3 without the bonus row)."""
+    real = rejection.block_correct
+
+    def from_p(tau, big_p_tau, q, p, rng):
+        if tau < len(rejection.as_dists(q)):
+            return draw(*rejection.as_dists(p).row(tau), rng)
+        return real(tau, big_p_tau, q, p, rng)
+
+    monkeypatch.setattr(rejection, "block_correct", from_p)
+    params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert joint_pvalue(params, FixedK, 3, "block", 1000) < 1e-4
 
 
 def joint_pvalue(params, policy, k, rule, n):
@@ -305,10 +324,14 @@ def joint_pvalue(params, policy, k, rule, n):
     counts = dict.fromkeys(law, 0)
     drafter = ModelDrafter(draft, params, v)
     for s in range(n):
-        done = run(
-            target, drafter, [1], k, policy, max_tokens=3, params=params, seed=s, verify_rule=rule
-        )[-1]
-        counts[tuple(done.tokens)] += 1
+        # a first round that speculates (as `specgen verify` runs it) and 4 tokens: the
+        # first block has min(K, 3) proposals (after an ordinary first pass, 3 tokens left
+        # room for one proposal and the bonus only)
+        config = GenerateConfig(max_tokens=4, params=params, seed=s, verify_rule=rule)
+        events = list(generate(target, drafter, [1], config, policy(k), ordinary_first=False))
+        first = next(e for e in events if isinstance(e, Step))
+        assert first.k == min(k, 3) and isinstance(events[-1], Done)
+        counts[tuple(events[-1].tokens[:3])] += 1
     keys = sorted(law)
     exp = np.array([law[k] for k in keys]) * n
     obs = np.array([counts[k] for k in keys], dtype=float)

@@ -160,11 +160,12 @@ def chi2_pvalue(counts, expected):
 
 
 PROMPTS = ([1, 4], [3], [0, 5, 2], [2, 2])
-# The check runs on as many requests as its planted bug is shown to fail on: at 400 per
-# setting the broken residual gives p = 1e-12 to 1e-19 for three of the four settings
-# (measured with these seeds), against ALPHA = 1e-4 (the fourth: 2e-5 and 2e-3). (It ran
-# 1,000 per setting, 2.5x the time, with no planted bug shown to need them.)
-N_PLANTED = 400
+# The check runs on as many requests as its planted bug is shown to fail on: at 250 per
+# setting the broken residual gives p = 2e-10 to 7e-12 for three of the four settings,
+# 4e-7 to 3e-12 with blocks cut (measured with these seeds 2026-12-03), against ALPHA =
+# 1e-4 (the fourth: 6e-4 and 4e-3). (It ran 1,000 per setting, then 400, with no planted
+# bug shown to need them.)
+N_PLANTED = 250
 N_PER_SETTING = N_PLANTED
 
 
