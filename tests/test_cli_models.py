@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from hubserver import HubServer, hub_env, isolate_env, tiny_gguf
 from typer.testing import CliRunner
 
-from specgen.cli.models import register
+from specgen.cli.app import app
 from specgen.errors import SpecgenError
 
 
@@ -49,9 +48,7 @@ pairs:
 
 
 def invoke(*args: str):
-    """Run a command on a local app; SpecgenError becomes exit 1 and one line, as in cli.app.main."""
-    app = typer.Typer()
-    register(app)
+    """Run a command of the app; SpecgenError becomes exit 1 and one line, as in cli.app.main."""
     result = CliRunner().invoke(app, list(args))
     if isinstance(result.exception, SpecgenError):
         result.exit_code = 1

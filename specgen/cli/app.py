@@ -62,10 +62,21 @@ def _options(
     """Fast local text generation with exact speculative decoding on llama.cpp."""
 
 
-# Each command lives in its own module (each imports its heavy parts lazily); the order here
-# is the order of `specgen --help`.
-for _module in (run, chat, serve, models, bench, verify):
-    _module.register(app)
+# Each command lives in its own module (each imports its heavy parts lazily), with its
+# examples (the epilog under its --help); the order here is the order of `specgen --help`.
+for _name, _command, _examples in (
+    ("run", run.run, run.EPILOG),
+    ("chat", chat.chat, chat.EPILOG),
+    ("serve", serve.serve, serve.EPILOG),
+    ("download", models.download, models.DOWNLOAD_EPILOG),
+    ("models", models.models, models.MODELS_EPILOG),
+    ("bench", bench.bench, bench.EPILOG),
+    ("verify", verify.verify, verify.VERIFY_EPILOG),
+):
+    app.command(_name, epilog=_examples)(_command)
+_trace = typer.Typer(help="Read --trace files.", no_args_is_help=True, rich_markup_mode="rich")
+_trace.command("summarize", epilog=verify.SUMMARIZE_EPILOG)(verify.summarize)
+app.add_typer(_trace, name="trace")
 help.name_values(app)  # `-m GGUF|NAME`, `--temp T` in --help, not Python types
 
 

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
 from specgen.cli.loading import open_session, show_messages
 from specgen.cli.options import (
     GRAMMAR,
@@ -170,11 +168,6 @@ BENCH = Group(
     ),
     compare=opt(Path | None, None, "--compare", help="An earlier --json result to compare with."),
 )
-
-
-def register(app: typer.Typer) -> None:
-    """Add the `bench` command to `app`."""
-    app.command("bench", epilog=EPILOG)(bench)
 
 
 @grouped

@@ -12,8 +12,6 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
 from specgen.cli.loading import open_session, show_messages, wants_live
 from specgen.cli.options import (
     GRAMMAR,
@@ -48,11 +46,6 @@ EPILOG = (
     "  specgen chat --pair qwen2.5-7b-instruct --system 'Answer briefly.'\n\n"
     "  printf 'Hi\\nWhat is 2+2?\\n/stats\\n' | specgen chat -m t.gguf -md d.gguf --temp 0"
 )
-
-
-def register(app: typer.Typer) -> None:
-    """Add the `chat` command to `app`."""
-    app.command("chat", epilog=EPILOG)(chat)
 
 
 #: -n in chat: per reply

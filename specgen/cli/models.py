@@ -29,12 +29,6 @@ MODELS_EPILOG = (
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``download`` and ``models`` commands to ``app``."""
-    app.command("download", epilog=DOWNLOAD_EPILOG)(download)
-    app.command("models", epilog=MODELS_EPILOG)(models)
-
-
 def download(
     name: Annotated[str, typer.Argument(help="A pair or model name (see `specgen models`).")],
     revision: Annotated[

@@ -56,11 +56,6 @@ EPILOG = (
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `run` command to `app`."""
-    app.command("run", epilog=EPILOG)(run)
-
-
 def _read_prompt(prompt: str | None) -> bytes:
     if prompt is None or prompt == "-":
         if sys.stdin.isatty():  # otherwise the command seems to hang

@@ -149,11 +149,6 @@ SERVER = Group(
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `serve` command to `app`."""
-    app.command("serve", epilog=EPILOG)(serve)
-
-
 @grouped
 def serve(
     *,

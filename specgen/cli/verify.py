@@ -44,16 +44,6 @@ SUMMARIZE_EPILOG = (
 )
 
 
-def register(app: typer.Typer) -> None:
-    """Add `verify` and the `trace` group (`trace summarize`) to `app`."""
-    app.command("verify", epilog=VERIFY_EPILOG)(verify)
-    trace_app = typer.Typer(
-        help="Read --trace files.", no_args_is_help=True, rich_markup_mode="rich"
-    )
-    trace_app.command("summarize", epilog=SUMMARIZE_EPILOG)(summarize)
-    app.add_typer(trace_app, name="trace")
-
-
 @dataclass(frozen=True)
 class VerifyFlags:
     """verify's own options (--samples, --positions, --draft-max, --alpha, --check,
