@@ -12,10 +12,12 @@ httptools beside it, see README). uvicorn, run inside this loop, finds it there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -26,3 +28,14 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def blocking(main: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """The coroutine function `main` as a plain function (the same parameters and
+    docstring) that runs it to completion with `run`."""
+
+    @functools.wraps(main)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run(main(*args, **kwargs))
+
+    return call

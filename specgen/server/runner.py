@@ -127,13 +127,25 @@ class _Stopper:
         self.server.should_exit = True
 
 
-async def _main(
+@eventloop.blocking
+async def serve(
     sock: socket.socket,
     settings: Settings,
     open_backend: Callable[[State], Backend],
     ready: Callable[[str, Backend], None],
     say: Callable[[str], None],
 ) -> int:
+    """Serve on the bound `sock` until a signal; returns the exit code (0, or 130 after a
+    second SIGINT/SIGTERM).
+
+    Args:
+        sock: from `bind`.
+        settings: the server's fixed settings.
+        open_backend: loads the models and starts the scheduler (run in a thread while
+            /health answers 503); its exceptions end the server and are raised here.
+        ready: called once the backend serves, with the base URL (the ready line).
+        say: one line to stderr (per-request log, shutdown notes).
+    """
     state = State(log=say)
     config = uvicorn.Config(
         create_app(state, settings),
@@ -185,24 +197,3 @@ async def _main(
             backend.close()
         sock.close()
     return stopper.code
-
-
-def serve(
-    sock: socket.socket,
-    settings: Settings,
-    open_backend: Callable[[State], Backend],
-    ready: Callable[[str, Backend], None],
-    say: Callable[[str], None],
-) -> int:
-    """Serve on the bound `sock` until a signal; returns the exit code (0, or 130 after a
-    second SIGINT/SIGTERM).
-
-    Args:
-        sock: from `bind`.
-        settings: the server's fixed settings.
-        open_backend: loads the models and starts the scheduler (run in a thread while
-            /health answers 503); its exceptions end the server and are raised here.
-        ready: called once the backend serves, with the base URL (the ready line).
-        say: one line to stderr (per-request log, shutdown notes).
-    """
-    return eventloop.run(_main(sock, settings, open_backend, ready, say))
