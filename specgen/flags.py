@@ -52,9 +52,12 @@ class ModelFlags:
             `specgen.hybrid`); None = auto.
 
     Raises:
-        ConfigError: naming the flag (a value of the wrong type, see `check_types`; see
-            `check_model_flags`; --draft-p-min outside [0, 1];
-            --lookup not on/off/auto, or given with --draft ngram or none).
+        ConfigError: naming the flag: a value of the wrong type (see `check_types`); -c or
+            -t below 0, -ngl/-ngld below -1 (-1 = all layers), or a draft model (-md FILE)
+            without -m (the draft must share the target's vocabulary; ``--draft none`` and
+            ``--draft ngram`` alone run on the demo target, as they need no second model);
+            --draft-p-min outside [0, 1]; --lookup not on/off/auto, or given with --draft
+            ngram or none.
     """
 
     target: str | None = None
@@ -72,14 +75,26 @@ class ModelFlags:
 
     def __post_init__(self) -> None:
         check_types(self, MODEL_FLAG)
-        check_model_flags(
-            target=self.target,
-            draft=self.draft,
-            ctx_size=self.ctx_size,
-            threads=self.threads,
-            n_gpu_layers=self.n_gpu_layers,
-            n_gpu_layers_draft=self.n_gpu_layers_draft,
-        )
+        if self.ctx_size < 0:
+            raise ConfigError(
+                f"-c/--ctx-size must be 0 (the model's own context) or more, got {self.ctx_size}"
+            )
+        if self.threads < 0:
+            raise ConfigError(
+                f"-t/--threads must be 0 (the CPUs available) or more, got {self.threads}"
+            )
+        for flag, n in (("-ngl", self.n_gpu_layers), ("-ngld", self.n_gpu_layers_draft)):
+            if n < -1:
+                raise ConfigError(f"{flag} must be -1 (all layers), 0 (CPU only) or more, got {n}")
+        if (
+            self.target is None
+            and self.draft is not None
+            and self.draft not in (DRAFT_NONE, DRAFT_NGRAM)
+        ):
+            raise ConfigError(
+                f"-md {self.draft} needs -m too: give the target it drafts for"
+                " (or neither, for the demo pair)"
+            )
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise ConfigError(
                 f"--draft-p-min must be in [0, 1] (a probability), got {self.draft_p_min}"
@@ -385,39 +400,6 @@ def _logit_bias_entry(text: str) -> tuple[int, float]:
             f"--logit-bias must be TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf, got {text!r}"
         ) from None
     return int(head[:digits]), -bias if sign == "-" else bias
-
-
-def check_model_flags(
-    *,
-    target: str | None,
-    draft: str | None,
-    ctx_size: int,
-    threads: int,
-    n_gpu_layers: int,
-    n_gpu_layers_draft: int,
-) -> None:
-    """Refuse model flags that are invalid before anything is read or loaded.
-
-    Raises:
-        ConfigError: naming the flag: -c or -t below 0, -ngl/-ngld below -1 (-1 = all
-            layers), or a draft model (-md FILE) without -m (the draft must share the
-            target's vocabulary; ``--draft none`` and ``--draft ngram`` alone run on the
-            demo target, as they need no second model).
-    """
-    if ctx_size < 0:
-        raise ConfigError(
-            f"-c/--ctx-size must be 0 (the model's own context) or more, got {ctx_size}"
-        )
-    if threads < 0:
-        raise ConfigError(f"-t/--threads must be 0 (the CPUs available) or more, got {threads}")
-    for flag, n in (("-ngl", n_gpu_layers), ("-ngld", n_gpu_layers_draft)):
-        if n < -1:
-            raise ConfigError(f"{flag} must be -1 (all layers), 0 (CPU only) or more, got {n}")
-    if target is None and draft is not None and draft not in (DRAFT_NONE, DRAFT_NGRAM):
-        raise ConfigError(
-            f"-md {draft} needs -m too: give the target it drafts for"
-            " (or neither, for the demo pair)"
-        )
 
 
 def check_sampling_flags(*, temp: float) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.cli.options import check_model_flags
+from specgen.flags import ModelFlags
 
 
 def _main(argv: list[str]) -> int:
@@ -80,10 +80,8 @@ def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
 def test_model_free_drafts_run_on_the_demo_target_without_m() -> None:
     # `--draft none` / `ngram` need no second model, so they keep working without -m
     for draft in ("none", "ngram", None):
-        check_model_flags(
-            target=None, draft=draft, ctx_size=0, threads=0, n_gpu_layers=-1,
-            n_gpu_layers_draft=0,
-        )  # fmt: skip
+        flags = ModelFlags(target=None, draft=draft, ctx_size=0, threads=0, n_gpu_layers=-1)
+        assert flags.target is None and flags.draft == draft
 
 
 def _run_json(capsys, argv: list[str]) -> dict:

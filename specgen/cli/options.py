@@ -26,12 +26,7 @@ from typing import Annotated, Any, Generic, NamedTuple, TypeVar, get_args, get_o
 import typer
 
 from specgen.errors import ConfigError
-from specgen.flags import (
-    ModelFlags,
-    SamplingFlags,
-    check_model_flags,
-    seed_or_random,
-)
+from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 
 __all__ = [
     "GRAMMAR",
@@ -46,7 +41,6 @@ __all__ = [
     "OutputFlags",
     "PromptFlags",
     "SamplingFlags",
-    "check_model_flags",
     "check_output_path",
     "grouped",
     "opt",
