@@ -7,6 +7,7 @@ function in cli/ is longer than a screen."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,11 @@ def imports_of(module: str, path: Path) -> list[Import]:
     return found
 
 
-ALL = [imp for name, path in MODULES.items() for imp in imports_of(name, path)]
+@functools.cache
+def all_imports() -> list[Import]:
+    """Every import of every specgen module: parsed on first use, not at collection (each
+    pytest-xdist worker collects this file; only the one that runs these tests parses)."""
+    return [imp for name, path in MODULES.items() for imp in imports_of(name, path)]
 
 
 def _within(module: str, place: str) -> bool:
@@ -188,7 +193,7 @@ def test_each_library_enters_through_one_place(library: str) -> None:
     bad = sorted(
         {
             _where(i)
-            for i in ALL
+            for i in all_imports()
             if _within(i.target, library) and not i.type_only and not _within(i.module, place)
         }
     )
@@ -199,7 +204,7 @@ def test_the_math_imports_only_numpy_the_standard_library_and_itself() -> None:
     allowed = set(sys.stdlib_module_names) | {"numpy"}
     bad = [
         _where(i)
-        for i in ALL
+        for i in all_imports()
         if i.module in PURE
         and not (i.target.split(".")[0] in allowed or i.target in PURE)
         and not i.type_only
@@ -227,7 +232,7 @@ def _row_breaks(imports: list[Import]) -> list[tuple[str, str]]:
 
 
 def test_each_place_imports_only_the_places_below_it() -> None:
-    bad = sorted({b for b in _row_breaks(ALL) if b not in KNOWN_BREAKS})
+    bad = sorted({b for b in _row_breaks(all_imports()) if b not in KNOWN_BREAKS})
     assert not bad, "imports against DESIGN.md's table:\n" + "\n".join(
         f"{m} -> {t}" for m, t in bad
     )
@@ -281,7 +286,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
-    for i in ALL:
+    for i in all_imports():
         if i.target in MODULES and not i.type_only and (i.top_level or not top_level_only):
             if i.target != i.module:
                 edges.setdefault(i.module, set()).add(i.target)
@@ -435,7 +440,7 @@ _HTTP = ("fastapi", "starlette", "uvicorn", "sse_starlette", "pydantic", "promet
 def test_the_scheduler_and_the_stats_import_no_http_library() -> None:
     bad = [
         _where(i)
-        for i in ALL
+        for i in all_imports()
         if any(_within(i.module, m) for m in HTTP_FREE)
         and any(_within(i.target, lib) for lib in _HTTP)
     ]
