@@ -269,18 +269,19 @@ def test_loop_samples_the_targets_joint_distribution(params, policy, k, rule):
     warped conditionals; the draft is a different, noisy model. Also without the bonus
     row (a probe): then every token is an accepted proposal or a residual draw. Under
     either acceptance rule (`--verify token|block`); every run's first round verifies a
-    block of min(K, 3) proposals. On 1,000 runs, the sample on which the planted bugs
+    block of min(K, 3) proposals. On 600 runs, the sample on which the planted bugs
     below fail (token-wise was 2,500; block verification was 5,000, on runs whose
     ordinary first pass left room for blocks of one proposal only, where the two rules
     coincide; its subtler planted bugs are shown failing in tests/test_block_verify.py,
     on 8,000 rounds of a case chosen for them)."""
-    assert joint_pvalue(params, policy, k, rule, 1000) > 1e-4
+    assert joint_pvalue(params, policy, k, rule, 600) > 1e-4
 
 
 def test_a_broken_residual_in_the_loop_is_detected(monkeypatch):
     """The test above has power: a residual drawn from p (not renormalized max(0, p - q))
-    fails it on 1,000 runs (measured with these seeds: p = 6e-20; 1e-40 at temperature 0.7
-    with top-k 3, top-p 0.9, min-p 0.05; 3e-31 and 4e-64 without the bonus row)."""
+    fails it on 600 runs (measured with these seeds 2026-12-03: p = 3e-11; 1e-22 at
+    temperature 0.7 with top-k 3, top-p 0.9, min-p 0.05; 8e-16 and 1e-34 without the bonus
+    row)."""
 
     def broken(n, q, p, rng):
         ids, w = p.row(n) if hasattr(p, "row") else (np.arange(p.shape[1]), p[n])
@@ -288,14 +289,14 @@ def test_a_broken_residual_in_the_loop_is_detected(monkeypatch):
 
     monkeypatch.setattr(rejection, "correct", broken)
     params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    assert joint_pvalue(params, FixedK, 2, "token", 1000) < 1e-4
+    assert joint_pvalue(params, FixedK, 2, "token", 600) < 1e-4
 
 
 def test_a_broken_block_residual_in_the_loop_is_detected(monkeypatch):
     """The block cases above have power: block verification's correction drawn from
-    p_tau (not the block residual) fails them on 1,000 runs (measured with these seeds:
-    p = 4e-23 at K = 3, temperature 1; at 0.7 with top-k 3, top-p 0.9, min-p 0.05: 7e-34
-    at K = 2, 3e-47 at K = 3 without the bonus row)."""
+    p_tau (not the block residual) fails them on 600 runs (measured with these seeds
+    2026-12-03: p = 5e-11 at K = 3, temperature 1; at 0.7 with top-k 3, top-p 0.9, min-p
+    0.05: 6e-21 at K = 2, 3e-28 at K = 3 without the bonus row)."""
     real = rejection.block_correct
 
     def from_p(tau, big_p_tau, q, p, rng):
@@ -305,7 +306,7 @@ def test_a_broken_block_residual_in_the_loop_is_detected(monkeypatch):
 
     monkeypatch.setattr(rejection, "block_correct", from_p)
     params = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    assert joint_pvalue(params, FixedK, 3, "block", 1000) < 1e-4
+    assert joint_pvalue(params, FixedK, 3, "block", 600) < 1e-4
 
 
 def joint_pvalue(params, policy, k, rule, n):
