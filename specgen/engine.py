@@ -115,19 +115,9 @@ class EngineView(Generic[_E]):
 
     def __init__(self, engine: _E) -> None:
         self.engine = engine
-        self.name = engine.name
-
-    @property
-    def n_vocab(self) -> int:
-        return self.engine.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.engine.n_ctx
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.engine.vocab
+        # fixed once the model is loaded, so copied; `decode_s` grows, so it is read through
+        self.name, self.n_vocab, self.n_ctx = engine.name, engine.n_vocab, engine.n_ctx
+        self.vocab = engine.vocab
 
     @property
     def decode_s(self) -> float:

@@ -126,7 +126,6 @@ class LlamaEngine(VocabularyMixin):
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, n_seq)
         # what each sequence's cells hold, in position order (sequence 0 is `tokens`)
         self._seqs: list[list[int]] = [[] for _ in range(n_seq)]
-        self._views = [SequenceView(self, i) for i in range(n_seq)]
         self.decode_s = 0.0
         v = self._vocab
         self.vocab = VocabInfo(
@@ -138,6 +137,7 @@ class LlamaEngine(VocabularyMixin):
             add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
         )
         self._piece_cache: dict[int, bytes] = {}
+        self._views = [SequenceView(self, i) for i in range(n_seq)]  # with the vocabulary
         self.n_params = int(llama_cpp.llama_model_n_params(model))  # weights, not bytes
 
     @property
