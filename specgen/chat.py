@@ -263,21 +263,6 @@ class ChatTotals(Totals):
             f" {self.last_prefill} of {self.last_prompt} prompt tokens"
         )
 
-    def to_dict(self) -> dict[str, object]:
-        sp = self.speedup
-        return {
-            "turns": self.turns,
-            "n_generated": self.n_generated,
-            "n_drafted": self.n_drafted,
-            "n_accepted": self.n_accepted,
-            "acceptance_rate": round(self.acceptance_rate, 6),
-            "target_passes": self.target_passes,
-            "tokens_per_s": round(self.tokens_per_s, 4),
-            "speedup": None if sp is None else round(sp, 4),
-            "last_prompt": self.last_prompt,
-            "last_prefill": self.last_prefill,
-        }
-
 
 class ChatSession:
     """A multi-turn conversation over one target and drafter whose KV caches persist.
