@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 
 import numpy as np
 import pytest
 
+from specgen.control import costs
 from specgen.control.acceptance import Acceptance
 from specgen.control.batch import BatchController, SlotState, recent_entry
 from specgen.control.costs import DraftFit, Line, LineFit
@@ -541,3 +543,28 @@ def test_recent_entry_makes_marks_and_drops_the_least_recently_used():
     recent_entry(entries, "c", list, 2)
     assert list(entries) == ["a", "c"]  # "b" was the least recently used
     assert recent_entry(entries, "b", list, 2) == []  # made anew
+
+
+def _stalled_decodes(fit: DraftFit) -> None:
+    """The demo draft's decodes in a server (20 ms + 9 ms a row + 3 ms a token without one,
+    1 ms of jitter) with 16 stalls of the machine among 240: two-row depths of 0.3-1.3 s,
+    as measured at four greedy streams under a schema."""
+    rng = np.random.default_rng(7)
+    for i in range(240):
+        rows = int(rng.integers(1, 5))
+        extra = int(rng.integers(0, 40)) if i % 5 == 0 else 0
+        seconds = 0.020 + 0.009 * rows + 0.003 * extra + rng.normal(0.0, 0.001)
+        if i % 15 == 7:
+            rows, extra, seconds = 2, 0, float(rng.uniform(0.3, 1.3))
+        fit.add(rows, rows + extra, seconds)
+
+
+def test_draft_fit_leaves_out_the_stalls_of_the_machine(monkeypatch):
+    fit = DraftFit(Line(0.0, 0.020))
+    _stalled_decodes(fit)
+    assert fit.coef() == pytest.approx((0.020, 0.009, 0.003), abs=1e-3)
+    # planted: the plain least-squares fit, stalls kept, is steered by them
+    monkeypatch.setattr(costs, "_STALL_SIGMAS", math.inf)
+    plain = DraftFit(Line(0.0, 0.020))
+    _stalled_decodes(plain)
+    assert plain.line()(2) > 0.038 + 0.02  # a two-row depth priced 20 ms too high at least
