@@ -57,7 +57,7 @@ class Span:
 @dataclass(frozen=True)
 class Prefilled:
     """The prompt has been evaluated by the target (a single stream's draft evaluates it
-    after the first round: `specgen.round.Sequence.prefill`)."""
+    after the first round: `specgen.generate.Stream.prefill`)."""
 
     n_prompt: int
     prefill_s: float
@@ -140,7 +140,7 @@ class Step:
         timed_ordinary_s, timed_draft_s: medians of the single-token target and draft
             passes timed at a single stream's start-up, on the round they preceded (its
             second: the first is an ordinary pass, so the first token waits for none of
-            them; `specgen.round.Sequence.step`), else None. What `Prefilled` carries
+            them; `specgen.generate.Stream.step`), else None. What `Prefilled` carries
             when a batched prefill times them (`Sequence.start`).
         k_reason: why the server's step gave this round its K
             (`specgen.control.goodput.REASONS`); None outside the server.

@@ -6,9 +6,10 @@ random streams (draft sampling, acceptance), its target (an `Engine`: for the se
 sequence of a shared context), its drafter, its block-size policy and a clock. A round is
 `propose(k)` (stage 1: the block and its q rows), a decode of `Proposal.to_score` (stage 2,
 made by whoever holds the batch), and `commit(proposal, logits)` (stages 3-5: accept,
-the next token, emit, roll back this sequence only). `step()` composes them with one decode
-for a single stream; `specgen.generate.generate` drives one Sequence, the server's scheduler
-drives many with one batched decode per step.
+the next token, emit, roll back this sequence only). `specgen.generate.Stream` composes
+them with one decode per round for a single stream (and its own start-up: an ordinary
+first round, the draft's prompt evaluated only once the model drafts); the server's
+scheduler drives many Sequences with one batched decode per step.
 
 Invariant before every round (kept by `commit`'s rollback, restored by `finish`): the
 target holds exactly the committed tokens except the last one, `last`, which is committed
@@ -26,11 +27,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specgen.constraints import Chain, processor_for
-from specgen.drafters import ModelDrafter, attach_grammar
+from specgen.drafters import attach_grammar
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
-from specgen.hybrid import HybridDrafter
 from specgen.logprobs import token_logprobs
 from specgen.measure import Baseline
 from specgen.proposal import Proposal, forced_rows
@@ -41,7 +41,6 @@ from specgen.stages import (
     check_prompt,
     draft_block,
     make_trace,
-    prefill,
     rollback,
     target_distributions,
     time_passes,
@@ -111,8 +110,6 @@ class Sequence:
         self.baseline = Baseline()
         self.policy.attach(self.baseline)
         self._t_decode = self._t_last = self.clock()
-        # set by `prefill`: the first round is ordinary, the start-up follows it
-        self._first_ordinary = self._start_due = False
         # `draft_context`'s lead for the round about to be proposed: (len(committed), lead)
         self._lead: tuple[int, list[int]] = (-1, [])
 
@@ -149,35 +146,11 @@ class Sequence:
 
     # -- before the first round ------------------------------------------------------
 
-    def prefill(self, ordinary_first: bool = True) -> Prefilled:
-        """Evaluate the prompt (all but its last token) in the target only: a single
-        stream's first token comes at ordinary decoding's latency.
-
-        The first `step` is then an ordinary pass (K = 0), whatever the policy, and the
-        work that used to precede it runs after it, before the second round (`_start_up`):
-        the draft's prefill (`ModelDrafter.prefill`, deferred here with evaluate=False)
-        and the timed passes `config.measure_ordinary` asks for. With a first round that
-        speculated, the first token waited for all of it plus K draft decodes and a
-        K + 1-row verify (`bench` TTFT 274 ms against 134 ms ordinary on the demo pair);
-        the server's first step per request is ordinary for the same reason. The law of
-        the output does not depend on the K chosen (Leviathan et al. 2023, Theorem 3.5),
-        so this changes timing only.
-
-        With `ordinary_first` False (`specgen verify`, whose tests must reach speculation
-        from the first position), both models evaluate the prompt, the passes are timed
-        now, and the policy chooses the first round's K.
-        """
-        t0 = self.clock()
-        n = prefill(
-            self.target, self.drafter, self.committed, self.config.reuse_cache, ordinary_first
-        )
-        self._first_ordinary = ordinary_first
-        return self.start(n, self.clock() - t0, measure=not ordinary_first)
-
     def start(self, n_prefill: int, prefill_s: float, measure: bool = True) -> Prefilled:
-        """Begin after the prompt was evaluated (by `prefill`, or by a batched prefill that
-        holds other sequences too): time the baseline passes (unless `measure` is False:
-        `prefill` leaves them to `_start_up`), return the Prefilled event."""
+        """Begin after the prompt was evaluated (by `specgen.generate.Stream.prefill`, or by
+        a batched prefill that holds other sequences too): time the baseline passes (unless
+        `measure` is False: the single stream times them after its first round), return
+        the Prefilled event."""
         self.stats.n_prefill, self.stats.prefill_s = n_prefill, prefill_s
         ordinary_s, draft_pass_s = self._time_start(measure)
         self._t_decode = self._t_last = self.clock()
@@ -202,22 +175,6 @@ class Sequence:
             if draft is not None and self.policy.measures_draft:
                 draft_pass_s = self._time_draft(n)
         return ordinary_s, draft_pass_s
-
-    def _start_up(self) -> tuple[float | None, float | None]:
-        """After a single stream's first round (`prefill`): the draft's deferred prefill
-        (with its rolled-back warm-up pass), then the timed passes, all before the second
-        round's choice of K, so the policy chooses from the same measurements as when they
-        preceded the first round. As then, their time is in neither `decode_s` nor the
-        rounds' costs (the draft's prefill is added to `prefill_s`, where it was)."""
-        t0 = self.clock()
-        if isinstance(self.drafter, ModelDrafter | HybridDrafter):
-            self.drafter.prefill(self.committed)
-        self.stats.prefill_s += self.clock() - t0
-        timed = self._time_start()
-        # the start-up is not decoding: the rounds' clocks start after it
-        self._t_decode += self.clock() - t0
-        self._t_last = self.clock()
-        return timed
 
     def _time_draft(self, n: int) -> float | None:
         """The median of n single-token draft passes of `last` (rolled back), made where
@@ -455,32 +412,6 @@ class Sequence:
                 del new[i + 1 :]
                 break
         return new, spans
-
-    def step(self) -> Step:
-        """One round for a single stream: propose, one target decode, commit.
-
-        After `prefill`, the first round is an ordinary pass (K = 0, chosen by no policy
-        and reported to none: its pass is the first single-token decode after the
-        prompt's batch, slow from graph set-up), and the start-up measurements run before
-        the second (`_start_up`), whose Step carries their medians."""
-        timed = None
-        forced = self._first_ordinary
-        if forced:
-            self._first_ordinary, self._start_due = False, True
-            proposal = self.propose(0, lead=False)
-        else:
-            if self._start_due:
-                self._start_due = False
-                timed = self._start_up()
-            proposal = self.propose(self.choose_k())
-        if proposal.forced:  # rows only where the grammar leaves a choice
-            logits = self.target.decode(proposal.to_score, rows=proposal.rows)
-        else:
-            logits = self.target.decode(proposal.to_score, all_logits=True)
-        step = self.commit(proposal, logits, observe=not forced)
-        if timed is not None:
-            step = dataclasses.replace(step, timed_ordinary_s=timed[0], timed_draft_s=timed[1])
-        return step
 
     # -- the end -----------------------------------------------------------------------
 

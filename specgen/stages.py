@@ -454,8 +454,9 @@ def prefill(
 
     With `defer_draft`, a model drafter (`ModelDrafter`, `HybridDrafter`) only drops what
     is not a prefix of the prompt (`ModelDrafter.prefill(evaluate=False)`): its prompt is
-    evaluated later (`specgen.round.Sequence.step`, after the first token), so the first
-    token does not wait for it. Prompt lookup is indexed at once (it costs no decode).
+    evaluated before the first round the model drafts in
+    (`specgen.generate.Stream._model_due`), so the first token does not wait for it, nor
+    do rounds of prompt lookup alone. Prompt lookup is indexed at once (it costs no decode).
 
     Returns:
         The number of prompt tokens the target evaluated (0 when all but the last were

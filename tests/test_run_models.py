@@ -281,3 +281,29 @@ def test_swapped_demo_pair_with_auto_is_lossless_and_follows_its_timings(demo):
         assert done.stats.k_history[0] == 0, (ordinary_s, draft_s, done.stats.k_history)
     assert_same_or_near_tie(q4, ids, base.tokens, done.tokens)
     assert done.stats.n_generated == 40
+
+
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_lazy_draft_prefill_keeps_greedy_output_on_real_models(demo, policy):
+    """The single stream evaluates the draft model's prompt only before the first round the
+    model drafts in (prompt lookup's rounds never wait for it): with a hybrid drafter on a
+    passage to repeat, greedy output is still ordinary decoding's, the draft's cache holds
+    a prefix of the committed tokens, and a run whose blocks were all lookup tokens left
+    the draft's prompt unevaluated."""
+    from specgen.control.single import Controller
+    from specgen.hybrid import HybridDrafter
+
+    target, draft = demo
+    ids = target.tokenize(EXTRACTIVE)
+    base = gen(target, None, ids, 0, max_tokens=24, params=GREEDY, ignore_eos=True)
+    draft.truncate(0)  # no earlier test's prefix
+    drafter = HybridDrafter(ModelDrafter(draft, GREEDY, target.n_vocab))
+    config = GenerateConfig(max_tokens=24, params=GREEDY, ignore_eos=True, measure_ordinary=3)
+    k_policy = FixedK(8) if policy == "fixed" else Controller(k_max=8)
+    spec = list(generate(target, drafter, ids, config, k_policy))[-1]
+    assert_same_or_near_tie(target, ids, base.tokens, spec.tokens)
+    s = spec.stats
+    committed = ids + list(spec.tokens)
+    assert draft.tokens == committed[: len(draft.tokens)]
+    if "draft" not in s.n_drafted_by:
+        assert draft.tokens == []

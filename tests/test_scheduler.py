@@ -77,7 +77,8 @@ def submit(sched, prompt, config, name="job"):
 
 def alone(prompt, config, k=3, noise=1.0):
     """The request served by the single-stream loop (`generate`), whose first round is
-    ordinary as the server's first step is (`Sequence.step`), whatever the policy."""
+    ordinary as the server's first step is (`specgen.generate.Stream.step`), whatever the
+    policy."""
     target, draft = engines(n_seq=1, noise=noise)
     drafter = ModelDrafter(draft.sequence(0), config.params, V)
     policy = FixedK(k)

@@ -1,0 +1,143 @@
+"""The single stream's draft prefill is lazy (issues 33 and 37), as the server's is: the
+first round is ordinary and makes no draft call, the draft model's prompt is evaluated
+only before the first round the model drafts in, and then it covers every committed
+token but the last; rounds of prompt lookup alone never evaluate it. On fakes: the
+decodes each model receives are logged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import FakeEngine
+
+from specgen.control.single import Controller
+from specgen.drafters import ModelDrafter
+from specgen.events import Done
+from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.hybrid import HybridDrafter
+from specgen.ngram import NgramDrafter
+from specgen.sampling import SamplingParams
+
+GREEDY = SamplingParams(temp=0.0)
+V = 9
+
+
+def ordinary(target: FakeEngine, prompt: list[int], **cfg: object) -> Done:
+    """Ordinary decoding's Done (no drafter)."""
+    done = list(generate(target, None, prompt, GenerateConfig(**cfg)))[-1]
+    assert isinstance(done, Done)
+    return done
+
+
+def logged(engine: FakeEngine) -> list[tuple[int, list[int]]]:
+    """Record each decode of `engine` as (cached positions before it, its tokens)."""
+    log: list[tuple[int, list[int]]] = []
+    real = engine.decode
+
+    def decode(tokens, all_logits=False, rows=None):
+        log.append((len(engine.tokens), list(tokens)))
+        return real(tokens, all_logits, rows)
+
+    engine.decode = decode
+    return log
+
+
+def cycling_prompt(target: FakeEngine, n: int = 60) -> list[int]:
+    """[1, 2] and n of `target`'s greedy tokens after it: a greedy bigram-ish model over 9
+    tokens enters a cycle within 81 steps, so from there on the text copies itself and
+    prompt lookup proposes exactly what the target commits."""
+    return [1, 2, *ordinary(target, [1, 2], max_tokens=n, params=GREEDY, ignore_eos=True).tokens]
+
+
+def run(target, drafter, prompt, policy: KPolicy, n: int = 40) -> Done:
+    config = GenerateConfig(max_tokens=n, params=GREEDY, ignore_eos=True, measure_ordinary=3)
+    events = list(generate(target, drafter, prompt, config, policy))
+    done = events[-1]
+    assert isinstance(done, Done)
+    return done
+
+
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_lookup_rounds_alone_never_evaluate_the_drafts_prompt(policy: str) -> None:
+    """On a text that copies itself, a hybrid drafter makes the rounds `--draft ngram`
+    makes (at a fixed K) and the draft model evaluates nothing but the adaptive policy's timed passes
+    (single tokens, each rolled back): no prompt, no block."""
+    target = FakeEngine(n_vocab=V, seed=0, n_ctx=512)
+    prompt = cycling_prompt(target)
+    draft = FakeEngine(n_vocab=V, seed=0, noise=0.5, n_ctx=512)
+    log = logged(draft)
+
+    def make() -> KPolicy:
+        return FixedK(4) if policy == "fixed" else Controller(k_max=8)
+
+    hybrid = run(target, HybridDrafter(ModelDrafter(draft, GREEDY, V)), prompt, make())
+    lookup = run(FakeEngine(n_vocab=V, seed=0, n_ctx=512), NgramDrafter(V), prompt, make())
+    timed = 3 if policy == "auto" else 0
+    # timed after the first round, of its token, where the draft's empty cache stands
+    assert log == [(0, [hybrid.tokens[0]])] * timed and draft.tokens == []
+    s = hybrid.stats
+    assert s.k_history[0] == 0 and sum(k > 0 for k in s.k_history) >= 5  # it did speculate
+    assert s.n_drafted_by == {"lookup": s.n_drafted} and s.n_accepted == s.n_drafted
+    if policy == "fixed":  # (auto's choices follow the host's timings: not repeatable)
+        assert s.k_history == lookup.stats.k_history  # the same rounds as lookup alone
+    assert hybrid.tokens == lookup.tokens
+    plain = ordinary(FakeEngine(n_vocab=V, seed=0, n_ctx=512), prompt, max_tokens=40,
+                     params=GREEDY, ignore_eos=True)  # fmt: skip
+    assert hybrid.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_the_first_model_block_follows_a_prefill_of_every_committed_token(lookup: bool) -> None:
+    """Where the model drafts (lookup has nothing, or it failed), its first decode after the
+    timed passes evaluates every committed token but the last, from position 0, then the
+    rolled-back warm-up pass; the block then starts from `last` alone (no catch-up), and
+    the model alone is never behind again by more than a round. The prompt here was
+    written by another model, so its copies mislead the lookup and the model takes over."""
+    target = FakeEngine(n_vocab=V, seed=0, n_ctx=512)
+    prompt = cycling_prompt(FakeEngine(n_vocab=V, seed=3), 30)
+    draft = FakeEngine(n_vocab=V, seed=0, noise=0.5, n_ctx=512)
+    log = logged(draft)
+    model = ModelDrafter(draft, GREEDY, V)
+    done = run(target, HybridDrafter(model) if lookup else model, prompt, FixedK(4))
+    committed = prompt + list(done.tokens)
+    starts = [i for i, (at, toks) in enumerate(log) if len(toks) > 1]
+    assert starts, "the model never drafted"
+    first = starts[0]
+    at, toks = log[first]
+    assert at == 0 and toks == committed[: len(toks)]  # the prompt and what followed it
+    assert log[first + 1] == (len(toks), [committed[len(toks)]])  # warm-up: `last`
+    assert log[first + 2] == (len(toks), [committed[len(toks)]])  # the block's first decode
+    if not lookup:  # then at most `last` and a fully accepted block's x_K: never behind
+        assert all(len(t) <= 2 for _, t in log[first + 1 :])
+    assert done.stats.n_drafted_by.get("draft", 0) > 0
+    plain = ordinary(FakeEngine(n_vocab=V, seed=0, n_ctx=512), prompt, max_tokens=40,
+                     params=GREEDY, ignore_eos=True)  # fmt: skip
+    assert done.tokens == plain.tokens
+
+
+def test_the_drafts_prefill_counts_as_prefill_not_decoding(monkeypatch) -> None:
+    """On a fake clock (10 ms a target decode, 3 ms a draft decode): the draft's deferred
+    prefill and warm-up pass (2 draft decodes) are in `prefill_s`, not in `decode_s`, as
+    when they ran before the first round; the TTFT is the target's prefill and one pass."""
+    import time
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    target = FakeEngine(n_vocab=V, seed=0)
+    draft = FakeEngine(n_vocab=V, seed=0, noise=0.5)
+    for engine, seconds in ((target, 0.010), (draft, 0.003)):
+        real = engine.decode
+
+        def decode(tokens, all_logits=False, rows=None, _real=real, _s=seconds):
+            clock[0] += _s
+            return _real(tokens, all_logits, rows)
+
+        monkeypatch.setattr(engine, "decode", decode)
+    done = run(target, ModelDrafter(draft, GREEDY, V), [1, 2, 3, 4, 5], FixedK(4), n=30)
+    s = done.stats
+    assert s.ttft_s == pytest.approx(0.020)
+    assert s.prefill_s == pytest.approx(0.010 + 0.006)
+    # every round's time is in decode_s, and nothing else is: rounds of the block, and
+    # the three timed ordinary passes left out
+    assert s.decode_s == pytest.approx(s.draft_s + s.verify_s + s.sample_s, abs=1e-9)
+    assert np.isclose(s.wall_s, s.prefill_s + s.decode_s)
