@@ -146,22 +146,28 @@ class ModelDrafter:
         top = top_probability(row) if self.params.greedy else float(probs.max())
         return not should_stop(top, self.p_min)
 
-    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> Drafting:
-        """Start drafting up to k tokens after `context`, leaving the decodes to the
+    def begin(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Drafting:
+        """Start drafting up to k tokens after `context` (the grammar's sole tokens apart,
+        within `room` in all: see `Drafting`), leaving the decodes to the
         caller: `Drafting.pending` is what this drafter's engine must evaluate next (the
         server's scheduler evaluates every slot's pending tokens in one batched draft
         decode per depth; `draft` evaluates them one by one). The cache is rolled back to
         the reusable prefix here, so the pending tokens must be decoded next."""
-        return Drafting(self, context, k, rng)
+        return Drafting(self, context, k, rng, room)
 
-    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+    def draft(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Block:
         """Propose up to k tokens after `context` (see `specgen.engine.Drafter`).
 
         Returns a Block with tokens (m,) int64 and q, m rows warped by the target's own
         `warp_rows` (one call per row: each row exists only after the previous draw),
-        m <= k (m < k only when the confidence cut-off stopped the block).
+        m <= k (m < k only when the confidence cut-off stopped the block), not counting
+        the tokens the grammar allows alone (`Block.sole`), m <= room in all.
         """
-        return self.run(self.begin(context, k, rng))
+        return self.run(self.begin(context, k, rng, room))
 
     def run(self, d: Stepwise) -> Block:
         """Drive `d` to its end with this drafter's own engine, one decode at a time,
@@ -235,6 +241,14 @@ class Drafting:
         behind: committed tokens the draft cache lacked at the start (1 or 2 when it was
             up to date: `last`, and x_K after a fully accepted block).
 
+    K counts the proposals that are drawn or may be rejected; a token the grammar allows
+    alone (`Block.sole`) is free (no draft pass, no target row, always accepted: the
+    target's constrained p there is one-hot too) and does not count against it, only
+    against `room`, the most tokens the block may hold (the target's room: -n and the
+    context, past the grammar's lead). So a block under a schema is K model tokens plus
+    every key, quote and brace between them, and the controller's K prices only what
+    costs (issue 36: "the controller prices forced tokens as free").
+
     The law is `ModelDrafter.draft`'s whoever makes the decodes: x_i is drawn from q_i, the
     warped row after the context and x_1..x_{i-1}, with the drafter's `rng`, and q_i is
     kept as the block's row i; only the order of draws within this block uses the stream,
@@ -242,14 +256,21 @@ class Drafting:
     """
 
     def __init__(
-        self, drafter: ModelDrafter, context: list[int], k: int, rng: np.random.Generator
+        self,
+        drafter: ModelDrafter,
+        context: list[int],
+        k: int,
+        rng: np.random.Generator,
+        room: int | None = None,
     ) -> None:
         self.drafter = drafter
         self.context = context
         self.rng = rng
-        # the draft evaluates the context then k - 1 proposals: keep that inside its own
-        # context, which may be smaller than the target's
-        self.k = max(0, min(k, drafter.engine.n_ctx - len(context) + 1))
+        # the draft evaluates the context then the proposals but the last: keep that
+        # inside its own context, which may be smaller than the target's
+        fits = drafter.engine.n_ctx - len(context) + 1
+        self.k = max(0, min(k, fits))
+        self.room = max(self.k, min(k if room is None else room, fits))
         self.tokens: list[int] = []
         self.rows: list[Dists] = []
         self.sources: list[Source] = []
@@ -263,7 +284,12 @@ class Drafting:
             self.behind = len(context) - keep
             self._force()
             # nothing left to draw when forced tokens filled the block: no decode at all
-            self.pending = context[keep:] + self._unfed() if len(self.tokens) < self.k else []
+            self.pending = context[keep:] + self._unfed() if self._open() else []
+
+    def _open(self) -> bool:
+        """Whether the block takes another drawn proposal: fewer than k of them (the
+        grammar's sole tokens apart) and room for one more token."""
+        return len(self.tokens) - len(self.sole) < self.k and len(self.tokens) < self.room
 
     def _force(self) -> None:
         """Append the tokens the grammar forces, while the block has room, each with a
@@ -277,14 +303,17 @@ class Drafting:
         token of a forced string (`GrammarRows.forced`, llguidance's `compute_ff_tokens`:
         the forced bytes tokenized canonically) where the mask allows other tokens too
         (another tokenization of the same bytes): p there is the target's, so it keeps
-        its row and may be rejected."""
+        its row and may be rejected, so it counts against k. Sole tokens are chained after
+        the k-th proposal too, while there is room: they cost nothing."""
         g = self.drafter.grammar
         if g is None:
             return
-        while len(self.tokens) < self.k:
+        while len(self.tokens) < self.room:
             t = g.single(self.context, self.tokens)
             if t is not None:
                 self.sole.append(len(self.tokens))
+            elif not self._open():
+                return
             else:
                 forced = g.forced(self.context, self.tokens)
                 if not forced:
@@ -320,7 +349,7 @@ class Drafting:
         self.rows.append(q_i)
         self.sources.append("draft")
         self._force()
-        if len(self.tokens) < self.k:
+        if self._open():
             self.pending = self._unfed()
 
     def stop(self) -> None:

@@ -272,9 +272,13 @@ class Drafter(Protocol):
         """Evaluate the committed context except its last token (may be a no-op)."""
         ...
 
-    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+    def draft(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Block:
         """Propose up to k tokens following ``context`` (which ends with the committed,
-        not yet evaluated token). May return fewer than k (even 0)."""
+        not yet evaluated token). May return fewer than k (even 0). Tokens a grammar
+        allows alone (`Block.sole`) do not count against k, only against ``room``, the
+        most tokens the block may hold in all (None: k; never below k)."""
         ...
 
     def rollback(self, context: list[int]) -> None:

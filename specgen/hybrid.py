@@ -207,14 +207,23 @@ class HybridDrafter:
             return len(use), self.pool.rate(n_match)
         return len(use), self.record.rate(n_match)
 
-    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> HybridDrafting:
+    def begin(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,
         the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
+        room = k if room is None else max(k, room)
         n_match, found, use = self._lookup(context, k)
-        inner = self.model.begin(context + use, k - len(use), rng) if len(use) < k else None
-        return HybridDrafting(self, context, k, n_match, found, use, inner)
+        inner = (
+            self.model.begin(context + use, k - len(use), rng, room - len(use))
+            if len(use) < k
+            else None
+        )
+        return HybridDrafting(self, context, k, n_match, found, use, inner, room)
 
-    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
+    def draft(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Block:
         """Up to k proposals: lookup tokens first (when trusted), then the model's, then
         lookup tokens again where the model's start a trusted copy.
 
@@ -223,7 +232,7 @@ class HybridDrafter:
             model's warped rows for its own; dense when the model's rows are) and
             `sources` ("lookup" or "draft" per token), m <= k.
         """
-        block = self.model.run(self.begin(context, k, rng))
+        block = self.model.run(self.begin(context, k, rng, room))
         self.catchup_s = self.model.catchup_s
         return block
 
@@ -269,9 +278,11 @@ class HybridDrafting:
         found: list[int],
         use: list[int],
         inner: Drafting | None,
+        room: int | None = None,
     ) -> None:
         self.hybrid = hybrid
         self.context, self.k = context, k
+        self.room = k if room is None else room
         self.n_match, self.found, self.use = n_match, found, use
         self.inner = inner
         self.tail: list[int] = []  # lookup tokens after the model's
@@ -295,7 +306,11 @@ class HybridDrafting:
         if not inner.pending:
             return
         h = self.hybrid
-        left = self.k - len(self.use) - len(inner.tokens)
+        # the grammar's sole tokens count against the room only (`Drafting`)
+        left = min(
+            self.k - len(self.use) - (len(inner.tokens) - len(inner.sole)),
+            self.room - len(self.use) - len(inner.tokens),
+        )
         n, found = h.index.match_after(self.context, self.use + inner.tokens, left)
         if found and n >= h.min_match and h.record.trusts(n):
             self.tail, self.n_tail_match = found, n

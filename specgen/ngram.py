@@ -192,8 +192,11 @@ class NgramDrafter:
         self.index.reset()
         self.index.lookup(context, 0)
 
-    def draft(self, context: list[int], k: int, rng: np.random.Generator) -> Block:
-        """Up to k tokens (0 when no n-gram matches); ``rng`` is unused (deterministic).
+    def draft(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Block:
+        """Up to k tokens (0 when no n-gram matches); ``rng`` and ``room`` are unused
+        (deterministic; prompt lookup keeps no grammar, so no token is free of k).
 
         Returns:
             Block with tokens (m,) int64 and one-hot q rows (sparse, one id each), m in

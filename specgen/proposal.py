@@ -25,7 +25,9 @@ class Proposal:
 
     Attributes:
         k: the block size asked for (0 = an ordinary pass).
-        block: the proposals x_1..x_m (m <= k) and their q rows.
+        block: the proposals x_1..x_m and their q rows: at most k of them are not
+            tokens the grammar allows alone (`Block.sole`: the lead and those within the
+            block, free of K).
         bonus: whether the bonus position is scored too (see `KPolicy.bonus`).
         last: the committed token the target has not evaluated yet.
         t_start: clock at the start of the round, seconds.
@@ -95,6 +97,17 @@ class Proposal:
     @property
     def draft_s(self) -> float:
         return self.t_drafted - self.t_start
+
+    def counted(self, n_accepted: int) -> tuple[int, int]:
+        """(proposals, accepted) of the positions K was chosen for: the block's tokens but
+        those the grammar allows alone (`Block.sole`, the lead among them), which are
+        always accepted and cost no draft pass and no row, so the policy neither pays for
+        them nor learns acceptance from them; accepted counts those positions among the
+        first `n_accepted` (0..m)."""
+        sole = set(self.block.sole)
+        m = int(self.block.tokens.size)
+        hits = sum(1 for i in range(min(n_accepted, m)) if i not in sole)
+        return m - len(sole & set(range(m))), hits
 
 
 def forced_rows(

@@ -242,6 +242,13 @@ class Sequence:
         self._lead = (len(self.committed), lead)
         return self.committed + lead if lead else self.committed
 
+    def block_room(self) -> int:
+        """The most tokens this round's block may hold after the grammar's lead that
+        `draft_context` chained (`k_room` less the lead): the bound on the grammar's sole
+        tokens, which do not count against K (`specgen.drafters.Drafting`)."""
+        at, lead = self._lead
+        return max(0, self.k_room() - (len(lead) if at == len(self.committed) else 0))
+
     def propose(
         self, k: int, block: Block | None = None, drafted_s: float = 0.0, lead: bool = True
     ) -> Proposal:
@@ -258,7 +265,7 @@ class Sequence:
         catchup_s = 0.0
         if block is None:
             context = self.draft_context(k) if lead else self.committed
-            block = draft_block(self.drafter, context, k, self.draft_rng)
+            block = draft_block(self.drafter, context, k, self.draft_rng, self.block_room())
             if k > 0 and self.drafter is not None:
                 catchup_s = self.drafter.catchup_s
         at, head = self._lead
@@ -328,12 +335,13 @@ class Sequence:
         if observe:
             # the grammar's lead is not the block K was chosen for: the policy learns
             # from what follows it (the lead is always accepted)
+            n_counted, n_hit = p.counted(n)
             self.policy.observe(
-                p.k, max(0, n - p.lead), p.draft_s - p.catchup_s,
-                verify_s + self.clock() - t2, m - p.lead, p.catchup_s,
-                # prompt lookup's and the grammar's tokens cost no draft pass: free
+                p.k, n_hit, p.draft_s - p.catchup_s, verify_s + self.clock() - t2,
+                n_counted, p.catchup_s,
+                # prompt lookup's and the grammar's other tokens cost no draft pass: free
                 n_lookup=p.block.sources.count("lookup") + p.block.sources.count("grammar")
-                - p.lead,
+                - len(p.block.sole),
             )  # fmt: skip
         t_end = self.clock()
         if p.k == 0 and m == 0 and new:

@@ -238,12 +238,17 @@ class Verified:
 
 
 def draft_block(
-    drafter: Drafter | None, context: list[int], k: int, rng: np.random.Generator
+    drafter: Drafter | None,
+    context: list[int],
+    k: int,
+    rng: np.random.Generator,
+    room: int | None = None,
 ) -> Block:
-    """Stage 1: up to k proposals after `context` with their q rows (empty when k = 0)."""
+    """Stage 1: up to k proposals after `context` with their q rows (empty when k = 0);
+    the grammar's sole tokens beside them, within `room` tokens in all (`Drafter.draft`)."""
     if drafter is None or k == 0:
         return Block(tokens=np.zeros(0, dtype=np.int64), q=Dists.empty(0))
-    return drafter.draft(context, k, rng)
+    return drafter.draft(context, k, rng, room)
 
 
 def with_lead(lead: list[int], block: Block, n_vocab: int) -> Block:

@@ -126,7 +126,7 @@ class WrongDrafter:
     def with_params(self, params):
         return self
 
-    def draft(self, context, k, rng):
+    def draft(self, context, k, rng, room=None):
         from specgen.engine import Block
         from specgen.sampling import Dists
 

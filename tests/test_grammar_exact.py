@@ -485,3 +485,46 @@ def test_the_lead_keeps_the_constrained_law_and_a_planted_bug_breaks_it(monkeypa
     assert output_pvalue(params, k=0, spec=TWO_WAYS, check_accepted=False) > ALPHA
     monkeypatch.setattr(Matcher, "single", two_ways_single)
     assert output_pvalue(params, k=0, n=300, spec=TWO_WAYS, check_accepted=False) < ALPHA
+
+
+# -- sole tokens inside a block are free of K ----------------------------------------------
+
+
+def test_tokens_the_grammar_allows_alone_do_not_count_against_k(monkeypatch):
+    from specgen.grammar import GrammarProcessor
+
+    _, draft = engines()
+    params = SETTINGS[0]
+    drafter = ModelDrafter(draft, params, draft.n_vocab)
+    g = compile_grammar(FORCED_SPEC, tokenizer_for(draft))
+    drafters.attach_grammar(drafter, GrammarProcessor(g, len(PROMPT)))
+    rng = np.random.default_rng(0)
+    m = matcher(FORCED_SPEC)
+    after_drawn = 0
+    for room in (8, 8, 8, 8, 3, 2):
+        drafter.rollback(PROMPT)
+        block = drafter.draft(PROMPT, 2, rng, room)
+        x = block.tokens.tolist()
+        assert m.sync(x) and len(x) <= room
+        assert len(x) - len(block.sole) <= 2  # the tokens K was chosen for, at most 2
+        after_drawn += any(i > 0 for i in block.sole)  # sole tokens after a drawn one
+        if room == 2:  # room for K tokens only: the block is what K = 2 was before
+            assert len(x) <= 2
+    assert after_drawn >= 2
+    # end to end: the same greedy output as ordinary constrained decoding, in fewer rounds
+    # than when the block's sole tokens count against K (planted: no room beyond K)
+    greedy = SamplingParams(temp=0.0)
+    target, draft = engines(noise=0.0)  # a draft that agrees: every block accepted whole
+    spec = GrammarSpec("lark", 'start: ("a" | "b") ("cx}" ("a" | "b")){3}')
+    config = GenerateConfig(max_tokens=20, params=greedy, grammar=spec)
+    base = list(generate(target, None, PROMPT, config))[-1]
+    assert base.finish_reason == "stop"
+
+    def rounds():
+        events = list(generate(target, ModelDrafter(draft, greedy, 264), PROMPT, config, FixedK(2)))
+        assert events[-1].tokens == base.tokens
+        return sum(isinstance(e, Step) for e in events)
+
+    free = rounds()
+    monkeypatch.setattr(round.Sequence, "block_room", lambda self: 0)
+    assert free < rounds()

@@ -277,7 +277,7 @@ def test_a_lookup_after_model_tokens_with_the_wrong_q_is_detected():
     warped rows as q (not the law they were proposed from) fail it."""
 
     class Mislabeled(HybridDrafter):
-        def draft(self, context, k, rng):
+        def draft(self, context, k, rng, room=None):
             block = super().draft(context, k, rng)
             if block.sources[:2] != ("draft", "lookup"):
                 return block
@@ -298,7 +298,7 @@ def test_a_lookup_row_with_the_wrong_q_is_detected():
     instead of one-hot (q not the law it was drawn from) fails it."""
 
     class Mislabeled(HybridDrafter):
-        def draft(self, context, k, rng):
+        def draft(self, context, k, rng, room=None):
             block = super().draft(context, k, rng)
             if block.sources[:1] == ("lookup",):
                 row = warp_rows(self.model.engine.logits_after(context)[None, :], SAMPLED)

@@ -184,7 +184,7 @@ class TempMismatchDrafter:
     def with_params(self, params):
         return self
 
-    def draft(self, context, k, rng):
+    def draft(self, context, k, rng, room=None):
         b = self.inner.draft(context, k, rng)
         q = b.q.probs ** (self.inner.params.temp / self.t_report)
         return Block(b.tokens, Dists(b.q.ids, q / q.sum(axis=1, keepdims=True), b.q.n_vocab))
@@ -196,7 +196,7 @@ class TempMismatchDrafter:
 class GreedyDraftSoftmaxQ(ModelDrafter):
     """Drafts the argmax (like llama.cpp's server) but reports the softmax as q."""
 
-    def draft(self, context, k, rng):
+    def draft(self, context, k, rng, room=None):
         tokens, q = [], []
         keep = self._reusable(context)  # the cache brought up to date, as Drafting does
         self.engine.truncate(keep)
@@ -361,7 +361,7 @@ class CountingHybrid(HybridDrafter):
     def with_params(self, params: SamplingParams) -> CountingHybrid:
         return CountingHybrid(self.model.with_params(params), self.seen)
 
-    def draft(self, context, k, rng):
+    def draft(self, context, k, rng, room=None):
         block = super().draft(context, k, rng)
         self.seen.update(block.sources)
         return block

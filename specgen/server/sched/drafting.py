@@ -127,7 +127,9 @@ class Drafting:
                 continue
             try:
                 if k > 0 and d is not None:
-                    together.append((slot, k, d.begin(seq.draft_context(k), k, seq.draft_rng)))
+                    context = seq.draft_context(k)
+                    w = d.begin(context, k, seq.draft_rng, seq.block_room())
+                    together.append((slot, k, w))
                 else:
                     proposals.append((slot, seq.propose(k)))
             except EngineError as exc:
@@ -146,7 +148,7 @@ class Drafting:
             assert slot.seq is not None
             block = w.block()
             # a block cut short is a round at the K it reached (what its acceptance tests)
-            k_run = min(k, len(block.tokens)) if self.cut else k
+            k_run = min(k, len(block.tokens) - len(block.sole)) if self.cut else k
             if k_run < k:
                 slot.reason = "cut"
             proposals.append((slot, slot.seq.propose(k_run, block, drafted_s)))

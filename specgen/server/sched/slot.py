@@ -48,7 +48,9 @@ class BatchDrafter(Protocol):
 
     def prefill(self, context: list[int], evaluate: bool = True) -> None: ...
 
-    def begin(self, context: list[int], k: int, rng: np.random.Generator) -> Stepwise: ...
+    def begin(
+        self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
+    ) -> Stepwise: ...
 
 
 def batched(drafter: Drafter | None) -> BatchDrafter | None:

@@ -61,12 +61,13 @@ def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
     model down too, so that a slot whose draft lacks its prompt never drafted with it
     again (the catch-up's cost outweighs a low estimate). (0, 0) where the model's part
     was not reached or there is none; a block without lookup tokens counts as before,
-    at the K asked for. The grammar's lead (`Proposal.lead`, always accepted) is not
-    part of it."""
-    sources = prop.block.sources[prop.lead :]
-    n_accepted = max(0, n_accepted - prop.lead)
+    at the K asked for. The tokens the grammar allows alone (`Block.sole`: its lead and
+    those within the block, always accepted, free of K) are not part of it."""
+    sole = set(prop.block.sole)
+    sources = [s for i, s in enumerate(prop.block.sources) if i not in sole]
+    n_accepted = prop.counted(n_accepted)[1]
     if "lookup" not in sources:
-        return prop.k, n_accepted
+        return prop.k, min(prop.k, n_accepted)
     head = 0
     while head < len(sources) and sources[head] == "lookup":
         head += 1
@@ -201,7 +202,9 @@ class Stepper:
             # evaluated where the model drafts, beyond them
             # and those the grammar forced (no draft pass either)
             filled = {
-                slot.index: p.block.sources.count("lookup") + p.block.sources.count("grammar")
+                slot.index: p.block.sources.count("lookup")
+                + p.block.sources.count("grammar")
+                - len(p.block.sole)
                 for slot, p in proposals
             }
             free = [min(k, filled.get(s.index, 0)) for s, k in zip(active, ks, strict=True)]
