@@ -55,7 +55,10 @@ def fresh_row(engine: LlamaEngine, context: list[int], token: int) -> np.ndarray
 
 
 def test_the_loops_rollbacks_past_the_window_keep_it(target):
-    ids = target.tokenize(COUNTING)[:N_PROMPT]
+    # 1016 positions: from the first round on, each round's block reaches past the ring's
+    # 1024 cells, so 12 rounds cross its wrap (from 1000 positions, 30 rounds did: 16 of
+    # them before the wrap, at 8 single-token passes of the F32 target each)
+    ids = target.tokenize(COUNTING)[:1016]
     target.truncate(0)
     target.decode(ids)
     before = target.n_reprocessed
@@ -64,7 +67,7 @@ def test_the_loops_rollbacks_past_the_window_keep_it(target):
     # The passes ask for no logits rows (as tests/test_sequences.py's ring test): rows never
     # touch the cache, and the demo target's 262,144-wide output layer was most of this
     # loop's time (9 rows for the block, one per draft pass).
-    for _ in range(30):  # crosses the 1024-cell ring's wrap with rejections every round
+    for _ in range(12):  # crosses the 1024-cell ring's wrap with rejections every round
         x = rng.integers(1000, 20000, size=k + 1).tolist()
         p = len(target.tokens)
         target.decode_batch([SeqDecode(0, x, 0)])  # the target scores [last, x_1..x_K]
