@@ -111,8 +111,9 @@ def test_greedy_speculation_past_the_window_is_the_targets_argmax(target, demo_p
     with LlamaEngine(demo_pair[1], CTX) as draft:
         drafter = ModelDrafter(draft, greedy, target.n_vocab)
         before = (target.n_reprocessed, draft.n_reprocessed)
-        # 64 tokens: from 1000 prompt positions to 1064, 40 past the ring's 1024 cells
-        config = GenerateConfig(max_tokens=64, params=greedy, ignore_eos=True)
+        # 40 tokens: from 1000 prompt positions to 1040, 16 past the ring's 1024 cells
+        # (was 64)
+        config = GenerateConfig(max_tokens=40, params=greedy, ignore_eos=True)
         done = list(generate(target, drafter, prompt, config, FixedK(8)))[-1]
         assert (target.n_reprocessed, draft.n_reprocessed) == before
     out = list(done.tokens)
