@@ -145,6 +145,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", type=Path, help="checkout of the code before the change")
+    ap.add_argument("--new", type=Path, help="checkout of the code after it (default: this one)")
+    ap.add_argument("--first-rep", type=int, default=0, help="number of the first repetition")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--json", type=Path)
@@ -154,9 +156,9 @@ def main() -> int:
         print(json.dumps(child(a.n, a.child)))
         return 0
     assert a.old is not None, "--old CHECKOUT is needed"
-    sides = {"old": a.old.resolve(), "new": HERE.parent}
+    sides = {"old": a.old.resolve(), "new": (a.new or HERE.parent).resolve()}
     runs: dict[str, list[dict]] = {"old": [], "new": []}
-    for rep in range(a.reps):
+    for rep in range(a.first_rep, a.first_rep + a.reps):
         for side in ("old", "new") if rep % 2 == 0 else ("new", "old"):
             env = {**os.environ, "PYTHONPATH": str(sides[side])}
             script = str(HERE / Path(__file__).name)
@@ -187,7 +189,7 @@ def main() -> int:
         cmd = ["git", "-C", str(path), "rev-parse", "--short", "HEAD"]
         return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
 
-    commit, old_commit = commit_of(HERE.parent), commit_of(a.old)
+    commit, old_commit = commit_of(sides["new"]), commit_of(a.old)
     out = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "old": old_commit,
