@@ -15,7 +15,7 @@ tokens over the wall time from the call to the Done, prefill included).
 
 Usage:
     git worktree add /tmp/old OLD_COMMIT
-    SPECGEN_CACHE=/work/cache .venv/bin/python scripts/lazy_draft_bench.py \\
+    .venv/bin/python scripts/lazy_draft_bench.py \\
         --old /tmp/old [--reps 5] [-n 64] [--json out.json]
 """
 
