@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal
 
+from specgen import acceptance_stats
+
 if TYPE_CHECKING:
     from specgen.logprobs import TokenLogprob
 
@@ -207,7 +209,7 @@ class Totals:
         """alpha estimate: accepted / drafted, where drafted counts each round's tested
         proposals (`Step.n_drafted`); 0 when nothing was drafted. The one definition
         the footer, the summary, --json and bench show (`ACCEPTANCE_HOW`)."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+        return acceptance_stats.acceptance_rate(self.n_accepted, self.n_drafted)
 
     @property
     def tokens_per_s(self) -> float:
@@ -329,7 +331,7 @@ class Stats(Totals):
     @property
     def tokens_per_pass(self) -> float:
         """Mean tokens emitted per target pass (1.0 for ordinary decoding)."""
-        return self.n_generated / self.target_passes if self.target_passes else 0.0
+        return acceptance_stats.tokens_per_pass(self.n_generated, self.target_passes)
 
     def to_dict(self) -> dict[str, object]:
         """`run --json`'s ``stats`` object (docs/reference/json.md), every key of it: the

@@ -93,3 +93,27 @@ def test_an_idle_server_reports_no_slot_itl() -> None:
     # declared (HELP/TYPE) but no samples before a request streams twice
     assert "# TYPE specgen_slot_inter_token_seconds histogram" in text
     assert 'specgen_slot_inter_token_seconds_count{slot="0"}' not in text
+
+
+def test_acceptance_by_position_counts_each_requests_steps_exactly() -> None:
+    def step(proposed: int, accepted: int) -> Step:
+        tested = min(proposed, accepted + 1)
+        return Step(proposed, proposed, tested, accepted, (), None, 0.0, 0.01, 0.0, 0.01)
+
+    metrics = Metrics()
+    # 3 proposed, all accepted; 3 proposed, 1 accepted; an ordinary pass; 1 proposed, rejected
+    steps = [step(3, 3), step(3, 1), step(0, 0), step(1, 0)]
+    metrics.observe_request("chat", "eos", 4, 9, steps, 0.1, 0.2)
+    text = metrics.render().decode()
+
+    def count(name: str, position: int) -> float | None:
+        head = f'specgen_draft_position_{name}_total{{position="{position}"}} '
+        found = [line for line in text.splitlines() if line.startswith(head)]
+        return float(found[0].removeprefix(head)) if found else None
+
+    assert [count("proposed", i) for i in (1, 2, 3, 4)] == [3.0, 2.0, 2.0, None]
+    # a position's series appears with its first acceptance (none at 4, never proposed)
+    assert [count("accepted", i) for i in (1, 2, 3, 4)] == [2.0, 1.0, 1.0, None]
+    metrics.observe_request("chat", "eos", 4, 1, [step(2, 0)], 0.1, 0.2)
+    text = metrics.render().decode()
+    assert (count("proposed", 2), count("accepted", 1)) == (3.0, 2.0)

@@ -36,6 +36,7 @@ Markdown, plot). The names used as `bench.NAME` are re-exported here.
 
 from __future__ import annotations
 
+from specgen.acceptance_stats import position_counts, rates
 from specgen.bench.method import (
     BenchInterrupted,
     bench,
@@ -78,13 +79,7 @@ from specgen.bench.results import (
     record_differences,
     record_fingerprint,
 )
-from specgen.bench.stats import (
-    bootstrap_median_ci,
-    percentiles,
-    position_counts,
-    rates,
-    theoretical_speedup,
-)
+from specgen.bench.stats import bootstrap_median_ci, percentiles, theoretical_speedup
 from specgen.bench.summary import auto_vs_best, auto_vs_best_text, pct, summarize
 
 __all__ = [

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from specgen.acceptance_stats import acceptance_rate
 from specgen.bench.stats import bootstrap_median_ci, percentiles
 from specgen.errors import ConfigError
 
@@ -272,7 +273,7 @@ def summarize_level(
         e2el=dist_ms([e2el_s(r) for r in ok]),
         num_draft_tokens=drafted,
         num_accepted_draft_tokens=accepted,
-        acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_rate=acceptance_rate(accepted, drafted) if drafted else None,
         slo_met=met,
         slo_goodput=None if met is None else met * per_s,
         n_retried=sum(r.retried for r in records),

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from specgen.acceptance_stats import position_counts
 from specgen.bench.prompts import BenchPrompt, k_label
-from specgen.bench.stats import percentiles, position_counts
+from specgen.bench.stats import percentiles
 from specgen.events import ACCEPTANCE_HOW, Stats, Step
 from specgen.flags import SamplingFlags
 from specgen.sampling import SamplingParams

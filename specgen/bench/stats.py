@@ -1,10 +1,10 @@
 """The pure statistics of `specgen bench`: percentiles, the bootstrap interval of a median,
-the theoretical speedup of Leviathan et al. 2023 from measured acceptance and costs, and
-acceptance by position in the block. No models, no I/O."""
+and the theoretical speedup of Leviathan et al. 2023 from measured acceptance and costs
+(acceptance itself is counted by `specgen.acceptance_stats`). No models, no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -73,27 +73,3 @@ def theoretical_speedup(
     tokens = sum(expected_tokens(alpha_by_pos, m) for m in block_sizes)
     cost = sum(m * draft_token_s + verify_s(m) for m in block_sizes)
     return tokens / cost * ordinary_token_s if cost > 0 else float("nan")
-
-
-def position_counts(rounds: Iterable[tuple[int, int]], k_max: int) -> tuple[list[int], list[int]]:
-    """Acceptance by position from rounds of (m drafted, n accepted).
-
-    Position i (1-based) is tested when i <= m and the i-1 before it were accepted, i.e.
-    for i <= min(m, n+1); it is accepted for i <= n.
-
-    Returns:
-        (tested, accepted), each of length k_max.
-    """
-    tested = [0] * k_max
-    accepted = [0] * k_max
-    for m, n in rounds:
-        for i in range(min(m, n + 1, k_max)):
-            tested[i] += 1
-            if i < n:
-                accepted[i] += 1
-    return tested, accepted
-
-
-def rates(tested: Sequence[int], accepted: Sequence[int]) -> list[float | None]:
-    """accepted / tested per position; None where nothing was tested."""
-    return [a / t if t else None for t, a in zip(tested, accepted, strict=True)]

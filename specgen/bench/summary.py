@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specgen.acceptance_stats import acceptance_rate, position_counts, rates, tokens_per_pass
 from specgen.bench.prompts import k_label
 from specgen.bench.results import (
     ORDINARY,
@@ -24,13 +25,7 @@ from specgen.bench.results import (
     _k_span,
     _ms,
 )
-from specgen.bench.stats import (
-    bootstrap_median_ci,
-    percentiles,
-    position_counts,
-    rates,
-    theoretical_speedup,
-)
+from specgen.bench.stats import bootstrap_median_ci, percentiles, theoretical_speedup
 
 # -- summaries --------------------------------------------------------------------------------
 
@@ -119,8 +114,8 @@ def summarize_pairs(
         speedup_e2e=_r(_med(e2e)),
         ordinary=_mode_summary(ords),
         speculative=_mode_summary(specs),
-        acceptance_rate=_r(n_acc / n_drafted) if n_drafted else None,
-        tokens_per_pass=_r(gen / len(rounds)) if rounds else None,
+        acceptance_rate=_r(acceptance_rate(n_acc, n_drafted)) if n_drafted else None,
+        tokens_per_pass=_r(tokens_per_pass(gen, len(rounds))) if rounds else None,
         mean_block=_r(n_proposed / len(rounds)) if rounds else None,
         acceptance_by_position=[_r(a) if a is not None else None for a in by_pos],
         position_tested=tested,

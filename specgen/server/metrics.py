@@ -22,6 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from specgen.acceptance_stats import position_counts, proposed_counts
 from specgen.events import Step
 from specgen.server.sched.jobs import BatchReport
 
@@ -194,11 +195,14 @@ class Metrics:
         self.generated_tokens.inc(n_generated)
         self.draft_tokens.inc(sum(s.n_proposed for s in steps))
         self.accepted_tokens.inc(sum(s.n_accepted for s in steps))
-        for s in steps:
-            for i in range(min(s.n_proposed, MAX_POSITIONS)):
-                self.position_proposed.labels(position=str(i + 1)).inc()
-                if i < s.n_accepted:
-                    self.position_accepted.labels(position=str(i + 1)).inc()
+        rounds = [(s.n_proposed, s.n_accepted) for s in steps]
+        depth = min(max((m for m, _ in rounds), default=0), MAX_POSITIONS)
+        proposed = proposed_counts((m for m, _ in rounds), depth)
+        _, accepted = position_counts(rounds, depth)
+        for i in range(depth):
+            self.position_proposed.labels(position=str(i + 1)).inc(proposed[i])
+            if accepted[i]:  # a position's series appears with its first count
+                self.position_accepted.labels(position=str(i + 1)).inc(accepted[i])
         if ttft_s is not None and ttft_s > 0:
             self.ttft.observe(ttft_s)
         if wall_s is not None:

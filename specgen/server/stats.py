@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from specgen.acceptance_stats import acceptance_rate, prefix_acceptance
 from specgen.events import ACCEPTANCE_HOW, FinishReason, Stats, Step
 
 
@@ -149,15 +150,11 @@ def timings(steps: Sequence[Step], stats: Stats | None) -> Timings:
 def acceptance_by_position(steps: Sequence[Step]) -> tuple[float, ...]:
     """Entry i: of the steps that proposed at least i + 1 tokens, the share whose first
     i + 1 were accepted (acceptance is a prefix, so that is ``n_accepted >= i + 1``).
-    Non-increasing only when every step proposes the same number; () without proposals."""
-    depth = max((s.n_proposed for s in steps), default=0)
-    proposed = [0] * depth
-    accepted = [0] * depth
-    for s in steps:
-        for i in range(s.n_proposed):
-            proposed[i] += 1
-            accepted[i] += i < s.n_accepted
-    return tuple(round(a / p, 6) for a, p in zip(accepted, proposed, strict=True))
+    Non-increasing only when every step proposes the same number; () without proposals
+    (`specgen.acceptance_stats.prefix_acceptance`)."""
+    return tuple(
+        round(a, 6) for a in prefix_acceptance([(s.n_proposed, s.n_accepted) for s in steps])
+    )
 
 
 def speculative(
@@ -176,8 +173,8 @@ def speculative(
         num_accepted_draft_tokens=accepted,
         num_tested_draft_tokens=tested,
         mean_acceptance_length=round(1 + accepted / n_spec, 6) if n_spec else 0.0,
-        draft_acceptance_rate=round(_ratio(accepted, proposed), 6),
-        acceptance_rate=round(_ratio(accepted, tested), 6),
+        draft_acceptance_rate=round(acceptance_rate(accepted, proposed), 6),
+        acceptance_rate=round(acceptance_rate(accepted, tested), 6),
         acceptance_how=ACCEPTANCE_HOW,
         acceptance_by_position=acceptance_by_position(steps),
         k_per_step=tuple(s.k for s in steps),

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specgen import acceptance_stats
 from specgen.trace.read import Generation, TraceFile, TraceRound, read_trace
 
 
@@ -24,7 +25,7 @@ class PositionAcceptance:
 
     @property
     def rate(self) -> float:
-        return self.accepted / self.tested if self.tested else 0.0
+        return acceptance_stats.acceptance_rate(self.accepted, self.tested)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class TraceSummary:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+        return acceptance_stats.acceptance_rate(self.n_accepted, self.n_drafted)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (for `trace summarize --json`)."""
@@ -225,14 +226,18 @@ def by_source(rounds: list[TraceRound]) -> dict[str, tuple[int, int]]:
 
 def acceptance_by_position(rounds: list[TraceRound]) -> tuple[PositionAcceptance, ...]:
     """The table of acceptance at each block position i (1-based), over the tested
-    proposals (a position is reached only after all before it were accepted)."""
-    tested: Counter[int] = Counter()
-    accepted: Counter[int] = Counter()
-    for r in rounds:
-        for i, ok in enumerate(r.accepted):
-            tested[i + 1] += 1
-            accepted[i + 1] += ok
-    return tuple(PositionAcceptance(i, tested[i], accepted[i]) for i in sorted(tested))
+    proposals (a position is reached only after all before it were accepted), up to the
+    deepest position tested (`specgen.acceptance_stats.position_counts`; a round's
+    ``accepted`` holds its tested proposals)."""
+    depth = max((len(r.accepted) for r in rounds), default=0)
+    tested, accepted = acceptance_stats.position_counts(
+        ((len(r.accepted), r.n_accepted) for r in rounds), depth
+    )
+    return tuple(
+        PositionAcceptance(i + 1, t, a)
+        for i, (t, a) in enumerate(zip(tested, accepted, strict=True))
+        if t
+    )
 
 
 def rejected_tokens(rounds: list[TraceRound], top: int) -> tuple[RejectedToken, ...]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from specgen.acceptance_stats import acceptance_rate
 from specgen.engine import Drafter, Engine, EngineView, Logits
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams, warp
@@ -269,6 +270,6 @@ def check_sampling(
         seed=config.seed,
         alpha=config.alpha,
         passed=all(t.p_adjusted >= config.alpha for t in tests),
-        acceptance_rate=accepted / drafted if drafted else 0.0,
+        acceptance_rate=acceptance_rate(accepted, drafted),
         seconds=time.perf_counter() - t0,
     )
