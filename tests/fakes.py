@@ -7,6 +7,8 @@ real engine relies on (positions are contiguous, rollback only shrinks).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from specgen.engine import VocabInfo
@@ -166,6 +168,9 @@ class FakeBatchEngine:
         # each logits row computed: (sequence, the tokens it scores the next one after)
         self.row_contexts: list[tuple[int, tuple[int, ...]]] = []
         self.copies: list[tuple[int, int, int]] = []
+        # each `restore_state` as (seq, n_tokens); `no_room` makes restores fail
+        self.restores: list[tuple[int, int]] = []
+        self.no_room = False
         self._views = [FakeSeqView(self, i) for i in range(n_seq)]
 
     def sequence(self, seq: int) -> FakeSeqView:
@@ -247,8 +252,34 @@ class FakeSeqView:
         self.tokens = list(src.tokens[:n])
         self.engine.copies.append((src.seq, self.seq, n))
 
+    def save_state(self) -> FakeState:
+        """`SequenceView.save_state`: the cells are the tokens (8 bytes each)."""
+        return FakeState(tuple(self.tokens))
+
+    def restore_state(self, state: FakeState) -> None:
+        """`SequenceView.restore_state`; with `no_room` the sequence is left empty and
+        EngineError raised, as llama.cpp without contiguous free cells."""
+        from specgen.errors import EngineError
+
+        self.tokens = []
+        if self.engine.no_room:
+            raise EngineError("fake: no room in the cache to restore")
+        self.tokens = list(state.tokens)
+        self.engine.restores.append((self.seq, len(state.tokens)))
+
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class FakeState:
+    """A fake sequence's saved cells (`FakeSeqView.save_state`)."""
+
+    tokens: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * len(self.tokens)
 
 
 #: a small vocabulary for grammar tests: multi-letter pieces, so one string has several

@@ -413,6 +413,7 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["--slo-ttft", "0"], "--slo-ttft must be more than 0 milliseconds"),
         (["--slo-tpot", "-80"], "--slo-tpot must be more than 0 milliseconds"),
         (["--draft-max", "4", "--slo-tpot", "80"], "they need --draft-max auto"),
+        (["--cache-ram", "-2"], "--cache-ram must be at least -1"),
     ],
 )
 def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(

@@ -31,6 +31,7 @@ from specgen.hybrid import HybridDrafter, Rate
 from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams
 from specgen.server.sched.jobs import DoesNotFit, Failed, Job, QueueFull
+from specgen.server.sched.promptcache import PromptCache
 from specgen.server.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
@@ -911,3 +912,57 @@ def test_a_choice_whose_choice_0_is_gone_evaluates_the_prompt_itself():
     assert target.copies == []
     assert second.last.stats.n_prefill == len(prompt) - 1
     assert second.last.tokens == alone(prompt, configs[1]).tokens
+
+
+# -- the prompt cache (`specgen.server.sched.promptcache`) -------------------------------
+
+
+def scheduler_with_cache(limit=None):
+    sched, target, draft = make(n_parallel=1)
+    sched.prompt_cache = PromptCache(limit)
+    return sched, target, draft
+
+
+# prompts in the scheduler's six-token vocabulary
+PA = [1, 2, 3, 4, 5] * 8
+PB = [2, 2, 4] * 10
+
+
+def run(sched, prompt, n=6):
+    sink, _ = submit(sched, prompt, GenerateConfig(n, GREEDY))
+    sched.run_until_idle()
+    assert isinstance(sink.last, Done)
+    return sink.last
+
+
+def test_a_prompt_that_left_its_slot_is_restored_not_evaluated_again() -> None:
+    sched, target, draft = scheduler_with_cache()
+    first = run(sched, PA)
+    run(sched, PB)  # takes the one slot: A's cells (and its draft's) are saved first
+    assert len(sched.prompt_cache) == 1
+    entry, _ = sched.prompt_cache.best(PA)
+    assert entry is not None and entry.draft is not None
+    saved = list(entry.target.tokens)
+    assert saved[: len(PA)] == PA and len(saved) == len(PA) + 5  # A and 5 of its outputs
+    prompt = [*PA, 3, 4]
+    again = run(sched, prompt)
+    assert target.restores == [(0, len(saved))] and draft.restores
+    # only what the restored cells lack is evaluated
+    rest = len(prompt) - 1 - common_prefix(saved, prompt[:-1])
+    assert again.stats is not None and again.stats.n_prefill == rest < 2
+    assert again.tokens == alone([*PA, 3, 4], GenerateConfig(6, GREEDY)).tokens
+    assert first.tokens == alone(PA, GenerateConfig(6, GREEDY)).tokens
+
+
+def test_without_a_cache_or_with_no_room_the_prompt_is_evaluated_and_exact() -> None:
+    for room in (True, False):
+        sched, target, draft = scheduler_with_cache()
+        if not room:
+            target.no_room = True
+        else:
+            sched.prompt_cache = None
+        run(sched, PA)
+        run(sched, PB)
+        again = run(sched, PA)
+        assert again.stats is not None and again.stats.n_prefill == len(PA) - 1
+        assert again.tokens == alone(PA, GenerateConfig(6, GREEDY)).tokens

@@ -119,6 +119,31 @@ def test_a_bad_batch_is_refused_and_keeps_every_sequence(tiny_engines):
     assert multi.sequence(0).tokens == [5, 6] and not multi.sequence(1).tokens
 
 
+def test_a_saved_sequence_is_restored_bit_for_bit_into_another(tiny_engines):
+    # the server's prompt cache: cells copied out of sequence 1, the cache used by other
+    # sequences meanwhile, then written into sequence 3: its next row is the row the
+    # original cells gave, to the bit; rolled back to a prefix it goes on as a fresh one
+    multi, single = tiny_engines
+    for s in range(4):
+        multi.sequence(s).truncate(0)
+    rng = np.random.default_rng(1)
+    context = rng.integers(3, 270, size=40).tolist()
+    one, three = multi.sequence(1), multi.sequence(3)
+    one.decode(context)
+    state = one.save_state()
+    assert state.tokens == tuple(context) and state.nbytes > 0
+    ref = np.array(one.decode([9])).copy()
+    one.truncate(0)
+    multi.decode_batch([SeqDecode(0, [5] * 30, 0), SeqDecode(2, [6] * 50, 0)])
+    three.restore_state(state)
+    assert three.tokens == context
+    np.testing.assert_array_equal(np.array(three.decode([9])), ref)
+    three.truncate(25)
+    got = np.array(three.decode(context[25:] + [9]))
+    assert np.abs(got - rows_alone(single, context, [9])).max() < TOL
+    assert multi.sequence(2).tokens == [6] * 50  # the others' cells are untouched
+
+
 PROMPTS = [
     b"The three most important ideas in computer science are",
     b"def fibonacci(n):\n    ",
@@ -158,6 +183,37 @@ def test_four_greedy_requests_together_each_equal_the_request_alone(smol_pair):
         for p, a, b in zip(prompts, alone, together, strict=True):
             assert b.finish_reason == "length"
             assert_same_or_near_tie(single, p, a.tokens, b.tokens)
+
+
+def test_a_request_whose_prompt_left_its_slot_is_restored_and_unchanged(smol_pair):
+    # one slot, prompts A, B, A again: A's cells (target and draft) are saved when B takes
+    # the slot and restored for the second A, which evaluates nothing of its prompt and
+    # gives the first A's greedy output
+    from specgen.server.sched.promptcache import PromptCache
+
+    target_path, draft_path = smol_pair
+    config = GenerateConfig(max_tokens=16, params=GREEDY, ignore_eos=True)
+    cfg = EngineConfig(n_ctx=512, n_seq_max=1)
+    with LlamaEngine(target_path, cfg) as target, LlamaEngine(draft_path, cfg) as draft:
+        sched = Scheduler(
+            target,
+            ModelDrafter(draft, GREEDY, target.n_vocab),
+            n_parallel=1,
+            queue_max=4,
+            draft_max=4,
+            prompt_cache=PromptCache(None),
+        )
+        a, b = (target.tokenize(p) for p in PROMPTS[:2])
+        outs = []
+        for p in (a, b, a):
+            sink: list = []
+            sched.submit(Job("r", p, config), sink.append)
+            sched.run_until_idle()
+            outs.append(sink[-1])
+        assert sched.prompt_cache is not None and sched.prompt_cache.hits == 1
+        assert outs[0].stats.n_prefill == len(a) - 1 and outs[2].stats.n_prefill == 0
+    with LlamaEngine(target_path, EngineConfig(n_ctx=256)) as single:
+        assert_same_or_near_tie(single, a, outs[0].tokens, outs[2].tokens)
 
 
 @pytest.mark.parametrize(

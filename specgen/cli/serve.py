@@ -63,11 +63,13 @@ class ServerFlags:
     """What only `serve` has: where it listens, its slots and queue, who may use it, its
     -n default and chat template, its latency targets (--host, --port, -np, --queue,
     --alias, --api-key, --cors, -n, --chat-template, --verbose, --slo-ttft, --slo-tpot:
-    milliseconds, None = no target).
+    milliseconds, None = no target), its prompt cache (--cache-ram MiB: -1 = no limit,
+    0 = none).
 
     Raises:
         ConfigError: naming the flag: --port outside 0-65535, -np below 1, --queue below 0,
-            -n 0 or below -1, an empty --api-key, a latency target of 0 or less.
+            -n 0 or below -1, an empty --api-key, a latency target of 0 or less,
+            --cache-ram below -1.
     """
 
     host: str = "127.0.0.1"
@@ -82,6 +84,7 @@ class ServerFlags:
     verbose: bool = False
     slo_ttft: float | None = None
     slo_tpot: float | None = None
+    cache_ram: int = 8192
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cors", tuple(self.cors or ()))  # Typer: a list or None
@@ -98,6 +101,7 @@ class ServerFlags:
         for flag, ms in (("--slo-ttft", self.slo_ttft), ("--slo-tpot", self.slo_tpot)):
             if ms is not None and not ms > 0:
                 raise ConfigError(f"{flag} must be more than 0 milliseconds, got {ms:g}")
+        at_least("--cache-ram", self.cache_ram, -1)
 
 
 SERVER = Group(
@@ -145,6 +149,16 @@ SERVER = Group(
         help="Time-per-output-token target: no slot gets its tokens slower than this"
         " per token because others speculate (fewer draft depths). Needs --draft-max"
         " auto. Default: none.",
+    ),
+    cache_ram=opt(
+        int,
+        8192,
+        "--cache-ram",
+        "-cram",
+        metavar="MIB",
+        help="Host memory for the prompt cache: the cells of prompts that left their slot,"
+        " restored for a later request sharing their prefix instead of evaluated again"
+        " (as llama-server's; -1 = no limit, 0 = off).",
     ),
 )
 
@@ -198,6 +212,7 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
         server.chat_template,
         slo_ttft_s=None if server.slo_ttft is None else server.slo_ttft / 1e3,
         slo_tpot_s=None if server.slo_tpot is None else server.slo_tpot / 1e3,
+        cache_ram_mib=server.cache_ram,
     )
     warning = runner.open_warning(server.host, server.api_key)
     if warning is not None:

@@ -37,6 +37,8 @@ class ServeArgs:
         chat_template: --chat-template FILE instead of the GGUF's.
         slo_ttft_s, slo_tpot_s: --slo-ttft and --slo-tpot in seconds (None: no target):
             the batch controller's latency targets (`specgen.control.batch.BatchController`).
+        cache_ram_mib: --cache-ram, MiB of host memory for the prompt cache (-1: no limit,
+            0: none; `specgen.server.sched.promptcache`).
     """
 
     model: ModelFlags
@@ -47,6 +49,7 @@ class ServeArgs:
     chat_template: Path | None = None
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+    cache_ram_mib: int = 8192
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -112,6 +115,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     # start-up time: the scheduler and the chat module load numpy
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
+    from specgen.server.sched.promptcache import PromptCache
     from specgen.server.sched.scheduler import Scheduler
     from specgen.server.tools import TemplateTools
 
@@ -128,6 +132,11 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         deliver=deliver,
         slo_ttft_s=a.slo_ttft_s,
         slo_tpot_s=a.slo_tpot_s,
+        prompt_cache=(
+            PromptCache(None if a.cache_ram_mib < 0 else a.cache_ram_mib << 20)
+            if a.cache_ram_mib != 0
+            else None
+        ),
     )
     card = model_card(opened, template.to_dict() if template is not None else None, a)
     card["n_ctx_slot"] = scheduler.n_ctx_slot

@@ -59,8 +59,8 @@ class Metrics:
         self.prompt_evaluated = Counter(
             "specgen_prompt_evaluated_tokens",
             "Prompt tokens the target evaluated for ended requests (all but the last token"
-            " of each prompt not already in its slot: a request with n choices evaluates"
-            " its prompt once).",
+            " of each prompt not already in its slot or restored from the prompt cache: a"
+            " request with n choices evaluates its prompt once).",
             registry=r,
         )
         self.draft_tokens = Counter(

@@ -39,6 +39,7 @@ from specgen.server.sched.jobs import (
     Ticket,
     deliver_each,
 )
+from specgen.server.sched.promptcache import PromptCache, StateView
 from specgen.server.sched.slot import Slot, Slots, batched
 from specgen.server.sched.step import Stepper
 
@@ -65,6 +66,10 @@ class Scheduler:
         clock: seconds; tests replace it.
         slo_ttft_s, slo_tpot_s: the default controller's latency targets (--slo-ttft,
             --slo-tpot, seconds; None: none).
+        prompt_cache: the cells of prompts that left their slot, restored for a request
+            sharing a longer prefix than any free slot holds (--cache-ram;
+            `specgen.server.sched.promptcache`); None: none. Needs sequences with
+            `save_state` (`SequenceView`).
 
     Raises:
         ValueError: the target has fewer sequences than n_parallel, or a drafter that
@@ -86,6 +91,7 @@ class Scheduler:
         clock: Clock = time.perf_counter,
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         if target.n_seq < n_parallel:
             raise ValueError(f"the target holds {target.n_seq} sequences, not {n_parallel}")
@@ -107,6 +113,7 @@ class Scheduler:
         self._outbox: list[tuple[Ticket, JobEvent]] = []  # this step's events (worker only)
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
+        self.prompt_cache = prompt_cache
         # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row n
         # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
         # target's rows only (host time is in the step's measured costs)
@@ -383,7 +390,27 @@ class Scheduler:
                 free,
                 key=lambda s: (common_prefix(s.target.tokens, prompt[:-1]), -len(s.target.tokens)),
             )
+            self._reuse(slot, prompt[:-1])
             self.slots.place(slot, ticket)
+
+    def _reuse(self, slot: Slot, prefix: list[int]) -> None:
+        """Before `slot` takes a request whose prompt (but its last token) is `prefix`:
+        save the cells it would drop to the prompt cache, and give it a saved entry's
+        cells where those share more of `prefix` (`specgen.server.sched.promptcache`)."""
+        cache = self.prompt_cache
+        if cache is None:
+            return
+        target: StateView = slot.target  # type: ignore[assignment]  # a SequenceView
+        draft: StateView | None = slot.draft  # type: ignore[assignment]
+        keep = common_prefix(slot.target.tokens, prefix)
+        try:
+            if len(slot.target.tokens) > keep:
+                cache.save(target, draft)
+            entry, n = cache.best(prefix)
+            if entry is not None and n > keep:
+                cache.restore(entry, target, draft)
+        except EngineError:  # no room to restore: that sequence is empty, and evaluated
+            pass
 
     def _source_of(self, job: Job) -> Slot | None | Literal[False]:
         """For a job sharing another's prompt cells: the slot holding that job once its
