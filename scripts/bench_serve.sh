@@ -22,11 +22,17 @@
 #
 #   scripts/bench_serve.sh [OUT_DIR]        (default: bench-serve)
 #
+# With REPEAT=N the whole sweep runs N times over the same loaded servers (the
+# alternations; seed 1..N), each into all-I.json, and the summary gives each figure's
+# median over them (`median_of_runs`); SERVERS (comma-separated labels) starts only
+# those of the five.
+#
 # Environment: CONC (levels, default 1,2,4,8), TEMPS (default 0,0.8), N (tokens per request,
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,
 # specgen serve --parallel; default 4), CTX (context per slot, default 2048), THREADS
 # (default 2), K (the second --spec-draft-n-max, the K specgen's controller settles on;
 # default 8), SLO_TTFT, SLO_TPOT (the SLO goodput bounds in ms, default 500 and 80),
+# REPEAT (alternations, default 1), SERVERS (labels to start, default all five),
 # SPECGEN (the command, default specgen), PYTHON (for the build's pip, default
 # python3), JOBS (build jobs, default nproc), SERVE_BUILD_DIR (default .serve-build).
 #
@@ -47,6 +53,8 @@ THREADS=${THREADS:-2}
 K=${K:-8}
 SLO_TTFT=${SLO_TTFT:-500}
 SLO_TPOT=${SLO_TPOT:-80}
+REPEAT=${REPEAT:-1}
+SERVERS=${SERVERS:-llama-draft3,llama-draft$K,llama-nodraft,specgen,specgen-nodraft}
 SPECGEN=${SPECGEN:-specgen}
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
@@ -66,27 +74,47 @@ machine_info "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PR
 LLAMA=("$LLAMA_SERVER" -m "$TARGET" -np "$NP" -c $((NP * CTX)) -t "$THREADS" -ngl 0
   --host 127.0.0.1 --no-webui)
 SERVE=("$SPECGEN" serve --parallel "$NP" -c "$CTX" -t "$THREADS")
+wanted() { [[ ",$SERVERS," == *",$1,"* ]]; }
 # --spec-type draft-simple: without it this llama.cpp loads the draft and never uses it
-start llama-draft3 "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
-  --spec-draft-n-max 3
-start "llama-draft$K" "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
-  --spec-draft-n-max "$K"
-start llama-nodraft "${LLAMA[@]}"
-start specgen "${SERVE[@]}"
-start specgen-nodraft "${SERVE[@]}" --draft none
+LABELS=()
+if wanted llama-draft3; then
+  start llama-draft3 "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
+    --spec-draft-n-max 3
+  LABELS+=(llama-draft3)
+fi
+if wanted "llama-draft$K"; then
+  start "llama-draft$K" "${LLAMA[@]}" -md "$DRAFT" -ngld 0 --spec-type draft-simple \
+    --spec-draft-n-max "$K"
+  LABELS+=("llama-draft$K")
+fi
+if wanted llama-nodraft; then start llama-nodraft "${LLAMA[@]}"; LABELS+=(llama-nodraft); fi
+if wanted specgen; then start specgen "${SERVE[@]}"; LABELS+=(specgen); fi
+if wanted specgen-nodraft; then
+  start specgen-nodraft "${SERVE[@]}" --draft none
+  LABELS+=(specgen-nodraft)
+fi
 
-echo "== measuring (servers alternating level by level)"
-"$SPECGEN" bench "${URLS[@]}" --concurrency "$CONC" --temp "$TEMPS" -n "$N" \
-  --num-prompts "$NUM_PROMPTS" --warmup 2 --slo "ttft=$SLO_TTFT,tpot=$SLO_TPOT" \
-  --json "$OUT/all.json" --markdown "$OUT/all.md"
+JSONS=()
+for i in $(seq 1 "$REPEAT"); do
+  echo "== measuring, alternation $i of $REPEAT (servers alternating level by level)"
+  "$SPECGEN" bench "${URLS[@]}" --concurrency "$CONC" --temp "$TEMPS" -n "$N" \
+    --num-prompts "$NUM_PROMPTS" --warmup 2 --slo "ttft=$SLO_TTFT,tpot=$SLO_TPOT" \
+    --seed "$i" --json "$OUT/all-$i.json" --markdown "$OUT/all-$i.md"
+  JSONS+=("$OUT/all-$i.json")
+done
 stop_servers
 
-# -- all five side by side ------------------------------------------------------------------
-"$PY" - "$OUT/all.json" "llama-draft3" "llama-draft$K" "llama-nodraft" "specgen" "specgen-nodraft" \
-  <<'PY' | tee "$OUT/summary.md"
+# -- the servers side by side (medians over the alternations) ---------------------------------
+"$PY" - "${#JSONS[@]}" "${JSONS[@]}" "${LABELS[@]}" <<'PY' | tee "$OUT/summary.md"
 import json, sys
-from specgen.bench.load.report import serve_summary_markdown
-with open(sys.argv[1], encoding="utf-8") as f:
-    print(serve_summary_markdown(json.load(f), sys.argv[2:]), end="")
+from specgen.bench.load.report import median_of_runs, serve_summary_markdown
+n = int(sys.argv[1])
+docs = []
+for path in sys.argv[2 : 2 + n]:
+    with open(path, encoding="utf-8") as f:
+        docs.append(json.load(f))
+if n > 1:
+    print(f"Medians over {n} alternations (each figure's median; counts summed).\n")
+print(serve_summary_markdown(median_of_runs(docs), sys.argv[2 + n :]), end="")
 PY
-echo "== wrote $OUT/summary.md, $OUT/all.json and $OUT/all.md"
+echo "== wrote $OUT/summary.md and $OUT/all-*.json, $OUT/all-*.md"

@@ -370,3 +370,40 @@ def test_bench_serve_summary_has_the_tails_and_slo_goodput() -> None:
     for r in doc["runs"]:
         r["summary"]["slo_goodput"] = None
     assert "no --slo" in load_report.serve_summary_markdown(doc, labels)
+
+
+def test_the_median_of_alternations_takes_each_figure_s_median_and_sums_the_counts() -> None:
+    """`median_of_runs` (scripts/bench_serve.sh with REPEAT > 1): per (level, server) the
+    median of three documents' figures, the counts summed; a server in only one document
+    keeps its own figures."""
+
+    def doc(tput: float, ttft99: float, extra: bool = False) -> dict:
+        def run(label: str, k: float) -> dict:
+            return {
+                "label": label,
+                "level": {"temp": 0.0, "name": "2 streams"},
+                "client_cpu_percent": k,
+                "summary": {
+                    "output_throughput": tput * k, "request_throughput": 1.0,
+                    "slo_goodput": None, "n_requests": 8, "n_completed": 8,
+                    "ttft": {"p50": 100.0, "p99": ttft99}, "tpot": {"p50": 40.0, "p99": 50.0},
+                },
+            }  # fmt: skip
+
+        runs = [run("specgen", 1.0), run("llama-nodraft", 2.0)]
+        return {
+            "format": 1,
+            "record": {"settings": {}},
+            "runs": runs + ([run("x", 3.0)] if extra else []),
+        }
+
+    merged = load_report.median_of_runs([doc(10, 300), doc(30, 100, extra=True), doc(20, 900)])
+    by = {r["label"]: r for r in merged["runs"]}
+    s = by["specgen"]["summary"]
+    assert s["output_throughput"] == 20 and s["ttft"]["p99"] == 300 and s["ttft"]["p50"] == 100
+    assert s["n_requests"] == 24 and s["slo_goodput"] is None
+    assert by["llama-nodraft"]["summary"]["output_throughput"] == 40
+    assert by["x"]["summary"]["output_throughput"] == 90 and by["x"]["summary"]["n_requests"] == 8
+    assert by["llama-nodraft"]["client_cpu_percent"] == 2.0
+    with pytest.raises(ValueError, match="no documents"):
+        load_report.median_of_runs([])

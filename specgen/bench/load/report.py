@@ -349,6 +349,62 @@ def compare_with(result: LoadResult, path: Path, old: dict[str, Any]) -> LoadCom
 # -- scripts/bench_serve.sh's summary ------------------------------------------------------------
 
 
+#: the summary figures `median_of_runs` takes the median of: (key, sub-key or None)
+_MEDIAN_FIELDS = (
+    ("output_throughput", None),
+    ("request_throughput", None),
+    ("slo_goodput", None),
+    ("ttft", "p50"),
+    ("ttft", "p99"),
+    ("tpot", "p50"),
+    ("tpot", "p99"),
+)
+
+
+def median_of_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several `--json` documents of the same servers and levels (the alternations of
+    `scripts/bench_serve.sh`, REPEAT > 1) as one: each (level, server)'s summary figures
+    are the medians over the documents that have it (throughputs, SLO goodput, TTFT p50 /
+    p99, TPOT p50 / p99), its request counts the sums; the first document's record, and
+    the highest load-client CPU. A figure missing in every document stays None.
+
+    Raises:
+        ValueError: no documents.
+    """
+    if not docs:
+        raise ValueError("no documents to take the median of")
+    groups: dict[tuple[float, str, str], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for r in doc["runs"]:
+            groups.setdefault((r["level"]["temp"], r["level"]["name"], r["label"]), []).append(r)
+    runs = []
+    for rs in groups.values():
+        summary = json.loads(json.dumps(rs[0]["summary"]))  # a deep copy
+        for key, sub in _MEDIAN_FIELDS:
+            vals = [
+                (r["summary"].get(key) if sub is None else (r["summary"].get(key) or {}).get(sub))
+                for r in rs
+            ]
+            got = [v for v in vals if v is not None]
+            med = statistics.median(got) if got else None
+            if sub is None:
+                summary[key] = med
+            elif summary.get(key) is not None:
+                summary[key][sub] = med
+        for key in ("n_requests", "n_completed"):
+            summary[key] = sum(r["summary"][key] for r in rs)
+        cpus = [r["client_cpu_percent"] for r in rs if r.get("client_cpu_percent") is not None]
+        runs.append(
+            {
+                "label": rs[0]["label"],
+                "level": rs[0]["level"],
+                "summary": summary,
+                "client_cpu_percent": max(cpus) if cpus else None,
+            }
+        )
+    return {"format": docs[0].get("format"), "record": docs[0].get("record"), "runs": runs}
+
+
 def serve_summary_markdown(doc: dict[str, Any], labels: list[str]) -> str:
     """The side-by-side summary of `scripts/bench_serve.sh` from a `--json` file's contents.
 
