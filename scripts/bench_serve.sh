@@ -13,6 +13,7 @@
 #   llama-server without a draft                                       label llama-nodraft
 #   specgen serve (the draft, --draft-max auto)                        label specgen
 #   specgen serve --draft none                                         label specgen-nodraft
+#   specgen serve $ALT_ARGS (only when SERVERS names it)               label specgen-alt
 #
 # then two tables of all five side by side (summary.md, `serve_summary_markdown` in
 # specgen/bench/load/report.py): output tokens/s with specgen's ratio against the better
@@ -25,7 +26,8 @@
 # With REPEAT=N the whole sweep runs N times over the same loaded servers (the
 # alternations; seed 1..N), each into all-I.json, and the summary gives each figure's
 # median over them (`median_of_runs`); SERVERS (comma-separated labels) starts only
-# those of the five.
+# those of the five, or adds specgen-alt: specgen serve with ALT_ARGS too (an A/B of one
+# setting in the same alternations, e.g. ALT_ARGS=--no-fair), in the tables' columns.
 #
 # Environment: CONC (levels, default 1,2,4,8), TEMPS (default 0,0.8), N (tokens per request,
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,
@@ -92,6 +94,11 @@ if wanted specgen; then start specgen "${SERVE[@]}"; LABELS+=(specgen); fi
 if wanted specgen-nodraft; then
   start specgen-nodraft "${SERVE[@]}" --draft none
   LABELS+=(specgen-nodraft)
+fi
+if wanted specgen-alt; then
+  # shellcheck disable=SC2206  # ALT_ARGS: flags, split on spaces on purpose
+  start specgen-alt "${SERVE[@]}" ${ALT_ARGS:?specgen-alt needs ALT_ARGS}
+  LABELS+=(specgen-alt)
 fi
 
 JSONS=()
