@@ -1,7 +1,8 @@
 """`generate`: the driver of one single-stream `Stream` (a `specgen.round.Sequence` with
 the single stream's start-up: prefill, baseline, rounds, Done), yielding typed events. The
-stages live in `specgen.stages`, the round in `specgen.round`; their names are re-exported
-here for the callers that drive a generation."""
+stages live in `specgen.stages`, the round in `specgen.round`, the settings in
+`specgen.genconfig`; their names are re-exported here for the callers that drive a
+generation."""
 
 from __future__ import annotations
 
@@ -11,17 +12,10 @@ from collections.abc import Generator
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter, Engine, under
 from specgen.events import Done, Prefilled, Step
+from specgen.genconfig import VERIFY_RULES, GenerateConfig, VerifyRule
 from specgen.hybrid import HybridDrafter
 from specgen.round import Clock, Sequence
-from specgen.stages import (
-    VERIFY_RULES,
-    FixedK,
-    GenerateConfig,
-    KPolicy,
-    VerifyRule,
-    check_prompt,
-    prefill,
-)
+from specgen.stages import FixedK, KPolicy, check_prompt, prefill
 
 __all__ = [
     "VERIFY_RULES",

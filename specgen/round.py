@@ -31,12 +31,12 @@ from specgen.drafters import attach_grammar
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
+from specgen.genconfig import GenerateConfig
 from specgen.logprobs import token_logprobs
 from specgen.measure import Baseline
 from specgen.proposal import Proposal, forced_rows
 from specgen.stages import (
     FixedK,
-    GenerateConfig,
     KPolicy,
     check_prompt,
     draft_block,

@@ -84,6 +84,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
         "engine",
         "events",
         "flags",
+        "genconfig",  # a generation's settings, built from the flags
         "compat",
         "grammarspec",  # what a grammar is before compilation (no llguidance)
     ),

@@ -221,7 +221,7 @@ def bench_command(
 
 def _settings(bench, sampling: SamplingFlags, b: BenchFlags, lookup: str | None):
     # start-up time: the grammar's spec loads llguidance only when a grammar flag is given
-    from specgen.stages import grammar_spec
+    from specgen.genconfig import grammar_spec
 
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(b.draft_max),

@@ -159,7 +159,7 @@ def verify_command(
 
 
 def _config(sampling: SamplingFlags, v: VerifyFlags):
-    from specgen.stages import grammar_spec  # start-up time: llguidance, when a grammar is given
+    from specgen.genconfig import grammar_spec  # start-up time: llguidance, when a grammar is given
     from specgen.verify.config import VerifyConfig  # start-up time: verify loads numpy
 
     extra: dict[str, Any] = {}

@@ -1,0 +1,122 @@
+"""The settings of one generation (`GenerateConfig`), built the one way from what was asked
+(`GenerateConfig.of`): the CLI's flags, the Python API's keyword arguments, a server
+request and each bench configuration all come here through a `SamplingFlags`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from specgen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.flags import SamplingFlags
+    from specgen.grammarspec import GrammarSpec
+
+VerifyRule = Literal["token", "block"]
+VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Settings of one generation.
+
+    Attributes:
+        max_tokens: `-n`, tokens to emit at most.
+        params: sampling settings for both p and q.
+        stop: stop strings (cut exactly).
+        ignore_eos: do not stop at end-of-generation tokens.
+        seed: seeds both random streams (draft sampling, acceptance); None = random.
+        measure_ordinary: single-token target passes timed after the prompt to measure the
+            ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
+            policy (not FixedK) and a model drafter, as many draft passes are timed too.
+        trace: attach a `RoundTrace` to every Step (`--trace`).
+        reuse_cache: keep the target's cached common prefix with the prompt (a chat's
+            earlier turns) instead of evaluating the whole prompt again. Off by default so
+            that measurements (bench, verify) always pay a full prefill.
+        verify_rule: `--verify`: "token" (token-wise rejection, Leviathan et al.) or
+            "block" (block verification, Sun et al. 2025); both are exact.
+        grammar: what the output must match (`--grammar`, `--json-schema`, a request's
+            response_format...), or None. Its mask applies to the target's rows and the
+            draft's alike, before the warpers (`specgen.grammar`); generation ends with
+            finish "stop" when the grammar is complete.
+        logprobs: `--logprobs N`: each emitted token's `Span.logprob` with the N most
+            likely alternatives (0..20, `specgen.logprobs`); None (the default) computes
+            nothing. While it is None a proposer may skip target rows it does not need
+            (`wants_logprobs`): with it set every emitted token needs its row.
+    """
+
+    max_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    measure_ordinary: int = 0
+    trace: bool = False
+    reuse_cache: bool = False
+    verify_rule: VerifyRule = "token"
+    grammar: GrammarSpec | None = None
+    logprobs: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        sampling: SamplingFlags,
+        seed: int | None,
+        *,
+        grammar: GrammarSpec | None = None,
+        measure_ordinary: int = 0,
+        trace: bool = False,
+        reuse_cache: bool = False,
+    ) -> GenerateConfig:
+        """The one way from what was asked to a generation's settings: every door builds a
+        `SamplingFlags` (the CLI from its flags, the Python API from keyword arguments,
+        the server from a request over its start flags, bench per configuration) and
+        comes here. A new sampling setting is a `SamplingFlags` field mapped here.
+
+        Args:
+            sampling: the settings asked for (validated when built).
+            seed: the seed to use (`specgen.flags.seed_or_random` of ``sampling.seed``),
+                or None for a fresh one.
+            grammar: what the output must match when it does not come from `sampling`'s
+                grammar flags (a request's ``response_format``); None = theirs.
+            measure_ordinary, trace, reuse_cache: how this generation runs (see above).
+
+        Raises:
+            ConfigError: --top-p or --min-p, a penalty or a bias out of range
+                (`SamplingFlags.params`), a grammar file that cannot be read.
+        """
+        return cls(
+            max_tokens=sampling.max_tokens,
+            params=sampling.params(),
+            stop=sampling.stop,
+            ignore_eos=sampling.ignore_eos,
+            seed=seed,
+            measure_ordinary=measure_ordinary,
+            trace=trace,
+            reuse_cache=reuse_cache,
+            verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+            grammar=grammar if grammar is not None else grammar_spec(sampling),
+            logprobs=sampling.logprobs,
+        )
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether emitted tokens carry their log-probabilities (every one needs its row)."""
+        return self.logprobs is not None
+
+
+def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
+    """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or
+    --json-schema-file (`specgen.grammarspec.spec_of`), or None.
+
+    Raises:
+        ConfigError: a file that cannot be read; GrammarError: a schema that is not JSON.
+    """
+    s = sampling
+    given = (s.grammar, s.grammar_file, s.json_schema, s.json_schema_file)
+    if all(v is None for v in given):
+        return None  # llguidance is not even loaded
+    from specgen.grammarspec import spec_of
+
+    return spec_of(*given)
