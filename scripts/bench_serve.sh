@@ -74,7 +74,7 @@ machine_info "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PR
 # llama-server on the pair with the same slots, context and threads: -c is the whole cache,
 # split between the -np slots, so NP x CTX gives each slot CTX
 LLAMA=("$LLAMA_SERVER" -m "$TARGET" -np "$NP" -c $((NP * CTX)) -t "$THREADS" -ngl 0
-  --host 127.0.0.1 --no-webui)
+  --host 127.0.0.1 --no-webui "${LLAMA_REPACK[@]}")
 SERVE=("$SPECGEN" serve --parallel "$NP" -c "$CTX" -t "$THREADS")
 wanted() { [[ ",$SERVERS," == *",$1,"* ]]; }
 # --spec-type draft-simple: without it this llama.cpp loads the draft and never uses it

@@ -61,7 +61,7 @@ machine_info "slots $NP, context $CTX per slot, threads $THREADS, -n $N, K $K," 
 "$PY" "$HERE/bench_structured.py" prompts "$OUT"
 
 LLAMA=("$LLAMA_SERVER" -m "$TARGET" -np "$NP" -c $((NP * CTX)) -t "$THREADS" -ngl 0
-  --host 127.0.0.1 --no-webui)
+  --host 127.0.0.1 --no-webui "${LLAMA_REPACK[@]}")
 SERVE=("$SPECGEN" serve --parallel "$NP" -c "$CTX" -t "$THREADS")
 start llama-nodraft "${LLAMA[@]}"
 # --spec-type draft-simple: without it this llama.cpp loads the draft and never uses it

@@ -4,7 +4,8 @@
 # started on ports of their own, each loaded before the next, all stopped on exit.
 #
 # Reads: ROOT, OUT, SPECGEN, PYTHON (for the build's pip), JOBS, NICE, SERVE_BUILD_DIR.
-# Defines: LLAMA_SERVER, PY, TARGET, DRAFT, URLS (--url/--label pairs of the servers
+# Defines: LLAMA_SERVER, PY, TARGET, DRAFT, LLAMA_REPACK (llama-server's flags for what
+# specgen does with llama.cpp's weight repacking), URLS (--url/--label pairs of the servers
 # started, in order), and the functions below.
 
 VERSION=0.3.36
@@ -41,6 +42,14 @@ demo_pair() { # PY (the Python that runs specgen), TARGET, DRAFT (built in SPECG
   { read -r TARGET; read -r DRAFT; } < <("$PY" -c '
 from specgen.models.demo import ensure_demo_pair
 print(*ensure_demo_pair(), sep="\n")')
+  # on a CPU with AMX specgen loads without llama.cpp's extra buffers (their AMX kernels
+  # crash: specgen.llamacpp.loading.extra_buffers_safe); llama-server must do the same,
+  # or it crashes too and the two would not run the same kernels
+  LLAMA_REPACK=()
+  if ! "$PY" -c 'import sys; from specgen.llamacpp.loading import extra_buffers_safe
+sys.exit(0 if extra_buffers_safe() else 1)'; then
+    LLAMA_REPACK=(--no-repack)
+  fi
 }
 
 machine_info() { # the machine, the versions, the pair; extra lines from the arguments
@@ -54,6 +63,7 @@ machine_info() { # the machine, the versions, the pair; extra lines from the arg
   echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
   echo "target: $TARGET"
   echo "draft: $DRAFT"
+  echo "llama.cpp weight repacking: ${LLAMA_REPACK[*]:-on} (off on a CPU with AMX)"
   for line in "$@"; do echo "$line"; done
 }
 

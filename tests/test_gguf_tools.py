@@ -4,6 +4,7 @@ with gguf and llama.cpp."""
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import gguf
 import numpy as np
@@ -40,11 +41,24 @@ def test_open_reader_parses_what_gguf_reader_parses(tiny_target: Path) -> None:
 
 
 def _llama(path: Path, **kwargs: object):
+    """llama-cpp-python's own high-level `Llama`, loaded as specgen loads models: without
+    llama.cpp's extra buffers on a CPU with AMX (`extra_buffers_safe`: its kernels crash)."""
     import llama_cpp
+    import llama_cpp.llama_cpp as low
 
-    return llama_cpp.Llama(
-        model_path=str(path), verbose=False, n_ctx=64, n_batch=16, seed=0, **kwargs
-    )
+    from specgen.llamacpp.loading import extra_buffers_safe
+
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = extra_buffers_safe()
+        return p
+
+    with mock.patch.object(low, "llama_model_default_params", params):
+        return llama_cpp.Llama(
+            model_path=str(path), verbose=False, n_ctx=64, n_batch=16, seed=0, **kwargs
+        )
 
 
 def _no_temp_files(directory: Path) -> bool:

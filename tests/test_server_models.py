@@ -73,6 +73,11 @@ def test_chat_and_completions_with_consistent_statistics(server: Server, smol_pa
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole["choices"][0]["text"]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+    # OpenAI's cached_tokens is llama-server's cache_n; the same prompt again reuses all of
+    # its cells but the last token's (evaluated for the first token's logits)
+    assert whole["usage"]["prompt_tokens_details"]["cached_tokens"] == whole["timings"]["cache_n"]
+    again = chunks[-1].usage.prompt_tokens_details
+    assert again is not None and again.cached_tokens == chunks[-1].usage.prompt_tokens - 1
 
     (model,) = client.models.list().data
     assert model.id == server.model_id == smol_pair[0].name

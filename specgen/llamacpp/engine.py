@@ -22,7 +22,12 @@ from specgen.engine import Logits, SeqDecode, VocabInfo
 from specgen.errors import EngineError, ModelLoadError
 from specgen.fileio import check_model_path
 from specgen.llamacpp.devices import offload_devices
-from specgen.llamacpp.loading import EngineConfig, default_threads, load_failure
+from specgen.llamacpp.loading import (
+    EngineConfig,
+    default_threads,
+    extra_buffers_safe,
+    load_failure,
+)
 from specgen.llamacpp.sequence import SequenceView
 from specgen.llamacpp.signals import (
     _ABORTABLE_TOKENS,
@@ -69,6 +74,7 @@ class LlamaEngine(VocabularyMixin):
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
         mparams.progress_callback = _PROGRESS_CALLBACK_REF
+        mparams.use_extra_bufts = extra_buffers_safe()
         _recent_log.clear()  # what llama.cpp logs from here explains a failure
         devices, self.devices = offload_devices(config.n_gpu_layers, config.local_only)
         if devices is not None:  # read during the load only

@@ -4,6 +4,7 @@ error for a NULL from `llama_model_load_from_file`, read from what llama.cpp log
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,28 @@ from pathlib import Path
 from specgen.errors import ModelLoadFailure
 from specgen.llamacpp.signals import _last_error, _recent_log
 
-__all__ = ["EngineConfig", "default_threads", "load_failure"]
+__all__ = ["EngineConfig", "default_threads", "extra_buffers_safe", "load_failure"]
 
 # Lines llama.cpp logs when a file ends before its header says it should.
 _TRUNCATION_SIGNS = ("not within the file bounds", "remaining file size", "failed to read")
+
+
+@functools.cache
+def extra_buffers_safe() -> bool:
+    """Whether llama.cpp may repack weights into its CPU "extra" buffer types
+    (`llama_model_params.use_extra_bufts`, llama-server's ``--no-repack`` when False).
+
+    False on a CPU with AMX (Intel Sapphire Rapids and later: ``AMX_INT8 = 1`` in
+    `llama_print_system_info`): there the AMX buffer type takes the quantized weights, and
+    llama.cpp 0.3.36's `ggml_backend_amx_mul_mat` crashes the process (SIGSEGV) on the first
+    decode of any quantized model (seen here on the demo pair and SmolLM2's Q4_1;
+    llama.cpp issue 20824, closed without a fix). Without the extra buffers the weights
+    stay in the CPU buffer and its ordinary kernels run them, as on every other CPU
+    (which keeps the repack: it is only faster)."""
+    import llama_cpp  # start-up time: loaded only with a model
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return "AMX_INT8 = 1" not in info
 
 
 def load_failure(path: Path) -> ModelLoadFailure:

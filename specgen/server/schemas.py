@@ -268,10 +268,15 @@ class ErrorBody(BaseModel):
     error: ErrorInfo
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens not evaluated again (llama-server's cache_n)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class AssistantMessage(BaseModel):

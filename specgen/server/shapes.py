@@ -26,6 +26,7 @@ from specgen.server.schemas import (
     ChunkChoice,
     Completion,
     ErrorInfo,
+    PromptTokensDetails,
     TextChoice,
     Usage,
     _Generation,
@@ -265,6 +266,11 @@ class Outcome:
         return cls(done.text, done.finish_reason, done.stats, error, done.tokens)
 
 
+def _cached(outcome: Outcome) -> PromptTokensDetails:
+    """OpenAI's ``usage.prompt_tokens_details``: the prompt tokens found cached."""
+    return PromptTokensDetails(cached_tokens=request_stats.cached_tokens(outcome.stats))
+
+
 def _entry(lp: TokenLogprob) -> dict[str, Any]:
     return {"token": lp.text, "logprob": lp.logprob, "bytes": list(lp.piece)}
 
@@ -328,7 +334,10 @@ class Shape:
         s = outcome.stats
         n = s.n_generated if s is not None else sum(len(x.spans) for x in steps)
         return Usage(
-            prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n
+            prompt_tokens=self.n_prompt,
+            completion_tokens=n,
+            total_tokens=self.n_prompt + n,
+            prompt_tokens_details=_cached(outcome),
         )
 
     def _meta(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
@@ -379,7 +388,11 @@ class Shape:
     def _usage_n(self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]) -> Usage:
         n = sum(self._usage(st, o).completion_tokens for st, o in zip(steps, outcomes, strict=True))
         return Usage(
-            prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n
+            prompt_tokens=self.n_prompt,
+            completion_tokens=n,
+            total_tokens=self.n_prompt + n,
+            # the choices share one prefill: the first one's (`Scheduler`'s n > 1 jobs)
+            prompt_tokens_details=_cached(outcomes[0]) if outcomes else None,
         )
 
     def parsed(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:

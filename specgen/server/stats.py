@@ -116,6 +116,16 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 3)
 
 
+def cached_tokens(stats: Stats | None) -> int:
+    """Prompt tokens a request found in its slot's cache or the prompt cache (not
+    evaluated again): llama-server's ``timings.cache_n``, OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``. The prompt's last token is always
+    evaluated (its logits give the first token); 0 for a request that never finished."""
+    if stats is None or not stats.n_prompt:
+        return 0
+    return stats.n_prompt - min(stats.n_prompt, stats.n_prefill + 1)
+
+
 def timings(steps: Sequence[Step], stats: Stats | None) -> Timings:
     """llama-server's ``timings`` for a request.
 
@@ -128,12 +138,12 @@ def timings(steps: Sequence[Step], stats: Stats | None) -> Timings:
         `Timings`; rates are 0 when their time is 0.
     """
     n_prompt = stats.n_prompt if stats else 0
-    prompt_n = min(n_prompt, stats.n_prefill + 1) if stats and n_prompt else 0
+    prompt_n = n_prompt - cached_tokens(stats)
     prompt_s = stats.prefill_s if stats else 0.0
     predicted_n = sum(len(s.spans) for s in steps) if stats is None else stats.n_generated
     predicted_s = stats.decode_s if stats else sum(s.round_s for s in steps)
     return Timings(
-        cache_n=n_prompt - prompt_n,
+        cache_n=cached_tokens(stats),
         prompt_n=prompt_n,
         prompt_ms=_ms(prompt_s),
         prompt_per_token_ms=_ms(_ratio(prompt_s, prompt_n)),
