@@ -123,9 +123,7 @@ def test_no_arrival_means_no_cut():
 
 def costly_controller(**kw: float) -> BatchController:
     """A controller whose costs are known: target 20 ms + 5 ms a row, draft 2 ms + 1 ms a
-    slot per depth (a token without a row 1 ms), no probes; without the fairness rule
-    unless asked (tests/test_fairness.py), so that each rule here is seen alone."""
-    kw.setdefault("fair", False)
+    slot per depth (a token without a row 1 ms), no probes."""
     return BatchController(
         k_max=8,
         target_prior=Line(0.020, 0.005),

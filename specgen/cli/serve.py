@@ -63,8 +63,8 @@ class ServerFlags:
     """What only `serve` has: where it listens, its slots and queue, who may use it, its
     -n default and chat template, its latency targets (--host, --port, -np, --queue,
     --alias, --api-key, --cors, -n, --chat-template, --verbose, --slo-ttft, --slo-tpot:
-    milliseconds, None = no target; --fair), its prompt cache (--cache-ram MiB: -1 = no
-    limit, 0 = none).
+    milliseconds, None = no target), its prompt cache (--cache-ram MiB: -1 = no limit,
+    0 = none).
 
     Raises:
         ConfigError: naming the flag: --port outside 0-65535, -np below 1, --queue below 0,
@@ -84,7 +84,6 @@ class ServerFlags:
     verbose: bool = False
     slo_ttft: float | None = None
     slo_tpot: float | None = None
-    fair: bool = True
     cache_ram: int = 8192
 
     def __post_init__(self) -> None:
@@ -151,13 +150,6 @@ SERVER = Group(
         " per token because others speculate (fewer draft depths). Needs --draft-max"
         " auto. Default: none.",
     ),
-    fair=opt(
-        bool,
-        True,
-        "--fair/--no-fair",
-        help="No slot gets its tokens slower than ordinary batched decoding would give them"
-        " because others speculate (the controller drafts less instead).",
-    ),
     cache_ram=opt(
         int,
         8192,
@@ -221,7 +213,6 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
         slo_ttft_s=None if server.slo_ttft is None else server.slo_ttft / 1e3,
         slo_tpot_s=None if server.slo_tpot is None else server.slo_tpot / 1e3,
         cache_ram_mib=server.cache_ram,
-        fair=server.fair,
     )
     warning = runner.open_warning(server.host, server.api_key)
     if warning is not None:

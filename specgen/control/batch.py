@@ -121,16 +121,6 @@ class BatchController:
       Sarathi-Serve (Agrawal et al., OSDI 2024) shows what a long step costs the requests
       behind it (generation stalls) and bounds the step instead, as llama-server and vLLM
       bound a step's prefill by chunks (`Scheduler`'s admission rule is its other half).
-    - Fairness (`fair`, the default; `specgen serve --no-fair` turns it off): no slot may
-      be predicted to get its tokens slower than ordinary batched decoding would give
-      them, i.e. the step's seconds over each slot's expected tokens E_i(K_i) at most the
-      ordinary step's seconds (both with catch-ups by their share, the price over a run
-      of rounds, as goodput counts them). Goodput alone may make a long step for the
-      slots that accept well while a slot accepting little (or at K = 0) gets one or two
-      tokens per step: the batch is faster and that request is slower than without
-      speculation (issue 37: TPOT p99 1.1-1.6x llama-server's at two to eight streams).
-      With one slot the rule is goodput's own (K = 0 is a candidate), so it binds only
-      when slots share a step. The same depth-by-depth descent as the targets below.
     - Latency targets (`slo_ttft_s`, `slo_tpot_s`: `specgen serve --slo-ttft`,
       `--slo-tpot`): a step may not be predicted to end after the first-token target of
       the longest-waiting request (its age + the step's seconds, every catch-up paid
@@ -142,8 +132,8 @@ class BatchController:
       bounds its steps by a token budget derived from the TPOT target in the same spirit;
       here the bound is in predicted seconds, from the fitted lines.
 
-    With no request waiting and one slot, the choice is goodput's alone. Each slot's K
-    carries its reason (`Choice.reasons`, `REASONS`).
+    With no request waiting and no --slo-tpot (the defaults) the choice is goodput's alone,
+    as before. Each slot's K carries its reason (`Choice.reasons`, `REASONS`).
 
     Args:
         k_max: --draft-max's ceiling for auto (per slot, before room caps it).
@@ -159,7 +149,6 @@ class BatchController:
             catch-up) before measurements exist; draft_prior's slope when None.
         slo_ttft_s: the time-to-first-token target (--slo-ttft), seconds; None: none.
         slo_tpot_s: the time-per-output-token target (--slo-tpot), seconds; None: none.
-        fair: no slot slower per token than ordinary batched decoding (see above).
     """
 
     def __init__(
@@ -173,10 +162,8 @@ class BatchController:
         draft_token_prior: float | None = None,
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
-        fair: bool = True,
     ) -> None:
         self.draft_batched = draft_batched
-        self.fair = fair
         self.slo_ttft_s = slo_ttft_s
         self.slo_tpot_s = slo_tpot_s
         self.k_max = k_max
@@ -401,29 +388,21 @@ class BatchController:
         waiting_s: Sequence[float],
         fixed_s: float,
     ) -> str | None:
-        """The rule the step at `ks` is predicted to break ("slo_ttft", "slo_tpot", "fair"),
-        or None. A target the ordinary step breaks already is held to that step's length
-        instead: the shortest there is."""
+        """The latency target the step at `ks` is predicted to break ("slo_ttft",
+        "slo_tpot"), or None. A target the ordinary step breaks already is held to that
+        step's length instead: the shortest there is."""
         sec = self.step_s_whole(ks, slots, fixed_s)
         sec0 = self.step_s_whole([0] * len(slots), slots, fixed_s)
         eps = 1e-9
         if self.slo_ttft_s is not None and waiting_s:
             if sec > max(self.slo_ttft_s - max(waiting_s), sec0) + eps:
                 return "slo_ttft"
-        if not slots:
-            return None
-        tokens = min(
-            float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True)
-        )
-        if self.slo_tpot_s is not None and sec / tokens > max(self.slo_tpot_s, sec0) + eps:
-            return "slo_tpot"
-        if self.fair and len(slots) > 1:
-            t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
-            tok = self.draft.token_s
-            price = step_seconds(ks, t, c, fixed_s, slots, spec, tok)
-            price0 = step_seconds([0] * len(slots), t, c, fixed_s, slots, spec, tok)
-            if price / tokens > price0 + eps:
-                return "fair"
+        if self.slo_tpot_s is not None and slots:
+            tokens = [
+                float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True)
+            ]
+            if sec / min(tokens) > max(self.slo_tpot_s, sec0) + eps:
+                return "slo_tpot"
         return None
 
     def _within_targets(
@@ -435,8 +414,8 @@ class BatchController:
         weight: float,
     ) -> tuple[Choice, str | None]:
         """`got`, or the best choice with fewer draft depths that keeps the latency targets
-        and fairness (one depth fewer at a time, each re-solved exactly); K = 0 everywhere
-        at worst. Returns the choice and the rule that bound it (None: none did)."""
+        (one depth fewer at a time, each re-solved exactly); K = 0 everywhere at worst.
+        Returns the choice and the target that bound it (None: none did)."""
         bound = None
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
         tok = self.draft.token_s

@@ -202,14 +202,12 @@ class Choice:
 
 #: why a slot's K is what it is, in the per-request `speculative.k_reason_per_step` and
 #: /metrics' `specgen_k_reason_total`: the batch's goodput alone ("goodput"); shortened for
-#: the requests waiting behind the step ("waiting"), to keep a latency target
-#: ("slo_ttft", "slo_tpot") or so that no slot is slower than ordinary decoding ("fair");
-#: a K = 1 probe ("probe"); and, from the scheduler, a fixed
+#: the requests waiting behind the step ("waiting") or to keep a latency target
+#: ("slo_ttft", "slo_tpot"); a K = 1 probe ("probe"); and, from the scheduler, a fixed
 #: --draft-max ("fixed"), a request's first round, ordinary ("first"), a step spent on a
 #: chunk of the draft's catch-up ("catch_up"), a block cut short by an arrival ("cut")
 REASONS = (
-    "goodput", "waiting", "slo_ttft", "slo_tpot", "fair", "probe", "fixed", "first", "catch_up",
-    "cut",
+    "goodput", "waiting", "slo_ttft", "slo_tpot", "probe", "fixed", "first", "catch_up", "cut",
 )  # fmt: skip
 
 

@@ -37,8 +37,6 @@ class ServeArgs:
         chat_template: --chat-template FILE instead of the GGUF's.
         slo_ttft_s, slo_tpot_s: --slo-ttft and --slo-tpot in seconds (None: no target):
             the batch controller's latency targets (`specgen.control.batch.BatchController`).
-        fair: --fair/--no-fair, the batch controller's rule that no slot gets its tokens
-            slower than ordinary batched decoding would.
         cache_ram_mib: --cache-ram, MiB of host memory for the prompt cache (-1: no limit,
             0: none; `specgen.server.sched.promptcache`).
     """
@@ -52,7 +50,6 @@ class ServeArgs:
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
     cache_ram_mib: int = 8192
-    fair: bool = True
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -135,7 +132,6 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         deliver=deliver,
         slo_ttft_s=a.slo_ttft_s,
         slo_tpot_s=a.slo_tpot_s,
-        fair=a.fair,
         prompt_cache=(
             PromptCache(None if a.cache_ram_mib < 0 else a.cache_ram_mib << 20)
             if a.cache_ram_mib != 0

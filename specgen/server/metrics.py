@@ -95,7 +95,7 @@ class Metrics:
         self.k_reasons = Counter(
             "specgen_k_reasons",
             "Slots' rounds by why their K was chosen (goodput, waiting, slo_ttft, slo_tpot,"
-            " fair, probe, fixed, first, catch_up, cut).",
+            " probe, fixed, first, catch_up, cut).",
             ["reason"], registry=r,
         )  # fmt: skip
         self.rows = Histogram(

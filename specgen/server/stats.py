@@ -77,7 +77,7 @@ class Speculative:
         k_per_step: the block size K chosen each step, in order.
         k_reason_per_step: why each of those K is what it is, in order
             (`specgen.control.goodput.REASONS`: "goodput", "waiting", "slo_ttft", "slo_tpot",
-            "fair", "probe", "fixed", "first", "catch_up", "cut").
+            "probe", "fixed", "first", "catch_up", "cut").
         finish: specgen's own finish reason (`specgen.events.FinishReason`), or "failed" /
             "cancelled" when the request ended by an error or a disconnect.
         verify_rule: the acceptance rule the request was verified by, "token" (token by

@@ -66,8 +66,6 @@ class Scheduler:
         clock: seconds; tests replace it.
         slo_ttft_s, slo_tpot_s: the default controller's latency targets (--slo-ttft,
             --slo-tpot, seconds; None: none).
-        fair: the default controller's fairness rule (--fair/--no-fair: no slot slower
-            per token than ordinary batched decoding; `BatchController`).
         prompt_cache: the cells of prompts that left their slot, restored for a request
             sharing a longer prefix than any free slot holds (--cache-ram;
             `specgen.server.sched.promptcache`); None: none. Needs sequences with
@@ -93,7 +91,6 @@ class Scheduler:
         clock: Clock = time.perf_counter,
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
-        fair: bool = True,
         prompt_cache: PromptCache | None = None,
     ) -> None:
         if target.n_seq < n_parallel:
@@ -120,12 +117,12 @@ class Scheduler:
         # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row n
         # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
         # target's rows only (host time is in the step's measured costs)
-        default = BatchController(
-            draft_prior=Line(0.0, 0.020 if self._draft is not None else 0.0),
-            draft_batched=self._draft is not None,
-            slo_ttft_s=slo_ttft_s,
-            slo_tpot_s=slo_tpot_s,
-            fair=fair,
+        default = (
+            BatchController(draft_batched=True, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+            if self._draft is not None
+            else BatchController(
+                draft_prior=Line(0.0, 0.0), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s
+            )
         )
         self.controller = (controller or default) if draft_max is None and drafter else None
         self.slots = Slots(
