@@ -45,7 +45,7 @@ class Drafting:
         fail: Callable[[Slot, str, str], None],
         arrival_waits: Callable[[], bool],
     ) -> None:
-        self._draft = draft
+        self.draft = draft
         self.controller = controller
         self.clock = clock
         self.prefill_chunk = prefill_chunk
@@ -83,7 +83,7 @@ class Drafting:
 
         Raises nothing: a failed draft decode fails those slots' jobs.
         """
-        if self._draft is None:
+        if self.draft is None:
             return ks
         chunks: list[tuple[Slot, SeqDecode]] = []
         out = list(ks)
@@ -106,7 +106,7 @@ class Drafting:
             parts = [part for _, part in chunks]
             t0 = self.clock()
             try:
-                self._draft.decode_batch(parts)
+                self.draft.decode_batch(parts)
             except EngineError as exc:
                 for slot, _ in chunks:
                     self._fail(slot, str(exc), "engine")
@@ -165,7 +165,7 @@ class Drafting:
         Returns:
             whether a draft decode was made.
         """
-        ctl, draft = self.controller, self._draft
+        ctl, draft = self.controller, self.draft
         if ctl is None or draft is None:
             return False
         # (slot, its draft sequence, that sequence's length now, the token to append)
@@ -207,8 +207,8 @@ class Drafting:
         Raises:
             EngineError: a draft decode failed (the caller fails every drafting slot).
         """
-        assert self._draft is not None
-        draft, n_batch = self._draft, self._draft.n_batch
+        assert self.draft is not None
+        draft, n_batch = self.draft, self.draft.n_batch
         live = [(seq, d) for seq, d in work if d.pending]
         while live:
             for group in _groups(live, n_batch):

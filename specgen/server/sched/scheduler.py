@@ -154,12 +154,8 @@ class Scheduler:
         )
         self._stepper = Stepper(
             target,
-            self._draft,
             self.slots,
             self.drafting,
-            self.controller,
-            clock=clock,
-            prefill_chunk=self.prefill_chunk,
             reap_cancelled=self._reap_cancelled,
             admit=self._admit,
             queue_depth=lambda: self.queue_depth,

@@ -43,12 +43,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from specgen.control.batch import BatchController, SlotState
+from specgen.control.batch import SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
 from specgen.proposal import Proposal
-from specgen.round import Clock
 from specgen.server.sched.drafting import Drafting
 from specgen.server.sched.jobs import BatchReport
 from specgen.server.sched.slot import Slot, Slots, batched
@@ -86,12 +85,10 @@ class Stepper:
 
     Args:
         target: the target engine with a sequence per slot.
-        draft: the draft engine with a sequence per slot (None: no draft model).
         slots: the slots and their life.
-        drafting: stage 1 across the slots.
-        controller: the batch controller (None: fixed K).
-        clock: seconds.
-        prefill_chunk: most prompt tokens one slot adds to a step.
+        drafting: stage 1 across the slots; its draft engine, controller, clock and
+            `prefill_chunk` (here: most prompt tokens one slot adds to a step) are the
+            step's too.
         reap_cancelled: ends cancelled jobs (`Scheduler._reap_cancelled`).
         admit: queued jobs take free slots (`Scheduler._admit`).
         queue_depth: jobs waiting for a slot (`Scheduler.queue_depth`).
@@ -100,24 +97,19 @@ class Stepper:
     def __init__(
         self,
         target: BatchEngine,
-        draft: BatchEngine | None,
         slots: Slots,
         drafting: Drafting,
-        controller: BatchController | None,
         *,
-        clock: Clock,
-        prefill_chunk: int,
         reap_cancelled: Callable[[], None],
         admit: Callable[[], None],
         queue_depth: Callable[[], int],
     ) -> None:
         self.target = target
-        self._draft = draft
         self.slots = slots
         self.drafting = drafting
-        self.controller = controller
-        self.clock = clock
-        self.prefill_chunk = prefill_chunk
+        # one of each for the whole step, set where drafting was built
+        self._draft, self.controller = drafting.draft, drafting.controller
+        self.clock, self.prefill_chunk = drafting.clock, drafting.prefill_chunk
         self._reap_cancelled = reap_cancelled
         self._admit = admit
         self._queue_depth = queue_depth
