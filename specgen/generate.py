@@ -99,19 +99,9 @@ class Stream(Sequence):
     is ordinary, and the draft model's prompt is evaluated only before the first round
     the model drafts in."""
 
-    def __init__(
-        self,
-        target: Engine,
-        drafter: Drafter | None,
-        prompt: list[int],
-        config: GenerateConfig,
-        policy: KPolicy | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        super().__init__(target, drafter, prompt, config, policy, clock)
-        # set by `prefill`: the first round is ordinary, the start-up follows it, and the
-        # draft model's prompt waits for the first round the model drafts in
-        self._first_ordinary = self._start_due = self._draft_due = False
+    # set by `prefill`: the first round is ordinary, the start-up follows it, and the
+    # draft model's prompt waits for the first round the model drafts in
+    _first_ordinary = _start_due = _draft_due = False
 
     def prefill(self, ordinary_first: bool = True) -> Prefilled:
         """Evaluate the prompt (all but its last token) in the target only: a single
