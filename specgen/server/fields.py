@@ -69,6 +69,8 @@ H, IG, R = Status.HONOURED, Status.IGNORED, Status.REFUSED
 _TEXT = "only text is generated"
 _NO_TOOLS = "the legacy functions API: send tools and tool_choice"
 _CHAIN = "the samplers served are temperature, top_k, top_p and min_p"
+_CACHING = "prompt caching is automatic"
+_K_CHOSEN = "K is chosen per step; the output law is the same"
 
 FIELDS: dict[str, Field] = {
     # -- OpenAI, both routes ----------------------------------------------------------
@@ -128,9 +130,9 @@ FIELDS: dict[str, Field] = {
     "store": Field(IG, "nothing is stored: changes nothing generated", routes=CHAT),
     "service_tier": Field(IG, "one tier: changes nothing generated", routes=CHAT),
     "safety_identifier": Field(IG, "an end-user id: changes nothing generated", routes=CHAT),
-    "prompt_cache_key": Field(IG, "prompt caching is automatic", routes=CHAT),
-    "prompt_cache_options": Field(IG, "prompt caching is automatic", routes=CHAT),
-    "prompt_cache_retention": Field(IG, "prompt caching is automatic", routes=CHAT),
+    "prompt_cache_key": Field(IG, _CACHING, routes=CHAT),
+    "prompt_cache_options": Field(IG, _CACHING, routes=CHAT),
+    "prompt_cache_retention": Field(IG, _CACHING, routes=CHAT),
     # -- OpenAI, completions -----------------------------------------------------------
     "prompt": Field(H, "one prompt: a string, or token ids", routes=COMPLETIONS),
     "echo": Field(R, "the prompt is not echoed", routes=COMPLETIONS, inert=(None, False)),
@@ -188,15 +190,9 @@ FIELDS: dict[str, Field] = {
     "cache_prompt": Field(IG, "prompt caching is automatic and exact", "llama-server"),
     "id_slot": Field(IG, "slots are assigned by the server", "llama-server"),
     "timings_per_token": Field(IG, "timings come in every response", "llama-server"),
-    "speculative.n_max": Field(
-        IG, "K is chosen per step; the output law is the same", "llama-server"
-    ),
-    "speculative.n_min": Field(
-        IG, "K is chosen per step; the output law is the same", "llama-server"
-    ),
-    "speculative.p_min": Field(
-        IG, "K is chosen per step; the output law is the same", "llama-server"
-    ),
+    "speculative.n_max": Field(IG, _K_CHOSEN, "llama-server"),
+    "speculative.n_min": Field(IG, _K_CHOSEN, "llama-server"),
+    "speculative.p_min": Field(IG, _K_CHOSEN, "llama-server"),
 }
 """Field name -> its status on this server (`Field`)."""
 
