@@ -21,20 +21,63 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from specgen import session as _session
-from specgen.chat import ChatFormatter, Message, load_template, prompt_tokens
+from specgen.chat import ChatFormatter, Message, TemplateModel, load_template, prompt_tokens
+from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags, in_python_words, seed_or_random
-from specgen.generate import GenerateConfig, KPolicy, check_prompt, generate
+from specgen.generate import FixedK, GenerateConfig, KPolicy, check_prompt, generate
 from specgen.logprobs import TokenLogprob
 
 if TYPE_CHECKING:
     pass
 
 Event = Prefilled | Step | Done
+
+
+class Models(Protocol):
+    """What a `Pair` generates with: `load`'s open `specgen.session.Session`, or engines
+    loaded elsewhere (`Pair.of`)."""
+
+    @property
+    def target(self) -> TemplateModel: ...
+
+    @property
+    def drafter(self) -> Drafter | None: ...
+
+    def policy(self, draft_max: int | None) -> KPolicy:
+        """The block-size policy for ``draft_max`` (None = auto)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+M = TypeVar("M", bound=Models)
+
+
+@dataclass(frozen=True)
+class Engines:
+    """A target and a drafter loaded elsewhere (`Pair.of`): `close()` leaves them open
+    (they are the caller's).
+
+    Attributes:
+        target: the target engine; drafter: its drafter, or None (ordinary decoding).
+        k_init: the first block size of ``draft_max="auto"`` (None = the controller's).
+    """
+
+    target: TemplateModel
+    drafter: Drafter | None
+    k_init: int | None = None
+
+    def policy(self, draft_max: int | None) -> KPolicy:
+        """As `specgen.session.Session.policy`."""
+        return _session.make_policy(draft_max, k_init=self.k_init)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -162,7 +205,7 @@ class Generation:
         return self._policy.summary()
 
 
-class Pair:
+class Pair(Generic[M]):
     """A loaded target and drafter (`load`); `close()` frees both (also a context manager).
 
     Every call takes its own settings (temperature, K, seed, constraints...), for both
@@ -171,16 +214,33 @@ class Pair:
     ``seed`` and a fixed ``draft_max`` gives the same text, as `specgen run` does.
 
     Attributes:
-        session: the open models (`specgen.session.Session`): ``target``, ``drafter``,
-            ``draft_name``, and the ``warnings`` and ``notes`` the CLI prints.
+        session: the open models: from `load`, a `specgen.session.Session` (``target``,
+            ``drafter``, ``draft_name``, and the ``warnings`` and ``notes`` the CLI
+            prints); from `Pair.of`, the `Engines` given.
     """
 
-    def __init__(self, opened: _session.Session) -> None:
+    def __init__(self, opened: M) -> None:
         self.session = opened
         self._formatters: dict[str | None, ChatFormatter] = {}
 
+    @classmethod
+    def of(
+        cls, target: TemplateModel, drafter: Drafter | None, *, k_init: int | None = None
+    ) -> Pair[Engines]:
+        """A Pair over a target and a drafter loaded elsewhere (`specgen.session.load`,
+        as `specgen bench` measures them); `close()` leaves them open. `k_init`: the first
+        block size of ``draft_max="auto"`` (a registry pair's recommended K; None = the
+        controller's default)."""
+        return Pair(Engines(target, drafter, k_init))
+
     def generate(
-        self, prompt: Prompt, settings: SamplingFlags | None = None, /, **kwargs: object
+        self,
+        prompt: Prompt,
+        settings: SamplingFlags | None = None,
+        /,
+        *,
+        ordinary: bool = False,
+        **kwargs: object,
     ) -> Result:
         """Generate from `prompt` (the text as it is, no chat template) to the end.
 
@@ -206,6 +266,9 @@ class Pair:
                 the output must match it, exactly as the target samples under the
                 grammar's mask (`specgen.grammar`); the result ends with finish reason
                 "stop" when the grammar is complete.
+            ordinary: decode with the target alone (no drafter, no draft pass, K = 0):
+                the baseline speculative decoding is measured against (`specgen bench`'s
+                ordinary runs), on the same loaded target.
 
         Raises:
             ConfigError: an unknown setting or a bad value (the message names the
@@ -213,7 +276,8 @@ class Pair:
                 schema that does not compile (GrammarError); PromptError: an empty prompt
                 or one that does not fit the context.
         """
-        return _result(self._start(self._prompt_ids(prompt), settings, kwargs, False))
+        ids = self._prompt_ids(prompt)
+        return _result(self._start(ids, settings, kwargs, False, ordinary))
 
     def stream(
         self,
@@ -222,6 +286,7 @@ class Pair:
         /,
         *,
         trace: bool = False,
+        ordinary: bool = False,
         **kwargs: object,
     ) -> Generation:
         """The generation's events as they happen, a `Generation`: one `Prefilled`, then a
@@ -229,7 +294,7 @@ class Pair:
         Arguments and errors as `generate`, all checked at the call (not at the first
         event); `trace` attaches a `RoundTrace` to every Step (`run --trace`). Closing the
         iterator early stops generating and leaves the models ready for the next call."""
-        return self._start(self._prompt_ids(prompt), settings, kwargs, trace)
+        return self._start(self._prompt_ids(prompt), settings, kwargs, trace, ordinary)
 
     def chat(
         self,
@@ -326,19 +391,20 @@ class Pair:
         base: SamplingFlags | None,
         settings: Mapping[str, object],
         trace: bool,
+        ordinary: bool = False,
     ) -> Generation:
         """Check everything now (not at the first event), then the generation."""
         flags = sampling_flags(settings, base)
         seed = seed_or_random(flags.seed)
         # errors in the caller's words: keyword arguments', or a SamplingFlags' flags
         with _argument_names() if base is None else contextlib.nullcontext():
-            it, policy = events(self.session, ids, flags, seed, trace)
+            it, policy = events(self.session, ids, flags, seed, trace, ordinary)
         return Generation(it, seed, flags, policy, len(ids))
 
     def close(self) -> None:
         self.session.close()
 
-    def __enter__(self) -> Pair:
+    def __enter__(self) -> Pair[M]:
         return self
 
     def __exit__(
@@ -404,7 +470,7 @@ def load(
     lookup: str | None = None,
     swa_full: bool = False,
     rpc: str | None = None,
-) -> Pair:
+) -> Pair[_session.Session]:
     """Load a target and its drafter: GGUF paths or registry names, a registry `pair`, or
     with neither the embedded demo pair (built once, offline). `draft` may be ``"ngram"``
     (prompt lookup, no model) or ``"none"`` (ordinary decoding).
@@ -435,23 +501,25 @@ def load(
 
 
 def events(
-    opened: _session.Session,
+    opened: Models,
     ids: list[int],
     sampling: SamplingFlags,
     seed: int,
     trace: bool = False,
+    ordinary: bool = False,
 ) -> tuple[Generator[Event, None, None], KPolicy]:
     """The loop's events for prompt token `ids` on an open session, and the block-size
     policy driving them (the CLI's --json reports its decisions); `trace` attaches a
-    `RoundTrace` to every Step.
+    `RoundTrace` to every Step; `ordinary` decodes with the target alone (K = 0).
 
     Raises:
         PromptError: the prompt does not fit the context. GrammarError: the grammar or
             schema does not compile.
     """
     check_prompt(ids, opened.target.n_ctx)
+    drafter = None if ordinary else opened.drafter
     # the baseline for the speedup and the controller's choices
-    measure = 3 if opened.drafter is not None else 0
+    measure = 3 if drafter is not None else 0
     config = GenerateConfig.of(sampling, seed, measure_ordinary=measure, trace=trace)
     if config.grammar is not None:
         # compiled now (and cached): a bad grammar is an error of this call, not of its
@@ -459,5 +527,5 @@ def events(
         from specgen.grammar import compile_grammar, tokenizer_for
 
         compile_grammar(config.grammar, tokenizer_for(opened.target))
-    policy = opened.policy(sampling.k)
-    return generate(opened.target, opened.drafter, ids, config, policy), policy
+    policy = FixedK(0) if ordinary else opened.policy(sampling.k)
+    return generate(opened.target, drafter, ids, config, policy), policy

@@ -190,3 +190,24 @@ def test_a_settings_object_and_token_ids_go_in_as_keywords_and_text_do(pair) -> 
     assert auto.controller is not None and "k_history" in auto.controller
     with pytest.raises(ConfigError, match=r"token ids must be in \[0, "):
         pair.generate([1, 10**9])
+
+
+def test_ordinary_is_the_target_alone_and_of_drives_engines_loaded_elsewhere(pair) -> None:
+    """`ordinary=True` (bench's baseline): the target alone on the loaded pair (no draft
+    pass, K = 0 every round), the greedy text speculation gives; `Pair.of` drives engines
+    loaded elsewhere (as `bench` does), with a fixed K the same rounds, and closing it
+    leaves them open."""
+    args = dict(max_tokens=10, temperature=0, draft_max=3, ignore_eos=True)
+    spec = pair.generate("the cat", **args)
+    events = list(pair.stream("the cat", ordinary=True, **args))
+    done = events[-1]
+    assert isinstance(events[0], Prefilled) and isinstance(done, Done)
+    assert done.tokens == spec.tokens and spec.stats.n_drafted > 0
+    assert done.stats.n_drafted == 0 and set(done.stats.k_history) == {0}
+    auto = {**args, "draft_max": "auto"}  # no controller: nothing to choose
+    assert pair.generate("the cat", ordinary=True, **auto).controller is None
+    session = pair.session
+    with specgen.Pair.of(session.target, session.drafter) as engines:
+        again = engines.generate("the cat", **args)
+    assert again.tokens == spec.tokens and again.stats.k_history == spec.stats.k_history
+    assert pair.generate("the cat", **args).tokens == spec.tokens  # still open

@@ -1,10 +1,12 @@
 """The measurement of `specgen bench` (the method is described in `specgen.bench`): one
 generation reduced to rounds (`measure`), loading the models and building the record
 (`bench`), the alternating ordinary/speculative runs (`run_bench`), and the CPU-load check
-that flags a busy machine.
+that flags a busy machine. Every generation goes through the public API
+(`specgen.Pair.stream`, ``ordinary=True`` for the baseline), as `specgen run`'s does.
 
-specgen.session (and with it llama.cpp) is imported only for its types and where a policy is
-made: the bench package is imported by ui/reports for its result types, without a model."""
+specgen.session and the API (and with them llama.cpp) are imported only for their types and
+where the runs start: the bench package is imported by ui/reports for its result types,
+without a model."""
 
 from __future__ import annotations
 
@@ -28,13 +30,15 @@ from specgen.bench.results import (
     RunResult,
 )
 from specgen.bench.summary import summarize
-from specgen.engine import Drafter, Engine
+from specgen.engine import Drafter
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
 from specgen.models.resolve import DRAFT_NONE
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from specgen.chat import TemplateModel
     from specgen.session import Session
 
 # -- one generation -----------------------------------------------------------------------
@@ -53,18 +57,14 @@ EventHook = Callable[[dict[str, Any], Prefilled | Step | Done], None]
 
 
 def measure(
-    target: Engine,
-    drafter: Drafter | None,
-    prompt: list[int],
-    config: GenerateConfig,
-    policy: KPolicy,
+    events: Iterable[Prefilled | Step | Done],
     on_event: Callable[[Prefilled | Step | Done], None] | None = None,
 ) -> tuple[list[Round], Done, Prefilled]:
-    """Run one generation and reduce its events to rounds."""
+    """Run one generation (`specgen.Pair.stream`'s events) and reduce them to rounds."""
     rounds: list[Round] = []
     done: Done | None = None
     pre: Prefilled | None = None
-    for ev in generate(target, drafter, prompt, config, policy):
+    for ev in events:
         if on_event is not None:
             on_event(ev)
         if isinstance(ev, Step):
@@ -178,15 +178,8 @@ def other_cpu_load(
     return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
 
 
-def _policy(draft_max: int | None, k_init: int | None) -> KPolicy:
-    # start-up time: session loads llama.cpp; the bench package is imported without a model
-    from specgen.session import make_policy
-
-    return make_policy(draft_max, k_init=k_init)
-
-
 def run_bench(
-    target: Engine,
+    target: TemplateModel,
     drafter: Drafter,
     prompts: Sequence[BenchPrompt],
     settings: BenchSettings,
@@ -197,8 +190,9 @@ def run_bench(
     decoding with the same seed (see the module docstring).
 
     Args:
-        target, drafter: open models (each generation drafts under its own temperature:
-            `specgen.engine.under`).
+        target, drafter: open models, driven through `specgen.Pair.of` (each generation
+            drafts under its own temperature: `specgen.engine.under`); the caller keeps
+            (and closes) them.
         on_event: called with (run info, event) for every Prefilled, Step and Done of the
             measured generations, not the warm-up (with `settings.trace`, each Step
             carries its RoundTrace): the seam for `--trace`.
@@ -218,6 +212,10 @@ def run_bench(
                 f"prompt {p.id!r} ({len(toks)} tokens) + -n {settings.n_tokens} + block"
                 f" {k_need} needs a context of {need}; raise -c or lower -n"
             )
+    # start-up time: the API loads llama.cpp; the bench package is imported without a model
+    from specgen import Pair
+
+    pair = Pair.of(target, drafter, k_init=settings.k_init)
     total = settings.total_generations(len(prompts))
     done = 0
 
@@ -226,17 +224,9 @@ def run_bench(
             progress(Progress(done, total, desc))
 
     def one(mode, temp, k, prompt_i, run, seed, warm=False) -> RunResult:
-        flags = settings.flags(temp, seed)
+        flags = replace(settings.flags(temp, seed), draft_max=k_label(k))
         if warm:
             flags = replace(flags, max_tokens=min(settings.n_tokens, 16))
-        config = GenerateConfig.of(
-            flags,
-            seed,
-            trace=settings.trace,
-            # as `specgen run` does: the baseline for the controller, timed after the prompt
-            measure_ordinary=0 if mode == ORDINARY else 3,
-            grammar=settings.grammar,
-        )
         p = prompts[prompt_i]
         info = {
             "mode": mode,
@@ -249,11 +239,10 @@ def run_bench(
             "warmup": warm,
         }
         hook = (lambda ev: on_event(info, ev)) if on_event is not None and not warm else None
-        if mode == ORDINARY:
-            rounds, d, pre = measure(target, None, ids[prompt_i], config, FixedK(0), hook)
-        else:
-            policy = _policy(k, settings.k_init)  # the loop drafts under config.params
-            rounds, d, pre = measure(target, drafter, ids[prompt_i], config, policy, hook)
+        # as `specgen run` does (its baseline for the controller timed after the prompt);
+        # the ordinary runs with the target alone
+        gen = pair.stream(ids[prompt_i], flags, trace=settings.trace, ordinary=mode == ORDINARY)
+        rounds, d, pre = measure(gen, hook)
         s = d.stats
         return RunResult(
             mode=mode, temp=temp, draft_max=k, prompt_id=p.id, kind=p.kind, run=run,

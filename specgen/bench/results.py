@@ -153,7 +153,9 @@ class BenchSettings:
             uses); None = the controller's default.
         lookup: `--lookup` (on, off, or None/auto: `session.resolve_lookup`).
         grammar: what every generation's output must match (--grammar, --json-schema...),
-            in both modes; None for free text.
+            in both modes; None for free text. The generations take it from `sampling`'s
+            grammar flags (`specgen.genconfig.grammar_spec(sampling)`, as the CLI builds
+            this field): here it is the record's.
     """
 
     draft_max: tuple[int | None, ...] = (4, 8, None)
