@@ -27,7 +27,7 @@
 # alternations; seed 1..N), each into all-I.json, and the summary gives each figure's
 # median over them (`median_of_runs`); SERVERS (comma-separated labels) starts only
 # those of the five, or adds specgen-alt: specgen serve with ALT_ARGS too (an A/B of one
-# setting in the same alternations, e.g. ALT_ARGS=--no-fair), in the tables' columns.
+# setting in the same alternations, e.g. ALT_ARGS='--cache-ram 0'), in the tables' columns.
 #
 # Environment: CONC (levels, default 1,2,4,8), TEMPS (default 0,0.8), N (tokens per request,
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,

@@ -28,8 +28,8 @@ def extra_buffers_safe() -> bool:
     llama.cpp 0.3.36's `ggml_backend_amx_mul_mat` crashes the process (SIGSEGV) on the first
     decode of any quantized model (seen here on the demo pair and SmolLM2's Q4_1;
     llama.cpp issue 20824, closed without a fix). Without the extra buffers the weights
-    stay in the CPU buffer and its ordinary kernels run them, as on every other CPU
-    (which keeps the repack: it is only faster)."""
+    stay in the CPU buffer and the ordinary CPU kernels run them. Every other CPU keeps
+    the repacking (a faster layout of the same weights)."""
     import llama_cpp  # start-up time: loaded only with a model
 
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
