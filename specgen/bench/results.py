@@ -7,6 +7,7 @@ field names are their JSON keys, in order)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -152,10 +153,11 @@ class BenchSettings:
         k_init: first block size of `auto` (a registry pair's recommended K, as `run`
             uses); None = the controller's default.
         lookup: `--lookup` (on, off, or None/auto: `session.resolve_lookup`).
-        grammar: what every generation's output must match (--grammar, --json-schema...),
-            in both modes; None for free text. The generations take it from `sampling`'s
-            grammar flags (`specgen.genconfig.grammar_spec(sampling)`, as the CLI builds
-            this field): here it is the record's.
+
+    Properties:
+        grammar: what every generation's output must match, in both modes: `sampling`'s
+            --grammar, --json-schema... (`specgen.genconfig.grammar_spec`, which is also
+            what each generation reads); None for free text.
     """
 
     draft_max: tuple[int | None, ...] = (4, 8, None)
@@ -169,7 +171,14 @@ class BenchSettings:
     n_boot: int = 4000
     k_init: int | None = None
     lookup: str | None = None
-    grammar: GrammarSpec | None = None
+
+    @functools.cached_property
+    def grammar(self) -> GrammarSpec | None:
+        # derived, not a field: a second copy beside `sampling` could say one grammar in
+        # the record while the generations ran under another
+        from specgen.genconfig import grammar_spec  # start-up time: llguidance, if given
+
+        return grammar_spec(self.sampling)
 
     def flags(self, temp: float, seed: int | None = None) -> SamplingFlags:
         """One generation's settings: `sampling` at temperature `temp` and -n `n_tokens`,

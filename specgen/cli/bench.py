@@ -220,9 +220,6 @@ def bench_command(
 
 
 def _settings(bench, sampling: SamplingFlags, b: BenchFlags, lookup: str | None):
-    # start-up time: the grammar's spec loads llguidance only when a grammar flag is given
-    from specgen.genconfig import grammar_spec
-
     settings = bench.BenchSettings(
         draft_max=bench.parse_draft_max_list(b.draft_max),
         temps=bench.parse_temp_list(b.temp),
@@ -231,9 +228,11 @@ def _settings(bench, sampling: SamplingFlags, b: BenchFlags, lookup: str | None)
         seed=seed_or_random(b.seed),
         sampling=sampling,
         lookup=lookup,
-        grammar=grammar_spec(sampling),
     )  # fmt: skip
     settings.params(settings.temps[0])  # validates top-p / min-p now
+    # and the grammar (an unreadable file, a schema that is not JSON), before any load;
+    # llguidance is loaded only when a grammar flag is given
+    _ = settings.grammar
     return settings
 
 
