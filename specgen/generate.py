@@ -95,7 +95,7 @@ def _drive(seq: Stream, ordinary_first: bool) -> Generator[Event, None, None]:
 class Stream(Sequence):
     """A single stream's `Sequence` (`run`, `chat`, `bench`, `verify`, the Python API):
     its own prefill, and `step`, one round with its own target decode. Its start-up
-    follows the server's rule for a new request (`specgen.server.sched`): the first round
+    follows the server's rule for a new request (`specgen.sched`): the first round
     is ordinary, and the draft model's prompt is evaluated only before the first round
     the model drafts in."""
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from specgen.emit import Emitter
 from specgen.events import Done, Span, Stats, Step
+from specgen.sched.jobs import DoesNotFit, Failed, Job, QueueFull
 from specgen.server.app import Backend
-from specgen.server.sched.jobs import DoesNotFit, Failed, Job, QueueFull
 
 EOS = 256
 N_VOCAB = 257

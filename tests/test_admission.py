@@ -1,7 +1,7 @@
 """Admission and latency under load (issue 37), on fake engines and fake clocks (no timed
 test: every second below is the fake clock's).
 
-The rule (`specgen.server.sched.step`'s module docstring): a request that arrives while a
+The rule (`specgen.sched.step`'s module docstring): a request that arrives while a
 step drafts cuts the blocks short after the depth under way and joins that step's target
 decode (its first prompt chunk); the prompt's last chunk carries the request's first
 round, so its first token comes from the decode that ends its prefill; and while requests
@@ -25,8 +25,8 @@ from specgen.events import Done, Step
 from specgen.generate import GenerateConfig
 from specgen.hybrid import HybridDrafter
 from specgen.sampling import SamplingParams
-from specgen.server.sched.jobs import BatchReport, Job
-from specgen.server.sched.scheduler import Scheduler
+from specgen.sched.jobs import BatchReport, Job
+from specgen.sched.scheduler import Scheduler
 
 V = 6
 GREEDY = SamplingParams(temp=0.0)

@@ -36,8 +36,8 @@ from specgen.errors import ConfigError
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.sampling import Dists, SamplingParams, draw, warp_rows
-from specgen.server.sched.jobs import Job
-from specgen.server.sched.scheduler import Scheduler
+from specgen.sched.jobs import Job
+from specgen.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
 V = 4

@@ -32,8 +32,8 @@ from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import Matcher, compile_grammar, tokenizer_for
 from specgen.grammarspec import GrammarSpec
 from specgen.sampling import SamplingParams, warp_rows
-from specgen.server.sched.jobs import Job
-from specgen.server.sched.scheduler import Scheduler
+from specgen.sched.jobs import Job
+from specgen.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
 PROMPT = [7, 1, 7]

@@ -91,7 +91,8 @@ RANKS: tuple[tuple[str, ...], ...] = (
     # the doors: llama.cpp, files/registry/Hub, and llguidance (grammars)
     ("llamacpp", "models", "grammar"),
     ("drafters", "hybrid", "ngram", "emit"),
-    ("round", "proposal", "stages", "generate", "chat"),  # the round unit and what drives it
+    # the round unit, the batch engine over slots, and what drives them
+    ("round", "proposal", "stages", "sched", "generate", "chat"),
     ("session",),  # the one loader
     ("api", "bench", "verify", "trace", "server"),  # the public API and what uses the loop
     ("ui",),
@@ -436,7 +437,7 @@ def test_the_sink_check_finds_each_kind_of_write(tmp_path: Path) -> None:
 
 
 #: the server's core, which knows nothing of HTTP (DESIGN.md, style 9)
-HTTP_FREE = ("specgen.server.sched", "specgen.server.stats")
+HTTP_FREE = ("specgen.sched", "specgen.server.stats")
 _HTTP = ("fastapi", "starlette", "uvicorn", "sse_starlette", "pydantic", "prometheus_client")
 
 

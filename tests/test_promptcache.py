@@ -1,4 +1,4 @@
-"""The server's prompt cache (`specgen.server.sched.promptcache`), with fake sequences: which
+"""The server's prompt cache (`specgen.sched.promptcache`), with fake sequences: which
 entries it keeps and drops, and which it gives back. The scheduler's use of it is in
 test_scheduler.py; a real cache's bit-exact restore in test_sequences.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fakes import FakeBatchEngine
 
-from specgen.server.sched.promptcache import PromptCache
+from specgen.sched.promptcache import PromptCache
 
 
 def view(tokens: list[int]) -> object:

@@ -30,9 +30,9 @@ from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, Rate
 from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams
-from specgen.server.sched.jobs import DoesNotFit, Failed, Job, QueueFull
-from specgen.server.sched.promptcache import PromptCache
-from specgen.server.sched.scheduler import Scheduler
+from specgen.sched.jobs import DoesNotFit, Failed, Job, QueueFull
+from specgen.sched.promptcache import PromptCache
+from specgen.sched.scheduler import Scheduler
 
 ALPHA = 1e-4
 V = 6
@@ -813,7 +813,7 @@ def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
 def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     from specgen.engine import Block
     from specgen.proposal import Proposal
-    from specgen.server.sched.step import model_part
+    from specgen.sched.step import model_part
 
     def prop(sources, k=None):
         tokens = np.zeros(len(sources), dtype=np.int64)
@@ -914,7 +914,7 @@ def test_a_choice_whose_choice_0_is_gone_evaluates_the_prompt_itself():
     assert second.last.tokens == alone(prompt, configs[1]).tokens
 
 
-# -- the prompt cache (`specgen.server.sched.promptcache`) -------------------------------
+# -- the prompt cache (`specgen.sched.promptcache`) -------------------------------
 
 
 def scheduler_with_cache(limit=None):

@@ -20,8 +20,8 @@ from specgen.engine import SeqDecode
 from specgen.errors import EngineError
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
-from specgen.server.sched.jobs import Job
-from specgen.server.sched.scheduler import Scheduler
+from specgen.sched.jobs import Job
+from specgen.sched.scheduler import Scheduler
 
 # the tiny model in F32: batched and single passes agree to float rounding
 TOL = 1e-3
@@ -189,7 +189,7 @@ def test_a_request_whose_prompt_left_its_slot_is_restored_and_unchanged(smol_pai
     # one slot, prompts A, B, A again: A's cells (target and draft) are saved when B takes
     # the slot and restored for the second A, which evaluates nothing of its prompt and
     # gives the first A's greedy output
-    from specgen.server.sched.promptcache import PromptCache
+    from specgen.sched.promptcache import PromptCache
 
     target_path, draft_path = smol_pair
     config = GenerateConfig(max_tokens=16, params=GREEDY, ignore_eos=True)

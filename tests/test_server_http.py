@@ -21,10 +21,10 @@ from specgen.errors import ChatTemplateError
 from specgen.flags import SamplingFlags
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
+from specgen.sched.jobs import BatchReport, Failed, Job, Ticket
 from specgen.server import runner
 from specgen.server.app import Settings
 from specgen.server.responses import Events, deliver
-from specgen.server.sched.jobs import BatchReport, Failed, Job, Ticket
 from specgen.server.shapes import Defaults
 
 T = 60  # seconds: generous, never a bound on speed (httpx defaults to 5)

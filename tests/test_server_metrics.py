@@ -13,9 +13,9 @@ from specgen.drafters import ModelDrafter
 from specgen.events import Step
 from specgen.generate import GenerateConfig
 from specgen.sampling import SamplingParams
+from specgen.sched.jobs import BatchReport, Job
+from specgen.sched.scheduler import Scheduler
 from specgen.server.metrics import Metrics
-from specgen.server.sched.jobs import BatchReport, Job
-from specgen.server.sched.scheduler import Scheduler
 
 V = 6
 GREEDY = SamplingParams(temp=0.0)

@@ -69,7 +69,7 @@ class SlotState:
             always evaluates (`SlotInput.catch_up`).
         left: tokens it may still emit (0 = unknown).
         first: the request's first step that may speculate (the server makes its first
-            step ordinary, `specgen.server.sched`).
+            step ordinary, `specgen.sched`).
         free: positions a prompt-lookup match proposes this step (`SlotInput.free`).
         free_alpha: the estimated acceptance rate of each of those lookup tokens
             (`HybridDrafter.lookup_offer`), which replaces the request's estimate at

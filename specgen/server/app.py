@@ -34,11 +34,11 @@ from starlette.types import ASGIApp
 from specgen.constraints import check_vocab
 from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
 from specgen.grammarspec import GrammarSpec
+from specgen.sched.jobs import DoesNotFit, Job, QueueFull
 from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.responses import Events, Run
-from specgen.server.sched.jobs import DoesNotFit, Job, QueueFull
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,7 +52,7 @@ RETRY_AFTER_S = 1
 
 
 class SchedulerLike(Protocol):
-    """The part of `specgen.server.sched.scheduler.Scheduler` the routes use."""
+    """The part of `specgen.sched.scheduler.Scheduler` the routes use."""
 
     n_parallel: int
     n_ctx_slot: int

@@ -38,7 +38,7 @@ class ServeArgs:
         slo_ttft_s, slo_tpot_s: --slo-ttft and --slo-tpot in seconds (None: no target):
             the batch controller's latency targets (`specgen.control.batch.BatchController`).
         cache_ram_mib: --cache-ram, MiB of host memory for the prompt cache (-1: no limit,
-            0: none; `specgen.server.sched.promptcache`).
+            0: none; `specgen.sched.promptcache`).
     """
 
     model: ModelFlags
@@ -115,8 +115,8 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     # start-up time: the scheduler and the chat module load numpy
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
-    from specgen.server.sched.promptcache import PromptCache
-    from specgen.server.sched.scheduler import Scheduler
+    from specgen.sched.promptcache import PromptCache
+    from specgen.sched.scheduler import Scheduler
     from specgen.server.tools import TemplateTools
 
     target = opened.target

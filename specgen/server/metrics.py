@@ -24,7 +24,7 @@ from prometheus_client import (
 
 from specgen.acceptance_stats import position_counts, proposed_counts
 from specgen.events import Step
-from specgen.server.sched.jobs import BatchReport
+from specgen.sched.jobs import BatchReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from specgen.events import Done, Step
+from specgen.sched.jobs import Failed, Job, JobEvent, Ticket, deliver_each
 from specgen.server import tools
-from specgen.server.sched.jobs import Failed, Job, JobEvent, Ticket, deliver_each
 from specgen.server.shapes import Outcome, RequestError, Shape
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""The core of `specgen serve`, which knows nothing of HTTP: slots, a bounded queue, and
-one worker thread that owns llama.cpp and runs the batched rounds.
+"""The batch engine, which knows nothing of HTTP (the core of `specgen serve`): slots, a
+bounded queue, and one worker thread that owns llama.cpp and runs the batched rounds.
 
 One job per module:
   - `jobs`: what crosses the seam with the HTTP side (`Job`, `Ticket`, the events, the

@@ -19,7 +19,7 @@ from specgen.engine import BatchEngine, SeqDecode
 from specgen.errors import EngineError
 from specgen.proposal import Proposal
 from specgen.round import Clock
-from specgen.server.sched.slot import Slot, batched
+from specgen.sched.slot import Slot, batched
 
 
 class Drafting:
@@ -200,7 +200,7 @@ class Drafting:
         cuts every block short after the depth under way (`Stepwise.stop`, setting
         `cut`): the step goes on to its target decode, which then holds the request's
         first prompt chunk (`Stepper.run` admits again before it), so a new request waits one
-        draft depth instead of all of them (see `specgen.server.sched.step`: admission). Exact:
+        draft depth instead of all of them (see `specgen.sched.step`: admission). Exact:
         where a block ends depends on the clock and the queue, never on the tokens drawn,
         and a round's law does not depend on its K (Leviathan et al. 2023, Theorem 3.5).
 

@@ -1,6 +1,6 @@
 """The core of `specgen serve`: `Scheduler`, a bounded queue of jobs and one worker thread
-that owns llama.cpp and runs the batched steps (`specgen.server.sched.step`) over the
-slots (`specgen.server.sched.slot`). No HTTP here (see notes: the seam with app.py).
+that owns llama.cpp and runs the batched steps (`specgen.sched.step`) over the
+slots (`specgen.sched.slot`). No HTTP here (see notes: the seam with app.py).
 
 Events leave once per step: what a step sends (each slot's `Step`, the `Done` or `Failed`
 that ends a job) waits in an outbox and is handed to `deliver` together when the step
@@ -26,8 +26,8 @@ from specgen.engine import BatchEngine, Drafter, SeqDecode
 from specgen.errors import EngineError
 from specgen.ngram import NgramDrafter
 from specgen.round import Clock
-from specgen.server.sched.drafting import Drafting
-from specgen.server.sched.jobs import (
+from specgen.sched.drafting import Drafting
+from specgen.sched.jobs import (
     BatchReport,
     Deliver,
     DoesNotFit,
@@ -39,9 +39,9 @@ from specgen.server.sched.jobs import (
     Ticket,
     deliver_each,
 )
-from specgen.server.sched.promptcache import PromptCache, StateView
-from specgen.server.sched.slot import Slot, Slots, batched
-from specgen.server.sched.step import Stepper
+from specgen.sched.promptcache import PromptCache, StateView
+from specgen.sched.slot import Slot, Slots, batched
+from specgen.sched.step import Stepper
 
 #: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
 _CALIBRATE_RUN = 16
@@ -68,7 +68,7 @@ class Scheduler:
             --slo-tpot, seconds; None: none).
         prompt_cache: the cells of prompts that left their slot, restored for a request
             sharing a longer prefix than any free slot holds (--cache-ram;
-            `specgen.server.sched.promptcache`); None: none. Needs sequences with
+            `specgen.sched.promptcache`); None: none. Needs sequences with
             `save_state` (`SequenceView`).
 
     Raises:
@@ -392,7 +392,7 @@ class Scheduler:
     def _reuse(self, slot: Slot, prefix: list[int]) -> None:
         """Before `slot` takes a request whose prompt (but its last token) is `prefix`:
         save the cells it would drop to the prompt cache, and give it a saved entry's
-        cells where those share more of `prefix` (`specgen.server.sched.promptcache`)."""
+        cells where those share more of `prefix` (`specgen.sched.promptcache`)."""
         cache = self.prompt_cache
         if cache is None:
             return

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from specgen.control.costs import Line
 from specgen.events import Done, Step
-from specgen.generate import GenerateConfig
+from specgen.genconfig import GenerateConfig
 
 
 @dataclass(frozen=True)

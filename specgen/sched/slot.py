@@ -29,7 +29,7 @@ from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
 from specgen.round import Clock, Sequence
 from specgen.sampling import SamplingParams
-from specgen.server.sched.jobs import Failed, JobEvent, Ticket
+from specgen.sched.jobs import Failed, JobEvent, Ticket
 
 _LOOKUP_POOLS = 64  # sampling settings whose pooled prompt-lookup record is kept
 

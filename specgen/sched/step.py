@@ -3,7 +3,7 @@
      shares the longest prefix with the prompt, which then evaluates only the rest);
   2. stage 1 for every slot that is generating: K per slot (fixed, or the batch
      controller's goodput choice; 0 in a request's first round, so that its first token
-     comes at ordinary decoding's latency), then the blocks (`specgen.server.sched.drafting`);
+     comes at ordinary decoding's latency), then the blocks (`specgen.sched.drafting`);
   3. stage 2: ONE target decode holding every generating slot's [last, x_1..x_K] and a
      chunk of each prompt being prefilled (at most `prefill_chunk` tokens, so a long
      prompt stalls the others by one chunk at most; a prompt's last chunk carries its
@@ -48,9 +48,9 @@ from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
 from specgen.proposal import Proposal
-from specgen.server.sched.drafting import Drafting
-from specgen.server.sched.jobs import BatchReport
-from specgen.server.sched.slot import Slot, Slots, batched
+from specgen.sched.drafting import Drafting
+from specgen.sched.jobs import BatchReport
+from specgen.sched.slot import Slot, Slots, batched
 
 
 def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
