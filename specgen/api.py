@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -29,7 +29,7 @@ from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags, in_python_words, seed_or_random
-from specgen.generate import FixedK, GenerateConfig, KPolicy, check_prompt, generate
+from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.logprobs import TokenLogprob
 
 if TYPE_CHECKING:
@@ -175,12 +175,9 @@ class Generation:
         n_prompt: prompt tokens (after the chat template, for a chat).
     """
 
-    def __init__(
-        self, events: Generator[Event, None, None], seed: int, settings: SamplingFlags,
-        policy: KPolicy, n_prompt: int,
-    ) -> None:  # fmt: skip
-        self._events = events
-        self._policy = policy
+    def __init__(self, run: OneSlot, seed: int, settings: SamplingFlags, n_prompt: int) -> None:
+        self._run = run
+        self._events = run.events()
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
@@ -202,7 +199,7 @@ class Generation:
     def controller(self) -> dict[str, object] | None:
         """With ``draft_max="auto"`` and a drafter, the block-size controller's decisions
         so far (`run --json`'s ``controller`` object); None otherwise."""
-        return self._policy.summary()
+        return self._run.summary()
 
 
 class Pair(Generic[M]):
@@ -398,8 +395,8 @@ class Pair(Generic[M]):
         seed = seed_or_random(flags.seed)
         # errors in the caller's words: keyword arguments', or a SamplingFlags' flags
         with _argument_names() if base is None else contextlib.nullcontext():
-            it, policy = events(self.session, ids, flags, seed, trace, ordinary)
-        return Generation(it, seed, flags, policy, len(ids))
+            run = one_slot(self.session, ids, flags, seed, trace, ordinary)
+        return Generation(run, seed, flags, len(ids))
 
     def close(self) -> None:
         self.session.close()
@@ -500,32 +497,26 @@ def load(
         return Pair(_session.open(flags))
 
 
-def events(
+def one_slot(
     opened: Models,
     ids: list[int],
     sampling: SamplingFlags,
     seed: int,
     trace: bool = False,
     ordinary: bool = False,
-) -> tuple[Generator[Event, None, None], KPolicy]:
-    """The loop's events for prompt token `ids` on an open session, and the block-size
-    policy driving them (the CLI's --json reports its decisions); `trace` attaches a
-    `RoundTrace` to every Step; `ordinary` decodes with the target alone (K = 0).
+) -> OneSlot:
+    """The generation for prompt token `ids` on an open session (`OneSlot.events()`: its
+    events; `OneSlot.summary()`: the controller's choices, which the CLI's --json
+    reports); `trace` attaches a `RoundTrace` to every Step; `ordinary` decodes with the
+    target alone (K = 0).
 
     Raises:
         PromptError: the prompt does not fit the context. GrammarError: the grammar or
-            schema does not compile.
+            schema does not compile. ConfigError: a setting the engines refuse.
     """
-    check_prompt(ids, opened.target.n_ctx)
     drafter = None if ordinary else opened.drafter
     # the baseline for the speedup and the controller's choices
     measure = 3 if drafter is not None else 0
     config = GenerateConfig.of(sampling, seed, measure_ordinary=measure, trace=trace)
-    if config.grammar is not None:
-        # compiled now (and cached): a bad grammar is an error of this call, not of its
-        # first event
-        from specgen.grammar import compile_grammar, tokenizer_for
-
-        compile_grammar(config.grammar, tokenizer_for(opened.target))
     policy = FixedK(0) if ordinary else opened.policy(sampling.k)
-    return generate(opened.target, drafter, ids, config, policy), policy
+    return OneSlot(opened.target, drafter, ids, config, policy)

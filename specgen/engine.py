@@ -195,6 +195,69 @@ class BatchEngine(Protocol):
         ...
 
 
+class OneSequence:
+    """A plain `Engine` (one sequence, id 0) as a `BatchEngine`, so that the batch engine
+    (`specgen.sched`) can drive a model loaded for one stream, or a test's fake, as its
+    one slot. A batch holds at most one part: that sequence's.
+
+    Args:
+        engine: the engine; its `decode` splits a part longer than one batch itself.
+    """
+
+    n_seq = 1
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.name, self.n_vocab = engine.name, engine.n_vocab
+        # one part per batch, which the engine's decode splits by n_batch itself
+        self.n_batch = max(1, int(getattr(engine, "n_batch", 0)) or engine.n_ctx)
+
+    @property
+    def decode_s(self) -> float:
+        return self.engine.decode_s
+
+    def sequence(self, seq: int) -> Engine:
+        """The engine itself (seq 0).
+
+        Raises:
+            ValueError: seq is not 0.
+        """
+        if seq != 0:
+            raise ValueError(f"{self.name} holds one sequence, not sequence {seq}")
+        return self.engine
+
+    def decode_batch(self, parts: list[SeqDecode], copy: bool = True) -> list[Logits]:
+        """`BatchEngine.decode_batch` for at most one part (sequence 0).
+
+        Raises:
+            ValueError: more than one part, or a part for another sequence.
+            EngineError: as `Engine.decode`.
+        """
+        if not parts:
+            return []
+        if len(parts) > 1 or parts[0].seq != 0:
+            raise ValueError(f"{self.name} holds one sequence: one part per decode")
+        part = parts[0]
+        wanted, n = part.wanted(), len(part.tokens)
+        # `decode`'s plain forms where they say it (an engine wrapping another may know
+        # only those); `rows` for the rest
+        if wanted == tuple(range(n)):
+            rows = self.engine.decode(part.tokens, all_logits=True)
+        elif wanted == (n - 1,):
+            rows = self.engine.decode(part.tokens)
+        else:
+            rows = self.engine.decode(part.tokens, rows=list(wanted))
+        return [np.array(rows) if copy else rows]
+
+
+def as_batch(engine: Engine | BatchEngine) -> BatchEngine:
+    """`engine` where it already holds sequences (`BatchEngine`: llama.cpp's), else the
+    one-sequence view of it (`OneSequence`)."""
+    if hasattr(engine, "decode_batch") and hasattr(engine, "sequence"):
+        return engine  # type: ignore[return-value]
+    return OneSequence(engine)  # type: ignore[return-value]
+
+
 @dataclass
 class Block:
     """A drafted block.

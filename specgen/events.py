@@ -59,17 +59,17 @@ class Span:
 @dataclass(frozen=True)
 class Prefilled:
     """The prompt has been evaluated by the target (a single stream's draft evaluates it
-    after the first round: `specgen.generate.Stream.prefill`)."""
+    once the controller first drafts with it: `specgen.generate.OneSlot`)."""
 
     n_prompt: int
     prefill_s: float
     ordinary_token_s: float | None = None
-    """Median seconds of a single-token target pass, timed right after the prompt on
-    this hardware (the ordinary-decoding baseline), or None when not measured (a single
-    stream times it after its first round: `Step.timed_ordinary_s`)."""
+    """Median seconds of a single-token target pass timed right after the prompt, or None:
+    the single stream times its passes after its first round instead
+    (`Step.timed_ordinary_s`), so that its first token waits for none of them; traces
+    written before that carry it here."""
     draft_token_s: float | None = None
-    """Median seconds of a single-token draft pass, timed likewise (adaptive block size
-    with a model draft only), or None."""
+    """Median seconds of a single-token draft pass, likewise (None but in older traces)."""
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,7 @@ class Step:
         timed_ordinary_s, timed_draft_s: medians of the single-token target and draft
             passes timed at a single stream's start-up, on the round they preceded (its
             second: the first is an ordinary pass, so the first token waits for none of
-            them; `specgen.generate.Stream.step`), else None. What `Prefilled` carries
-            when a batched prefill times them (`Sequence.start`).
+            them; `specgen.generate.OneSlot`), else None.
         k_reason: why the server's step gave this round its K
             (`specgen.control.goodput.REASONS`); None outside the server.
     """

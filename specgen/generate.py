@@ -1,33 +1,42 @@
-"""`generate`: the driver of one single-stream `Stream` (a `specgen.round.Sequence` with
-the single stream's start-up: prefill, baseline, rounds, Done), yielding typed events. The
-stages live in `specgen.stages`, the round in `specgen.round`, the settings in
+"""`generate`: one generation as the batch engine (`specgen.sched`) with one slot, yielding
+typed events. `run`, `chat`, `bench`, `verify` and the Python API drive this; `specgen
+serve` drives the same engine with N slots from a worker thread, so a round is drafted,
+verified, accepted and timed by one code, and K is chosen by one controller
+(`specgen.control.batch.BatchController`: the goodput choice of SmartSpec, Liu et al.
+2024; its N = 1 case here).
+
+The stages live in `specgen.stages`, the round in `specgen.round`, the settings in
 `specgen.genconfig`; their names are re-exported here for the callers that drive a
-generation."""
+generation.
+"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 from collections.abc import Generator
 
-from specgen.drafters import ModelDrafter
-from specgen.engine import Drafter, Engine, under
+from specgen.engine import Drafter, Engine, as_batch, under
+from specgen.errors import EngineError
 from specgen.events import Done, Prefilled, Step
 from specgen.genconfig import VERIFY_RULES, GenerateConfig, VerifyRule
-from specgen.hybrid import HybridDrafter
 from specgen.round import Clock, Sequence
-from specgen.stages import FixedK, KPolicy, check_prompt, prefill
+from specgen.sched.jobs import Failed, Job, JobEvent
+from specgen.sched.scheduler import Scheduler
+from specgen.stages import AutoK, FixedK, KPolicy, check_prompt, time_passes
 
 __all__ = [
     "VERIFY_RULES",
+    "AutoK",
     "Event",
     "FixedK",
     "GenerateConfig",
     "KPolicy",
-    "Stream",
+    "OneSlot",
     "VerifyRule",
     "check_prompt",
     "generate",
-    "prefill",
 ]
 
 Event = Prefilled | Step | Done
@@ -43,13 +52,13 @@ def generate(
     ordinary_first: bool = True,
 ) -> Generator[Event, None, None]:
     """Generate from `prompt` (token ids), yielding Prefilled, then a Step per round,
-    then Done. With `drafter=None` (or K = 0) this is ordinary decoding. The drafter
-    samples under `config.params` (`specgen.engine.under`). The first round
-    is an ordinary pass unless `ordinary_first` is False (`Stream.prefill`:
-    the first token at ordinary decoding's latency; the law of the output is the same
-    either way). A consumer
-    interrupted between events throws ``KeyboardInterrupt`` in (``.throw``): that is
-    handled as Ctrl-C inside the loop (the next event is the Done).
+    then Done. With `drafter=None` or `FixedK(0)` (the default `policy`) this is ordinary
+    decoding; `AutoK` lets the controller choose K each round. The drafter samples under
+    `config.params` (`specgen.engine.under`). See `OneSlot` for the start-up and the
+    first round (`ordinary_first`).
+
+    A consumer interrupted between events throws ``KeyboardInterrupt`` in (``.throw``):
+    that is handled as Ctrl-C inside the loop (the next event is the Done).
 
     On every exit (limit, stop, EOS, Ctrl-C, exception, the consumer closing the
     generator) both caches are left holding the committed tokens except the last.
@@ -58,153 +67,183 @@ def generate(
         PromptError: empty prompt, or no room in the context (raised by the call itself).
         ConfigError: a setting the engines refuse (a logit bias past the vocabulary),
             raised by the call itself.
+        GrammarError: the grammar does not compile (raised by the call itself).
         EngineError: llama.cpp failed.
         KeyboardInterrupt: Ctrl-C during the generation, raised on the next iteration
             after the Done (finish reason "interrupted" unless the last round had already
             ended the generation, whose own reason it then keeps).
     """
-    # built now, not at the first event: a bad prompt or setting (a logit bias past the
-    # vocabulary, checked when the drafter is rebuilt under the generation's settings) is
-    # raised by the call itself; q under this generation's own settings, whatever the
-    # drafter was loaded with
-    drafter = under(drafter, config.params)
-    return _drive(Stream(target, drafter, prompt, config, policy, clock), ordinary_first)
+    return OneSlot(target, drafter, prompt, config, policy, clock, ordinary_first).events()
 
 
-def _drive(seq: Stream, ordinary_first: bool) -> Generator[Event, None, None]:
-    """`generate`'s events from a built Sequence (see there)."""
-    # A flag, not the finish reason: a Ctrl-C that lands after the final round closed
-    # the emitter (during its rollback or bookkeeping) must still reach the caller.
-    interrupted = False
-    try:
-        yield seq.prefill(ordinary_first)
-        while not seq.ended():
-            yield seq.step()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        seq.rollback()  # the invariant, whatever happened
-    yield seq.finish("interrupted" if interrupted else None)
-    if interrupted:
-        # Ctrl-C is never swallowed: the consumer gets the partial Done (`run` shows the
-        # text), then the interrupt itself, so a caller looping over generations (bench,
-        # verify) stops instead of carrying on with the next one.
-        raise KeyboardInterrupt
+class OneSlot:
+    """One generation on the batch engine with one slot (built by `generate`).
 
+    The start-up follows the server's rule for a new request: the first round is ordinary
+    and rides on the prompt's last batch, so the first token comes at ordinary decoding's
+    latency; the draft model's prompt is evaluated only once the controller first drafts
+    with it (`specgen.sched.drafting`); then, before the second round's choice of K,
+    `config.measure_ordinary` single-row target decodes are timed (the ordinary-decoding
+    baseline behind every speedup figure, `specgen.measure.Baseline`) and, with the
+    controller, the decodes its cost lines start from (`Scheduler.calibrate`). The law of
+    the output does not depend on the K chosen (Leviathan et al. 2023, Theorem 3.5), so
+    all of this changes timing only.
 
-class Stream(Sequence):
-    """A single stream's `Sequence` (`run`, `chat`, `bench`, `verify`, the Python API):
-    its own prefill, and `step`, one round with its own target decode. Its start-up
-    follows the server's rule for a new request (`specgen.sched`): the first round
-    is ordinary, and the draft model's prompt is evaluated only before the first round
-    the model drafts in."""
+    With `ordinary_first` False (`specgen verify`, whose tests must reach speculation from
+    the first position), the first round may speculate too.
 
-    # set by `prefill`: the first round is ordinary, the start-up follows it, and the
-    # draft model's prompt waits for the first round the model drafts in
-    _first_ordinary = _start_due = _draft_due = False
+    Raises:
+        PromptError, ConfigError, GrammarError: as `generate`, from the constructor.
+    """
 
-    def prefill(self, ordinary_first: bool = True) -> Prefilled:
-        """Evaluate the prompt (all but its last token) in the target only: a single
-        stream's first token comes at ordinary decoding's latency.
-
-        The first `step` is then an ordinary pass (K = 0), whatever the policy; the timed
-        passes `config.measure_ordinary` asks for run after it, before the second round
-        (`_start_up`); and the draft model's prompt is evaluated only before the first
-        round the model drafts in (`_model_due`): one rule with the server, which
-        prefills a slot's draft only once the controller chooses to speculate for it.
-        Rounds of prompt lookup alone (`--draft ngram`, or a hybrid drafter whose lookup
-        fills the block) never wait for it, and a run that never drafts with the model
-        (a draft slower than its target, a text that only copies) never pays for it. With
-        a first round that speculated, the first token waited for the draft's prefill, K
-        draft decodes and a K + 1-row verify (`bench` TTFT 274 ms against 134 ms ordinary
-        on the demo pair). The law of the output does not depend on the K chosen
-        (Leviathan et al. 2023, Theorem 3.5), so this changes timing only.
-
-        With `ordinary_first` False (`specgen verify`, whose tests must reach speculation
-        from the first position), both models evaluate the prompt, the passes are timed
-        now, and the policy chooses the first round's K.
-        """
-        t0 = self.clock()
-        n = prefill(
-            self.target, self.drafter, self.committed, self.config.reuse_cache, ordinary_first
+    def __init__(
+        self,
+        target: Engine,
+        drafter: Drafter | None,
+        prompt: list[int],
+        config: GenerateConfig,
+        policy: KPolicy | None = None,
+        clock: Clock | None = None,
+        ordinary_first: bool = True,
+    ) -> None:
+        check_prompt(prompt, target.n_ctx)
+        # q under this generation's own settings, whatever the drafter was loaded with (a
+        # logit bias past the vocabulary is refused here, by the call itself)
+        drafter = under(drafter, config.params)
+        policy = policy or FixedK(0)
+        auto = isinstance(policy, AutoK) and drafter is not None
+        kwargs = {} if clock is None else {"clock": clock}
+        batch = as_batch(target)
+        if not config.reuse_cache:
+            batch.sequence(0).truncate(0)
+        self.scheduler = Scheduler(
+            batch,
+            drafter,
+            n_parallel=1,
+            queue_max=1,
+            draft_max=None if auto else (policy.k if isinstance(policy, FixedK) else 0),
+            # a whole prompt in one decode: one request, nobody to stall
+            prefill_chunk=target.n_ctx,
+            k_max=policy.k_max if isinstance(policy, AutoK) else 16,
+            single=True,
+            ordinary_first=ordinary_first,
+            **kwargs,  # type: ignore[arg-type]
         )
-        self._first_ordinary = ordinary_first
-        self._draft_due = ordinary_first and self._model is not None
-        return self.start(n, self.clock() - t0, measure=not ordinary_first)
+        self.config = config
+        self._events: collections.deque[JobEvent] = collections.deque()
+        self.scheduler.submit(Job("single", prompt, config), self._events.append)
+        # placed now: a grammar that does not compile is an error of the call
+        self.scheduler.admit()
+        slot = self.scheduler.slots.all[0]
+        assert slot.seq is not None
+        self.seq: Sequence = slot.seq
+        self._timed = config.measure_ordinary <= 0
+        # the start-up's medians, for the next Step (`_time_start_up`)
+        self._medians: tuple[float, float | None] | None = None
+        self._reasons: collections.Counter[str] = collections.Counter()
 
-    def _start_up(self) -> tuple[float | None, float | None]:
-        """After a single stream's first round (`prefill`): the timed passes, before the
-        second round's choice of K, so the policy chooses from the same measurements as
-        when they preceded the first round. The draft's passes are timed where its cache
-        stands (its prompt is not evaluated yet: `_model_due`); a single-token pass costs
-        about the same there. As then, their time is in neither `decode_s` nor the
-        rounds' costs."""
-        t0 = self.clock()
-        timed = self._time_start()
-        # the start-up is not decoding: the rounds' clocks start after it
-        self._t_decode += self.clock() - t0
-        self._t_last = self.clock()
-        return timed
+    def events(self) -> Generator[Event, None, None]:
+        """The generation's events (see `generate`)."""
+        done = False
+        interrupted = False
+        try:
+            while not done:
+                if not self._events:
+                    self._step()
+                while self._events:
+                    event = self._events.popleft()
+                    if isinstance(event, Failed):  # only a cancel or shutdown: never here
+                        raise EngineError(event.message)
+                    done = isinstance(event, Done)
+                    if isinstance(event, Step) and self._medians is not None:
+                        ordinary_s, draft_s = self._medians
+                        self._medians = None
+                        event = dataclasses.replace(
+                            event, timed_ordinary_s=ordinary_s, timed_draft_s=draft_s
+                        )
+                    yield event
+        except KeyboardInterrupt:
+            if done:
+                raise  # after the Done: the generation had ended
+            interrupted = True
+        except BaseException:
+            self._abandon()
+            raise
+        if interrupted:
+            # Ctrl-C is never swallowed: the consumer gets the partial Done (`run` shows
+            # the text), then the interrupt itself, so a caller looping over generations
+            # (bench, verify) stops instead of carrying on with the next one
+            yield self._interrupt()
+            raise KeyboardInterrupt
 
-    @property
-    def _model(self) -> ModelDrafter | None:
-        """The drafter's draft-model part (a `HybridDrafter`'s model), None without one."""
-        d = self.drafter
-        return d.model if isinstance(d, ModelDrafter | HybridDrafter) else None
+    def _step(self) -> None:
+        """One step of the engine; its events wait in `_events`."""
+        if not self._timed and self.seq.stats.k_history:
+            self._time_start_up()
+        report = self.scheduler.step()
+        self._reasons.update(report.reasons[: len(report.k)])
 
-    def _model_due(self, k: int) -> int:
-        """Before a single stream's round of block size k > 0 while the draft model's
-        prompt is not evaluated yet (`prefill`): the block size to run.
+    def _time_start_up(self) -> None:
+        """After the first round, before the second's choice of K: the timed passes (see
+        the class); their medians ride on the next Step (`Step.timed_ordinary_s`,
+        `timed_draft_s`). Not decoding: the rounds' clocks skip it."""
+        self._timed = True
+        sched, seq, n = self.scheduler, self.seq, self.config.measure_ordinary
+        t0 = sched.clock()
+        draft_s = None
+        try:
+            passes = sched.calibrate(n, quick=True)
+            if passes is None:
+                passes = time_passes(seq.target, seq.committed[-1], n, sched.clock)
+            elif sched.controller is not None and sched.drafting.draft is not None:
+                draft_s = sched.controller.draft_line()(1)
+        except EngineError:  # no room left to time a pass: the run's own rounds will do
+            return
+        finally:
+            seq.skip(sched.clock() - t0)
+        if passes:
+            seq.baseline.add_initial(passes)
+            ordinary_s = statistics.median(passes)
+            self._medians = (ordinary_s, draft_s)
 
-        A hybrid drafter whose prompt lookup offers positions (`HybridDrafter.lookup_offer`)
-        runs a round of lookup tokens alone, at most k of them: the model would only
-        continue a block the lookup began, and its first token would cost the whole
-        prompt's evaluation. Otherwise the model drafts this round: its prompt (the
-        committed tokens but the last, `ModelDrafter.prefill`, with its rolled-back
-        warm-up pass) is evaluated first, counted in `prefill_s` and not in `decode_s`
-        (as when it ran before the first round), so the block's first decode evaluates
-        `last` only and the policy sees no catch-up cost for it. Any K is exact: a lookup
-        token's q is one-hot whatever the block size (`specgen.hybrid`)."""
-        model = self._model
-        assert model is not None
-        if isinstance(self.drafter, HybridDrafter):
-            free, _ = self.drafter.lookup_offer(self.draft_context(k), k)
-            if free > 0:
-                return min(k, free)
-        t0 = self.clock()
-        model.prefill(self.committed)
-        self._draft_due = False
-        seconds = self.clock() - t0
-        self.stats.prefill_s += seconds
-        self._t_decode += seconds
-        return k
+    def _interrupt(self) -> Done:
+        """End the job at Ctrl-C: the Done (finish "interrupted", or the reason the last
+        round already gave it)."""
+        slot = self.scheduler.slots.all[0]
+        self.scheduler.slots.end(slot, None, "interrupted")
+        self.scheduler.flush()
+        done = [e for e in self._events if isinstance(e, Done)]
+        self._events.clear()
+        assert done, "an interrupted job ends with a Done"
+        return done[-1]
 
-    def step(self) -> Step:
-        """One round for a single stream: propose, one target decode, commit.
+    def _abandon(self) -> None:
+        """An exception or the consumer closing the generator: roll the caches back to the
+        committed tokens (the invariant), sending nothing."""
+        try:
+            self.seq.rollback()
+        except Exception:  # noqa: BLE001 - the original error is the one to raise
+            pass
 
-        After `prefill`, the first round is an ordinary pass (K = 0, chosen by no policy
-        and reported to none: its pass is the first single-token decode after the
-        prompt's batch, slow from graph set-up), and the start-up measurements run before
-        the second (`_start_up`), whose Step carries their medians. The draft model's
-        prompt is evaluated before the first round it drafts in (`_model_due`)."""
-        timed = None
-        forced = self._first_ordinary
-        if forced:
-            self._first_ordinary, self._start_due = False, True
-            proposal = self.propose(0, lead=False)
-        else:
-            if self._start_due:
-                self._start_due = False
-                timed = self._start_up()
-            k = self.choose_k()
-            if k > 0 and self._draft_due:
-                k = self._model_due(k)
-            proposal = self.propose(k)
-        if proposal.forced:  # rows only where the grammar leaves a choice
-            logits = self.target.decode(proposal.to_score, rows=proposal.rows)
-        else:
-            logits = self.target.decode(proposal.to_score, all_logits=True)
-        step = self.commit(proposal, logits, observe=not forced)
-        if timed is not None:
-            step = dataclasses.replace(step, timed_ordinary_s=timed[0], timed_draft_s=timed[1])
-        return step
+    def summary(self) -> dict[str, object] | None:
+        """With the controller (`AutoK` and a drafter), its choices for the stats output
+        (`run --json`'s ``controller`` object): K per round, each K's reason
+        (`specgen.control.goodput.REASONS`) counted, the fitted cost lines (seconds:
+        intercept, slope; the target's against rows, the draft's against slots drafting a
+        depth), a draft token's seconds without a row (a catch-up's), and the acceptance
+        estimate by block position. None with a fixed K."""
+        ctl = self.scheduler.controller
+        if ctl is None:
+            return None
+        slot = self.scheduler.slots.all[0]
+        t, d = ctl.target.line(), ctl.draft_line()
+        alpha = slot.acceptance.alpha_by_pos(ctl.k_max) if slot.acceptance is not None else ()
+        return {
+            "k_history": list(self.seq.stats.k_history),
+            "reasons": dict(self._reasons),
+            "target_line_s": [t.intercept_s, t.slope_s],
+            "draft_line_s": [d.intercept_s, d.slope_s],
+            "draft_token_s": ctl.draft.token_s,
+            "spec_overhead_s": ctl.spec_overhead_s,
+            "alpha_by_pos": [round(float(a), 4) for a in alpha],
+        }

@@ -1,8 +1,8 @@
 """Measurement of the run itself: the ordinary-pass meter behind every speedup figure.
 
 `Baseline` times ordinary decoding (the target alone, one token a pass) over the whole run.
-The single stream's controller reads it (`specgen.control.single.Controller.attach`), but it
-belongs to no choice of K: the live view, the summary and `--json`'s speedup divide by it.
+It belongs to no choice of K (the controller prices from its own fitted lines): the live
+view, the summary and `--json`'s speedup divide by it.
 
 Pure: the standard library only.
 """
@@ -24,7 +24,7 @@ class Baseline:
     has `settle` ordinary rounds of its own, they alone decide (the median of the last
     `window`), so a machine that was busy for the first passes cannot make a run of
     ordinary rounds claim a speedup. One slow round counts at most twice the current
-    estimate (the controller's outlier rule, `specgen.control.costs.CostModel.add`).
+    estimate.
 
     Args:
         window: ordinary rounds kept (the newest).

@@ -3,13 +3,12 @@ split them.
 
 A `Sequence` holds what one generation owns: the committed tokens, its `Emitter`, its two
 random streams (draft sampling, acceptance), its target (an `Engine`: for the server, one
-sequence of a shared context), its drafter, its block-size policy and a clock. A round is
+sequence of a shared context), its drafter and a clock. A round is
 `propose(k)` (stage 1: the block and its q rows), a decode of `Proposal.to_score` (stage 2,
 made by whoever holds the batch), and `commit(proposal, logits)` (stages 3-5: accept,
-the next token, emit, roll back this sequence only). `specgen.generate.Stream` composes
-them with one decode per round for a single stream (and its own start-up: an ordinary
-first round, the draft's prompt evaluated only once the model drafts); the server's
-scheduler drives many Sequences with one batched decode per step.
+the next token, emit, roll back this sequence only). The batch engine (`specgen.sched`)
+drives them, one per slot, with one batched target decode per step: `specgen serve` with
+N slots, the single stream (`specgen.generate`) with one. K is chosen there, not here.
 
 Invariant before every round (kept by `commit`'s rollback, restored by `finish`): the
 target holds exactly the committed tokens except the last one, `last`, which is committed
@@ -19,7 +18,6 @@ but not yet evaluated; a model drafter holds a prefix of that.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -36,14 +34,11 @@ from specgen.logprobs import token_logprobs
 from specgen.measure import Baseline
 from specgen.proposal import Proposal, forced_rows
 from specgen.stages import (
-    FixedK,
-    KPolicy,
     check_prompt,
     draft_block,
     make_trace,
     rollback,
     target_distributions,
-    time_passes,
     verify_block,
     with_lead,
 )
@@ -60,8 +55,9 @@ Clock = Callable[[], float]
 LEAD_MAX = 32
 
 
-def _now() -> float:
-    return time.perf_counter()  # looked up at each call: a test may replace it
+def now() -> float:
+    """`time.perf_counter()`, looked up at each call (a test may replace it)."""
+    return time.perf_counter()
 
 
 class Sequence:
@@ -72,7 +68,6 @@ class Sequence:
         drafter: proposes blocks; None for ordinary decoding.
         prompt: token ids; must leave room in the target's context.
         config: the generation's settings (-n, sampling, stop strings, seed, ...).
-        policy: chooses K each round; `FixedK(0)` when None.
         clock: seconds, monotonic; every timing the loop reports is read from it
             (`time.perf_counter` when None).
 
@@ -86,15 +81,13 @@ class Sequence:
         drafter: Drafter | None,
         prompt: list[int],
         config: GenerateConfig,
-        policy: KPolicy | None = None,
         clock: Clock | None = None,
     ) -> None:
         check_prompt(prompt, target.n_ctx)
         self.target = target
         self.drafter = drafter
         self.config = config
-        self.policy: KPolicy = policy or FixedK(0)
-        self.clock = clock or _now
+        self.clock = clock or now
         # two independent streams: drafting never shifts the acceptance uniforms
         self.draft_rng, self.target_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(2)
@@ -108,8 +101,8 @@ class Sequence:
         self.processor = processor_for(config.params.constraints, target.n_vocab)
         self.grammar = self._attach_grammar(config, target, drafter, len(prompt))
         self.baseline = Baseline()
-        self.policy.attach(self.baseline)
-        self._t_decode = self._t_last = self.clock()
+        self._t_decode = self.clock()
+        self._t_last: float | None = None  # when the last round ended (`commit`)
         # `draft_context`'s lead for the round about to be proposed: (len(committed), lead)
         self._lead: tuple[int, list[int]] = (-1, [])
 
@@ -146,48 +139,27 @@ class Sequence:
 
     # -- before the first round ------------------------------------------------------
 
-    def start(self, n_prefill: int, prefill_s: float, measure: bool = True) -> Prefilled:
-        """Begin after the prompt was evaluated (by `specgen.generate.Stream.prefill`, or by
-        a batched prefill that holds other sequences too): time the baseline passes (unless
-        `measure` is False: the single stream times them after its first round), return
-        the Prefilled event."""
+    def start(self, n_prefill: int, prefill_s: float) -> Prefilled:
+        """Begin after the prompt was evaluated (by the batch engine, in a decode that may
+        hold other sequences too): record the prefill, return the Prefilled event."""
         self.stats.n_prefill, self.stats.prefill_s = n_prefill, prefill_s
-        ordinary_s, draft_pass_s = self._time_start(measure)
-        self._t_decode = self._t_last = self.clock()
-        return Prefilled(len(self.committed), prefill_s, ordinary_s, draft_pass_s)
+        self._t_decode = self.clock()
+        self._t_last = None  # the first round's time is no ordinary pass (`commit`)
+        return Prefilled(len(self.committed), prefill_s, None, None)
 
-    def _time_start(self, measure: bool = True) -> tuple[float | None, float | None]:
-        """The start-up measurements: `config.measure_ordinary` single-token target passes
-        of `last` (the ordinary-decoding baseline, fed to the policy), then as many draft
-        passes when the policy needs the draft's cost before its first choice. Returns
-        their medians (None when not measured)."""
-        last, n = self.committed[-1], self.config.measure_ordinary if measure else 0
-        passes = time_passes(self.target, last, n, self.clock)
-        ordinary_s = draft_pass_s = None
-        if passes:
-            self.baseline.add_initial(passes)
-            ordinary_s = statistics.median(passes)
-            # the baseline the policy must beat, measured after a warm-up pass, instead
-            # of one noisy first round
-            self.policy.observe(0, 0, 0.0, ordinary_s, 0)
-            # and the draft's cost, so a draft slower than its target costs no round
-            draft = self._draft_engine
-            if draft is not None and self.policy.measures_draft:
-                draft_pass_s = self._time_draft(n)
-        return ordinary_s, draft_pass_s
+    def prefilled(self, prefill_s: float) -> None:
+        """The decode that evaluated the prompt's last chunk (with this sequence's first
+        round riding on it) ended, `prefill_s` after admission: that is the prefill, and
+        decoding starts now."""
+        self.stats.prefill_s = prefill_s
+        self._t_decode = self.clock()
 
-    def _time_draft(self, n: int) -> float | None:
-        """The median of n single-token draft passes of `last` (rolled back), made where
-        the draft's cache stands, reported to the policy; None when not measured."""
-        draft = self._draft_engine
-        if draft is None or len(draft.tokens) >= draft.n_ctx:
-            return None
-        passes = time_passes(draft, self.committed[-1], n, self.clock)
-        if not passes:
-            return None
-        seconds = statistics.median(passes)
-        self.policy.observe_draft_pass(seconds)
-        return seconds
+    def skip(self, seconds: float) -> None:
+        """`seconds` just spent outside the rounds (the single stream's timed start-up
+        passes): no part of decoding, nor of the next round's time."""
+        self._t_decode += seconds
+        if self._t_last is not None:
+            self._t_last += seconds
 
     # -- one round ---------------------------------------------------------------------
 
@@ -209,12 +181,6 @@ class Sequence:
         if self.drafter is None:
             return 0
         return min(self.emitter.remaining - 1, self._room())
-
-    def choose_k(self) -> int:
-        """The policy's block size, capped by `k_room`; 0 without a drafter."""
-        if self.drafter is None:
-            return 0
-        return self.policy.choose_k(self.k_room())
 
     def draft_context(self, k: int) -> list[int]:
         """The context this round's block of up to k proposals is drafted after: the
@@ -250,18 +216,22 @@ class Sequence:
         return max(0, self.k_room() - (len(lead) if at == len(self.committed) else 0))
 
     def propose(
-        self, k: int, block: Block | None = None, drafted_s: float = 0.0, lead: bool = True
+        self,
+        k: int,
+        block: Block | None = None,
+        drafted_s: float = 0.0,
+        lead: bool = True,
+        drafted_inside_s: float | None = None,
     ) -> Proposal:
         """Stage 1: up to k proposals with their q rows after the grammar's lead
         (`draft_context`), or `block` when it was drafted elsewhere after
         `draft_context(k)` (the server drafts every slot's block in one decode per
-        depth), which took `drafted_s` seconds, all of it inside llama_decode for this
-        sequence's accounting of host time. `lead` False: no lead (a round that must be
-        one ordinary pass, the first after the prompt)."""
-        t_start, decode0 = self.clock() - drafted_s, self._inside() - drafted_s
-        bonus = k == 0 or self.policy.bonus()
-        if k == 0 and self._draft_engine is not None and self.policy.retime_draft():
-            self._time_draft(1)  # a draft too slow to use: its cost, counted as drafting
+        depth), which took `drafted_s` seconds, `drafted_inside_s` of them inside
+        llama_decode (all of them when None) for this sequence's accounting of host time.
+        `lead` False: no lead (a round that must be one ordinary pass, the first after
+        the prompt)."""
+        inside_s = drafted_s if drafted_inside_s is None else drafted_inside_s
+        t_start, decode0 = self.clock() - drafted_s, self._inside() - inside_s
         catchup_s = 0.0
         if block is None:
             context = self.draft_context(k) if lead else self.committed
@@ -275,8 +245,8 @@ class Sequence:
             block = with_lead(head, block, self.target.n_vocab)
         grammar = None if self.config.wants_logprobs else self.grammar  # every row then
         return Proposal(
-            k, block, bonus, self.committed[-1], t_start, self.clock(), catchup_s,
-            decode0, self._inside(), forced_rows(grammar, self.committed, block, bonus),
+            k, block, True, self.committed[-1], t_start, self.clock(), catchup_s,
+            decode0, self._inside(), forced_rows(grammar, self.committed, block, True),
             len(head),
         )  # fmt: skip
 
@@ -285,7 +255,6 @@ class Sequence:
         proposal: Proposal,
         logits: Logits,
         verify_s: float | None = None,
-        observe: bool = True,
     ) -> Step:
         """Stages 3-5 for this sequence, given its rows of the target decode.
 
@@ -296,9 +265,7 @@ class Sequence:
                 computed: `Proposal.full_rows` stands in for them). The target's `tokens`
                 already include to_score.
             verify_s: seconds of the decode that produced the rows; None: the time since
-                drafting ended (a single stream's own decode).
-            observe: report the round to the policy; False for a round no policy chose
-                (a single stream's first, see `step`).
+                drafting ended.
 
         Returns:
             The round's Step (spans, counts, timings).
@@ -330,24 +297,12 @@ class Sequence:
             self.emitter.close("stop")
         rollback(self.target, self.drafter, self.committed)
         m = int(p.block.tokens.size)
-        # the policy's verify cost is the whole rest of the round: all of it grows with the
-        # block; catching up after ordinary rounds is a cost of the probe, passed apart
-        if observe:
-            # the grammar's lead is not the block K was chosen for: the policy learns
-            # from what follows it (the lead is always accepted)
-            n_counted, n_hit = p.counted(n)
-            self.policy.observe(
-                p.k, n_hit, p.draft_s - p.catchup_s, verify_s + self.clock() - t2,
-                n_counted, p.catchup_s,
-                # prompt lookup's and the grammar's other tokens cost no draft pass: free
-                n_lookup=p.block.sources.count("lookup") + p.block.sources.count("grammar")
-                - len(p.block.sole),
-            )  # fmt: skip
         t_end = self.clock()
-        if p.k == 0 and m == 0 and new:
+        if p.k == 0 and m == 0 and new and self._t_last is not None:
             # an ordinary pass as this run pays for it, since the previous round ended
             # (the consumer's time between rounds included, as in tokens/s): an all-ordinary
-            # run then shows a speedup of 1
+            # run then shows a speedup of 1. Not the first round: it may ride on the
+            # prompt's last chunk, and its pass is the first after the prompt's batch
             self.baseline.add_round(t_end - self._t_last)
         self._t_last = t_end
         rejected = None

@@ -14,12 +14,11 @@ from typing import Any
 
 from specgen import llamacpp
 from specgen.compat import check_compatible
-from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
-from specgen.generate import FixedK, KPolicy, VerifyRule
+from specgen.generate import AutoK, FixedK, KPolicy, VerifyRule
 from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import (
     EngineConfig,
@@ -358,8 +357,8 @@ def swap_warning(
 ) -> str | None:  # fmt: skip
     """The warning for a draft larger than its target, by file size or parameter count,
     else None. Such a draft is rarely cheaper per token than its target, and then no block
-    size can pay (`specgen.control.single.Controller.hopeless`); most often the two files were
-    given the wrong way round."""
+    size can pay (the controller then never drafts); most often the two files were given
+    the wrong way round."""
     if draft_bytes > target_bytes:
         what = f"{_gb(draft_bytes)} against {_gb(target_bytes)}"
     elif draft_params > target_params:
@@ -391,13 +390,11 @@ def slow_draft_warning(ordinary_token_s: float | None, draft_token_s: float | No
 
 
 def make_policy(draft_max: int | None, k_max: int = 16, k_init: int | None = None) -> KPolicy:
-    """FixedK for a number; the adaptive controller (`specgen.control.single`) for `auto`,
-    starting from `k_init` (a registry pair's recommended block size) when given."""
+    """FixedK for a number; for `auto` the controller (`specgen.control.batch`), whose
+    largest K is at least `k_init` (a registry pair's recommended block size)."""
     if draft_max is not None:
         return FixedK(draft_max)
-    if k_init is None:
-        return Controller(k_max=k_max)
-    return Controller(k_max=max(k_max, k_init), k_init=k_init)
+    return AutoK(max(k_max, k_init or 0))
 
 
 # -- facts for a measurement's record (bench reaches llama.cpp and the model files only

@@ -1,7 +1,7 @@
-"""The five stages of a round, as pure-ish functions over engines and rows, and the policy
-that chooses K (`KPolicy`); a generation's settings are `specgen.genconfig`'s.
-`specgen.round.Sequence` composes the stages per sequence; `specgen.generate` drives one
-Sequence.
+"""The five stages of a round, as pure-ish functions over engines and rows, and how K is
+chosen (`KPolicy`: fixed, or the controller's); a generation's settings are
+`specgen.genconfig`'s. `specgen.round.Sequence` composes the stages per sequence; the
+batch engine (`specgen.sched`) drives the Sequences.
 
 One round: (1) `draft_block`: K proposals x_1..x_K with their q rows; (2) a target decode
 of `tokens_to_score` = [last, x_1..x_K] with K+1 output rows; (3) `accept_prefix`: the
@@ -15,103 +15,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
 from specgen import rejection
 from specgen.constraints import Processor
-from specgen.drafters import ModelDrafter, common_prefix
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.errors import PromptError
 from specgen.events import RoundTrace, Source
 from specgen.genconfig import VerifyRule
-from specgen.hybrid import HybridDrafter
-from specgen.measure import Baseline
 from specgen.sampling import Dists, SamplingParams, warp_rows
-
-
-class KPolicy(Protocol):
-    """Chooses the block size each round (see `specgen.control.single.Controller`)."""
-
-    def choose_k(self, remaining: int) -> int: ...
-
-    def bonus(self) -> bool:
-        """Whether the round just chosen scores the bonus position too (K + 1 rows).
-        False for a round that only tests proposals (a probe): the target then scores K
-        rows, as many as an ordinary pass when K = 1, and the round emits no bonus token.
-        """
-        ...
-
-    def observe(
-        self,
-        k: int,
-        n_accepted: int,
-        draft_s: float,
-        verify_s: float,
-        n_proposed: int,
-        catchup_s: float = 0.0,
-        n_lookup: int = 0,
-    ) -> None:
-        """The outcome of the round just chosen: K asked, n accepted of the n_proposed
-        proposals the drafter returned (n_lookup of them by prompt lookup, which costs
-        microseconds), and its costs in seconds (`catchup_s` apart: the drafter catching
-        up after ordinary rounds)."""
-        ...
-
-    def observe_draft_pass(self, draft_s: float) -> None:
-        """A single-token draft pass timed after the prompt, or when `retime_draft` asked."""
-        ...
-
-    def retime_draft(self) -> bool:
-        """Whether to time one draft pass (rolled back) in the K = 0 round just chosen."""
-        ...
-
-    @property
-    def measures_draft(self) -> bool:
-        """Whether the draft's cost is timed after the prompt (an adaptive policy needs it
-        before its first choice; a fixed K does not)."""
-        ...
-
-    def summary(self) -> dict[str, object] | None:
-        """JSON-ready state for the stats output, or None when there is nothing to say."""
-        ...
-
-    def attach(self, baseline: Baseline) -> None:
-        """The run's ordinary-decoding baseline, for a policy that weighs K against it."""
-        ...
 
 
 @dataclass(frozen=True)
 class FixedK:
-    """Always K (capped by what is left): `--draft-max K`."""
+    """`--draft-max K`: every round has block size K (capped by the room left; 0 is
+    ordinary decoding)."""
 
     k: int
 
-    def choose_k(self, remaining: int) -> int:
-        return max(0, min(self.k, remaining))
 
-    def bonus(self) -> bool:
-        return True
+@dataclass(frozen=True)
+class AutoK:
+    """`--draft-max auto`: the batch controller (`specgen.control.batch`) chooses K before
+    every round, at most `k_max`."""
 
-    def observe(self, *args: object, **kwargs: object) -> None:
-        pass
+    k_max: int = 16
 
-    def observe_draft_pass(self, draft_s: float) -> None:
-        pass
 
-    def retime_draft(self) -> bool:
-        return False
-
-    @property
-    def measures_draft(self) -> bool:
-        return False
-
-    def summary(self) -> dict[str, object] | None:
-        return None
-
-    def attach(self, baseline: Baseline) -> None:
-        pass
+KPolicy = FixedK | AutoK
+"""How a generation's K is chosen: fixed, or by the controller."""
 
 
 @dataclass
@@ -331,41 +265,6 @@ def make_trace(
 
 
 # -- before the first round -----------------------------------------------------------
-
-
-def prefill(
-    target: Engine,
-    drafter: Drafter | None,
-    prompt: list[int],
-    reuse: bool = False,
-    defer_draft: bool = False,
-) -> int:
-    """Evaluate the prompt except its last token in the target (and the draft).
-
-    With `reuse`, what the target's cache already holds of the prompt stays: the longest
-    common prefix of the cached tokens and the prompt is kept and only the rest evaluated
-    (a chat's next turn re-sends the whole conversation). A model drafter always keeps its
-    own common prefix the same way.
-
-    With `defer_draft`, a model drafter (`ModelDrafter`, `HybridDrafter`) only drops what
-    is not a prefix of the prompt (`ModelDrafter.prefill(evaluate=False)`): its prompt is
-    evaluated before the first round the model drafts in
-    (`specgen.generate.Stream._model_due`), so the first token does not wait for it, nor
-    do rounds of prompt lookup alone. Prompt lookup is indexed at once (it costs no decode).
-
-    Returns:
-        The number of prompt tokens the target evaluated (0 when all but the last were
-        cached).
-    """
-    keep = common_prefix(target.tokens, prompt[:-1]) if reuse else 0
-    target.truncate(keep)
-    if len(prompt) - 1 > keep:
-        target.decode(prompt[keep:-1])
-    if drafter is not None and defer_draft and isinstance(drafter, ModelDrafter | HybridDrafter):
-        drafter.prefill(prompt, evaluate=False)
-    elif drafter is not None:
-        drafter.prefill(prompt)
-    return len(prompt) - 1 - keep
 
 
 def time_passes(

@@ -125,6 +125,7 @@ def costly_controller(**kw: float) -> BatchController:
     """A controller whose costs are known: target 20 ms + 5 ms a row, draft 2 ms + 1 ms a
     slot per depth (a token without a row 1 ms), no probes."""
     return BatchController(
+        warmup_rounds=0,
         k_max=8,
         target_prior=Line(0.020, 0.005),
         draft_prior=Line(0.002, 0.001),
@@ -157,7 +158,13 @@ def test_with_requests_waiting_the_controller_shortens_the_step():
 
 
 def test_no_probe_while_a_request_waits():
-    ctl = BatchController(k_max=4, probe_every=8, probe_budget=0.2, draft_batched=True)
+    ctl = BatchController(
+        warmup_rounds=0,
+        k_max=4,
+        probe_every=8,
+        probe_budget=0.2,
+        draft_batched=True,
+    )
     idle = SlotState(Acceptance(0.0), 4, idle_steps=50)
     assert ctl.choose([idle]).k == (1,) and ctl.choose([idle]).reasons == ("probe",)
     assert ctl.choose([idle], waiting_s=(0.01,)).k == (0,)

@@ -12,10 +12,9 @@ import time
 import pytest
 from fakes import FakeEngine
 
-from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import GenerateConfig, generate
+from specgen.generate import AutoK, GenerateConfig, generate
 from specgen.measure import Baseline
 from specgen.sampling import SamplingParams
 from specgen.ui.state import ViewState, apply
@@ -66,18 +65,18 @@ def _clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], FakeEngine, 
     draft = FakeEngine(n_vocab=9, seed=0, noise=2.0, n_ctx=512)
     calls = {"target": 0}
 
-    def target_decode(tokens, all_logits=False, _real=target.decode):
+    def target_decode(tokens, all_logits=False, rows=None, _real=target.decode):
         calls["target"] += 1
-        # prefill is call 1; the first (ordinary) round and the 3 timed passes after it
-        # are "busy"
+        # the prompt and the first (ordinary) round are call 1; the start-up's warm-up
+        # pass and the 3 timed passes after it are "busy"
         busy = BUSY if 2 <= calls["target"] <= 5 else 1.0
-        rows = len(tokens) if all_logits else 1
-        clock[0] += busy * (TARGET_S + ROW_S * (rows - 1))
-        return _real(tokens, all_logits)
+        n_rows = len(rows) if rows is not None else (len(tokens) if all_logits else 1)
+        clock[0] += busy * (TARGET_S + ROW_S * (max(1, n_rows) - 1))
+        return _real(tokens, all_logits, rows)
 
-    def draft_decode(tokens, all_logits=False, _real=draft.decode):
+    def draft_decode(tokens, all_logits=False, rows=None, _real=draft.decode):
         clock[0] += DRAFT_S
-        return _real(tokens, all_logits)
+        return _real(tokens, all_logits, rows)
 
     monkeypatch.setattr(target, "decode", target_decode)
     monkeypatch.setattr(draft, "decode", draft_decode)
@@ -90,9 +89,7 @@ def test_a_busy_start_does_not_make_ordinary_rounds_claim_a_speedup(
     clock, target, draft = _clocked(monkeypatch)
     config = GenerateConfig(max_tokens=200, params=GREEDY, ignore_eos=True, measure_ordinary=3)
     drafter = ModelDrafter(draft, GREEDY, 9)
-    events = list(
-        generate(target, drafter, [1, 2, 3], config, Controller(k_max=8), lambda: clock[0])
-    )
+    events = list(generate(target, drafter, [1, 2, 3], config, AutoK(8), lambda: clock[0]))
     pre, done = events[0], events[-1]
     assert isinstance(pre, Prefilled) and isinstance(done, Done)
     steps = [e for e in events if isinstance(e, Step)]

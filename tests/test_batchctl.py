@@ -224,7 +224,7 @@ def test_acceptance_counts_tested_positions():
 
 
 def test_a_request_served_at_k_1_that_is_always_accepted_grows_its_k():
-    ctl = BatchController(k_max=8)
+    ctl = BatchController(warmup_rounds=0, k_max=8)
     for rows in (1, 2, 5):
         ctl.observe_target(rows, 0.04 + 0.006 * rows)
     ctl.observe_draft(1, 0.005)  # the draft line passes through it: 5 ms a token
@@ -237,8 +237,32 @@ def test_a_request_served_at_k_1_that_is_always_accepted_grows_its_k():
     assert ctl.choose([SlotState(acc, 8)]).k[0] >= 4
 
 
+@pytest.mark.parametrize("fade", [0.8, 1.0])
+def test_a_deep_position_rejected_once_is_tried_again(fade: float) -> None:
+    """One early rejection at position 3, then rounds at K = 2 all accepted: the untested
+    position fades back toward position 2's estimate, so K grows past 2 again. The planted
+    twin (no fading) keeps alpha_3 where one round left it, and K at 2."""
+    ctl = BatchController(k_max=8, draft_batched=True, warmup_rounds=0)
+    _demo_costs(ctl, 0.022)
+    acc = Acceptance(0.79, fade=fade)
+    acc.update(4, 2)  # x_1, x_2 accepted, x_3 rejected
+    for _ in range(30):
+        acc.update(2, 2)
+    k = ctl.choose([SlotState(acc, 8)]).k[0]
+    if fade < 1.0:
+        assert acc.alpha_by_pos(3)[2] > 0.9 and k > 2
+    else:
+        assert acc.alpha_by_pos(3)[2] < 0.7 and k <= 2
+
+
 def test_controller_prior_probe_and_fits():
-    ctl = BatchController(k_max=4, probe_every=8, probe_budget=0.2, draft_batched=True)
+    ctl = BatchController(
+        warmup_rounds=0,
+        k_max=4,
+        probe_every=8,
+        probe_budget=0.2,
+        draft_batched=True,
+    )
     # the pooled rate plus one standard deviation: Beta(1, 1), then Beta(1, 2)
     assert ctl.new_acceptance().prior == pytest.approx(0.5 + (0.25 / 3) ** 0.5)
     low = Acceptance(prior=0.0, weight=1.0)
@@ -260,8 +284,57 @@ def test_controller_prior_probe_and_fits():
     assert ctl.choose([SlotState(low, 4, idle_steps=9, catch_up=26)]).k == (1,)
 
 
+def _demo_costs(ctl: BatchController, draft_s: float) -> None:
+    """The demo pair on the 2-core CPU: a target decode 40 ms + 6 ms a row; a draft token
+    `draft_s` seconds with its row, 1.3 ms without."""
+    for rows in (1, 2, 5):
+        ctl.observe_target(rows, 0.040 + 0.006 * rows)
+    ctl.draft.set_prior(Line(0.0, draft_s), 0.0013)
+
+
+@pytest.mark.parametrize("warmup", [3, 0])
+def test_one_unlucky_first_block_does_not_stop_a_cold_request(warmup: int) -> None:
+    """A single stream's first block (nothing pooled yet) rejected at once: its estimate
+    falls to 0.53, where K = 0 pays best; the warm-up keeps its first rounds speculating,
+    at the best K >= 1 for it, so a good draft gets its chance. The planted twin (no
+    warm-up, as before the single stream ran on this controller) stops."""
+    ctl = BatchController(k_max=8, draft_batched=True, warmup_rounds=warmup)
+    _demo_costs(ctl, 0.022)
+    acc = ctl.new_acceptance()
+    ctl.observe_round(acc, 2, 0)
+    choice = ctl.choose([SlotState(acc, 8, idle_steps=1)])
+    if warmup:
+        assert choice.k[0] >= 1 and choice.reasons == ("warm_up",)
+    else:
+        assert choice.k == (0,)
+    for _ in range(2):  # three model rounds in all: the warm-up is over
+        ctl.observe_round(acc, 1, 0)
+    assert ctl.choose([SlotState(acc, 8, idle_steps=1)]).k == (0,)
+
+
+def test_no_warm_up_for_a_draft_that_can_never_pay_nor_once_the_pool_knows() -> None:
+    ctl = BatchController(k_max=8, draft_batched=True)
+    _demo_costs(ctl, 0.050)  # a draft token dearer than an ordinary pass (46 ms)
+    acc = ctl.new_acceptance()
+    ctl.observe_round(acc, 2, 0)
+    assert ctl.choose([SlotState(acc, 8, idle_steps=1)]).k == (0,)
+    ctl = BatchController(k_max=8, draft_batched=True)
+    _demo_costs(ctl, 0.022)
+    for _ in range(8):  # another request's 16 tested positions, mostly rejected
+        ctl.observe_round(ctl.new_acceptance(), 2, 1)
+    acc = ctl.new_acceptance()
+    ctl.observe_round(acc, 2, 0)
+    assert ctl.choose([SlotState(acc, 8, idle_steps=1)]).k == (0,)
+    # no warm-up makes a waiting request wait either
+    cold = BatchController(k_max=8, draft_batched=True)
+    _demo_costs(cold, 0.022)
+    acc = cold.new_acceptance()
+    cold.observe_round(acc, 2, 0)
+    assert cold.choose([SlotState(acc, 8, idle_steps=1)], waiting_s=[0.1]).k == (0,)
+
+
 def test_the_prior_of_a_new_request_tends_to_the_pooled_rate():
-    ctl = BatchController()
+    ctl = BatchController(warmup_rounds=0)
     acc = ctl.new_acceptance()
     for i in range(1000):  # K = 1 rounds, 300 of 1,000 accepted
         ctl.observe_round(acc, 1, 1 if i % 10 < 3 else 0)
@@ -271,7 +344,7 @@ def test_the_prior_of_a_new_request_tends_to_the_pooled_rate():
 
 
 def test_each_sampling_setting_pools_its_own_rate():
-    ctl = BatchController()
+    ctl = BatchController(warmup_rounds=0)
     greedy, sampled = SamplingParams(temp=0.0), SamplingParams(temp=0.8)
     acc = ctl.new_acceptance(greedy)
     for i in range(1000):  # greedy rounds: 900 of 1,000 accepted
@@ -291,7 +364,7 @@ def test_each_sampling_setting_pools_its_own_rate():
 def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():
     # 4 sampled streams on the 2-core CPU, as measured: a step 61 ms, a draft token 2.4 ms
     # in a batch; at 2% a step buys 1.2 ms of probing, less than the catch-up grows
-    ctl = BatchController(k_max=8, draft_batched=True)
+    ctl = BatchController(warmup_rounds=0, k_max=8, draft_batched=True)
     for rows in (4, 5, 8):
         ctl.observe_target(rows, 0.042 + 0.0047 * rows)
     for tokens in (4, 40, 128):
@@ -301,14 +374,19 @@ def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():
         got = ctl.choose([SlotState(a, 8, idle, catch_up=idle, left=500) for a in low])
         assert got.k == (0, 0, 0, 0)
     # the old rule (K = 1 every 32 idle steps) is what this budget refuses
-    cheap = BatchController(k_max=8, draft_batched=True, probe_budget=1.0)
+    cheap = BatchController(warmup_rounds=0, k_max=8, draft_batched=True, probe_budget=1.0)
     cheap.target, cheap.draft = ctl.target, ctl.draft
     assert cheap.choose([SlotState(a, 8, 32, catch_up=32, left=500) for a in low]).k == (1,) * 4
 
 
 def test_a_request_s_first_step_is_probed_even_where_costs_say_no():
     # costs that a slope prior made too high: no K pays, not even at alpha = 1
-    ctl = BatchController(k_max=4, target_prior=Line(0.04, 0.5), draft_prior=Line(0.0, 0.5))
+    ctl = BatchController(
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.04, 0.5),
+        draft_prior=Line(0.0, 0.5),
+    )
     acc = ctl.new_acceptance()
     assert ctl.choose([SlotState(acc, 4)]).k == (0,)
     assert ctl.choose([SlotState(acc, 4, first=True)]).k == (1,)
@@ -318,17 +396,30 @@ def test_a_request_s_first_step_is_probed_even_where_costs_say_no():
 def test_a_first_step_whose_draft_lacks_the_prompt_is_not_forced():
     # the server prefills a draft lazily: a first-step probe would buy the whole prompt's
     # draft prefill, so it is left to the goodput choice (with the catch-up's share)
-    ctl = BatchController(k_max=4, target_prior=Line(0.04, 0.5), draft_prior=Line(0.0, 0.5))
+    ctl = BatchController(
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.04, 0.5),
+        draft_prior=Line(0.0, 0.5),
+    )
     acc = ctl.new_acceptance()
     assert ctl.choose([SlotState(acc, 4, catch_up=40, left=100, first=True)]).k == (0,)
-    cheap = BatchController(k_max=4, target_prior=Line(0.04, 0.001), draft_prior=Line(0.0, 0.004))
+    cheap = BatchController(
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.04, 0.001),
+        draft_prior=Line(0.0, 0.004),
+    )
     got = cheap.choose([SlotState(cheap.new_acceptance(), 4, catch_up=40, left=100, first=True)])
     assert got.k[0] >= 1  # where speculation pays, the prompt's catch-up does not stop it
 
 
 def test_the_overhead_of_speculating_steps_is_their_residual_over_ordinary_ones():
     ctl = BatchController(
-        target_prior=Line(0.040, 0.005), draft_prior=Line(0.010, 0.002), draft_batched=True
+        warmup_rounds=0,
+        target_prior=Line(0.040, 0.005),
+        draft_prior=Line(0.010, 0.002),
+        draft_batched=True,
     )
     assert ctl.spec_overhead_s == 0.0
     ctl.observe_step((0, 0), 0, 0.050 + 0.001)  # predicted 0.050: residual 1 ms
@@ -351,7 +442,10 @@ def test_the_overhead_of_speculating_steps_is_their_residual_over_ordinary_ones(
 
 def test_a_lookup_block_s_residual_is_against_its_rows_only():
     ctl = BatchController(
-        target_prior=Line(0.040, 0.005), draft_prior=Line(0.010, 0.002), draft_batched=True
+        warmup_rounds=0,
+        target_prior=Line(0.040, 0.005),
+        draft_prior=Line(0.010, 0.002),
+        draft_batched=True,
     )
     ctl.observe_step((0,), 0, 0.045)  # residual 0
     ctl.observe_step((4,), 0, 0.065 + 0.003, free=(4,))  # 5 rows, no draft decode: 0.065
@@ -365,7 +459,11 @@ def test_a_measured_overhead_stops_speculation_that_pays_only_without_it():
     acc = Acceptance(0.7)
     slots = [SlotState(acc, 4)] * 4
     ctl = BatchController(
-        k_max=4, target_prior=Line(0.040, 0.004), draft_prior=Line(0.005, 0.002), draft_batched=True
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.040, 0.004),
+        draft_prior=Line(0.005, 0.002),
+        draft_batched=True,
     )
     ctl.probe_every = 0
     assert any(ctl.choose(slots).k)
@@ -379,12 +477,20 @@ def test_a_measured_overhead_stops_speculation_that_pays_only_without_it():
 def test_the_draft_is_re_timed_only_where_a_cheaper_one_would_speculate():
     acc = Acceptance(0.9)
     rows_rule = BatchController(
-        k_max=4, target_prior=Line(0.040, 0.200), draft_prior=Line(0.0, 0.100), draft_batched=True
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.040, 0.200),
+        draft_prior=Line(0.0, 0.100),
+        draft_batched=True,
     )
     assert rows_rule.choose([SlotState(acc, 4)]).k == (0,)  # a row costs more than it gives
     assert not rows_rule.retime_due(1, 1000.0)
     draft_rule = BatchController(
-        k_max=4, target_prior=Line(0.040, 0.001), draft_prior=Line(0.0, 0.060), draft_batched=True
+        warmup_rounds=0,
+        k_max=4,
+        target_prior=Line(0.040, 0.001),
+        draft_prior=Line(0.0, 0.060),
+        draft_batched=True,
     )
     assert draft_rule.choose([SlotState(acc, 4)]).k == (0,)  # the draft alone rules it out
     assert draft_rule.retime_due(1, 1000.0) and not draft_rule.retime_due(1, 1.0)
@@ -411,6 +517,7 @@ def test_lookup_positions_are_valued_at_the_lookups_own_rate():
     # the model's 0.95 give 5.5 tokens in 100 ms, at the lookup's own 0.15 K = 1 gives
     # 1.15 tokens in 60 ms (19.2/s): not worth its row
     ctl = BatchController(
+        warmup_rounds=0,
         k_max=8,
         target_prior=Line(0.040, 0.010),
         draft_prior=Line(0.030, 0.030),
@@ -514,7 +621,7 @@ def test_a_catch_up_is_charged_over_the_rounds_a_run_of_them_lasts():
 
 
 def test_the_controller_learns_how_long_runs_last():
-    ctl = BatchController(k_max=4, draft_batched=True)
+    ctl = BatchController(warmup_rounds=0, k_max=4, draft_batched=True)
     assert ctl.run_rounds == 0.0
     for rounds in (1, 2, 0, 3):  # a run of 0 rounds is none
         ctl.observe_run(rounds)
@@ -529,7 +636,7 @@ def test_the_controller_learns_how_long_runs_last():
     acc = Acceptance(prior=0.8)
     behind = SlotState(acc, 4, catch_up=100, left=200)
     assert ctl.choose([behind]).k == (0,)  # 1/3 of 150 ms is more than K buys
-    fresh = BatchController(k_max=4, draft_batched=True)
+    fresh = BatchController(warmup_rounds=0, k_max=4, draft_batched=True)
     fresh.target, fresh.draft = ctl.target, ctl.draft
     assert fresh.choose([behind]).k[0] > 0  # runs unknown: the rounds left, as before
 

@@ -251,22 +251,22 @@ def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol, fmt)
     cfg = GenerateConfig(max_tokens=40, params=GREEDY)
     s = chat.ChatSession(target, ModelDrafter(draft, GREEDY, target.n_vocab), fmt, cfg,
                          lambda: FixedK(2))  # fmt: skip
-    real, calls = target.decode, [0]
+    real, calls = target.decode_batch, [0]
 
-    def ctrl_c_on_the_fourth_pass(tokens, all_logits=False):
+    def ctrl_c_on_the_fourth_pass(parts, copy=True):
         calls[0] += 1
         if calls[0] == 4:
             raise KeyboardInterrupt  # as llamacpp raises a Ctrl-C that came during a decode
-        return real(tokens, all_logits)
+        return real(parts, copy)
 
-    target.decode = ctrl_c_on_the_fourth_pass
+    target.decode_batch = ctrl_c_on_the_fourth_pass
     events = []
     try:
         with pytest.raises(KeyboardInterrupt):  # passed on, for the command to stop the reply
             for ev in s.reply("Tell me a long story about a dragon."):
                 events.append(ev)
     finally:
-        del target.decode
+        del target.decode_batch
     done = events[-1]
     assert done.finish_reason == "interrupted" and done.text
     assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}

@@ -159,8 +159,10 @@ N_TOKENS = 4
 
 
 def output_pvalue(params, k=2, n=N_SAMPLES):
-    """Speculative runs (a noisy draft model, K = 2: a round emits up to 3 tokens, so the
-    four tokens span two rounds) against the constrained target's law of four tokens."""
+    """Speculative runs (a noisy draft model, K = 2 from the first round on: a round emits
+    up to 3 tokens, so the four tokens span two rounds or more) against the constrained
+    target's law of four tokens. The first round speculates (`ordinary_first=False`), so
+    that rounds commit several tokens between two calls as often as possible."""
     target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
     draft = FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0)
     drafter = ModelDrafter(draft, params, V)
@@ -168,7 +170,7 @@ def output_pvalue(params, k=2, n=N_SAMPLES):
     accepted = 0
     for s in range(n):
         config = GenerateConfig(max_tokens=N_TOKENS, params=params, ignore_eos=True, seed=s)
-        done = list(generate(target, drafter, PROMPT, config, FixedK(k)))[-1]
+        done = list(generate(target, drafter, PROMPT, config, FixedK(k), ordinary_first=False))[-1]
         counts[tuple(done.tokens)] += 1
         accepted += done.stats.n_accepted
     assert accepted > n / 2  # proposals were accepted, inside blocks

@@ -277,8 +277,13 @@ def test_a_lookup_after_model_tokens_with_the_wrong_q_is_detected():
     warped rows as q (not the law they were proposed from) fail it."""
 
     class Mislabeled(HybridDrafter):
-        def draft(self, context, k, rng, room=None):
-            block = super().draft(context, k, rng)
+        def begin(self, context, k, rng, room=None):
+            w = super().begin(context, k, rng, room)
+            block_of = w.block
+            w.block = lambda: self._mislabel(context, block_of())
+            return w
+
+        def _mislabel(self, context, block):
             if block.sources[:2] != ("draft", "lookup"):
                 return block
             ctx, rows = list(context), [block.q[:1]]
@@ -298,8 +303,13 @@ def test_a_lookup_row_with_the_wrong_q_is_detected():
     instead of one-hot (q not the law it was drawn from) fails it."""
 
     class Mislabeled(HybridDrafter):
-        def draft(self, context, k, rng, room=None):
-            block = super().draft(context, k, rng)
+        def begin(self, context, k, rng, room=None):
+            w = super().begin(context, k, rng, room)
+            block_of = w.block
+            w.block = lambda: self._mislabel(context, block_of())
+            return w
+
+        def _mislabel(self, context, block):
             if block.sources[:1] == ("lookup",):
                 row = warp_rows(self.model.engine.logits_after(context)[None, :], SAMPLED)
                 q = Dists.concat([row, block.q[1:]], V)

@@ -17,7 +17,7 @@ from specgen import rejection
 from specgen.drafters import ModelDrafter
 from specgen.errors import PromptError
 from specgen.events import Done, Prefilled, Step
-from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.generate import AutoK, FixedK, GenerateConfig, generate
 from specgen.sampling import SamplingParams, draw
 
 GREEDY = SamplingParams(temp=0.0)
@@ -394,9 +394,10 @@ def test_second_turn_evaluates_only_its_new_tokens():
         fed.append(list(tokens)) or real(tokens, all_logits)
     )
     second = run(target, drafter, turn2, 4, **cfg)[-1]
-    # the cache held turn1 + reply minus its last token: that token and the new ones remain
+    # the cache held turn1 + reply minus its last token: that token and the new ones remain,
+    # evaluated in one decode with the first round (the prompt's last token)
     assert second.stats.n_prefill == 3 and second.stats.n_prompt == len(turn2)
-    assert fed[0] == turn2[len(turn1) + len(first.tokens) - 1 : -1]
+    assert fed[0] == turn2[len(turn1) + len(first.tokens) - 1 :]
     fresh = ordinary(FakeEngine(n_vocab=9, seed=0), turn2, max_tokens=12, params=GREEDY)
     assert second.tokens == fresh.tokens
     # without reuse (the default) the whole prompt is evaluated again
@@ -454,14 +455,14 @@ def test_host_time_is_the_round_outside_the_decodes(monkeypatch: pytest.MonkeyPa
         assert st.round_s - st.host_s == pytest.approx(0.02 * (1 + max(st.k, 0)), abs=1e-9)
 
 
-def test_a_slower_draft_is_timed_before_the_first_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loop times draft passes after the prompt (as it times the ordinary pass), so the
-    controller knows a draft slower than its target before any round and drafts nothing
-    until its first rare probe; the output is ordinary decoding's. A fake clock: 10 ms per
-    target decode, 25 ms per draft decode."""
+def test_a_slower_draft_is_timed_before_the_second_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up times the draft's decodes after the first round (as it times the
+    ordinary pass), so the controller knows a draft slower than its target before its
+    first choice and drafts nothing; the output is ordinary decoding's. A fake clock:
+    10 ms per target decode, 25 ms per draft decode."""
     import time
 
-    from specgen.control.single import Controller
+    from specgen.generate import OneSlot
 
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -479,12 +480,19 @@ def test_a_slower_draft_is_timed_before_the_first_round(monkeypatch: pytest.Monk
 
     slowed(target, 0.01)
     slowed(draft, 0.025)
-    policy = Controller(k_max=8)
     config = GenerateConfig(max_tokens=40, params=GREEDY, measure_ordinary=3, ignore_eos=True)
-    events = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, policy))
-    assert policy.hopeless
-    assert policy.draft_token_s == pytest.approx(0.025)
+    run = OneSlot(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, AutoK(8))
+    events = list(run.events())
+    summary = run.summary()
+    assert summary is not None
+    assert summary["draft_line_s"] == [0.0, pytest.approx(0.025)]  # one slot: one row
     assert events[-1].stats.k_history == [0] * 40
+    # power: the same draft at 2 ms a decode speculates
+    fast = FakeEngine(n_vocab=9, seed=0)
+    slowed(fast, 0.002)
+    again = list(generate(FakeEngine(n_vocab=9, seed=0), ModelDrafter(fast, GREEDY, 9),
+                          [1, 2], config, AutoK(8)))  # fmt: skip
+    assert any(k > 0 for k in again[-1].stats.k_history)
     assert (
         events[-1].tokens
         == ordinary(
@@ -498,18 +506,23 @@ def test_a_ctrl_c_after_the_final_token_is_not_swallowed() -> None:
     the policy's bookkeeping): the Done keeps the round's own reason, and the interrupt
     still reaches the caller (it was lost 1 in 8 times in `verify`)."""
 
-    class InterruptAtTheEnd(FixedK):
-        def observe(self, *args: object, **kwargs: object) -> None:
-            if len(steps) == 3:  # -n 9 at K 2: 1 ordinary token, 3, 3, then this round's 2
+    class InterruptAtTheEnd(FakeEngine):
+        fired = False
+
+        def truncate(self, n: int) -> None:
+            super().truncate(n)
+            # -n 9 at K 2: 1 ordinary token, 3, 3, then the last round's 2: its rollback
+            if n == 2 + 9 - 1 and not self.fired:
+                self.fired = True
                 raise KeyboardInterrupt
 
-    target = FakeEngine(n_vocab=9, seed=0)
+    target = InterruptAtTheEnd(n_vocab=9, seed=0)
     drafter = ModelDrafter(FakeEngine(n_vocab=9, seed=0), GREEDY, 9)
     config = GenerateConfig(max_tokens=9, params=GREEDY, ignore_eos=True)
     steps: list[Step] = []
     events = []
     with pytest.raises(KeyboardInterrupt):
-        for ev in generate(target, drafter, [1, 2], config, InterruptAtTheEnd(2)):
+        for ev in generate(target, drafter, [1, 2], config, FixedK(2)):
             events.append(ev)
             if isinstance(ev, Step):
                 steps.append(ev)
@@ -528,8 +541,6 @@ def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> 
     rare probes, and the output is ordinary decoding's."""
     import time
 
-    from specgen.control.single import Controller
-
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     target = FakeEngine(n_vocab=9, seed=0)
@@ -546,21 +557,18 @@ def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> 
 
     timed(target, 0.010, 0.001)
     timed(draft, 0.003, 0.0)
-    policy = Controller(k_max=16)
     config = GenerateConfig(max_tokens=120, params=GREEDY, measure_ordinary=3, ignore_eos=True)
-    done = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, policy))[-1]
+    done = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2], config, AutoK(16)))[-1]
     base = ordinary(FakeEngine(n_vocab=9, seed=0), [1, 2], max_tokens=120, params=GREEDY,
                     ignore_eos=True)  # fmt: skip
     assert done.tokens == base.tokens
     assert done.stats.acceptance_rate < 0.2  # 0.08 with these seeds
-    assert policy.fallback_episodes, policy.summary()
     history = done.stats.k_history
     assert history.count(0) > 0.8 * len(history), history  # 107 of 120 with these seeds
     # power: the same rounds with a draft that agrees are not spent in fallback
-    policy = Controller(k_max=16)
     same = FakeEngine(n_vocab=9, seed=0)
     timed(same, 0.003, 0.0)
-    good = list(generate(target, ModelDrafter(same, GREEDY, 9), [1, 2], config, policy))[-1]
+    good = list(generate(target, ModelDrafter(same, GREEDY, 9), [1, 2], config, AutoK(16)))[-1]
     # (the first round is ordinary whatever the policy: the first token's latency)
     assert good.tokens == base.tokens and 0 not in good.stats.k_history[1:]
 
@@ -569,15 +577,14 @@ def test_a_weak_draft_under_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
     monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
-    """A single stream's first round is K = 0 whatever the policy, and its token is emitted
-    before the draft decodes anything (prefill or timed pass): the first token's latency
-    is the prompt plus one target pass. The timed passes run before the second round,
-    whose Step carries their medians, and the draft's prefill right before the second
-    round's block, the first the model drafts. A fake clock: 10 ms per target decode,
-    3 ms per draft decode, nothing else."""
+    """A single stream's first round is K = 0 whatever the policy, and rides on the
+    prompt's batch: its token comes from the decode that evaluates the prompt, before the
+    draft decodes anything (prefill or timed pass), as llama-server's first token does.
+    The timed start-up runs before the second round, whose Step carries its medians, and
+    the draft catches up on the committed tokens in the second round's first depth, the
+    first the model drafts. A fake clock: 10 ms per target decode, 3 ms per draft
+    decode, nothing else."""
     import time
-
-    from specgen.control.single import Controller
 
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -599,34 +606,34 @@ def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
     logged(draft, "draft", 0.003)
     prompt = [1, 2, 3, 4, 5]
     config = GenerateConfig(max_tokens=30, params=GREEDY, measure_ordinary=3, ignore_eos=True)
-    k_policy = FixedK(4) if policy == "fixed" else Controller(k_max=8)
+    k_policy = FixedK(4) if policy == "fixed" else AutoK(8)
     events = generate(target, ModelDrafter(draft, GREEDY, 9), prompt, config, k_policy)
     assert isinstance(next(events), Prefilled)
-    assert log == ["target:4"] and draft.tokens == []  # the draft's prefill is deferred
+    assert log == ["target:5"] and draft.tokens == []  # the draft's prefill is deferred
     first = next(events)
     assert isinstance(first, Step) and first.k == 0 and len(first.spans) == 1
     assert first.timed_ordinary_s is None and first.timed_draft_s is None
-    assert log == ["target:4", "target:1"]  # the first token: prompt + one target pass
     second = next(events)
     assert isinstance(second, Step)
-    # before the second round: 3 timed target passes (and 3 draft passes for the adaptive
-    # policy, where the draft's empty cache stands), then, the policy having chosen K > 0,
-    # the draft's prefill of the committed tokens but the last (5) and its warm-up pass
-    timed_draft = ["draft:1"] * 3 if policy == "auto" else []
-    n = 5 + len(timed_draft)
-    assert log[2:n] == ["target:1"] * 3 + timed_draft
-    assert log[n : n + 2] == ["draft:5", "draft:1"]
-    # then the first block starts from `last` alone: the draft has caught up
-    assert log[n + 2] == "draft:1"
+    # before the second round: 3 timed target passes (for the controller also one of two
+    # rows, and its draft decodes where the draft's empty cache stands: 3 of one token,
+    # then one of a catch-up's 17), then the first block: its first depth evaluates every
+    # committed token (the prompt and the first token) at once
+    start = ["target:1"] * 3
+    if policy == "auto":
+        start += ["target:2"] + ["draft:1"] * 3 + ["draft:17"]
+    n = 1 + len(start)
+    assert log[1:n] == start
+    assert log[n] == "draft:6"
     assert second.k > 0 and second.timed_ordinary_s == pytest.approx(0.010)
     assert second.timed_draft_s == (pytest.approx(0.003) if policy == "auto" else None)
     done = list(events)[-1]
     assert isinstance(done, Done)
     s = done.stats
-    # TTFT: the target's prefill and one pass; the draft's prefill counts as prefill (as
-    # it did before the first round), the timed passes in neither
-    assert s.ttft_s == pytest.approx(0.020)
-    assert s.prefill_s == pytest.approx(0.010 + 0.006)
+    # TTFT: one decode, the prompt's with the first round; the timed passes count in
+    # neither the prefill nor the decoding
+    assert s.ttft_s == pytest.approx(0.010)
+    assert s.prefill_s == pytest.approx(0.010)
     assert s.k_history[0] == 0 and all(k > 0 for k in s.k_history[1:-1])
     base = ordinary(FakeEngine(n_vocab=9, seed=0), prompt, max_tokens=30, params=GREEDY,
                     ignore_eos=True)  # fmt: skip
@@ -634,11 +641,11 @@ def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
 
 
 def test_a_one_token_generation_never_touches_the_draft() -> None:
-    """-n 1: the only round is the ordinary first one, so the deferred draft prefill and
-    the timed passes never run."""
+    """-n 1: the only round is the ordinary first one, which rides on the prompt's decode,
+    so the deferred draft prefill and the timed passes never run."""
     target, draft = FakeEngine(n_vocab=9, seed=0), FakeEngine(n_vocab=9, seed=0)
     config = GenerateConfig(max_tokens=1, params=GREEDY, measure_ordinary=3)
     events = list(generate(target, ModelDrafter(draft, GREEDY, 9), [1, 2, 3], config, FixedK(4)))
-    assert draft.n_decode_calls == 0 and target.n_decode_calls == 2
+    assert draft.n_decode_calls == 0 and target.n_decode_calls == 1
     assert [e.k for e in events if isinstance(e, Step)] == [0]
     assert target.tokens == [1, 2, 3] and draft.tokens == []  # committed minus last

@@ -14,7 +14,7 @@ from support.greedy import GREEDY, NEAR_TIE_LOGITS, assert_same_or_near_tie
 
 from specgen.constraints import Constraints, processor_for
 from specgen.drafters import ModelDrafter
-from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.generate import AutoK, FixedK, GenerateConfig, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import SamplingParams
 
@@ -230,13 +230,11 @@ def test_weak_draft_with_auto_is_lossless(demo, weak_draft):
     controller picks from its timings, the output is ordinary decoding's, and the draft
     agrees rarely. Its fallback decision is checked on a controlled clock
     (test_loop.py::test_a_weak_draft_under_auto_falls_back)."""
-    from specgen.control.single import Controller
-
     target, _ = demo
     ids = target.tokenize(PROMPTS[0])
     base = gen(target, None, ids, 0, max_tokens=40, params=GREEDY, ignore_eos=True)
     with LlamaEngine(weak_draft, EngineConfig(n_ctx=512)) as weak:
-        policy = Controller(k_max=16)
+        policy = AutoK(16)
         events = list(
             generate(
                 target,
@@ -259,14 +257,13 @@ def test_swapped_demo_pair_with_auto_is_lossless_and_follows_its_timings(demo):
     falls is the machine's (a busy moment can flip it), so the test reads the decision
     against the measurement the controller was given; the decision logic itself is
     checked on a controlled clock (test_loop.py::test_a_slower_draft_is_timed_before_the_
-    first_round)."""
-    from specgen.control.single import Controller
+    second_round)."""
     from specgen.events import Prefilled, Step
 
     f32, q4 = demo
     ids = q4.tokenize(PROMPTS[0])
     base = gen(q4, None, ids, 0, max_tokens=40, params=GREEDY, ignore_eos=True)
-    policy = Controller(k_max=16)
+    policy = AutoK(16)
     config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
     events = list(generate(q4, ModelDrafter(f32, GREEDY, q4.n_vocab), ids, config, policy))
     assert isinstance(events[0], Prefilled)
@@ -278,7 +275,11 @@ def test_swapped_demo_pair_with_auto_is_lossless_and_follows_its_timings(demo):
     ordinary_s, draft_s = timed[0].timed_ordinary_s, timed[0].timed_draft_s
     assert ordinary_s and draft_s
     if draft_s >= ordinary_s:  # as measured here: the draft is slower
-        assert done.stats.k_history[0] == 0, (ordinary_s, draft_s, done.stats.k_history)
+        # (a request's first step that may speculate is a K = 1 probe where the draft's
+        # cache already holds its prompt: at most that one)
+        assert sum(k > 0 for k in done.stats.k_history) <= 1, (
+            ordinary_s, draft_s, done.stats.k_history,
+        )  # fmt: skip
     assert_same_or_near_tie(q4, ids, base.tokens, done.tokens)
     assert done.stats.n_generated == 40
 
@@ -290,7 +291,6 @@ def test_lazy_draft_prefill_keeps_greedy_output_on_real_models(demo, policy):
     passage to repeat, greedy output is still ordinary decoding's, the draft's cache holds
     a prefix of the committed tokens, and a run whose blocks were all lookup tokens left
     the draft's prompt unevaluated."""
-    from specgen.control.single import Controller
     from specgen.hybrid import HybridDrafter
 
     target, draft = demo
@@ -299,7 +299,7 @@ def test_lazy_draft_prefill_keeps_greedy_output_on_real_models(demo, policy):
     draft.truncate(0)  # no earlier test's prefix
     drafter = HybridDrafter(ModelDrafter(draft, GREEDY, target.n_vocab))
     config = GenerateConfig(max_tokens=24, params=GREEDY, ignore_eos=True, measure_ordinary=3)
-    k_policy = FixedK(8) if policy == "fixed" else Controller(k_max=8)
+    k_policy = FixedK(8) if policy == "fixed" else AutoK(8)
     spec = list(generate(target, drafter, ids, config, k_policy))[-1]
     assert_same_or_near_tie(target, ids, base.tokens, spec.tokens)
     s = spec.stats

@@ -22,7 +22,7 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from specgen import rejection
-from specgen.drafters import ModelDrafter
+from specgen.drafters import Drafting, ModelDrafter
 from specgen.engine import Block
 from specgen.errors import ConfigError
 from specgen.hybrid import HybridDrafter
@@ -95,8 +95,8 @@ class BatchedDrift(FakeEngine):
         super().__init__(**kw)
         self.bump, self.tok = bump, tok
 
-    def decode(self, tokens, all_logits=False):
-        out = super().decode(tokens, all_logits)
+    def decode(self, tokens, all_logits=False, rows=None):
+        out = super().decode(tokens, all_logits, rows)
         if len(tokens) > 1:
             out = out.copy()
             out[:, self.tok] += self.bump
@@ -193,23 +193,25 @@ class TempMismatchDrafter:
         pass
 
 
+class _GreedySoftmaxQ(Drafting):
+    """Draws the argmax but keeps the softmax as q (see `GreedyDraftSoftmaxQ`)."""
+
+    def feed(self, row):
+        q_i = warp_rows(self.drafter._align(row)[None, :], self.drafter.params)
+        ids, probs = q_i.row(0)
+        self.pending = []
+        self.tokens.append(int(ids[np.argmax(probs)]))
+        self.rows.append(q_i)
+        self.sources.append("draft")
+        if self._open():
+            self.pending = self._unfed()
+
+
 class GreedyDraftSoftmaxQ(ModelDrafter):
     """Drafts the argmax (like llama.cpp's server) but reports the softmax as q."""
 
-    def draft(self, context, k, rng, room=None):
-        tokens, q = [], []
-        keep = self._reusable(context)  # the cache brought up to date, as Drafting does
-        self.engine.truncate(keep)
-        row = self._align(self.engine.decode(context[keep:])[-1])
-        for i in range(k):
-            q_i = warp_rows(row[None, :], self.params)
-            ids, probs = q_i.row(0)
-            x = int(ids[np.argmax(probs)])
-            q.append(q_i)
-            tokens.append(x)
-            if i + 1 < k:
-                row = self._align(self.engine.decode([x])[-1])
-        return Block(np.array(tokens, dtype=np.int64), Dists.concat(q, self.n_vocab))
+    def begin(self, context, k, rng, room=None):
+        return _GreedySoftmaxQ(self, context, k, rng, room)
 
 
 def _model(d):
@@ -361,10 +363,17 @@ class CountingHybrid(HybridDrafter):
     def with_params(self, params: SamplingParams) -> CountingHybrid:
         return CountingHybrid(self.model.with_params(params), self.seen)
 
-    def draft(self, context, k, rng, room=None):
-        block = super().draft(context, k, rng)
-        self.seen.update(block.sources)
-        return block
+    def begin(self, context, k, rng, room=None):
+        w = super().begin(context, k, rng, room)
+        block_of = w.block
+
+        def counted():
+            block = block_of()
+            self.seen.update(block.sources)
+            return block
+
+        w.block = counted
+        return w
 
 
 @pytest.fixture(scope="module")

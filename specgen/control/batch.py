@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
+
 from specgen.control.acceptance import Acceptance
 from specgen.control.costs import DraftFit, Line, LineFit
 from specgen.control.goodput import Choice, SlotInput, choose, expected_gains, step_seconds
@@ -26,6 +28,9 @@ _FORGET_EVERY = 4  # steps without speculation that forget one speculating step'
 _POOLS = 64  # sampling settings whose pooled acceptance `BatchController` keeps
 _RUN_WINDOW = 64  # recent runs of speculative rounds `BatchController.run_rounds` averages
 _RUN_MIN = 4  # runs seen before their mean bounds the catch-up share
+#: pooled positions tested (per sampling setting) below which a request's first rounds
+#: are warm-up rounds (`BatchController.warmup_rounds`)
+_WARM_POOL = 16
 
 
 _K = TypeVar("_K", bound=Hashable)
@@ -132,6 +137,17 @@ class BatchController:
       bounds its steps by a token budget derived from the TPOT target in the same spirit;
       here the bound is in predicted seconds, from the fitted lines.
 
+    Warm-up: while the pooled evidence for a request's sampling setting is thin (fewer
+    than `_WARM_POOL` tested positions: a single stream's first rounds, a server's first
+    requests), a request's first `warmup_rounds` rounds with the model speculate at the
+    best K >= 1 for that slot alone, unless the draft can never pay (a draft token costs
+    at least the target's ordinary pass: a round of K then costs at least K + 1 passes'
+    worth and emits at most K + 1 tokens). Without it one unlucky first block held a
+    single stream at K = 0 for good: its estimate fell, and probes, whose catch-up grows
+    as fast as their budget, never came (the demo pair greedy, 0.77 acceptance and 0.8x
+    the previous single-stream controller, which had the same warm-up rule). No warm-up
+    round makes a waiting request or a latency target wait.
+
     With no request waiting and no --slo-tpot (the defaults) the choice is goodput's alone,
     as before. Each slot's K carries its reason (`Choice.reasons`, `REASONS`).
 
@@ -149,6 +165,8 @@ class BatchController:
             catch-up) before measurements exist; draft_prior's slope when None.
         slo_ttft_s: the time-to-first-token target (--slo-ttft), seconds; None: none.
         slo_tpot_s: the time-per-output-token target (--slo-tpot), seconds; None: none.
+        warmup_rounds: a request's first rounds with the model that speculate while the
+            pooled evidence is thin (see Warm-up above; 0 = none).
     """
 
     def __init__(
@@ -162,7 +180,9 @@ class BatchController:
         draft_token_prior: float | None = None,
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
+        warmup_rounds: int = 3,
     ) -> None:
+        self.warmup_rounds = warmup_rounds
         self.draft_batched = draft_batched
         self.slo_ttft_s = slo_ttft_s
         self.slo_tpot_s = slo_tpot_s
@@ -334,29 +354,50 @@ class BatchController:
         reason = bound or reason
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         got = _with_reasons(got, (reason,) * len(slots))
-        if not self.probe_every or waiting_s or bound:
-            return got  # no probe makes a waiting request or a latency target wait
-        idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
-        ks = tuple(
-            1
-            if k == 0
-            and (
-                st.first
-                and s.k_max > 0
-                and not s.catch_up
-                or self._probe_pays(s, st, idle_s, t, c, tok)
-            )
-            else k
-            for k, s, st in zip(got.k, slots, states, strict=True)
-        )
-        if ks == got.k:
+        if waiting_s or bound:
+            return got  # no probe or warm-up makes a waiting request or a latency target wait
+        ks, reasons = list(got.k), list(got.reasons)
+        for i, (s, st) in enumerate(zip(slots, states, strict=True)):
+            warm = self._warm_up_k(s, st, t, c, tok, spec)
+            if warm > ks[i]:
+                ks[i], reasons[i] = warm, "warm_up"
+        if self.probe_every:
+            idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
+            for i, (s, st) in enumerate(zip(slots, states, strict=True)):
+                if ks[i] == 0 and (
+                    st.first and s.k_max > 0 and not s.catch_up
+                    or self._probe_pays(s, st, idle_s, t, c, tok)
+                ):  # fmt: skip
+                    ks[i], reasons[i] = 1, "probe"
+        if tuple(ks) == got.k:
             return got
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
         sec = step_seconds(ks, t, c, fixed_s, slots, spec, tok)
-        reasons = tuple(
-            "probe" if k != k0 else r for k, k0, r in zip(ks, got.k, got.reasons, strict=True)
+        return Choice(
+            tuple(ks), n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary, tuple(reasons)
         )
-        return Choice(ks, n, sec, n / sec if sec > 0 else 0.0, got.goodput_ordinary, reasons)
+
+    def _warm_up_k(
+        self, slot: SlotInput, st: SlotState, target: Line, draft: Line, token_s: float,
+        spec_s: float,
+    ) -> int:  # fmt: skip
+        """The K a warm-up round of this slot takes (see the class), 0 where none is due:
+        the K >= 1 with the most tokens per second for this slot alone, E(K) over
+        T(K + 1) + K S(1) + its catch-up + the speculative overhead."""
+        if (
+            slot.k_max <= 0
+            or st.acceptance.tested[0] >= self.warmup_rounds
+            or self._pool(st.acceptance.pool)[0] >= _WARM_POOL
+            or draft(1) >= target(1)  # no K can pay
+        ):
+            return 0
+        gains = expected_gains(slot.alpha_by_pos, slot.k_max)
+        ks = np.arange(1, slot.k_max + 1)
+        seconds = (
+            target.intercept_s + target.slope_s * (ks + 1)
+            + ks * draft(1) + token_s * slot.catch_up + spec_s
+        )  # fmt: skip
+        return int(ks[np.argmax(gains[1:] / seconds)])
 
     def observe_chunk(self, n_tokens: int, seconds: float) -> None:
         """A target decode holding `n_tokens` prompt tokens beside its rounds took `seconds`
@@ -438,7 +479,7 @@ class BatchController:
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
         """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of
         steps after the draft's cost was last measured: as rarely as keeps those decodes
-        within `probe_budget` of the time (Controller.retime_draft's rule), and only
+        within `probe_budget` of the time, and only
         where a draft at half the fitted cost would make the last choice speculate (where
         the target's rows alone rule speculation out, re-timing the draft cannot change
         it, and would cost its 2%)."""

@@ -1,14 +1,9 @@
-"""Cost estimators: the seconds of a decode as a function of its size, fitted online.
-
-- `CostModel` (the single stream's `specgen.control.single.Controller`): the draft cost as a
-  function of the number of drafted tokens, and the target's verify cost as a function of
-  the number of tokens in the batch (a per-size moving average plus a linear fit
-  c0 + c1 * n for sizes not seen yet). On a CPU scoring 8 tokens costs 2x to 5x one token;
-  on a GPU it is nearly flat, so neither is assumed.
-- `LineFit` and `DraftFit` (the server's `specgen.control.batch.BatchController`): the
-  target's seconds by the rows of a decode, T, and the draft's by the logits rows and the
-  tokens of a decode, S (`specgen.control.goodput` says how they price a step); `Line` is
-  what they give.
+"""Cost estimators: the seconds of a decode as a function of its size, fitted online, for
+the controller (`specgen.control.batch.BatchController`). `LineFit`: the target's seconds
+by the rows of a decode, T; `DraftFit`: the draft's by the logits rows and the tokens of
+a decode, S (`specgen.control.goodput` says how they price a step); `Line` is what they
+give. On a CPU scoring 8 tokens costs 2x to 5x one token; on a GPU it is nearly flat, so
+neither is assumed.
 
 Pure: numpy only.
 """
@@ -16,102 +11,12 @@ Pure: numpy only.
 from __future__ import annotations
 
 import collections
-import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 _MIN_PER_SIZE = 3  # decodes of a size before `LineFit` fits on it (once two sizes have them)
-
-
-class CostModel:
-    """Seconds as a function of a size n (tokens): per-size moving average + linear fit.
-
-    A size seen before is predicted by its moving average blended with the fit (weight
-    of the average = number of observations, capped); an unseen size by the fit alone.
-    The fit is weighted least squares of c0 + c1 * n over the per-size averages with
-    c0, c1 >= 0 (cost never falls with more tokens). With a single size observed the
-    slope comes from `prior_slope(n0, seconds0)`.
-    """
-
-    def __init__(
-        self,
-        prior_slope: Callable[[int, float], float],
-        ema: float = 0.25,
-        max_weight: float = 8.0,
-        line_weight: float = 2.0,
-    ) -> None:
-        self._mean: dict[int, float] = {}
-        self._count: dict[int, float] = {}
-        self._prior_slope = prior_slope
-        self._ema = ema
-        self._max_weight = max_weight
-        self._line_weight = line_weight
-        self._fit: tuple[float, float] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self._mean)
-
-    @property
-    def sizes(self) -> list[int]:
-        """The sizes observed so far."""
-        return list(self._mean)
-
-    def add(self, n: int, seconds: float) -> None:
-        if not math.isfinite(seconds) or seconds < 0.0:
-            return
-        if n in self._mean:
-            # one slow outlier (a garbage-collector pause, another process) raises the
-            # average by at most a quarter: on a draft slower than its target, one such
-            # ordinary round used to make speculation look possible again (`hopeless`).
-            # A lasting slow-down still shows within a few rounds; speed-ups at once.
-            seconds = min(seconds, 2.0 * self._mean[n])
-            # a pass never runs faster than the machine allows: a faster one means the
-            # earlier ones were slowed (a busy start), so it counts at once
-            ema = 1.0 if seconds < 0.5 * self._mean[n] else self._ema
-            self._mean[n] += ema * (seconds - self._mean[n])
-            self._count[n] += 1.0
-        else:
-            self._mean[n] = seconds
-            self._count[n] = 1.0
-        self._fit = None
-
-    def fit(self) -> tuple[float, float]:
-        """(c0, c1) seconds and seconds/token. Requires at least one observation."""
-        if self._fit is not None:
-            return self._fit
-        xs = np.array(list(self._mean), dtype=np.float64)
-        ys = np.array(list(self._mean.values()))
-        ws = np.minimum(np.array(list(self._count.values())), self._max_weight)
-        if xs.size == 1:
-            c1 = max(0.0, self._prior_slope(int(xs[0]), float(ys[0])))
-            c0 = float(ys[0]) - c1 * float(xs[0])
-            if c0 < 0.0:  # through the origin instead
-                c0, c1 = 0.0, float(ys[0] / xs[0])
-        else:
-            xm, ym = np.average(xs, weights=ws), np.average(ys, weights=ws)
-            sxx = float(np.sum(ws * (xs - xm) ** 2))
-            c1 = float(np.sum(ws * (xs - xm) * (ys - ym)) / sxx)
-            c0 = float(ym - c1 * xm)
-            if c1 < 0.0:
-                c0, c1 = float(ym), 0.0
-            elif c0 < 0.0:
-                c0, c1 = 0.0, float(np.sum(ws * xs * ys) / np.sum(ws * xs * xs))
-        self._fit = (c0, c1)
-        return self._fit
-
-    def __call__(self, n: int) -> float:
-        """Predicted seconds at size n; nan before any observation."""
-        if not self._mean:
-            return math.nan
-        c0, c1 = self.fit()
-        line = c0 + c1 * n
-        if n in self._mean:
-            w = min(self._count[n], self._max_weight)
-            return line + w / (w + self._line_weight) * (self._mean[n] - line)
-        return line
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,14 @@
 """Goodput: the expected tokens of a round, and the K that maximize tokens per second.
 
 E(K), the tokens a round with block size K is expected to emit (`expected_gains`,
-`expected_tokens`, `break_even_alpha`), and for one sequence the predicted tokens per second
-of every K (`round_rates`, the single stream's `specgen.control.single.Controller`).
+`expected_tokens`, `break_even_alpha`).
 
-For the server's batch (`choose`, under `specgen.control.batch.BatchController`): with
-several requests in one target decode, a slot's block costs more than its own rows:
-every drafted depth is a draft decode all slots wait for, and every row is a row of the
-one target pass everyone shares. So K is chosen for the whole batch at once, maximizing
-goodput (SmartSpec, Liu et al. 2024, arXiv 2406.14066): expected tokens emitted by the
-step over the step's predicted seconds,
+For a batch of slots (`choose`, under `specgen.control.batch.BatchController`; the single
+stream is its one-slot case): with several requests in one target decode, a slot's block
+costs more than its own rows: every drafted depth is a draft decode all slots wait for,
+and every row is a row of the one target pass everyone shares. So K is chosen for the
+whole batch at once, maximizing goodput (SmartSpec, Liu et al. 2024, arXiv 2406.14066):
+expected tokens emitted by the step over the step's predicted seconds,
 
     G(K_1..K_N) = sum_i E_i(K_i) / (T(sum_i (K_i + 1)) + sum_{j=1..D} S(n_j) + fixed_s)
 
@@ -42,14 +41,12 @@ Pure: numpy only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from specgen.control.acceptance import FloatArray
-from specgen.control.costs import CostModel, Line
+from specgen.control.costs import Line
 
 
 def expected_gains(alpha_by_pos: Sequence[float], k_max: int) -> np.ndarray:
@@ -119,38 +116,6 @@ def break_even_alpha(
     return 0.5 * (lo + hi)
 
 
-def round_rates(
-    k_cap: int,
-    ordinary_token_s: float,
-    alpha_by_pos: FloatArray,
-    drafted_by_pos: FloatArray,
-    draft: CostModel,
-    verify: CostModel,
-) -> FloatArray:
-    """(k_cap + 1,) float64 predicted tokens/s of one sequence's round for K = 0..k_cap (nan
-    before data): the single stream's `Controller._rates`, from its estimates.
-
-    For a block size K the number m of tokens actually drafted is random (early
-    stop): P(m) = r_m (1 - s_{m+1}) for m < K and r_K for m = K, with r_m =
-    prod_{j<=m} s_j. Expected cost = sum_m P(m) (draft_s(m) + verify_s(m + 1));
-    expected tokens = 1 + sum_{i<=K} prod_{j<=i} s_j alpha_j.
-    """
-    out = np.full(k_cap + 1, math.nan)
-    out[0] = 1.0 / ordinary_token_s if verify else math.nan
-    if k_cap == 0 or not verify or not draft:
-        return out
-    s = drafted_by_pos[:k_cap]
-    a = alpha_by_pos[:k_cap]
-    tokens = 1.0 + np.cumsum(np.cumprod(s * a))  # (k_cap,) for K = 1..k_cap
-    reach = np.concatenate([[1.0], np.cumprod(s)])  # r_0..r_{k_cap}
-    m = np.arange(k_cap + 1)
-    cost_m = np.array([draft(i) + verify(i + 1) for i in m])
-    stop_here = reach[:-1] * (1.0 - s) * cost_m[:-1]  # m = 0..k_cap-1 and stopped
-    cost = np.cumsum(stop_here) + reach[1:] * cost_m[1:]  # for K = 1..k_cap
-    out[1:] = tokens / cost
-    return out
-
-
 @dataclass(frozen=True)
 class SlotInput:
     """One active slot as the controller sees it.
@@ -203,11 +168,13 @@ class Choice:
 #: why a slot's K is what it is, in the per-request `speculative.k_reason_per_step` and
 #: /metrics' `specgen_k_reason_total`: the batch's goodput alone ("goodput"); shortened for
 #: the requests waiting behind the step ("waiting") or to keep a latency target
-#: ("slo_ttft", "slo_tpot"); a K = 1 probe ("probe"); and, from the scheduler, a fixed
+#: ("slo_ttft", "slo_tpot"); a K = 1 probe ("probe"); a request's first rounds while
+#: little is known of its acceptance ("warm_up"); and, from the scheduler, a fixed
 #: --draft-max ("fixed"), a request's first round, ordinary ("first"), a step spent on a
 #: chunk of the draft's catch-up ("catch_up"), a block cut short by an arrival ("cut")
 REASONS = (
-    "goodput", "waiting", "slo_ttft", "slo_tpot", "probe", "fixed", "first", "catch_up", "cut",
+    "goodput", "waiting", "slo_ttft", "slo_tpot", "probe", "warm_up", "fixed", "first",
+    "catch_up", "cut",
 )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ class Drafting:
         *,
         clock: Clock,
         prefill_chunk: int,
-        fail: Callable[[Slot, str, str], None],
+        fail: Callable[[Slot, Exception | str, str], None],
         arrival_waits: Callable[[], bool],
     ) -> None:
         self.draft = draft
@@ -109,7 +109,7 @@ class Drafting:
                 self.draft.decode_batch(parts)
             except EngineError as exc:
                 for slot, _ in chunks:
-                    self._fail(slot, str(exc), "engine")
+                    self._fail(slot, exc, "engine")
             else:
                 if self.controller is not None:  # tokens without rows: the catch-up's cost
                     n_tokens = sum(len(part.tokens) for part in parts)
@@ -133,17 +133,18 @@ class Drafting:
                 else:
                     proposals.append((slot, seq.propose(k)))
             except EngineError as exc:
-                self._fail(slot, str(exc), "engine")
+                self._fail(slot, exc, "engine")
         if not together:
             return proposals
-        t0 = self.clock()
+        t0, inside0 = self.clock(), self.draft.decode_s if self.draft is not None else 0.0
         try:
             self._draft_depths([(s.index, w) for s, _, w in together])
         except EngineError as exc:
             for slot, _, _ in together:
-                self._fail(slot, str(exc), "engine")
+                self._fail(slot, exc, "engine")
             return proposals
         drafted_s = self.clock() - t0
+        inside_s = (self.draft.decode_s if self.draft is not None else 0.0) - inside0
         for slot, k, w in together:
             assert slot.seq is not None
             block = w.block()
@@ -151,7 +152,9 @@ class Drafting:
             k_run = min(k, len(block.tokens) - len(block.sole)) if self.cut else k
             if k_run < k:
                 slot.reason = "cut"
-            proposals.append((slot, slot.seq.propose(k_run, block, drafted_s)))
+            proposals.append(
+                (slot, slot.seq.propose(k_run, block, drafted_s, drafted_inside_s=inside_s))
+            )
         return proposals
 
     def retime_draft(self, active: list[Slot]) -> bool:
@@ -159,8 +162,7 @@ class Drafting:
         draft decode of one token per model-drafting slot, appended where each slot's
         draft cache stands and removed again, so the draft's cost line follows the machine
         while no slot drafts (a line left high by one slow moment would hold K at 0 for
-        good: no drafting, no measurement). The single stream re-times its draft likewise
-        (`Controller.retime_draft`).
+        good: no drafting, no measurement).
 
         Returns:
             whether a draft decode was made.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specgen.control.costs import Line
-from specgen.events import Done, Step
+from specgen.events import Done, Prefilled, Step
 from specgen.genconfig import GenerateConfig
 
 
@@ -39,7 +39,8 @@ class Failed:
     kind: str
 
 
-JobEvent = Step | Done | Failed
+#: a Prefilled is sent only to a single stream's slot (`Slots.single`)
+JobEvent = Prefilled | Step | Done | Failed
 Sink = Callable[[JobEvent], None]
 #: hands one step's events to their sinks, in the order they were sent (`Scheduler.deliver`)
 Deliver = Callable[[list[tuple["Ticket", JobEvent]]], None]

@@ -15,17 +15,16 @@ from __future__ import annotations
 import collections
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from typing import Literal
 
 from specgen.control.batch import BatchController
 from specgen.control.costs import Line, LineFit
 from specgen.drafters import common_prefix
-from specgen.engine import BatchEngine, Drafter, SeqDecode
+from specgen.engine import BatchEngine, Drafter, SeqDecode, as_batch
 from specgen.errors import EngineError
 from specgen.ngram import NgramDrafter
-from specgen.round import Clock
+from specgen.round import Clock, now
 from specgen.sched.drafting import Drafting
 from specgen.sched.jobs import (
     BatchReport,
@@ -70,6 +69,12 @@ class Scheduler:
             sharing a longer prefix than any free slot holds (--cache-ram;
             `specgen.sched.promptcache`); None: none. Needs sequences with
             `save_state` (`SequenceView`).
+        single: one slot driven by its caller, step by step (`specgen.generate`, the
+            single stream): a failure raises the exception itself instead of ending the
+            job with `Failed`, and the job's Prefilled event is sent.
+        ordinary_first: a request's first round is ordinary decoding (its first token at
+            ordinary decoding's latency); False: it may speculate (`specgen verify`).
+        k_max: the default controller's largest K (`BatchController.k_max`).
 
     Raises:
         ValueError: the target has fewer sequences than n_parallel, or a drafter that
@@ -88,10 +93,13 @@ class Scheduler:
         deliver: Deliver | None = None,
         prefill_chunk: int = 256,
         controller: BatchController | None = None,
-        clock: Clock = time.perf_counter,
+        clock: Clock = now,
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
         prompt_cache: PromptCache | None = None,
+        single: bool = False,
+        ordinary_first: bool = True,
+        k_max: int = 16,
     ) -> None:
         if target.n_seq < n_parallel:
             raise ValueError(f"the target holds {target.n_seq} sequences, not {n_parallel}")
@@ -99,7 +107,7 @@ class Scheduler:
         self._draft: BatchEngine | None = None
         batch = batched(drafter)
         if batch is not None:
-            draft: BatchEngine = batch.model.engine  # type: ignore[assignment]  # the loaded one
+            draft = as_batch(batch.model.engine)  # the loaded one
             if draft.n_seq < n_parallel:
                 raise ValueError(f"the draft holds too few sequences for {n_parallel} slots")
             self._draft = draft
@@ -118,10 +126,10 @@ class Scheduler:
         # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
         # target's rows only (host time is in the step's measured costs)
         default = (
-            BatchController(draft_batched=True, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+            BatchController(k_max, draft_batched=True, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
             if self._draft is not None
             else BatchController(
-                draft_prior=Line(0.0, 0.0), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s
+                k_max, draft_prior=Line(0.0, 0.0), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s
             )
         )
         self.controller = (controller or default) if draft_max is None and drafter else None
@@ -134,6 +142,8 @@ class Scheduler:
             controller=self.controller,
             clock=clock,
             send=self._send,
+            single=single,
+            ordinary_first=ordinary_first,
         )
         views = [s.target.n_ctx for s in self.slots.all]
         views += [s.draft.n_ctx for s in self.slots.all if s.draft is not None]
@@ -189,7 +199,8 @@ class Scheduler:
         need = len(job.prompt) + job.config.max_tokens
         if not job.prompt:
             raise DoesNotFit("the prompt is empty")
-        if need > self.n_ctx_slot:
+        # a single stream stops at the context's end instead (finish reason "context")
+        if need > self.n_ctx_slot and not self.slots.single:
             raise DoesNotFit(
                 f"the prompt ({len(job.prompt)} tokens) plus max_tokens"
                 f" ({job.config.max_tokens}) is {need} tokens, more than a slot's context of"
@@ -236,36 +247,50 @@ class Scheduler:
     def _has_work(self) -> bool:
         return bool(self._queue) or self.slots_busy > 0
 
-    def calibrate(self, repeats: int = 3) -> None:
-        """Time the decodes the batch controller's cost lines stand on before any request
-        (as the single stream times its passes before its first round) and make them the
-        lines' priors (`LineFit.set_prior`, `DraftFit.set_prior`): target decodes of one
-        row and of one row per slot; draft decodes of one token, of one token per slot,
-        and of `_CALIBRATE_RUN` + 1 tokens with one row (a catch-up's cost per token);
-        `repeats` times each after an untimed warm-up (medians), in empty sequences that
-        are emptied again.
+    def calibrate(self, repeats: int = 3, quick: bool = False) -> list[float] | None:
+        """Time the decodes the batch controller's cost lines stand on (as priors,
+        `LineFit.set_prior`, `DraftFit.set_prior`): target decodes of one row and of one
+        row per slot; draft decodes of one token, of one token per slot, and of
+        `_CALIBRATE_RUN` + 1 tokens with one row (a catch-up's cost per token); `repeats`
+        times each after an untimed warm-up (medians). `quick` (the single stream, after
+        its first round warmed the target): no warm-ups, and the decodes of two rows and of
+        a catch-up timed once, so that its start-up costs about what the ordinary passes
+        and draft passes it times anyway cost. Each is appended where its sequences stand
+        and removed again, so a cache holding a prompt keeps it.
         Priors, not observations: decodes at the start of empty caches were measured up to
         2x off the server's real ones, and the first real decodes must replace them.
-        Called by `start` in the worker thread; a no-op without the controller.
+        `start` calls it in the worker thread before any request; the single stream after
+        its first round (`specgen.generate`). A no-op without the controller.
+
+        Returns:
+            the seconds of each timed one-row target decode (an ordinary pass: the single
+            stream's baseline), or None without the controller.
 
         Raises:
             EngineError: a decode failed (`start`'s worker then serves on the defaults).
         """
         ctl = self.controller
         if ctl is None:
-            return
+            return None
         n = self.n_parallel
 
-        def median_s(engine: BatchEngine, parts: list[SeqDecode]) -> float:
+        def timed(engine: BatchEngine, parts: list[SeqDecode], n: int = repeats) -> list[float]:
+            seqs = [engine.sequence(part.seq) for part in parts]
+            held = [len(seq.tokens) for seq in seqs]
             seconds = []
-            for r in range(repeats + 1):
+            for r in range(n + (0 if quick else 1)):
                 t0 = self.clock()
-                engine.decode_batch(parts)
-                if r > 0:
-                    seconds.append(self.clock() - t0)
-                for part in parts:
-                    engine.sequence(part.seq).truncate(0)
-            return statistics.median(seconds)
+                try:
+                    engine.decode_batch(parts)
+                    if quick or r > 0:
+                        seconds.append(self.clock() - t0)
+                finally:
+                    for seq, m in zip(seqs, held, strict=True):
+                        seq.truncate(m)
+            return seconds
+
+        def median_s(engine: BatchEngine, parts: list[SeqDecode], n: int = repeats) -> float:
+            return statistics.median(timed(engine, parts, n))
 
         def line(x1: int, y1: float, x2: int, y2: float) -> Line:
             """The line through both points, within `LineFit`'s bounds."""
@@ -275,23 +300,26 @@ class Scheduler:
             return fit.line()
 
         # the target: one row per token (its decodes score every row)
-        one = median_s(self.target, [SeqDecode(0, [0], 1)])
+        once = 1 if quick else repeats
+        passes = timed(self.target, [SeqDecode(0, [0], 1)])
+        one = statistics.median(passes)
         if n > 1:
             many = median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
         else:  # a single slot takes both tokens
-            many = median_s(self.target, [SeqDecode(0, [0, 0], 2)])
+            many = median_s(self.target, [SeqDecode(0, [0, 0], 2)], once)
         ctl.target.set_prior(line(1, one, max(n, 2), many))
         if self._draft is None:
-            return
+            return passes
         # the draft: a row per slot drafting a depth, and a catch-up's tokens without one
         one = median_s(self._draft, [SeqDecode(0, [0], 1)])
-        run = median_s(self._draft, [SeqDecode(0, [0] * (1 + _CALIBRATE_RUN), 1)])
+        run = median_s(self._draft, [SeqDecode(0, [0] * (1 + _CALIBRATE_RUN), 1)], once)
         token_s = max(0.0, (run - one) / _CALIBRATE_RUN)
         if n > 1:
             many = median_s(self._draft, [SeqDecode(i, [0], 1) for i in range(n)])
             ctl.draft.set_prior(line(1, one, n, many), token_s)
         else:  # one slot: a depth is always one row
             ctl.draft.set_prior(Line(0.0, one), token_s)
+        return passes
 
     def _run(self) -> None:
         try:
@@ -312,7 +340,7 @@ class Scheduler:
                 for slot in self.slots.all:
                     if slot.ticket is not None:
                         self.slots.fail(slot, f"internal error: {exc}", "engine")
-                self._flush()
+                self.flush()
         self._finish_all()
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
@@ -337,12 +365,13 @@ class Scheduler:
                     pass
             return report
         finally:
-            self._flush()
+            self.flush()
 
     def _send(self, ticket: Ticket, event: JobEvent) -> None:
         self._outbox.append((ticket, event))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Deliver the events sent since the last flush (each step ends with one)."""
         if self._outbox:
             batch, self._outbox = self._outbox, []
             try:
@@ -365,6 +394,12 @@ class Scheduler:
         for slot in self.slots.all:
             if slot.ticket is not None and slot.ticket.cancelled:
                 self.slots.end(slot, Failed("cancelled by the client", "cancelled"))
+
+    def admit(self) -> None:
+        """Queued jobs take free slots now (a step also admits, twice: `Stepper.run`);
+        the single stream places its job at once, so that a bad setting is an error of
+        its call. Worker thread only."""
+        self._admit()
 
     def _admit(self) -> None:
         while True:
@@ -429,4 +464,4 @@ class Scheduler:
             self._queue.clear()
         for t in queued:
             self._send(t, Failed("the server is shutting down", "shutdown"))
-        self._flush()
+        self.flush()

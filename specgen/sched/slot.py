@@ -23,7 +23,7 @@ import numpy as np
 from specgen.control.acceptance import Acceptance
 from specgen.control.batch import BatchController, recent_entry
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
-from specgen.engine import BatchEngine, Drafter, Engine
+from specgen.engine import BatchEngine, Drafter, Engine, under
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
@@ -97,8 +97,16 @@ class Slots:
         controller: BatchController | None,
         clock: Clock,
         send: Callable[[Ticket, JobEvent], None],
+        single: bool = False,
+        ordinary_first: bool = True,
     ) -> None:
         self._drafter = drafter
+        # one slot driven by its caller (`specgen.generate`): a failure is the caller's
+        # exception, not a `Failed` event, and the Prefilled event is sent
+        self.single = single
+        # a request's first round is ordinary (its first token at ordinary decoding's
+        # latency); False: the first round may speculate (`specgen verify`)
+        self.ordinary_first = ordinary_first
         self.draft_max = draft_max
         self.controller = controller
         self.clock = clock
@@ -125,7 +133,7 @@ class Slots:
         try:
             slot.drafter = self.drafter_for(slot, job.config.params)
             # no K policy: the scheduler chooses every slot's K (`Stepper._choose_ks`)
-            slot.seq = Sequence(slot.target, slot.drafter, job.prompt, job.config, None, self.clock)
+            slot.seq = Sequence(slot.target, slot.drafter, job.prompt, job.config, self.clock)
             if source is not None:  # one prefill for every choice: share its cells
                 keep = len(job.prompt) - 1
                 slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
@@ -133,13 +141,14 @@ class Slots:
                 keep = common_prefix(slot.target.tokens, job.prompt[:-1])
                 slot.target.truncate(keep)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
-            self.end(slot, Failed(str(exc), "engine"))
+            self.fail(slot, exc, "engine")
             return
         slot.todo = job.prompt[keep:-1]
         slot.n_prefill = len(slot.todo)
         slot.started = False
         slot.idle = 0
-        slot.fresh = slot.first = True
+        slot.fresh = True
+        slot.first = self.ordinary_first
         slot.acceptance = (
             self.controller.new_acceptance(job.config.params) if self.controller else None
         )
@@ -156,6 +165,8 @@ class Slots:
         d = self._drafter
         if d is None:
             return None
+        if self.single:  # the caller's drafter, under its request's settings
+            return under(d, params)
         if isinstance(d, ModelDrafter):
             assert slot.draft is not None
             return ModelDrafter(slot.draft, params, d.n_vocab, d.p_min)
@@ -176,7 +187,11 @@ class Slots:
         under load, where its slot rarely speculates, it hardly learns before the end."""
         return recent_entry(self._lookup_pools, params, LookupRecord, _LOOKUP_POOLS)
 
-    def start(self, slot: Slot) -> None:
+    def start(self, slot: Slot, announce: bool = True) -> None:
+        """The slot's prompt is evaluated (or its last chunk is in this step's decode):
+        its request starts, its drafter is prefilled (a model draft only once the slot
+        first drafts), and with `single` its Prefilled event is sent (unless `announce` is
+        False: the step sends it once the decode holding the last chunk is done)."""
         assert slot.seq is not None and slot.ticket is not None
         try:
             d, b = slot.drafter, batched(slot.drafter)
@@ -186,11 +201,13 @@ class Slots:
                 b.prefill(slot.ticket.job.prompt, evaluate=False)
             elif d is not None:
                 d.prefill(slot.ticket.job.prompt)
-            slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
+            prefilled = slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
         except EngineError as exc:
-            self.fail(slot, str(exc), "engine")
+            self.fail(slot, exc, "engine")
             return
         slot.started = True
+        if self.single and announce:
+            self.send(slot.ticket, prefilled)
 
     def end(self, slot: Slot, event: JobEvent | None, reason: str | None = None) -> None:
         """Free the slot: roll its caches back to the committed tokens and send `event`
@@ -217,8 +234,22 @@ class Slots:
             if ev is not None:
                 self.send(ticket, ev)
 
-    def fail(self, slot: Slot, message: str, kind: str) -> None:
-        self.end(slot, Failed(message, kind))
+    def fail(self, slot: Slot, exc: Exception | str, kind: str) -> None:
+        """End the slot's job with `Failed` (the message of `exc`); with `single`, roll the
+        slot back and raise `exc` instead: the single stream's caller gets the error
+        itself (an `EngineError`, a `GrammarError`), as from any call.
+
+        Raises:
+            Exception: `exc`, with `single`.
+        """
+        if self.single and isinstance(exc, Exception):
+            if slot.seq is not None:
+                try:
+                    slot.seq.rollback()
+                except Exception:  # noqa: BLE001 - the cache may be broken: start it afresh
+                    _clear(slot)
+            raise exc
+        self.end(slot, Failed(str(exc), kind))
 
 
 def _clear(slot: Slot) -> None:

@@ -46,6 +46,7 @@ from dataclasses import replace
 from specgen.control.batch import SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
+from specgen.events import Prefilled
 from specgen.hybrid import HybridDrafter
 from specgen.proposal import Proposal
 from specgen.sched.drafting import Drafting
@@ -163,7 +164,7 @@ class Stepper:
                 rows = self.target.decode_batch(parts)
             except EngineError as exc:
                 for slot in [s for s, _ in proposals] + [s for s, _ in chunks]:
-                    self.slots.fail(slot, str(exc), "engine")
+                    self.slots.fail(slot, exc, "engine")
             verify_s = self.clock() - t2
         decode_s = _decode_s(self.target) - decode0
         n_rows = sum(p.n_rows for p in parts)
@@ -185,9 +186,15 @@ class Stepper:
                 zip([s.index for s, _ in chunked], rows[len(proposals) :], strict=True)
             )
             for slot, prop in firsts:
-                assert slot.seq is not None
-                slot.seq.stats.prefill_s = self.clock() - slot.t_admit
-                self._commit(slot, prop, chunk_rows[slot.index], verify_s)
+                assert slot.seq is not None and slot.ticket is not None
+                seq = slot.seq
+                seq.prefilled(self.clock() - slot.t_admit)
+                if self.slots.single:  # its prompt is evaluated only now
+                    self.slots.send(
+                        slot.ticket, Prefilled(len(seq.committed), seq.stats.prefill_s, None, None)
+                    )
+                # its decode was the prompt's: prefill, not this round's verification
+                self._commit(slot, prop, chunk_rows[slot.index], 0.0)
         if self.controller is not None and plain and not chunks and rows is not None:
             # the positions lookup really filled: also those after model tokens, which
             # the choice could not foresee (`HybridDrafting.feed`); a catch-up is
@@ -247,10 +254,10 @@ class Stepper:
         firsts: list[tuple[Slot, Proposal]] = []
         out: list[tuple[Slot, SeqDecode]] = []
         for slot, part in chunked:
-            if len(part.tokens) < len(slot.todo) or budget < 1:
+            if len(part.tokens) < len(slot.todo) or budget < 1 or not slot.first:
                 out.append((slot, part))
                 continue
-            self.slots.start(slot)
+            self.slots.start(slot, announce=False)
             if slot.seq is None or not slot.started:  # failed: its job has ended
                 continue
             slot.first = False  # this round is its ordinary first
@@ -346,7 +353,7 @@ class Stepper:
         try:
             step = replace(seq.commit(prop, rows, verify_s), k_reason=slot.reason)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
-            self.slots.fail(slot, str(exc), "engine")
+            self.slots.fail(slot, exc, "engine")
             return
         if self.controller is not None and slot.acceptance is not None:
             k, n = model_part(prop, step.n_accepted)
