@@ -11,7 +11,7 @@ The public Python API (see docs/guides/python.md)::
             ...
         reply = pair.chat([{"role": "user", "content": "Hi"}])  # an instruct target
 
-`load`, `Pair`, `Generation` and `Result` live in `specgen.api`, imported on first use:
+`load`, `Pair`, `Generation` and `Result` come from `specgen.api`, imported on first use:
 ``import specgen`` stays cheap (no numpy, no llama.cpp) for the CLI's start-up. The events
 (`Prefilled`, `Step`, `Done`, `Span`, `Stats`), the settings (`ModelFlags`,
 `SamplingFlags`) and the errors are cheap modules of their own.

@@ -15,27 +15,27 @@ speculative statistics are the ones `specgen run` gives.
 from __future__ import annotations
 
 import contextlib
-import difflib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from specgen import session as _session
-from specgen.chat import ChatFormatter, Message, TemplateModel, load_template, prompt_tokens
+from specgen.apiargs import Prompt, argument_names, check_messages, sampling_flags
+from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
-from specgen.events import Done, FinishReason, Prefilled, Stats, Step
-from specgen.flags import ModelFlags, SamplingFlags, in_python_words, seed_or_random
+from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
+from specgen.flags import in_python_words as in_python_words  # tests name it here
+from specgen.genconfig import grammar_spec
 from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
-from specgen.logprobs import TokenLogprob
+from specgen.generation import Event, Generation, Result, result_of
 
 if TYPE_CHECKING:
-    pass
+    from specgen.verify.report import VerifyReport
 
-Event = Prefilled | Step | Done
+__all__ = ["Engines", "Event", "Generation", "Models", "Pair", "Result", "load", "one_slot"]
 
 
 class Models(Protocol):
@@ -47,6 +47,11 @@ class Models(Protocol):
 
     @property
     def drafter(self) -> Drafter | None: ...
+
+    @property
+    def draft_name(self) -> str:
+        """The drafter as the reports name it (a file name, ``ngram`` or ``none``)."""
+        ...
 
     def policy(self, draft_max: int | None) -> KPolicy:
         """The block-size policy for ``draft_max`` (None = auto)."""
@@ -72,134 +77,16 @@ class Engines:
     drafter: Drafter | None
     k_init: int | None = None
 
+    @property
+    def draft_name(self) -> str:
+        return "none" if self.drafter is None else self.drafter.name
+
     def policy(self, draft_max: int | None) -> KPolicy:
         """As `specgen.session.Session.policy`."""
         return _session.make_policy(draft_max, k_init=self.k_init)
 
     def close(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Result:
-    """One finished generation.
-
-    Attributes:
-        text: the generated text (the prompt excluded).
-        tokens: the generated token ids.
-        finish: why it ended: "length" (max_tokens), "eos", "stop", "context" or
-            "interrupted".
-        stats: the counts and timings of `specgen run --json`'s ``stats`` (seconds; see
-            docs/reference/json.md), typed: ``stats.n_drafted``, ``stats.n_accepted``,
-            ``stats.acceptance_rate``, ``stats.acceptance_how``, ``stats.k_history`` (the
-            block size of each round), ``stats.wall_s``, ``stats.tokens_per_s``...;
-            ``stats.to_dict()`` is that JSON object, key for key.
-        seed: the seed used (a random one when none was given).
-        logprobs: with ``logprobs=N``, one `specgen.logprobs.TokenLogprob` per generated
-            token (its log-probability under the target's raw logits, natural log, and
-            the N most likely tokens there); None when not asked.
-        controller: with ``draft_max="auto"`` and a drafter, the block-size controller's
-            decisions (`run --json`'s ``controller`` object); None otherwise.
-    """
-
-    text: str
-    tokens: tuple[int, ...]
-    finish: FinishReason
-    stats: Stats
-    seed: int
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    controller: dict[str, object] | None = None
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted proposals over tested proposals (0 when nothing was drafted)."""
-        return self.stats.acceptance_rate
-
-
-@contextmanager
-def _argument_names() -> Iterator[None]:
-    try:
-        yield
-    except ConfigError as exc:  # GrammarError stays one
-        raise type(exc)(in_python_words(str(exc))) from exc
-
-
-def sampling_flags(
-    settings: Mapping[str, object], base: SamplingFlags | None = None
-) -> SamplingFlags:
-    """A call's keyword settings as the CLI's `SamplingFlags` (``temperature`` is --temp's
-    ``temp``; ``draft_max`` an int or "auto"), over `base` when given (its fields where
-    `settings` has none; the defaults otherwise), validated once.
-
-    Raises:
-        ConfigError: an unknown setting (with the nearest known name), or a bad value,
-            named as the argument (``temperature must be a number, got 'hot'``).
-    """
-    given = dict(settings)
-    if "temperature" in given:
-        if "temp" in given:
-            raise ConfigError("temperature and temp are the same setting: give one")
-        given["temp"] = given.pop("temperature")
-    known = [f.name for f in fields(SamplingFlags)]
-    for name in given:
-        if name not in known:
-            names = [*known, "temperature"]
-            near = difflib.get_close_matches(name, names, n=1)
-            hint = (
-                f" (did you mean {near[0]}?)" if near else f": the settings are {', '.join(names)}"
-            )
-            raise ConfigError(f"unknown setting {name!r}{hint}")
-    draft_max = given.get("draft_max")
-    if isinstance(draft_max, int) and not isinstance(draft_max, bool):
-        given["draft_max"] = str(draft_max)
-    with _argument_names():
-        if base is not None:
-            return replace(base, **given) if given else base  # type: ignore[arg-type]
-        return SamplingFlags(**given)  # type: ignore[arg-type]
-
-
-#: a prompt: text (bytes are UTF-8), or token ids as the target's tokenizer gives them
-Prompt = str | bytes | Sequence[int]
-
-
-class Generation:
-    """One generation under way (`Pair.stream`, `Pair.stream_chat`): an iterator over its
-    events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
-    stops generating and leaves the models ready for the next call;
-    ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
-    finish reason "interrupted").
-
-    Attributes:
-        seed: the seed used (a random one when none was given).
-        settings: the call's settings, validated (`SamplingFlags`).
-        n_prompt: prompt tokens (after the chat template, for a chat).
-    """
-
-    def __init__(self, run: OneSlot, seed: int, settings: SamplingFlags, n_prompt: int) -> None:
-        self._run = run
-        self._events = run.events()
-        self.seed = seed
-        self.settings = settings
-        self.n_prompt = n_prompt
-
-    def __iter__(self) -> Generation:
-        return self
-
-    def __next__(self) -> Event:
-        return next(self._events)
-
-    def close(self) -> None:
-        self._events.close()
-
-    def throw(self, exc: BaseException) -> Event:
-        """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""
-        return self._events.throw(exc)
-
-    @property
-    def controller(self) -> dict[str, object] | None:
-        """With ``draft_max="auto"`` and a drafter, the block-size controller's decisions
-        so far (`run --json`'s ``controller`` object); None otherwise."""
-        return self._run.summary()
 
 
 class Pair(Generic[M]):
@@ -274,7 +161,7 @@ class Pair(Generic[M]):
                 or one that does not fit the context.
         """
         ids = self._prompt_ids(prompt)
-        return _result(self._start(ids, settings, kwargs, False, ordinary))
+        return result_of(self._start(ids, settings, kwargs, False, ordinary))
 
     def stream(
         self,
@@ -322,7 +209,7 @@ class Pair(Generic[M]):
                 a conversation that does not fit the context.
         """
         ids = self._chat_ids(messages, chat_template)
-        return _result(self._start(ids, settings, kwargs, False))
+        return result_of(self._start(ids, settings, kwargs, False))
 
     def stream_chat(
         self,
@@ -338,6 +225,106 @@ class Pair(Generic[M]):
         and errors as `chat` and `stream`."""
         ids = self._chat_ids(messages, chat_template)
         return self._start(ids, settings, kwargs, trace)
+
+    def chat_session(
+        self,
+        settings: SamplingFlags | None = None,
+        /,
+        *,
+        system: str | None = None,
+        chat_template: str | Path | None = None,
+        **kwargs: object,
+    ) -> ChatSession:
+        """A multi-turn conversation (what `specgen chat` drives): ``session.reply(text)``
+        adds a user message and streams the reply (`stream_chat`'s events), and the
+        conversation keeps both. Unlike separate `chat` calls, each reply keeps what the
+        target's and the drafter's caches hold of the conversation (its earlier turns) and
+        evaluates only the new tokens: the same law, though a reply can differ from a fresh
+        `chat` of the same messages where a near-tie meets other arithmetic.
+
+        Args:
+            settings, **kwargs: every reply's settings, as `generate`'s; reply i (from 0)
+                is seeded ``seed + i`` (a random ``seed`` when none is given).
+            system: a system message before the turns.
+            chat_template: as `chat`'s.
+
+        Raises:
+            ConfigError: as `chat` (no chat template, a bad setting), at the call.
+            ChatTemplateError: the template does not compile.
+        """
+        flags = sampling_flags(kwargs, settings)
+        seed = seed_or_random(flags.seed)
+        words = settings is None
+        formatter = self._formatter(chat_template, words)
+        with argument_names() if words else contextlib.nullcontext():
+            grammar_spec(flags)  # a grammar file that cannot be read: this call's error
+
+        def start(ids: list[int], reply: int) -> Generation:
+            return self._run(ids, flags, seed + reply, words=words, reuse_cache=True)
+
+        opened = self.session
+        return ChatSession(formatter, opened.target.n_ctx, start, opened.drafter is not None,
+                           system=system)  # fmt: skip
+
+    def verify(
+        self,
+        settings: SamplingFlags | None = None,
+        /,
+        *,
+        samples: int = 400,
+        positions: int = 3,
+        draft_max: int = 3,
+        alpha: float = 1e-3,
+        check: str = "all",
+        prompts: Sequence[str] = (),
+        progress: Callable[[str], None] | None = None,
+        **kwargs: object,
+    ) -> VerifyReport:
+        """Check that speculation leaves the target's output unchanged on this pair (what
+        `specgen verify` runs): greedy speculative output must equal ordinary output (up
+        to near-ties flipped by batched arithmetic), and sampled tokens at the first
+        `positions` must follow the target's own law (chi-square, Holm-corrected at
+        `alpha`). Each generation is the pair's engine at a fixed K whose first round
+        speculates too, so that every tested position goes through the acceptance rule.
+
+        Args:
+            settings, **kwargs: the sampling check's settings (`generate`'s, over
+                ``temperature=1, top_k=40, top_p=1, min_p=0, seed=0``): ``verify``,
+                ``grammar``/``json_schema``, the bias and penalties hold in both checks.
+                ``max_tokens``, ``stop``, ``ignore_eos`` and ``logprobs`` are the checks'
+                own and refused.
+            samples: speculative samples per sampling prompt (at least 20).
+            positions: generated positions tested per sample.
+            draft_max: the sampling check's block size K (1 to 64).
+            alpha: the family-wise significance level.
+            check: "all", "greedy" or "sampling".
+            prompts: both checks' prompts instead of the built-in ones.
+            progress: called with one-line status messages.
+
+        Returns:
+            A `specgen.verify.report.VerifyReport` (``passed``, ``to_dict()``: `verify
+            --json`'s object); the target's cache is left empty.
+
+        Raises:
+            ConfigError: a bad or refused setting, the sampling check at temperature 0, or
+                no drafter (``draft="none"``). GrammarError: as `generate`.
+        """
+        # the checks load only when asked for
+        from specgen.verify import config as checks
+        from specgen.verify.report import verify
+
+        for name in checks.UNUSED:
+            if name in kwargs:
+                raise ConfigError(f"verify does not take {name}: the checks set it themselves")
+        flags = sampling_flags(kwargs, settings or checks.SAMPLING_FLAGS)
+        with argument_names() if settings is None else contextlib.nullcontext():
+            config = checks.config_of(
+                flags, samples=samples, positions=positions, draft_max=draft_max, alpha=alpha,
+                check=check, prompts=prompts,
+            )  # fmt: skip
+            make = checks.drafter_factory(self.session.drafter)
+        opened = self.session
+        return verify(opened.target, make, config, opened.draft_name, progress)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -367,12 +354,13 @@ class Pair(Generic[M]):
     ) -> list[int]:
         return self._formatter(chat_template).tokens(check_messages(messages))
 
-    def _formatter(self, path: str | Path | None) -> ChatFormatter:
-        """The target's compiled chat template (or the file's), compiled once per Pair."""
+    def _formatter(self, path: str | Path | None, words: bool = True) -> ChatFormatter:
+        """The target's compiled chat template (or the file's), compiled once per Pair;
+        `words` as `_run`'s."""
         key = None if path is None else str(path)
         if key not in self._formatters:
             target = self.session.target
-            with _argument_names():
+            with argument_names() if words else contextlib.nullcontext():
                 template = load_template(target, None if path is None else Path(path))
             if template is None:
                 raise ConfigError(
@@ -392,10 +380,24 @@ class Pair(Generic[M]):
     ) -> Generation:
         """Check everything now (not at the first event), then the generation."""
         flags = sampling_flags(settings, base)
-        seed = seed_or_random(flags.seed)
-        # errors in the caller's words: keyword arguments', or a SamplingFlags' flags
-        with _argument_names() if base is None else contextlib.nullcontext():
-            run = one_slot(self.session, ids, flags, seed, trace, ordinary)
+        return self._run(ids, flags, seed_or_random(flags.seed), words=base is None,
+                         trace=trace, ordinary=ordinary)  # fmt: skip
+
+    def _run(
+        self,
+        ids: list[int],
+        flags: SamplingFlags,
+        seed: int,
+        *,
+        words: bool,
+        trace: bool = False,
+        ordinary: bool = False,
+        reuse_cache: bool = False,
+    ) -> Generation:
+        """The generation of `ids` under validated `flags`; `words`: errors named as
+        keyword arguments (else as the flags of a `SamplingFlags` the caller gave)."""
+        with argument_names() if words else contextlib.nullcontext():
+            run = one_slot(self.session, ids, flags, seed, trace, ordinary, reuse_cache)
         return Generation(run, seed, flags, len(ids))
 
     def close(self) -> None:
@@ -408,49 +410,6 @@ class Pair(Generic[M]):
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _result(gen: Generation) -> Result:
-    """Run `gen` to its end: the `Result`."""
-    asked = gen.settings.logprobs is not None
-    done: Done | None = None
-    logprobs: list[TokenLogprob] = []
-    for ev in gen:
-        if isinstance(ev, Done):
-            done = ev
-        elif isinstance(ev, Step) and asked:
-            logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
-    assert done is not None  # the loop always ends with Done
-    return Result(
-        done.text, done.tokens, done.finish_reason, done.stats, gen.seed,
-        tuple(logprobs) if asked else None, gen.controller,
-    )  # fmt: skip
-
-
-def check_messages(messages: object) -> list[Message]:
-    """`messages` as the chat template takes them: a non-empty list of mappings, each with
-    a ``role`` and a ``content`` string (other keys, such as ``tool_calls``, pass through).
-
-    Raises:
-        PromptError: no messages. ConfigError: a message that is not so, naming its index.
-    """
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise ConfigError(
-            'messages must be a list of {"role": ..., "content": ...} dicts,'
-            f" got {type(messages).__name__}"
-        )
-    if not messages:
-        raise PromptError("no messages: give at least one")
-    out: list[Message] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not all(
-            isinstance(m.get(k), str) for k in ("role", "content")
-        ):
-            raise ConfigError(
-                f'messages[{i}] must be a dict with "role" and "content" strings, got {m!r}'
-            )
-        out.append(dict(m))
-    return out
 
 
 def load(
@@ -479,7 +438,7 @@ def load(
         ConfigError, ModelFileError, ModelLoadError, VocabMismatchError: as `specgen run`
             reports them (the message says what to do), each setting named as the argument.
     """
-    with _argument_names():
+    with argument_names():
         flags = ModelFlags(
             target=None if target is None else str(target),
             draft=None if draft is None else str(draft),
@@ -504,11 +463,13 @@ def one_slot(
     seed: int,
     trace: bool = False,
     ordinary: bool = False,
+    reuse_cache: bool = False,
 ) -> OneSlot:
     """The generation for prompt token `ids` on an open session (`OneSlot.events()`: its
     events; `OneSlot.summary()`: the controller's choices, which the CLI's --json
     reports); `trace` attaches a `RoundTrace` to every Step; `ordinary` decodes with the
-    target alone (K = 0).
+    target alone (K = 0); `reuse_cache` keeps what the caches hold of `ids` (a chat's
+    earlier turns, `GenerateConfig.reuse_cache`).
 
     Raises:
         PromptError: the prompt does not fit the context. GrammarError: the grammar or
@@ -517,6 +478,8 @@ def one_slot(
     drafter = None if ordinary else opened.drafter
     # the baseline for the speedup and the controller's choices
     measure = 3 if drafter is not None else 0
-    config = GenerateConfig.of(sampling, seed, measure_ordinary=measure, trace=trace)
+    config = GenerateConfig.of(
+        sampling, seed, measure_ordinary=measure, trace=trace, reuse_cache=reuse_cache
+    )
     policy = FixedK(0) if ordinary else opened.policy(sampling.k)
     return OneSlot(opened.target, drafter, ids, config, policy)

@@ -15,14 +15,17 @@ import contextlib
 import hashlib
 import statistics
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from specgen.engine import Drafter, Engine
+from specgen.engine import Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
 from specgen.events import Done, Prefilled, Stats, Step, Totals
-from specgen.generate import Event, GenerateConfig, KPolicy, generate
+from specgen.generate import Event
+
+if TYPE_CHECKING:
+    from specgen.api import Generation
 
 EMBEDDED_KEY = "tokenizer.chat_template"
 
@@ -265,42 +268,48 @@ class ChatTotals(Totals):
 
 
 class ChatSession:
-    """A multi-turn conversation over one target and drafter whose KV caches persist.
+    """A multi-turn conversation whose KV caches persist across turns, built by
+    `specgen.Pair.chat_session` (which `specgen chat` drives).
 
-    Each turn re-renders the whole conversation; `generate` with `reuse_cache` keeps the
-    longest common prefix of what the target holds and evaluates only the rest (the
-    drafter does the same), so a turn's prefill does not grow with earlier replies.
+    Each turn re-renders the whole conversation; the pair's generation, with
+    `GenerateConfig.reuse_cache`, keeps the longest common prefix of what the target holds
+    and evaluates only the rest (the drafter does the same), so a turn's prefill does not
+    grow with earlier replies.
 
     Args:
-        target: the target engine (its caches are kept across turns).
-        drafter: None for ordinary decoding.
         formatter: the target's compiled chat template.
-        config: generation settings for every reply (`reuse_cache` is forced on).
-        policy: returns a fresh block-size policy for each reply.
+        n_ctx: the target's context, tokens.
+        start: ``start(ids, i)``: reply i's generation from prompt `ids` (the pair's, with
+            its settings, seeded for reply i, the caches reused).
+        drafting: whether the pair has a drafter (without one, ordinary decoding is the
+            baseline itself: the replies' own rounds time it).
         system: optional system message.
+
+    Attributes:
+        conversation: the turns so far; totals: the replies' running totals (`/stats`);
+        replies: replies generated over the whole session, /reset included.
     """
 
     def __init__(
         self,
-        target: Engine,
-        drafter: Drafter | None,
         formatter: ChatFormatter,
-        config: GenerateConfig,
-        policy: Callable[[], KPolicy],
+        n_ctx: int,
+        start: Callable[[list[int], int], Generation],
+        drafting: bool,
         system: str | None = None,
     ) -> None:
-        self.target = target
-        self.drafter = drafter
         self.formatter = formatter
-        self.config = replace(config, reuse_cache=True)
-        self.policy = policy
+        self._n_ctx = n_ctx
+        self._start = start
+        self._drafting = drafting
         self.conversation = Conversation(system=system)
         self.totals = ChatTotals()
         self.replies = 0  # over the whole session, /reset included: each reply's seed
 
     def reply(self, user: str) -> Generator[Event, None, None]:
         """Render the conversation with `user`'s message and return the reply's events
-        (the loop's, lazily: generation runs as they are consumed).
+        (`Prefilled`, a `Step` per round, `Done`; lazily: generation runs as they are
+        consumed).
 
         The user turn and the reply join the conversation when the reply ends (an
         interrupted reply is kept as far as it got, as llama-cli keeps it); a reply whose
@@ -312,31 +321,28 @@ class ChatSession:
         Raises (at once, before any event):
             ContextFullError: the conversation with this turn does not fit the context
                 (nothing is added: /reset or a larger -c).
-            ChatTemplateError: the template failed.
+            ChatTemplateError: the template failed. ConfigError, GrammarError: a setting
+                the engines refuse (as `Pair.stream`).
         """
         msgs = [*self.conversation.messages(), {"role": "user", "content": user}]
         ids = self.formatter.tokens(msgs)
-        if len(ids) >= self.target.n_ctx:
+        if len(ids) >= self._n_ctx:
             raise ContextFullError(
                 f"the conversation is {len(ids)} tokens and the context holds"
-                f" {self.target.n_ctx}: type /reset to start over (or restart with a larger -c)"
+                f" {self._n_ctx}: type /reset to start over (or restart with a larger -c)"
             )
-        return self._generate(user, ids)
+        return self._generate(user, self._start(ids, self.replies))
 
-    def _generate(self, user: str, ids: list[int]) -> Generator[Event, None, None]:
-        config = self.config
-        if config.seed is not None:  # a different, reproducible stream for each reply
-            config = replace(config, seed=config.seed + self.replies)
+    def _generate(self, user: str, events: Generation) -> Generator[Event, None, None]:
         done: Done | None = None
         ordinary_s: float | None = None
-        events = generate(self.target, self.drafter, ids, config, self.policy())
         interrupt = False
         try:
             while True:
                 try:
                     # Ctrl-C in the consumer (say while the live view draws) is handed on
                     # to the loop, which ends the reply as when Ctrl-C lands in it
-                    ev = events.throw(KeyboardInterrupt) if interrupt else next(events)
+                    ev = events.throw(KeyboardInterrupt()) if interrupt else next(events)
                 except StopIteration:
                     break
                 interrupt = False
@@ -348,7 +354,7 @@ class ChatSession:
                     done = ev
                     # the reply's own baseline, kept current by its ordinary rounds (none
                     # without a draft: ordinary decoding is the baseline itself)
-                    if self.drafter is not None:
+                    if self._drafting:
                         ordinary_s = ev.stats.ordinary_token_s or ordinary_s
                 try:
                     yield ev
@@ -361,6 +367,8 @@ class ChatSession:
             # "interrupted"), which is kept; then the interrupt goes on to the caller
             self._keep(user, done, ordinary_s)
             raise
+        finally:
+            events.close()  # closed early: the caches roll back to the committed tokens
         assert done is not None
         self._keep(user, done, ordinary_s)
 

@@ -11,7 +11,7 @@ import pytest
 from support.cli import specgen
 from support.greedy import GREEDY, assert_same_or_near_tie
 
-from specgen import chat
+from specgen import Pair, chat
 from specgen.drafters import ModelDrafter
 from specgen.errors import ChatTemplateError, ConfigError
 from specgen.generate import FixedK, GenerateConfig, generate
@@ -198,19 +198,21 @@ def test_gemma_target_with_smollm2_draft_is_refused_in_users_words(demo_pair, sm
 
 # -- the session behind `specgen chat` ------------------------------------------------------
 
+#: the replies' settings: greedy, at a fixed K, short
+REPLIES = {"max_tokens": 40, "temperature": 0, "draft_max": 4}
 
-def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol, fmt):
+
+def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol):
     from specgen.ngram import NgramDrafter
 
     target, draft = smol
-    cfg = GenerateConfig(max_tokens=40, params=GREEDY, measure_ordinary=2)
     for drafter in (
         ModelDrafter(draft, GREEDY, target.n_vocab),
         NgramDrafter(target.n_vocab),
         None,
     ):
         target.truncate(0)
-        s = chat.ChatSession(target, drafter, fmt, cfg, lambda: FixedK(4), system="Be brief.")
+        s = Pair.of(target, drafter).chat_session(system="Be brief.", **REPLIES)
         cached = 0  # what the target holds after the previous turn
         for question in ("What is the capital of France?", "And of Italy?", "And of Spain?"):
             done = list(s.reply(question))[-1]
@@ -223,7 +225,8 @@ def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol, fmt)
             cached = st.n_prompt + st.n_generated
         t = s.totals
         assert t.turns == 3 and len(s.conversation.turns) == 6
-        assert t.speedup is not None and (t.n_drafted > 0) == (drafter is not None)
+        # without a draft, ordinary decoding is the reply itself: no baseline is timed
+        assert (t.speedup is not None) == (t.n_drafted > 0) == (drafter is not None)
         # a message that does not fit: refused in one line, the session goes on
         n_turns = len(s.conversation.turns)
         with pytest.raises(chat.ContextFullError, match="/reset"):
@@ -233,6 +236,38 @@ def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol, fmt)
         assert s.totals.turns == 0 and s.totals.n_generated == 0  # the totals start over
         assert list(s.reply("Hi"))[-1].text.strip() and len(s.conversation.turns) == 2
         assert s.totals.turns == 1 and s.replies == 4
+
+
+def test_chat_session_first_reply_is_pair_chat_and_the_next_reuses_the_cache(smol, demo_pair):
+    """A session's first reply on empty caches is `Pair.chat` of the same messages with the
+    same seed (sampled, at a fixed K: the same text); the next reuses the cache."""
+    target, draft = smol
+    pair = Pair.of(target, ModelDrafter(draft, GREEDY, target.n_vocab))
+    settings = {"max_tokens": 24, "temperature": 0.8, "draft_max": 3, "ignore_eos": True}
+    target.truncate(0)
+    s = pair.chat_session(system="Be brief.", seed=7, **settings)
+    replies = [list(s.reply(q))[-1] for q in ("Name a colour.", "Another one?")]
+    convo = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."},
+    ]
+    first = pair.chat(convo, seed=7, **settings)
+    assert replies[0].text == first.text and replies[0].tokens == first.tokens
+    convo += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "Another one?"},
+    ]
+    second = pair.chat(convo, seed=8, **settings)  # a fresh call evaluates it all
+    assert second.stats.n_prompt == replies[1].stats.n_prompt
+    # the session evaluated less (a sampled reply may tokenize back otherwise than it was
+    # generated: then the cache holds only the prefix up to there)
+    assert replies[1].stats.n_prefill < second.stats.n_prefill == second.stats.n_prompt - 1
+    # a base model has no template; settings are checked at the call, in Python's words
+    with pytest.raises(ConfigError, match="no chat template.*chat_template=FILE"):
+        with LlamaEngine(demo_pair[1], EngineConfig(n_ctx=256)) as gemma:
+            Pair.of(gemma, None).chat_session()
+    with pytest.raises(ConfigError, match="temperature must be a number"):
+        pair.chat_session(temperature="hot")
 
 
 def test_build_prompt_raw_and_chat(smol):
@@ -245,12 +280,11 @@ def test_build_prompt_raw_and_chat(smol):
         chat.build_prompt(target, b"x", raw=True, system="s")
 
 
-def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol, fmt):
+def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol):
     target, draft = smol
     target.truncate(0)
-    cfg = GenerateConfig(max_tokens=40, params=GREEDY)
-    s = chat.ChatSession(target, ModelDrafter(draft, GREEDY, target.n_vocab), fmt, cfg,
-                         lambda: FixedK(2))  # fmt: skip
+    drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
+    s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
     real, calls = target.decode_batch, [0]
 
     def ctrl_c_on_the_fourth_pass(parts, copy=True):
@@ -273,7 +307,7 @@ def test_a_reply_interrupted_inside_the_loop_is_kept_as_far_as_it_got(smol, fmt)
     assert s.totals.turns == 1
 
 
-def test_a_reply_interrupted_in_the_consumer_is_kept_as_far_as_it_got(smol, fmt, monkeypatch):
+def test_a_reply_interrupted_in_the_consumer_is_kept_as_far_as_it_got(smol, monkeypatch):
     """Ctrl-C while the command draws a token (here: while it writes the third Step's
     text) is thrown into the events: the loop ends the reply ("interrupted"), the session
     keeps it, and the interrupt ends the reply only."""
@@ -283,9 +317,8 @@ def test_a_reply_interrupted_in_the_consumer_is_kept_as_far_as_it_got(smol, fmt,
 
     target, draft = smol
     target.truncate(0)
-    cfg = GenerateConfig(max_tokens=40, params=GREEDY)
-    s = chat.ChatSession(target, ModelDrafter(draft, GREEDY, target.n_vocab), fmt, cfg,
-                         lambda: FixedK(2))  # fmt: skip
+    drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
+    s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
     written: list[str] = []
     real_write = output.write_text
 

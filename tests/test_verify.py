@@ -28,6 +28,7 @@ from specgen.errors import ConfigError
 from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.sampling import Dists, SamplingParams, warp_rows
+from specgen.verify.config import DEFAULT_SAMPLING_PARAMS as DEFAULT_PARAMS
 from specgen.verify.config import VerifyConfig, drafter_factory
 from specgen.verify.greedy import check_greedy
 from specgen.verify.report import verify
@@ -321,6 +322,47 @@ def test_cli_verify_fails_with_exit_1_on_a_broken_rule(tiny_target, tiny_draft, 
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 1, res.output
     assert "FAIL" in res.stdout and "distribution" in res.stdout
+
+
+def test_pair_verify_runs_the_same_checks_and_keeps_their_power(tiny_engines, monkeypatch):
+    """`Pair.verify` (what `specgen verify` calls) is the library's `verify` at the
+    command's defaults: the same statistics to the last digit, the same planted bug caught."""
+    from specgen import Pair
+
+    t, d = tiny_engines
+    pair = Pair.of(t, ModelDrafter(d, DEFAULT_PARAMS, 272))
+    report = pair.verify(samples=300)
+    # the command's rule by default: block verification when sampling (`--verify` auto)
+    assert report.verify_rule == "block"
+    same = verify(t, _model(d), VerifyConfig(samples=300, verify_rule="block"))
+    assert report.passed and report.sampling is not None and same.sampling is not None
+    assert report.sampling.tests == same.sampling.tests  # p-values and all
+    assert [c.status for c in report.greedy] == [c.status for c in same.greedy] == ["match"] * 6
+    assert report.draft == d.name
+    monkeypatch.setattr(rejection, "residual", lambda p, q: np.maximum(q - p, 0.0))
+    broken = pair.verify(samples=1000, check="sampling", verify="token")  # TINY_SAMPLING
+    assert not broken.passed and not broken.greedy
+    assert broken.sampling is not None and broken.sampling.min_p_adjusted < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ({"max_tokens": 8}, "verify does not take max_tokens"),
+        ({"check": "both"}, "check must be all, greedy or sampling"),
+        ({"temperature": 0}, "needs temperature > 0"),
+        ({"draft_max": "auto"}, "must be an integer"),
+        ({"temprature": 1}, "did you mean temperature"),
+    ],
+)
+def test_pair_verify_refuses_bad_settings_at_the_call(tiny_engines, call, message):
+    from specgen import Pair
+
+    t, d = tiny_engines
+    with pytest.raises(ConfigError, match=message):
+        Pair.of(t, ModelDrafter(d, DEFAULT_PARAMS, 272)).verify(**call)
+    with pytest.raises(ConfigError, match="needs a draft"):
+        Pair.of(t, None).verify()
 
 
 @pytest.mark.parametrize(

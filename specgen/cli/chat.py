@@ -1,5 +1,6 @@
 """`specgen chat`: an interactive multi-turn conversation with an instruct model, the live
-view for every reply, and both KV caches kept across turns (`specgen.chat.ChatSession`).
+view for every reply, and both KV caches kept across turns: a thin loop over the public API's
+`specgen.Pair.chat_session`.
 
 When stdin is not a terminal, each input line is one user turn and each reply is printed as
 plain text followed by a blank line (scripts and tests drive it through a pipe).
@@ -25,7 +26,6 @@ from specgen.cli.options import (
     SamplingFlags,
     grouped,
     opt,
-    seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
@@ -70,38 +70,32 @@ def chat(
 def chat_command(
     model: ModelFlags, sampling: SamplingFlags, out: OutputFlags, how: PromptFlags
 ) -> None:
-    """Load the pair, then one reply per user line until /exit or end of input."""
+    """Load the pair, then one reply per user line until /exit or end of input, each
+    through the public API (`specgen.Pair.chat_session`)."""
     live = wants_live(out)
     with open_session(model, out, sampling.params(), live=live) as opened:
         session = _chat_session(opened, sampling, how)
         show_messages(opened)
         tty_in = sys.stdin.isatty()
-        show = _live_reply(opened.draft_name, out.show_rejected, echo=not tty_in) if live else None
+        show = (
+            _live_reply(opened.target.name, opened.draft_name, out.show_rejected, echo=not tty_in)
+            if live
+            else None
+        )
         _loop(session, _lines(tty_in), show)
 
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
-    # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
-    from specgen.chat import ChatFormatter, ChatSession, load_template
-    from specgen.generate import GenerateConfig
+    from specgen import Pair  # start-up time: the API loads numpy and llama.cpp
 
-    template = load_template(opened.target, how.chat_template)
-    if template is None:
+    if how.chat_template is None and not opened.target.chat_template():
+        # the API's message names its own calls: the command's names the commands
         raise ConfigError(
             f"{opened.target.name} has no chat template (a base model): pass"
             " --chat-template FILE, or use `specgen run`, which continues a base model's"
             " text as it is"
         )
-    measure = 3 if opened.drafter is not None else 0  # as run: the controller's baseline
-    config = GenerateConfig.of(sampling, seed_or_random(sampling.seed), measure_ordinary=measure)
-    return ChatSession(
-        opened.target,
-        opened.drafter,
-        ChatFormatter(template, opened.target),
-        config,
-        lambda: opened.policy(sampling.k),
-        system=how.system,
-    )
+    return Pair(opened).chat_session(sampling, system=how.system, chat_template=how.chat_template)
 
 
 def _lines(tty: bool) -> Iterator[str]:
@@ -211,7 +205,7 @@ def _plain_reply(events: Events) -> Done | None:
     return done
 
 
-def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
+def _live_reply(target_name: str, draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
     """The live view for each reply (the user's message echoed dimmed when it was not typed
     on this terminal), then one dim line with the reply's figures."""
     # start-up time: the live view loads rich.live
@@ -223,7 +217,7 @@ def _live_reply(draft_name: str, show_rejected: bool, echo: bool) -> ShowReply:
 
     def show(session: ChatSession, line: str, events: Events) -> Done | None:
         state = ViewState(
-            session.target.name,
+            target_name,
             None if draft_name == DRAFT_NONE else draft_name,
             show_rejected=show_rejected,
             prompt=line + "\n" if echo else "",

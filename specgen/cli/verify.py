@@ -23,7 +23,6 @@ from specgen.cli.options import (
     SamplingFlags,
     grouped,
     opt,
-    seed_or_random,
 )
 from specgen.errors import ConfigError
 from specgen.flags import parse_draft_max
@@ -136,40 +135,29 @@ def summarize(
 def verify_command(
     model: ModelFlags, sampling: SamplingFlags, v: VerifyFlags, out: OutputFlags
 ) -> int:
-    """Load the pair, run the checks, print the report; returns 0 (pass) or 1 (fail)."""
+    """Load the pair, run the checks (`specgen.Pair.verify`), print the report; returns 0
+    (pass) or 1 (fail)."""
+    from specgen import Pair  # start-up time: the API loads numpy and llama.cpp
+
     # start-up time: the reports load rich's tables
     from specgen.ui import reports
     from specgen.ui.progress import stage_status
 
     # start-up time: verify loads numpy
-    from specgen.verify.config import drafter_factory
-    from specgen.verify.report import verify
+    from specgen.verify.config import config_of, drafter_factory
 
-    config = _config(sampling, v)
-    with open_session(model, out, config.params) as opened:
-        make = drafter_factory(opened.drafter)
+    options: dict[str, Any] = dict(
+        samples=v.samples, positions=v.positions, draft_max=v.draft_max, alpha=v.alpha,
+        check=v.check, prompts=v.prompt,
+    )  # fmt: skip
+    config_of(sampling, **options)  # a usage error before the models load
+    with open_session(model, out, sampling.params()) as opened:
+        drafter_factory(opened.drafter)  # no draft: refused before the models' messages
         show_messages(opened)
         with stage_status(output.err_console(), "verifying") as say:
-            report = verify(opened.target, make, config, opened.draft_name, say)
+            report = Pair(opened).verify(sampling, progress=say, **options)
     if out.json_out:
         output.write_json(report.to_dict())
     else:
         output.show(*reports.render_verify_report(report))
     return 0 if report.passed else 1
-
-
-def _config(sampling: SamplingFlags, v: VerifyFlags):
-    from specgen.genconfig import grammar_spec  # start-up time: llguidance, when a grammar is given
-    from specgen.verify.config import VerifyConfig  # start-up time: verify loads numpy
-
-    extra: dict[str, Any] = {}
-    if v.prompt:
-        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in v.prompt)
-        extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
-    return VerifyConfig(
-        samples=v.samples, positions=v.positions, k=v.draft_max, params=sampling.params(),
-        seed=seed_or_random(sampling.seed), alpha=v.alpha, greedy=v.check in ("all", "greedy"),
-        sampling=v.check in ("all", "sampling"),
-        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
-        grammar=grammar_spec(sampling), **extra,
-    )  # fmt: skip

@@ -3,13 +3,14 @@ drafter each sampling setting is checked with (`drafter_factory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
-from specgen.flags import at_least
+from specgen.flags import SamplingFlags, at_least, parse_draft_max, seed_or_random
+from specgen.genconfig import grammar_spec
 from specgen.generate import VerifyRule
 from specgen.sampling import SamplingParams
 
@@ -23,6 +24,12 @@ DrafterFactory = Callable[[SamplingParams], Drafter]
 GREEDY = SamplingParams(temp=0.0)
 DEFAULT_SAMPLING_PARAMS = SamplingParams(temp=1.0, top_k=40, top_p=1.0, min_p=0.0)
 """High temperature and top-k only: wide support, so a wrong rule has room to show."""
+SAMPLING_FLAGS = SamplingFlags(temp=1.0, top_k=40, top_p=1.0, min_p=0.0, seed=0)
+"""The sampling check's settings when none are given (`specgen verify`'s defaults: these
+params, seed 0)."""
+CHECKS = ("all", "greedy", "sampling")
+UNUSED = ("max_tokens", "stop", "ignore_eos", "logprobs")
+"""Settings the checks fix themselves (their lengths, no stop, every token's own test)."""
 
 GREEDY_PROMPTS: tuple[bytes, ...] = (
     b"The history of the Roman Empire begins",
@@ -90,6 +97,44 @@ class VerifyConfig:
             raise ConfigError(f"--alpha must be in (0, 1), got {self.alpha}")
         if not (self.greedy or self.sampling):
             raise ConfigError("nothing to verify: both checks are off")
+
+
+def config_of(
+    sampling: SamplingFlags,
+    *,
+    samples: int = 400,
+    positions: int = 3,
+    draft_max: int = 3,
+    alpha: float = 1e-3,
+    check: str = "all",
+    prompts: Sequence[str] = (),
+) -> VerifyConfig:
+    """What `specgen verify` and `specgen.Pair.verify` run: `sampling`'s params, seed
+    (None or -1: random), verification rule and grammar, and verify's own options (see
+    `VerifyConfig`; `check`: "all", "greedy" or "sampling"; `prompts`: both checks' prompts
+    instead of the built-in ones).
+
+    Raises:
+        ConfigError: a setting out of range (`VerifyConfig`), `check` not one of `CHECKS`,
+            `draft_max` outside 1 to 64; a grammar file that cannot be read.
+        GrammarError: a schema that is not JSON.
+    """
+    if check not in CHECKS:
+        raise ConfigError(f"check must be all, greedy or sampling, got {check!r}")
+    if isinstance(draft_max, bool) or not isinstance(draft_max, int):
+        raise ConfigError(f"--draft-max must be an integer, got {draft_max!r}")
+    parse_draft_max(str(draft_max))
+    extra: dict[str, Any] = {}
+    if prompts:
+        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in prompts)
+        extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
+    return VerifyConfig(
+        samples=samples, positions=positions, k=draft_max, params=sampling.params(),
+        seed=seed_or_random(sampling.seed), alpha=alpha, greedy=check in ("all", "greedy"),
+        sampling=check in ("all", "sampling"),
+        verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
+        grammar=grammar_spec(sampling), **extra,
+    )  # fmt: skip
 
 
 def drafter_factory(drafter: Drafter | None) -> DrafterFactory:

@@ -1,0 +1,86 @@
+"""The arguments of the Python API's calls (`specgen.Pair`), checked once and named as the
+caller passed them: keyword settings as a `SamplingFlags`, a prompt, chat messages."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import fields, replace
+
+from specgen.chat import Message
+from specgen.errors import ConfigError, PromptError
+from specgen.flags import SamplingFlags, in_python_words
+
+
+@contextmanager
+def argument_names() -> Iterator[None]:
+    """A `ConfigError` raised inside, its flags named as the Python API's arguments."""
+    try:
+        yield
+    except ConfigError as exc:  # GrammarError stays one
+        raise type(exc)(in_python_words(str(exc))) from exc
+
+
+def sampling_flags(
+    settings: Mapping[str, object], base: SamplingFlags | None = None
+) -> SamplingFlags:
+    """A call's keyword settings as the CLI's `SamplingFlags` (``temperature`` is --temp's
+    ``temp``; ``draft_max`` an int or "auto"), over `base` when given (its fields where
+    `settings` has none; the defaults otherwise), validated once.
+
+    Raises:
+        ConfigError: an unknown setting (with the nearest known name), or a bad value,
+            named as the argument (``temperature must be a number, got 'hot'``).
+    """
+    given = dict(settings)
+    if "temperature" in given:
+        if "temp" in given:
+            raise ConfigError("temperature and temp are the same setting: give one")
+        given["temp"] = given.pop("temperature")
+    known = [f.name for f in fields(SamplingFlags)]
+    for name in given:
+        if name not in known:
+            names = [*known, "temperature"]
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = (
+                f" (did you mean {near[0]}?)" if near else f": the settings are {', '.join(names)}"
+            )
+            raise ConfigError(f"unknown setting {name!r}{hint}")
+    draft_max = given.get("draft_max")
+    if isinstance(draft_max, int) and not isinstance(draft_max, bool):
+        given["draft_max"] = str(draft_max)
+    with argument_names():
+        if base is not None:
+            return replace(base, **given) if given else base  # type: ignore[arg-type]
+        return SamplingFlags(**given)  # type: ignore[arg-type]
+
+
+#: a prompt: text (bytes are UTF-8), or token ids as the target's tokenizer gives them
+Prompt = str | bytes | Sequence[int]
+
+
+def check_messages(messages: object) -> list[Message]:
+    """`messages` as the chat template takes them: a non-empty list of mappings, each with
+    a ``role`` and a ``content`` string (other keys, such as ``tool_calls``, pass through).
+
+    Raises:
+        PromptError: no messages. ConfigError: a message that is not so, naming its index.
+    """
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise ConfigError(
+            'messages must be a list of {"role": ..., "content": ...} dicts,'
+            f" got {type(messages).__name__}"
+        )
+    if not messages:
+        raise PromptError("no messages: give at least one")
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not all(
+            isinstance(m.get(k), str) for k in ("role", "content")
+        ):
+            raise ConfigError(
+                f'messages[{i}] must be a dict with "role" and "content" strings, got {m!r}'
+            )
+        out.append(dict(m))
+    return out

@@ -1,0 +1,109 @@
+"""What a `specgen.Pair` call gives back: a `Generation` under way (its events) and a
+finished `Result`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+
+if TYPE_CHECKING:
+    from specgen.flags import SamplingFlags
+    from specgen.generate import OneSlot
+    from specgen.logprobs import TokenLogprob
+
+Event = Prefilled | Step | Done
+
+
+@dataclass(frozen=True)
+class Result:
+    """One finished generation.
+
+    Attributes:
+        text: the generated text (the prompt excluded).
+        tokens: the generated token ids.
+        finish: why it ended: "length" (max_tokens), "eos", "stop", "context" or
+            "interrupted".
+        stats: the counts and timings of `specgen run --json`'s ``stats`` (seconds; see
+            docs/reference/json.md), typed: ``stats.n_drafted``, ``stats.n_accepted``,
+            ``stats.acceptance_rate``, ``stats.acceptance_how``, ``stats.k_history`` (the
+            block size of each round), ``stats.wall_s``, ``stats.tokens_per_s``...;
+            ``stats.to_dict()`` is that JSON object, key for key.
+        seed: the seed used (a random one when none was given).
+        logprobs: with ``logprobs=N``, one `specgen.logprobs.TokenLogprob` per generated
+            token (its log-probability under the target's raw logits, natural log, and
+            the N most likely tokens there); None when not asked.
+        controller: with ``draft_max="auto"`` and a drafter, the block-size controller's
+            decisions (`run --json`'s ``controller`` object); None otherwise.
+    """
+
+    text: str
+    tokens: tuple[int, ...]
+    finish: FinishReason
+    stats: Stats
+    seed: int
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    controller: dict[str, object] | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted proposals over tested proposals (0 when nothing was drafted)."""
+        return self.stats.acceptance_rate
+
+
+class Generation:
+    """One generation under way (`Pair.stream`, `Pair.stream_chat`): an iterator over its
+    events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
+    stops generating and leaves the models ready for the next call;
+    ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
+    finish reason "interrupted").
+
+    Attributes:
+        seed: the seed used (a random one when none was given).
+        settings: the call's settings, validated (`SamplingFlags`).
+        n_prompt: prompt tokens (after the chat template, for a chat).
+    """
+
+    def __init__(self, run: OneSlot, seed: int, settings: SamplingFlags, n_prompt: int) -> None:
+        self._run = run
+        self._events = run.events()
+        self.seed = seed
+        self.settings = settings
+        self.n_prompt = n_prompt
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def throw(self, exc: BaseException) -> Event:
+        """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""
+        return self._events.throw(exc)
+
+    @property
+    def controller(self) -> dict[str, object] | None:
+        """With ``draft_max="auto"`` and a drafter, the block-size controller's decisions
+        so far (`run --json`'s ``controller`` object); None otherwise."""
+        return self._run.summary()
+
+
+def result_of(gen: Generation) -> Result:
+    """Run `gen` to its end: the `Result`."""
+    asked = gen.settings.logprobs is not None
+    done: Done | None = None
+    logprobs: list[TokenLogprob] = []
+    for ev in gen:
+        if isinstance(ev, Done):
+            done = ev
+        elif isinstance(ev, Step) and asked:
+            logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
+    assert done is not None  # the loop always ends with Done
+    return Result(
+        done.text, done.tokens, done.finish_reason, done.stats, gen.seed,
+        tuple(logprobs) if asked else None, gen.controller,
+    )  # fmt: skip
