@@ -27,7 +27,10 @@
 # alternations; seed 1..N), each into all-I.json, and the summary gives each figure's
 # median over them (`median_of_runs`); SERVERS (comma-separated labels) starts only
 # those of the five, or adds specgen-alt: specgen serve with ALT_ARGS too (an A/B of one
-# setting in the same alternations, e.g. ALT_ARGS='--cache-ram 0'), in the tables' columns.
+# setting in the same alternations, e.g. ALT_ARGS='--cache-ram 0'), in the tables' columns;
+# ALT_SPECGEN makes it another specgen (an A/B of two commits: e.g. ALT_SPECGEN='env
+# PYTHONPATH=/tmp/old .venv/bin/python -m specgen' for a worktree of the older commit),
+# and then ALT_ARGS may be empty.
 #
 # Environment: CONC (levels, default 1,2,4,8), TEMPS (default 0,0.8), N (tokens per request,
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,
@@ -96,8 +99,11 @@ if wanted specgen-nodraft; then
   LABELS+=(specgen-nodraft)
 fi
 if wanted specgen-alt; then
-  # shellcheck disable=SC2206  # ALT_ARGS: flags, split on spaces on purpose
-  start specgen-alt "${SERVE[@]}" ${ALT_ARGS:?specgen-alt needs ALT_ARGS}
+  [ -n "${ALT_ARGS:-}${ALT_SPECGEN:-}" ] || { echo "specgen-alt needs ALT_ARGS or ALT_SPECGEN" >&2; exit 2; }
+  # shellcheck disable=SC2206  # ALT_SPECGEN, ALT_ARGS: words, split on spaces on purpose
+  ALT_SERVE=(${ALT_SPECGEN:-$SPECGEN} "${SERVE[@]:1}")
+  # shellcheck disable=SC2206
+  start specgen-alt "${ALT_SERVE[@]}" ${ALT_ARGS:-}
   LABELS+=(specgen-alt)
 fi
 

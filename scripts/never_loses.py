@@ -3,15 +3,15 @@ a fixed K on the good pair) on three pairs made from the demo files, generations
 interleaved in one process.
 
     python scripts/never_loses.py [--pairs weak,swapped,good] [--reps 3] [--temp 0]
-        [--baseline PATH/controller.py] [--lock /tmp/specgen-cpu.lock]
+        [--lock /tmp/specgen-cpu.lock]
 
 Pairs (target / draft): `good` F32 / Q4_K_M (the demo pair), `swapped` Q4_K_M / F32 (a
 draft slower than its target), `weak` F32 / Q4_K_M cut to its first 6 layers (acceptance
 about 1%). Each block runs one prompt in every mode, in a rotating order; the figure per
 mode is the median over blocks of its tokens/s divided by ordinary decoding's in the same
-block (the range in brackets). `--baseline` also runs the `Controller` of another
-controller.py file (an earlier commit's, say) as mode `base`. `--lock` takes that file lock
-around each block, so other jobs that use it can run between blocks.
+block (the range in brackets). To compare two commits, run each one's copy of this script
+(PYTHONPATH=its worktree) in turn. `--lock` takes that file lock around each block, so
+other jobs that use it can run between blocks.
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import importlib.util
 import statistics
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from specgen.control.single import Controller
 from specgen.drafters import ModelDrafter
-from specgen.generate import FixedK, GenerateConfig, KPolicy, generate
+from specgen.generate import AutoK, FixedK, GenerateConfig, KPolicy, generate
 from specgen.llamacpp import EngineConfig, LlamaEngine
 from specgen.models.demo import ensure_demo_pair, ensure_weak_draft
 from specgen.sampling import SamplingParams
@@ -38,25 +35,6 @@ PROMPTS = [
     b"def quicksort(xs):\n    ",
 ]
 N_TOKENS = {"weak": 128, "swapped": 96, "good": 96}
-
-
-def baseline_controller(path: Path) -> type:
-    spec = importlib.util.spec_from_file_location("baseline_controller", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["baseline_controller"] = mod
-    spec.loader.exec_module(mod)
-
-    class Baseline(mod.Controller):  # type: ignore[name-defined,misc]
-        # an older controller may not know these calls
-        def observe_draft_pass(self, draft_s: float) -> None:
-            if hasattr(super(), "observe_draft_pass"):
-                super().observe_draft_pass(draft_s)
-
-        def retime_draft(self) -> bool:
-            return bool(getattr(super(), "retime_draft", lambda: False)())
-
-    return Baseline
 
 
 @contextlib.contextmanager
@@ -77,7 +55,6 @@ def main() -> None:
     ap.add_argument("--pairs", default="weak,swapped,good")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--temp", type=float, default=0.0)
-    ap.add_argument("--baseline", type=Path)
     ap.add_argument("--lock")
     a = ap.parse_args()
     f32, q4 = ensure_demo_pair()
@@ -90,17 +67,11 @@ def main() -> None:
         return engines[path]
 
     params = SamplingParams(temp=a.temp)
-    base = baseline_controller(a.baseline) if a.baseline else None
     pairs = a.pairs.split(",")
-    modes = ["ordinary", "auto", *(["base"] if base else []), "K8"]
+    modes = ["ordinary", "auto", "K8"]
 
     def policy(mode: str) -> KPolicy:
-        if mode == "auto":
-            return Controller(k_max=16)
-        if mode == "base":
-            assert base is not None
-            return base(k_max=16)  # type: ignore[no-any-return]
-        return FixedK(8)
+        return AutoK(16) if mode == "auto" else FixedK(8)
 
     # a fixed K only where it can win: on the good pair (elsewhere it is slow to measure)
     modes_of = {p: [m for m in modes if m != "K8" or p == "good"] for p in pairs}
@@ -111,7 +82,7 @@ def main() -> None:
             ids = target.tokenize(PROMPTS[0])
             for d in (None, ModelDrafter(draft, params, target.n_vocab)):
                 config = GenerateConfig(max_tokens=8, params=params, measure_ordinary=1)
-                list(generate(target, d, ids, config, Controller(k_max=16)))
+                list(generate(target, d, ids, config, AutoK(16)))
     for rep in range(a.reps):
         for pair in pairs:
             target, draft = (engine(p) for p in files[pair])

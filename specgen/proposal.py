@@ -28,7 +28,8 @@ class Proposal:
         block: the proposals x_1..x_m and their q rows: at most k of them are not
             tokens the grammar allows alone (`Block.sole`: the lead and those within the
             block, free of K).
-        bonus: whether the bonus position is scored too (see `KPolicy.bonus`).
+        bonus: whether the bonus position is scored too (the engine always scores it; the
+            stages also support a round without it, `specgen.stages.next_token`).
         last: the committed token the target has not evaluated yet.
         t_start: clock at the start of the round, seconds.
         t_drafted: clock when drafting ended, seconds.

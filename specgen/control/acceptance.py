@@ -27,12 +27,9 @@ class Acceptance:
     the prior at each deeper position, K stayed 1 for a whole request). `pool` names the
     pooled rate its rounds add to (`BatchController.new_acceptance`).
 
-    The positions a round's block did not reach (i > K) fade back toward the estimate of
-    the position before: their counts are multiplied by `fade` each such round. Without
-    it a deep position rejected once early stayed low, K stayed below it, and it was never
-    tested again (a single stream at temperature 0.8 on the demo pair held K = 2 for a
-    whole generation with alpha_1, alpha_2 at 0.97 and alpha_3 at 0.65 from one round;
-    the previous single-stream controller faded untested positions likewise).
+    With `fade` < 1 the positions a round's block did not reach (i > K) fade back toward
+    the estimate of the position before: their counts are multiplied by `fade` each such
+    round (`BatchController.fade_untested` says where).
     """
 
     def __init__(
@@ -41,7 +38,7 @@ class Acceptance:
         weight: float = 2.0,
         depth: int = 32,
         pool: Hashable = None,
-        fade: float = 0.8,
+        fade: float = 1.0,
     ) -> None:
         self.prior = prior
         self.pool = pool

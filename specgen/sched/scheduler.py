@@ -122,15 +122,17 @@ class Scheduler:
         self.prefill_chunk = max(1, prefill_chunk)
         self.clock = clock
         self.prompt_cache = prompt_cache
-        # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row n
-        # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
-        # target's rows only (host time is in the step's measured costs)
-        default = (
-            BatchController(k_max, draft_batched=True, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-            if self._draft is not None
-            else BatchController(
-                k_max, draft_prior=Line(0.0, 0.0), slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s
-            )
+        # one draft decode per depth serves every slot: a depth of n slots costs c0 + c_row
+        # n; one slot fades its untested deep positions (`BatchController.fade_untested`)
+        default = BatchController(
+            k_max,
+            draft_batched=self._draft is not None,
+            # a model-free drafter (n-gram) makes no draft decodes: its blocks cost the
+            # target's rows only (host time is in the step's measured costs)
+            draft_prior=Line(0.0, 0.020) if self._draft is not None else Line(0.0, 0.0),
+            slo_ttft_s=slo_ttft_s,
+            slo_tpot_s=slo_tpot_s,
+            fade_untested=0.8 if single else 1.0,
         )
         self.controller = (controller or default) if draft_max is None and drafter else None
         self.slots = Slots(
