@@ -92,14 +92,13 @@ class SlotState:
 
 
 class BatchController:
-    """Fits the costs from the decodes the server makes, keeps the pooled acceptance rate
-    (each new request's prior), and chooses K per slot (`choose`).
+    """Fits the costs from the decodes the engine makes, keeps the pooled acceptance rate
+    (each new request's prior), and chooses K per slot (`choose`): for `specgen serve`'s N
+    slots and for the single stream's one.
 
-    A request's first step that may speculate (the server's second for it: its first is
-    ordinary) is a K = 1 probe at least when its draft cache already holds
-    its prompt (a prefix kept from an earlier request: the probe then costs one draft token
-    and one row): it measures the costs at sizes that ordinary steps never show, and gives
-    the request's own acceptance a first test. Otherwise the prompt is the draft's
+    A request's first step that may speculate (its first is ordinary) is a K = 1 probe at
+    least when its draft cache already holds its prompt (the probe then costs one draft
+    token and one row). Otherwise the prompt is the draft's
     catch-up, charged by its share like any other: the server prefills a draft only once
     a slot is chosen to speculate, and a forced probe would buy a whole draft prefill per
     request (at 4 sampled streams on a CPU, about a tenth of the run).
@@ -107,46 +106,27 @@ class BatchController:
     After that, a slot held at K = 0 is probed with K = 1 now and then, so a low acceptance
     estimate can recover, but only while a probe costs at most `probe_budget` of the time
     the slot spent idle: a probe first makes the draft catch up on every token the slot
-    committed while idle (c_tok seconds each), so where the draft is slow against the steps (a
-    CPU under load, where catch-up grows faster per step than the budget does) there are no
-    such probes at all. Before this rule, probes every 32 steps at 4 sampled streams cost
-    16% of the time.
+    committed while idle (c_tok seconds each), so where the catch-up grows faster per step
+    than the budget (a CPU under load) there are none (probes every 32 steps had cost 16%
+    of the time at 4 sampled streams).
 
-    Latency (issue 37): goodput alone prices nothing for the requests waiting behind a
-    step, nor for a slot's gap between two chunks, and a step of eight draft depths and a
-    36-row decode is several hundred milliseconds on two CPU cores. So:
+    Latency (issue 37; docs/design/controller.md has the rationale and sources): with W
+    requests waiting for their first token behind the step, every second speculation adds
+    to it is counted 1 + W times (still linear, so `choose` stays exact), and no probe is
+    made meanwhile (Sarathi-Serve, Agrawal et al., OSDI 2024, on generation stalls). With
+    `slo_ttft_s` / `slo_tpot_s` (--slo-ttft, --slo-tpot) a step may not be predicted to
+    end after the longest-waiting request's first-token target, nor to give any slot its
+    tokens slower than the per-token target (step seconds over its E_i(K_i)); where the
+    best choice breaks one, a draft depth is dropped at a time and the ratio solved again,
+    down to K = 0.
 
-    - Waiting requests: with W requests waiting for their first token behind the step
-      (prompts being prefilled: their first token comes after this step's decode at the
-      earliest), every second that speculation adds to the step (rows beyond one per slot,
-      draft depths, catch-up shares, the speculative overhead) is counted 1 + W times: once
-      for the batch, once for each of them, who gain no token by it. Still linear, so the
-      choice stays exact (`choose`'s weight); it shortens the step, and no probe is made
-      while anyone waits. SmartSpec (Liu et al. 2024) maximizes the batch's goodput only;
-      Sarathi-Serve (Agrawal et al., OSDI 2024) shows what a long step costs the requests
-      behind it (generation stalls) and bounds the step instead, as llama-server and vLLM
-      bound a step's prefill by chunks (`Scheduler`'s admission rule is its other half).
-    - Latency targets (`slo_ttft_s`, `slo_tpot_s`: `specgen serve --slo-ttft`,
-      `--slo-tpot`): a step may not be predicted to end after the first-token target of
-      the longest-waiting request (its age + the step's seconds, every catch-up paid
-      whole), nor to give any slot its tokens slower than the per-token target (step
-      seconds over that slot's expected tokens E_i(K_i): a slot at K = 0 gets one token
-      for the whole step the others speculate in). Where the best choice breaks one, the
-      controller drops a draft depth at a time and solves again, down to K = 0; a target
-      that even the ordinary step breaks holds the step to the ordinary one. Sarathi-Serve
-      bounds its steps by a token budget derived from the TPOT target in the same spirit;
-      here the bound is in predicted seconds, from the fitted lines.
-
-    Warm-up: while the pooled evidence for a request's sampling setting is thin (fewer
-    than `_WARM_POOL` tested positions: a single stream's first rounds, a server's first
-    requests), a request's first `warmup_rounds` rounds with the model speculate at the
-    best K >= 1 for that slot alone, unless the draft can never pay (a draft token costs
-    at least the target's ordinary pass: a round of K then costs at least K + 1 passes'
-    worth and emits at most K + 1 tokens). Without it one unlucky first block held a
-    single stream at K = 0 for good: its estimate fell, and probes, whose catch-up grows
-    as fast as their budget, never came (the demo pair greedy, 0.77 acceptance and 0.8x
-    the previous single-stream controller, which had the same warm-up rule). No warm-up
-    round makes a waiting request or a latency target wait.
+    Warm-up: while the pooled evidence for a setting is thin (fewer than `_WARM_POOL`
+    tested positions: a single stream's first rounds, a server's first requests), a
+    request's first `warmup_rounds` model rounds speculate at the best K >= 1 for that slot
+    alone, unless the draft can never pay (a draft token costs at least an ordinary pass),
+    and never while someone waits or a latency target binds. Without it one unlucky first
+    block held a single stream at K = 0 for good (its probes' catch-up grew as fast as their
+    budget): 0.77 acceptance greedy on the demo pair, 0.8x the previous controller.
 
     With no request waiting and no --slo-tpot (the defaults) the choice is goodput's alone,
     as before. Each slot's K carries its reason (`Choice.reasons`, `REASONS`).
@@ -167,16 +147,10 @@ class BatchController:
         slo_tpot_s: the time-per-output-token target (--slo-tpot), seconds; None: none.
         warmup_rounds: a request's first rounds with the model that speculate while the
             pooled evidence is thin (see Warm-up above; 0 = none).
-        fade_untested: each request's `Acceptance.fade` (1 = none). The single stream
-            fades (0.8): without it a deep position rejected once early stayed low, K
-            stayed below it and it was never tested again (on the demo pair at
-            temperature 0.8, K = 2 for whole generations with alpha_1, alpha_2 at 0.97
-            and alpha_3 at 0.65 from one round: 0.86x the previous single-stream
-            controller, which faded untested positions; 1.02x with the fade). With
-            several slots the server does not: there each request starts from the pooled
-            rate of the earlier ones, and a deeper block costs every slot's step
-            (measured with the fade at four sampled streams: 0.89x and 0.94x of the
-            throughput without it, two alternations).
+        fade_untested: each request's `Acceptance.fade` (1 = none): 0.8 for the single
+            stream, whose K otherwise stayed below a deep position rejected once early
+            (0.86x the previous controller at temperature 0.8 on the demo pair); none for
+            the server, where it cost 6-11% at four sampled streams (the controller page).
     """
 
     def __init__(

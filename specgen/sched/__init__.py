@@ -1,5 +1,8 @@
-"""The batch engine, which knows nothing of HTTP (the core of `specgen serve`): slots, a
-bounded queue, and one worker thread that owns llama.cpp and runs the batched rounds.
+"""The batch engine, which knows nothing of HTTP: slots, a bounded queue, and the steps
+over the slots (choose K, propose, one target decode, commit). `specgen serve` runs it
+with N slots in one worker thread that owns llama.cpp; every other path (`run`, `chat`,
+`bench`, `verify`, the Python API) drives it step by step with one slot
+(`specgen.generate.OneSlot`).
 
 One job per module:
   - `jobs`: what crosses the seam with the HTTP side (`Job`, `Ticket`, the events, the

@@ -161,7 +161,12 @@ class Stepper:
         t2 = self.clock()
         if parts:
             try:
-                rows = self.target.decode_batch(parts)
+                # one part (a single stream's round): views, no copy of its rows (K + 1
+                # rows of 262,144 floats each on Gemma: ~1 MB a row), since its commit reads
+                # them before anything decodes again (`Sequence.commit` copies them for a
+                # trace); several: copies, as one slot's rollback may re-evaluate evicted
+                # window cells into the buffer the others' rows point into
+                rows = self.target.decode_batch(parts, copy=len(parts) > 1)
             except EngineError as exc:
                 for slot in [s for s, _ in proposals] + [s for s, _ in chunks]:
                     self.slots.fail(slot, exc, "engine")
