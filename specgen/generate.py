@@ -115,7 +115,13 @@ class OneSlot:
         kwargs = {} if clock is None else {"clock": clock}
         batch = as_batch(target)
         if not config.reuse_cache:
+            # both caches from empty: a call's text then depends on its own settings and
+            # seed only (a draft row computed at the end of a longer decode differs in its
+            # last bits, and a sampled draw can flip: the same seeded call gave another
+            # text after an earlier call had left the draft's cache holding its prompt)
             batch.sequence(0).truncate(0)
+            if drafter is not None and drafter.engine is not None:
+                drafter.engine.truncate(0)
         self.scheduler = Scheduler(
             batch,
             drafter,

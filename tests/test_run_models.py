@@ -132,6 +132,24 @@ def test_sampling_seeded(demo):
     assert sample(12) != first
 
 
+def test_a_seeded_sampled_call_is_the_first_calls_text(demo_pair):
+    """On engines just loaded (no earlier test's cache): the first seeded sampled call
+    and the next ones give one text. Before each call started its draft from an empty
+    cache, the first differed from the later ones at its third token (the draft's row
+    for a token computed at the end of the prompt's batch, against a one-token decode
+    where the cache already held the prompt)."""
+    cfg = EngineConfig(n_ctx=512)
+    with LlamaEngine(demo_pair[0], cfg) as target, LlamaEngine(demo_pair[1], cfg) as draft:
+        ids = target.tokenize(PROMPTS[0])
+        params = SamplingParams(temp=1.0)
+        texts = [
+            gen(target, ModelDrafter(draft, params, target.n_vocab), ids, 4, max_tokens=24,
+                params=params, seed=11).tokens
+            for _ in range(3)
+        ]  # fmt: skip
+    assert texts[0] == texts[1] == texts[2]
+
+
 def test_context_full_ends_with_context(tiny_target, tiny_draft):
     # the tiny pair: filling the context is the loop's and llama.cpp's logic, not the
     # model's (the demo pair's 230 positions took 16 s of make test)
