@@ -142,17 +142,17 @@ class Sequence:
     def start(self, n_prefill: int, prefill_s: float) -> Prefilled:
         """Begin after the prompt was evaluated (by the batch engine, in a decode that may
         hold other sequences too): record the prefill, return the Prefilled event."""
-        self.stats.n_prefill, self.stats.prefill_s = n_prefill, prefill_s
-        self._t_decode = self.clock()
+        self.stats.n_prefill = n_prefill
         self._t_last = None  # the first round's time is no ordinary pass (`commit`)
-        return Prefilled(len(self.committed), prefill_s, None, None)
+        return self.prefilled(prefill_s)
 
-    def prefilled(self, prefill_s: float) -> None:
-        """The decode that evaluated the prompt's last chunk (with this sequence's first
-        round riding on it) ended, `prefill_s` after admission: that is the prefill, and
-        decoding starts now."""
+    def prefilled(self, prefill_s: float) -> Prefilled:
+        """The prompt's evaluation ended `prefill_s` after admission (for a first round
+        riding on the prompt's last chunk: once that decode ended): that is the prefill,
+        and decoding starts now. Returns the Prefilled event."""
         self.stats.prefill_s = prefill_s
         self._t_decode = self.clock()
+        return Prefilled(len(self.committed), prefill_s, None, None)
 
     def skip(self, seconds: float) -> None:
         """`seconds` just spent outside the rounds (the single stream's timed start-up

@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeEngine
 from reference import probs
 from scipy import stats
+from support.planted import on_block
 
 from specgen.drafters import ModelDrafter
 from specgen.engine import Block
@@ -278,12 +279,9 @@ def test_a_lookup_after_model_tokens_with_the_wrong_q_is_detected():
 
     class Mislabeled(HybridDrafter):
         def begin(self, context, k, rng, room=None):
-            w = super().begin(context, k, rng, room)
-            block_of = w.block
-            w.block = lambda: self._mislabel(context, block_of())
-            return w
+            return on_block(super().begin(context, k, rng, room), lambda b: self._bad(context, b))
 
-        def _mislabel(self, context, block):
+        def _bad(self, context, block):
             if block.sources[:2] != ("draft", "lookup"):
                 return block
             ctx, rows = list(context), [block.q[:1]]
@@ -304,12 +302,9 @@ def test_a_lookup_row_with_the_wrong_q_is_detected():
 
     class Mislabeled(HybridDrafter):
         def begin(self, context, k, rng, room=None):
-            w = super().begin(context, k, rng, room)
-            block_of = w.block
-            w.block = lambda: self._mislabel(context, block_of())
-            return w
+            return on_block(super().begin(context, k, rng, room), lambda b: self._bad(context, b))
 
-        def _mislabel(self, context, block):
+        def _bad(self, context, block):
             if block.sources[:1] == ("lookup",):
                 row = warp_rows(self.model.engine.logits_after(context)[None, :], SAMPLED)
                 q = Dists.concat([row, block.q[1:]], V)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from fakes import FakeEngine
 from scipy import stats
+from support.planted import on_block
 from typer.testing import CliRunner
 
 from specgen import rejection
@@ -406,16 +407,11 @@ class CountingHybrid(HybridDrafter):
         return CountingHybrid(self.model.with_params(params), self.seen)
 
     def begin(self, context, k, rng, room=None):
-        w = super().begin(context, k, rng, room)
-        block_of = w.block
+        return on_block(super().begin(context, k, rng, room), self._count)
 
-        def counted():
-            block = block_of()
-            self.seen.update(block.sources)
-            return block
-
-        w.block = counted
-        return w
+    def _count(self, block):
+        self.seen.update(block.sources)
+        return block
 
 
 @pytest.fixture(scope="module")

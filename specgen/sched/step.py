@@ -46,7 +46,6 @@ from dataclasses import replace
 from specgen.control.batch import SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
-from specgen.events import Prefilled
 from specgen.hybrid import HybridDrafter
 from specgen.proposal import Proposal
 from specgen.sched.drafting import Drafting
@@ -192,12 +191,9 @@ class Stepper:
             )
             for slot, prop in firsts:
                 assert slot.seq is not None and slot.ticket is not None
-                seq = slot.seq
-                seq.prefilled(self.clock() - slot.t_admit)
+                prefilled = slot.seq.prefilled(self.clock() - slot.t_admit)
                 if self.slots.single:  # its prompt is evaluated only now
-                    self.slots.send(
-                        slot.ticket, Prefilled(len(seq.committed), seq.stats.prefill_s, None, None)
-                    )
+                    self.slots.send(slot.ticket, prefilled)
                 # its decode was the prompt's: prefill, not this round's verification
                 self._commit(slot, prop, chunk_rows[slot.index], 0.0)
         if self.controller is not None and plain and not chunks and rows is not None:

@@ -31,3 +31,12 @@ def q_unmasked(self, row):
     self.sources.append("draft")
     if len(self.tokens) < self.k:
         self.pending = self._unfed()
+
+
+def on_block(w, change):
+    """`w` (a drafter's `Stepwise`, from its `begin`) whose `block()` returns
+    `change(block)`: a planted bug in the block the batch engine takes from a drafter
+    (it drafts through `begin`, not `draft`), or a count of what it proposed."""
+    block_of = w.block
+    w.block = lambda: change(block_of())
+    return w
