@@ -12,7 +12,10 @@ The public Python API (see docs/guides/python.md)::
         reply = pair.chat([{"role": "user", "content": "Hi"}])  # an instruct target
 
 `load`, `Pair`, `Generation` and `Result` come from `specgen.api`, imported on first use:
-``import specgen`` stays cheap (no numpy, no llama.cpp) for the CLI's start-up. The events
+``import specgen`` stays cheap (no numpy, no llama.cpp) for the CLI's start-up. So do the
+batch engine's (`Pair.scheduler`, what `specgen serve` drives): `Scheduler`, the `Job`
+it takes with its `GenerateConfig`, the `Ticket` it gives, the `Failed` event, the
+`BatchReport` of each step and its refusals `QueueFull` and `DoesNotFit`. The events
 (`Prefilled`, `Step`, `Done`, `Span`, `Stats`), the settings (`ModelFlags`,
 `SamplingFlags`) and the errors are cheap modules of their own.
 """
@@ -31,30 +34,47 @@ from specgen.errors import (
     SpecgenError,
     VocabMismatchError,
 )
-from specgen.events import ACCEPTANCE_HOW, Done, Prefilled, Span, Stats, Step
+from specgen.events import ACCEPTANCE_HOW, Done, FinishReason, Prefilled, Span, Stats, Step
 from specgen.flags import ModelFlags, SamplingFlags
 
 __version__ = "0.1.0"
-_API = ("Generation", "Pair", "Result", "load")
+#: the names imported on first use, and their modules
+_LAZY = {
+    **dict.fromkeys(("Generation", "Pair", "Result", "load"), "specgen.api"),
+    "Scheduler": "specgen.sched.scheduler",
+    **dict.fromkeys(
+        ("BatchReport", "DoesNotFit", "Failed", "Job", "QueueFull", "Ticket"), "specgen.sched.jobs"
+    ),
+    "GenerateConfig": "specgen.genconfig",
+}
 __all__ = [
     "ACCEPTANCE_HOW",
+    "BatchReport",
     "ChatTemplateError",
     "ConfigError",
+    "DoesNotFit",
     "Done",
+    "Failed",
+    "FinishReason",
+    "GenerateConfig",
     "Generation",
     "GrammarError",
+    "Job",
     "ModelFileError",
     "ModelFlags",
     "ModelLoadError",
     "Pair",
     "Prefilled",
     "PromptError",
+    "QueueFull",
     "Result",
     "SamplingFlags",
+    "Scheduler",
     "Span",
     "SpecgenError",
     "Stats",
     "Step",
+    "Ticket",
     "VocabMismatchError",
     "__version__",
     "load",
@@ -62,12 +82,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from specgen.api import Generation, Pair, Result, load
+    from specgen.genconfig import GenerateConfig
+    from specgen.sched.jobs import BatchReport, DoesNotFit, Failed, Job, QueueFull, Ticket
+    from specgen.sched.scheduler import Scheduler
 
 
 def __getattr__(name: str) -> Any:
     # start-up time: specgen.api loads numpy and llama.cpp, which `specgen --help` must not
-    if name in _API:
-        from specgen import api
+    if name in _LAZY:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'specgen' has no attribute {name!r}")

@@ -15,78 +15,31 @@ speculative statistics are the ones `specgen run` gives.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
 from specgen.apiargs import Prompt, argument_names, check_messages, sampling_flags
+from specgen.apiengine import Engines, Models, generate_many, one_slot, open_scheduler
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.flags import in_python_words as in_python_words  # tests name it here
 from specgen.genconfig import grammar_spec
-from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.generation import Event, Generation, Result, result_of
 
 if TYPE_CHECKING:
+    from specgen.sched.jobs import BatchReport, Deliver
+    from specgen.sched.scheduler import Scheduler
     from specgen.verify.report import VerifyReport
 
 __all__ = ["Engines", "Event", "Generation", "Models", "Pair", "Result", "load", "one_slot"]
 
-
-class Models(Protocol):
-    """What a `Pair` generates with: `load`'s open `specgen.session.Session`, or engines
-    loaded elsewhere (`Pair.of`)."""
-
-    @property
-    def target(self) -> TemplateModel: ...
-
-    @property
-    def drafter(self) -> Drafter | None: ...
-
-    @property
-    def draft_name(self) -> str:
-        """The drafter as the reports name it (a file name, ``ngram`` or ``none``)."""
-        ...
-
-    def policy(self, draft_max: int | None) -> KPolicy:
-        """The block-size policy for ``draft_max`` (None = auto)."""
-        ...
-
-    def close(self) -> None: ...
-
-
 M = TypeVar("M", bound=Models)
-
-
-@dataclass(frozen=True)
-class Engines:
-    """A target and a drafter loaded elsewhere (`Pair.of`): `close()` leaves them open
-    (they are the caller's).
-
-    Attributes:
-        target: the target engine; drafter: its drafter, or None (ordinary decoding).
-        k_init: the first block size of ``draft_max="auto"`` (None = the controller's).
-    """
-
-    target: TemplateModel
-    drafter: Drafter | None
-    k_init: int | None = None
-
-    @property
-    def draft_name(self) -> str:
-        return "none" if self.drafter is None else self.drafter.name
-
-    def policy(self, draft_max: int | None) -> KPolicy:
-        """As `specgen.session.Session.policy`."""
-        return _session.make_policy(draft_max, k_init=self.k_init)
-
-    def close(self) -> None:
-        pass
 
 
 class Pair(Generic[M]):
@@ -179,6 +132,39 @@ class Pair(Generic[M]):
         event); `trace` attaches a `RoundTrace` to every Step (`run --trace`). Closing the
         iterator early stops generating and leaves the models ready for the next call."""
         return self._start(self._prompt_ids(prompt), settings, kwargs, trace, ordinary)
+
+    def generate_many(
+        self,
+        prompts: Iterable[Prompt],
+        settings: SamplingFlags | None = None,
+        /,
+        **kwargs: object,
+    ) -> list[Result]:
+        """Generate from every prompt on the batch engine (`serve`'s): as many at once as
+        the models hold sequences (`load`'s ``n_parallel``; one at a time with 1), in one
+        target decode per step. Each result is the target's own output law under the
+        call's settings, whatever shares the batch; prompt i is seeded ``seed + i``. A
+        batched decode's rows can differ from one stream's in their last bits, so a
+        seeded text here can differ from `generate`'s with the same seed.
+
+        Args:
+            prompts: texts (no chat template) or token ids, as `generate`'s.
+            settings, **kwargs: as `generate`'s, for every prompt.
+
+        Returns:
+            One `Result` per prompt, in order (``controller`` None: the batch's controller
+            is shared).
+
+        Raises:
+            As `generate`: ConfigError, GrammarError, PromptError (no prompts, an empty
+            one, or one that with ``max_tokens`` does not fit the context).
+        """
+        ids = [self._prompt_ids(p) for p in prompts]
+        if not ids:
+            raise PromptError("no prompts")
+        flags = sampling_flags(kwargs, settings)
+        with argument_names() if settings is None else contextlib.nullcontext():
+            return generate_many(self.session, ids, flags, seed_or_random(flags.seed))
 
     def chat(
         self,
@@ -326,6 +312,41 @@ class Pair(Generic[M]):
         opened = self.session
         return verify(opened.target, make, config, opened.draft_name, progress)
 
+    def scheduler(
+        self,
+        *,
+        n_parallel: int | None = None,
+        queue_max: int = 64,
+        draft_max: int | None = None,
+        slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
+        prompt_cache_mib: int = 0,
+        observer: Callable[[BatchReport], None] | None = None,
+        deliver: Deliver | None = None,
+    ) -> Scheduler:
+        """The batch engine that `specgen serve` runs (`specgen.sched.Scheduler`), not
+        started: ``start()`` runs its steps in a worker thread, ``submit(Job, sink)``
+        queues a request (token ids and a `GenerateConfig`) whose events (`Step`...,
+        `Done`, or `Failed`) go to `sink`; ``run_until_idle()`` runs them in this thread.
+
+        Args:
+            n_parallel: slots (None: every sequence the models hold, `load`'s
+                ``n_parallel``). queue_max: requests that may wait for a slot.
+            draft_max: fixed K, or None for the batch controller (auto).
+            slo_ttft_s, slo_tpot_s: the controller's latency targets in seconds.
+            prompt_cache_mib: MiB of host memory for the cells of prompts that left their
+                slot (-1: no limit, 0: none).
+            observer, deliver: see `Scheduler`.
+
+        Raises:
+            ValueError: more slots than the models hold sequences.
+        """
+        return open_scheduler(
+            self.session, n_parallel=n_parallel, queue_max=queue_max, draft_max=draft_max,
+            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, prompt_cache_mib=prompt_cache_mib,
+            observer=observer, deliver=deliver,
+        )  # fmt: skip
+
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             prompt = prompt.encode("utf-8")
@@ -426,6 +447,7 @@ def load(
     lookup: str | None = None,
     swa_full: bool = False,
     rpc: str | None = None,
+    n_parallel: int = 1,
 ) -> Pair[_session.Session]:
     """Load a target and its drafter: GGUF paths or registry names, a registry `pair`, or
     with neither the embedded demo pair (built once, offline). `draft` may be ``"ngram"``
@@ -433,6 +455,9 @@ def load(
 
     The other arguments are the CLI's --models, -c, -ngl, -ngld, -t, --draft-p-min,
     --lookup (on, off, or None = auto), --swa-full and --rpc (`specgen.flags.ModelFlags`).
+    `n_parallel` (`serve`'s -np): sequences each model's cache holds, the slots of
+    `Pair.generate_many` and `Pair.scheduler` (each holds -c; with more than one, a
+    sliding-window cache is kept full-size, as `serve` keeps it).
 
     Raises:
         ConfigError, ModelFileError, ModelLoadError, VocabMismatchError: as `specgen run`
@@ -453,33 +478,7 @@ def load(
             swa_full=swa_full,
             rpc=rpc,
         )
-        return Pair(_session.open(flags))
-
-
-def one_slot(
-    opened: Models,
-    ids: list[int],
-    sampling: SamplingFlags,
-    seed: int,
-    trace: bool = False,
-    ordinary: bool = False,
-    reuse_cache: bool = False,
-) -> OneSlot:
-    """The generation for prompt token `ids` on an open session (`OneSlot.events()`: its
-    events; `OneSlot.summary()`: the controller's choices, which the CLI's --json
-    reports); `trace` attaches a `RoundTrace` to every Step; `ordinary` decodes with the
-    target alone (K = 0); `reuse_cache` keeps what the caches hold of `ids` (a chat's
-    earlier turns, `GenerateConfig.reuse_cache`).
-
-    Raises:
-        PromptError: the prompt does not fit the context. GrammarError: the grammar or
-            schema does not compile. ConfigError: a setting the engines refuse.
-    """
-    drafter = None if ordinary else opened.drafter
-    # the baseline for the speedup and the controller's choices
-    measure = 3 if drafter is not None else 0
-    config = GenerateConfig.of(
-        sampling, seed, measure_ordinary=measure, trace=trace, reuse_cache=reuse_cache
-    )
-    policy = FixedK(0) if ordinary else opened.policy(sampling.k)
-    return OneSlot(opened.target, drafter, ids, config, policy)
+        if not isinstance(n_parallel, int) or n_parallel < 1:
+            raise ConfigError(f"n_parallel must be an integer of at least 1, got {n_parallel!r}")
+        flags = replace(flags, swa_full=swa_full or n_parallel > 1)
+        return Pair(_session.open(flags, n_seq_max=n_parallel))

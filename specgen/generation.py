@@ -3,6 +3,7 @@ finished `Result`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,16 +95,32 @@ class Generation:
 
 def result_of(gen: Generation) -> Result:
     """Run `gen` to its end: the `Result`."""
-    asked = gen.settings.logprobs is not None
+    return result_from(gen, gen.seed, gen.settings.logprobs is not None, lambda: gen.controller)
+
+
+def result_from(
+    events: Iterable[object],
+    seed: int,
+    logprobs: bool,
+    controller: Callable[[], dict[str, object] | None] | None = None,
+) -> Result:
+    """The `Result` of one generation's events (`Step`..., then its `Done`; other events
+    are passed over); `logprobs`: collect the Steps' `TokenLogprob`s; `controller`, read
+    after the Done: the controller's decisions (`Generation.controller`).
+
+    Raises:
+        ValueError: the events hold no Done.
+    """
     done: Done | None = None
-    logprobs: list[TokenLogprob] = []
-    for ev in gen:
+    found: list[TokenLogprob] = []
+    for ev in events:
         if isinstance(ev, Done):
             done = ev
-        elif isinstance(ev, Step) and asked:
-            logprobs.extend(s.logprob for s in ev.spans if s.logprob is not None)
-    assert done is not None  # the loop always ends with Done
+        elif isinstance(ev, Step) and logprobs:
+            found.extend(s.logprob for s in ev.spans if s.logprob is not None)
+    if done is None:
+        raise ValueError("the generation ended without a Done event")
     return Result(
-        done.text, done.tokens, done.finish_reason, done.stats, gen.seed,
-        tuple(logprobs) if asked else None, gen.controller,
+        done.text, done.tokens, done.finish_reason, done.stats, seed,
+        tuple(found) if logprobs else None, controller() if controller is not None else None,
     )  # fmt: skip

@@ -211,3 +211,76 @@ def test_ordinary_is_the_target_alone_and_of_drives_engines_loaded_elsewhere(pai
         again = engines.generate("the cat", **args)
     assert again.tokens == spec.tokens and again.stats.k_history == spec.stats.k_history
     assert pair.generate("the cat", **args).tokens == spec.tokens  # still open
+
+
+@pytest.fixture(scope="module")
+def many(tiny_target: Path, tiny_draft: Path):
+    """The tiny pair with two sequences a model: two slots of the batch engine."""
+    with specgen.load(tiny_target, tiny_draft, ctx_size=256, n_parallel=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def ordinary(tiny_target: Path):
+    with specgen.load(tiny_target, "none", ctx_size=256) as p:
+        yield p
+
+
+PROMPTS = ["the cat", "a dog ran", "the cat sat on"]
+
+
+@pytest.mark.parametrize("draft_max", [3, "auto"])
+def test_generate_many_is_ordinary_decoding_greedy_on_two_slots(many, ordinary, draft_max) -> None:
+    """Three prompts on two slots (one waits for a slot), by the batch engine `serve`
+    runs: each text is the target's greedy text; with auto the controller is calibrated
+    first and drafts."""
+    args = {"max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    results = many.generate_many(PROMPTS, draft_max=draft_max, **args)
+    assert [len(r.tokens) for r in results] == [16, 16, 16]
+    for prompt, r in zip(PROMPTS, results, strict=True):
+        alone = ordinary.generate(prompt, **args)
+        assert r.tokens == alone.tokens and r.text == alone.text and r.finish == "length"
+    assert sum(r.stats.n_drafted for r in results) > 0
+    assert all(r.controller is None and r.logprobs is None for r in results)
+
+
+def test_generate_many_seeds_prompt_i_with_seed_plus_i_and_reproduces(many) -> None:
+    args = {"max_tokens": 12, "temperature": 1.0, "draft_max": 3, "ignore_eos": True}
+    a = many.generate_many(["the cat", "the cat"], seed=5, **args)
+    many.generate("a dog", max_tokens=4)  # a single stream in between changes nothing
+    b = many.generate_many(["the cat", "the cat"], seed=5, **args)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    assert [r.seed for r in a] == [5, 6]
+    assert a[0].tokens != a[1].tokens  # 12 sampled tokens at temperature 1: other seeds
+
+
+def test_generate_many_refuses_what_it_cannot_do(many) -> None:
+    with pytest.raises(PromptError, match="no prompts"):
+        many.generate_many([])
+    with pytest.raises(PromptError, match="prompt 0: the prompt .* context of 256"):
+        many.generate_many(["the cat", "the cat"], max_tokens=400)  # beyond -c 256
+    with pytest.raises(ConfigError, match="temperature"):
+        many.generate_many(["the cat"], temperature="hot")
+    with pytest.raises(ConfigError, match="n_parallel"):
+        specgen.load("none-such.gguf", n_parallel=0)
+
+
+def test_the_scheduler_serve_drives_is_the_apis(many, ordinary) -> None:
+    """`Pair.scheduler` is `specgen serve`'s engine: a Job in, its events to the sink."""
+    with pytest.raises(ValueError, match="sequences"):
+        many.scheduler(n_parallel=3)
+    sched = many.scheduler(draft_max=2)
+    flags = specgen.SamplingFlags(temp=0, max_tokens=10, ignore_eos=True)
+    config = specgen.GenerateConfig.of(flags, seed=1)
+    ids = many._prompt_ids("the cat")
+    got: list[object] = []
+    ticket = sched.submit(specgen.Job("a", ids, config), got.append)
+    assert isinstance(ticket, specgen.Ticket)
+    sched.run_until_idle()
+    done = got[-1]
+    assert isinstance(done, Done) and all(isinstance(e, Step) for e in got[:-1])
+    assert list(done.tokens) == list(
+        ordinary.generate("the cat", max_tokens=10, temperature=0, ignore_eos=True).tokens
+    )
+    with pytest.raises(specgen.DoesNotFit):
+        sched.submit(specgen.Job("b", [], config), got.append)

@@ -94,8 +94,9 @@ RANKS: tuple[tuple[str, ...], ...] = (
     # the round unit, the batch engine over slots, and what drives them
     ("round", "proposal", "stages", "sched", "generate", "chat"),
     ("session",),  # the one loader
-    # the public API (its arguments and results in apiargs and generation) and what uses the loop
-    ("api", "apiargs", "generation", "bench", "verify", "trace", "server"),
+    # the public API (its arguments, engines and results in apiargs, apiengine and generation)
+    # and what uses the loop
+    ("api", "apiargs", "apiengine", "generation", "bench", "verify", "trace", "server"),
     ("ui",),
     ("cli", "__main__"),
 )

@@ -31,10 +31,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
+from specgen import (
+    ChatTemplateError,
+    ConfigError,
+    DoesNotFit,
+    GrammarError,
+    Job,
+    PromptError,
+    QueueFull,
+)
 from specgen.constraints import check_vocab
-from specgen.errors import ChatTemplateError, ConfigError, GrammarError, PromptError
 from specgen.grammarspec import GrammarSpec
-from specgen.sched.jobs import DoesNotFit, Job, QueueFull
 from specgen.server import tools
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics

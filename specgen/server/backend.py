@@ -1,6 +1,7 @@
 """Open the real backend: load the models through the one loader (`specgen.session.open`,
-as `run` does) with a sequence per slot, start the scheduler, compile the chat template,
-and describe the model for /v1/models (GGUF SHA-256s computed once here, at start).
+as `run` does) with a sequence per slot, start the public API's batch engine
+(`specgen.Pair.scheduler`), compile the chat template, and describe the model for
+/v1/models (GGUF SHA-256s computed once here, at start).
 """
 
 from __future__ import annotations
@@ -112,19 +113,16 @@ def open_backend(
 
 def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     """The started scheduler over `opened`, the chat template and the model's card."""
-    # start-up time: the scheduler and the chat module load numpy
+    # start-up time: the API and the chat module load numpy
+    from specgen import Pair
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
-    from specgen.sched.promptcache import PromptCache
-    from specgen.sched.scheduler import Scheduler
     from specgen.server.tools import TemplateTools
 
     target = opened.target
     template = load_template(target, a.chat_template)
     formatter = ChatFormatter(template, target) if template is not None else None
-    scheduler = Scheduler(
-        target,  # type: ignore[arg-type]
-        opened.drafter,
+    scheduler = Pair(opened).scheduler(
         n_parallel=a.parallel,
         queue_max=a.queue,
         draft_max=a.sampling.k,
@@ -132,11 +130,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         deliver=deliver,
         slo_ttft_s=a.slo_ttft_s,
         slo_tpot_s=a.slo_tpot_s,
-        prompt_cache=(
-            PromptCache(None if a.cache_ram_mib < 0 else a.cache_ram_mib << 20)
-            if a.cache_ram_mib != 0
-            else None
-        ),
+        prompt_cache_mib=a.cache_ram_mib,
     )
     card = model_card(opened, template.to_dict() if template is not None else None, a)
     card["n_ctx_slot"] = scheduler.n_ctx_slot

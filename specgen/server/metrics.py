@@ -22,9 +22,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from specgen import BatchReport, Step
 from specgen.acceptance_stats import position_counts, proposed_counts
-from specgen.events import Step
-from specgen.sched.jobs import BatchReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)

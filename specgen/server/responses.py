@@ -7,6 +7,7 @@ body, or server-sent events), with its metrics and log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -16,8 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from specgen.events import Done, Step
-from specgen.sched.jobs import Failed, Job, JobEvent, Ticket, deliver_each
+from specgen import Done, Failed, Job, Prefilled, Step, Ticket
 from specgen.server import tools
 from specgen.server.shapes import Outcome, RequestError, Shape
 
@@ -50,7 +50,7 @@ class Events:
         _post(self.loop, [(self.queue, (self.index, event))])
 
 
-def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
+def deliver(batch: list[tuple[Ticket, Prefilled | Step | Done | Failed]]) -> None:
     """The scheduler's `Deliver` for the server: one step's events for every request
     reach their queues in one wake-up of each event loop, in the order sent (a wake-up
     per event let the loop take the GIL while the worker still committed other slots).
@@ -61,7 +61,8 @@ def deliver(batch: list[tuple[Ticket, JobEvent]]) -> None:
         if isinstance(sink, Events):
             by_loop.setdefault(sink.loop, []).append((sink.queue, (sink.index, event)))
         else:
-            deliver_each([(ticket, event)])
+            with contextlib.suppress(Exception):  # a broken sink loses its own event only
+                ticket.sink(event)
     for loop, items in by_loop.items():
         _post(loop, items)
 

@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterator
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from specgen import eventloop
-from specgen.errors import ConfigError
+from specgen import ConfigError, eventloop
 from specgen.server import wire
 from specgen.server.app import Backend, Settings, State, create_app
 

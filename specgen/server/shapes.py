@@ -9,10 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from specgen.errors import ConfigError, GrammarError
-from specgen.events import Done, FinishReason, Span, Stats, Step
+from specgen import ConfigError, Done, FinishReason, GenerateConfig, GrammarError, Span, Stats, Step
 from specgen.flags import SamplingFlags, in_python_words
-from specgen.generate import GenerateConfig
 from specgen.grammarspec import GrammarSpec
 from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from specgen import ACCEPTANCE_HOW, FinishReason, Stats, Step
 from specgen.acceptance_stats import acceptance_rate, prefix_acceptance
-from specgen.events import ACCEPTANCE_HOW, FinishReason, Stats, Step
 
 
 @dataclass(frozen=True)

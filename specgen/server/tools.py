@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specgen.errors import ChatTemplateError
+from specgen import ChatTemplateError
 from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 

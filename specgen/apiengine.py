@@ -1,0 +1,186 @@
+"""How the Python API's calls reach the one engine (`specgen.sched.Scheduler`): a single
+stream is the engine with one slot (`one_slot`, behind `Pair.generate` and `Pair.stream`);
+several prompts, or a server, are the engine with N slots (`open_scheduler`, behind
+`Pair.generate_many` and `Pair.scheduler`, which `specgen serve` drives). `Models` is what
+they run on: `specgen.load`'s session, or engines loaded elsewhere (`Engines`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from specgen import session as _session
+from specgen.chat import TemplateModel
+from specgen.engine import Drafter, as_batch
+from specgen.errors import EngineError, PromptError
+from specgen.flags import SamplingFlags
+from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
+from specgen.generation import Result, result_from
+from specgen.sched.jobs import BatchReport, Deliver, DoesNotFit, Failed, Job, JobEvent
+from specgen.sched.promptcache import PromptCache
+from specgen.sched.scheduler import Scheduler
+
+__all__ = ["Engines", "Models", "generate_many", "one_slot", "open_scheduler"]
+
+
+class Models(Protocol):
+    """What a `Pair` generates with: `load`'s open `specgen.session.Session`, or engines
+    loaded elsewhere (`Pair.of`)."""
+
+    @property
+    def target(self) -> TemplateModel: ...
+
+    @property
+    def drafter(self) -> Drafter | None: ...
+
+    @property
+    def draft_name(self) -> str:
+        """The drafter as the reports name it (a file name, ``ngram`` or ``none``)."""
+        ...
+
+    def policy(self, draft_max: int | None) -> KPolicy:
+        """The block-size policy for ``draft_max`` (None = auto)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Engines:
+    """A target and a drafter loaded elsewhere (`Pair.of`): `close()` leaves them open
+    (they are the caller's).
+
+    Attributes:
+        target: the target engine; drafter: its drafter, or None (ordinary decoding).
+        k_init: the first block size of ``draft_max="auto"`` (None = the controller's).
+    """
+
+    target: TemplateModel
+    drafter: Drafter | None
+    k_init: int | None = None
+
+    @property
+    def draft_name(self) -> str:
+        return "none" if self.drafter is None else self.drafter.name
+
+    def policy(self, draft_max: int | None) -> KPolicy:
+        """As `specgen.session.Session.policy`."""
+        return _session.make_policy(draft_max, k_init=self.k_init)
+
+    def close(self) -> None:
+        pass
+
+
+def one_slot(
+    opened: Models,
+    ids: list[int],
+    sampling: SamplingFlags,
+    seed: int,
+    trace: bool = False,
+    ordinary: bool = False,
+    reuse_cache: bool = False,
+) -> OneSlot:
+    """The generation for prompt token `ids` on an open session (`OneSlot.events()`: its
+    events; `OneSlot.summary()`: the controller's choices, which the CLI's --json
+    reports); `trace` attaches a `RoundTrace` to every Step; `ordinary` decodes with the
+    target alone (K = 0); `reuse_cache` keeps what the caches hold of `ids` (a chat's
+    earlier turns, `GenerateConfig.reuse_cache`).
+
+    Raises:
+        PromptError: the prompt does not fit the context. GrammarError: the grammar or
+            schema does not compile. ConfigError: a setting the engines refuse.
+    """
+    drafter = None if ordinary else opened.drafter
+    # the baseline for the speedup and the controller's choices
+    measure = 3 if drafter is not None else 0
+    config = GenerateConfig.of(
+        sampling, seed, measure_ordinary=measure, trace=trace, reuse_cache=reuse_cache
+    )
+    policy = FixedK(0) if ordinary else opened.policy(sampling.k)
+    return OneSlot(opened.target, drafter, ids, config, policy)
+
+
+def open_scheduler(
+    opened: Models,
+    *,
+    n_parallel: int | None = None,
+    queue_max: int = 64,
+    draft_max: int | None = None,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+    prompt_cache_mib: int = 0,
+    observer: Callable[[BatchReport], None] | None = None,
+    deliver: Deliver | None = None,
+) -> Scheduler:
+    """The batch engine over an open session with `n_parallel` slots (None: as many as
+    the target's cache holds sequences, `specgen.load`'s ``n_parallel``), not started:
+    `Scheduler.start` runs it in a worker thread (`specgen serve`), `run_until_idle` in
+    the caller's (`generate_many`). `draft_max`: fixed K, or None for the batch
+    controller; `prompt_cache_mib`: MiB of host memory for prompts that left their slot
+    (-1: no limit, 0: none; --cache-ram); the rest as `Scheduler`'s.
+
+    Raises:
+        ValueError: the models hold fewer sequences than `n_parallel`, or a drafter that
+            cannot draft for several slots.
+    """
+    target = as_batch(opened.target)
+    cache = None
+    if prompt_cache_mib != 0:
+        cache = PromptCache(None if prompt_cache_mib < 0 else prompt_cache_mib << 20)
+    return Scheduler(
+        target,
+        opened.drafter,
+        n_parallel=target.n_seq if n_parallel is None else n_parallel,
+        queue_max=queue_max,
+        draft_max=draft_max,
+        observer=observer,
+        deliver=deliver,
+        slo_ttft_s=slo_ttft_s,
+        slo_tpot_s=slo_tpot_s,
+        prompt_cache=cache,
+    )
+
+
+def generate_many(
+    opened: Models, prompts: Sequence[list[int]], flags: SamplingFlags, seed: int
+) -> list[Result]:
+    """Generate from every prompt (token ids) on the batch engine, as many at once as the
+    models hold sequences (`specgen.load`'s ``n_parallel``), in the caller's thread.
+    Prompt i is seeded ``seed + i``; each result is distributed as the target's own
+    output under `flags`, whatever shares the batch (a batched decode's rows can differ
+    from a single stream's in their last bits, so a seeded text may differ from
+    `Pair.generate`'s with the same seed).
+
+    Raises:
+        PromptError: a prompt plus ``max_tokens`` beyond a slot's context (-c).
+        GrammarError: the grammar does not compile. EngineError: llama.cpp failed.
+    """
+    config = GenerateConfig.of(flags, seed)
+    if config.grammar is not None:  # an error of the call, not of a job
+        from specgen.grammar import compile_grammar, tokenizer_for
+
+        compile_grammar(config.grammar, tokenizer_for(opened.target))
+    sched = open_scheduler(opened, queue_max=len(prompts), draft_max=flags.k)
+    for slot in sched.slots.all:
+        # from empty caches, as a single stream starts (`OneSlot`): the call's texts then
+        # depend on its own settings and seed only
+        slot.target.truncate(0)
+        if slot.draft is not None:
+            slot.draft.truncate(0)
+    events: list[list[JobEvent]] = [[] for _ in prompts]
+    for i, ids in enumerate(prompts):
+        try:
+            sched.submit(Job(str(i), ids, replace(config, seed=seed + i)), events[i].append)
+        except DoesNotFit as exc:
+            raise PromptError(f"prompt {i}: {exc}") from None
+    if sched.controller is not None:
+        sched.calibrate()  # the controller's cost lines, as `serve` does at start
+    sched.run_until_idle()
+    for got in events:
+        failed = next((e for e in got if isinstance(e, Failed)), None)
+        if failed is not None:
+            raise EngineError(failed.message)
+    asked = flags.logprobs is not None
+    return [result_from(got, seed + i, asked) for i, got in enumerate(events)]
