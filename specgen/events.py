@@ -82,10 +82,10 @@ class RoundTrace:
         q_x, p_x: q_i(x_i) and p_i(x_i) for each proposal (greedy: one-hot values).
         u: the uniforms drawn for the acceptance test (empty when greedy).
         accepted: the decision for each proposal that was tested (stops at the first reject).
-        next_token: the token after the accepted prefix; None when the round scored no
-            bonus position (a probe) and all its proposals were accepted.
-        next_kind: "residual" (after a rejection), "bonus" (all K accepted), "ordinary"
-            (K = 0), or "none" (next_token is None).
+        next_token: the token after the accepted prefix (a residual draw, the bonus token
+            or an ordinary pass's).
+        next_kind: "residual" (after a rejection), "bonus" (all K accepted) or "ordinary"
+            (K = 0).
         top: the target's 3 most likely tokens with p at the position of `next_token`.
         target_cache, draft_cache: cached tokens in each model after the round's rollback
             (draft_cache is -1 without a model drafter).
@@ -101,7 +101,7 @@ class RoundTrace:
     p_x: tuple[float, ...]
     u: tuple[float, ...]
     accepted: tuple[bool, ...]
-    next_token: int | None
+    next_token: int
     next_kind: str
     top: tuple[tuple[int, float], ...]
     target_cache: int

@@ -28,8 +28,6 @@ class Proposal:
         block: the proposals x_1..x_m and their q rows: at most k of them are not
             tokens the grammar allows alone (`Block.sole`: the lead and those within the
             block, free of K).
-        bonus: whether the bonus position is scored too (the engine always scores it; the
-            stages also support a round without it, `specgen.stages.next_token`).
         last: the committed token the target has not evaluated yet.
         t_start: clock at the start of the round, seconds.
         t_drafted: clock when drafting ended, seconds.
@@ -52,7 +50,6 @@ class Proposal:
 
     k: int
     block: Block
-    bonus: bool
     last: int
     t_start: float
     t_drafted: float
@@ -64,9 +61,9 @@ class Proposal:
 
     @property
     def to_score(self) -> list[int]:
-        """[last, x_1..x_m] (without x_m when no bonus row is scored): row i scores the
-        token after to_score[i]."""
-        return tokens_to_score(self.last, self.block, self.bonus)
+        """[last, x_1..x_m]: row i scores the token after to_score[i] (row m the bonus
+        position)."""
+        return tokens_to_score(self.last, self.block)
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -112,7 +109,7 @@ class Proposal:
 
 
 def forced_rows(
-    grammar: GrammarProcessor | None, committed: list[int], block: Block, bonus: bool
+    grammar: GrammarProcessor | None, committed: list[int], block: Block
 ) -> tuple[tuple[int, int], ...]:
     """`Proposal.forced`: the block's tokens the grammar allowed alone (`Block.sole`,
     found by the drafter's matcher on the same history), and the bonus position when
@@ -123,8 +120,7 @@ def forced_rows(
         return ()
     x = block.tokens.tolist()
     forced = [(i, x[i]) for i in block.sole]  # row i scores x_{i+1}
-    if bonus:
-        t = grammar.single(committed, x)
-        if t is not None:
-            forced.append((len(x), t))
+    t = grammar.single(committed, x)
+    if t is not None:
+        forced.append((len(x), t))
     return tuple(forced)

@@ -245,8 +245,8 @@ class Sequence:
             block = with_lead(head, block, self.target.n_vocab)
         grammar = None if self.config.wants_logprobs else self.grammar  # every row then
         return Proposal(
-            k, block, True, self.committed[-1], t_start, self.clock(), catchup_s,
-            decode0, self._inside(), forced_rows(grammar, self.committed, block, True),
+            k, block, self.committed[-1], t_start, self.clock(), catchup_s,
+            decode0, self._inside(), forced_rows(grammar, self.committed, block),
             len(head),
         )  # fmt: skip
 
@@ -349,12 +349,12 @@ class Sequence:
         return step
 
     def _emit(
-        self, block: Block, n: int, x_next: int | None, logits: Logits
+        self, block: Block, n: int, x_next: int, logits: Logits
     ) -> tuple[list[int], list[Span]]:
         """Push the accepted prefix and the next token through the Emitter; nothing after
         EOS, a stop string or -n is kept. With `config.logprobs` set, each emitted token's
         span carries its log-probabilities from its own row: new[i] is scored by row i."""
-        new = block.tokens[:n].tolist() + ([] if x_next is None else [x_next])
+        new = [*block.tokens[:n].tolist(), x_next]
         if self.grammar is not None:
             # nothing after the grammar is complete (ordinary decoding ends there): a
             # block may run past it with end-of-generation tokens the grammar forced,

@@ -21,7 +21,7 @@ import numpy as np
 
 from specgen import rejection
 from specgen.constraints import Processor
-from specgen.engine import Block, Drafter, Engine, Logits
+from specgen.engine import BatchEngine, Block, Drafter, Engine, Logits, SeqDecode
 from specgen.errors import PromptError
 from specgen.events import RoundTrace, Source
 from specgen.genconfig import VerifyRule
@@ -53,7 +53,7 @@ class Verified:
     """Target side of a round: p rows (or their argmax when greedy), and the logits they
     came from (processed by the request's constraints when it has any)."""
 
-    p: Dists | None  # k+1 rows (k without the bonus row), None when greedy
+    p: Dists | None  # k+1 rows, None when greedy
     argmax: np.ndarray | None  # (k+1,) int64 when greedy
     rows: Logits  # (k+1, n_vocab) float32: what p and argmax were taken from
 
@@ -93,23 +93,26 @@ def with_lead(lead: list[int], block: Block, n_vocab: int) -> Block:
     )
 
 
-def tokens_to_score(last: int, block: Block, bonus: bool = True) -> list[int]:
-    """Stage 2's input: [last, x_1..x_K], or [last, x_1..x_{K-1}] without the bonus position
-    (the round then ends at x_K if all are accepted)."""
-    x = block.tokens.tolist()
-    if not bonus and x:
-        x = x[:-1]
-    return [last, *x]
+def tokens_to_score(last: int, block: Block) -> list[int]:
+    """Stage 2's input for one sequence: [last, x_1..x_K] (K + 1 positions: row i scores
+    the token after x_i, row K the bonus position)."""
+    return [last, *block.tokens.tolist()]
 
 
-def score_block(target: Engine, last: int, block: Block, bonus: bool = True) -> Logits:
-    """Stage 2: one batched target decode of `tokens_to_score`.
+def score_blocks(target: BatchEngine, parts: list[SeqDecode], copy: bool) -> list[Logits]:
+    """Stage 2: ONE batched target decode of every sequence's `tokens_to_score` (and the
+    prompt chunks that join it), `BatchEngine.decode_batch`.
 
-    Returns (K+1, n_vocab) float32 logits (K rows without the bonus): row i scores the
-    token after x_i (row 0 the token after `last`). A view into llama.cpp's buffer, valid
-    until the next decode.
+    Returns:
+        Per part, (n_rows, n_vocab) float32 logits: its asked rows (K + 1 for a round
+        without forced rows; row i scores the token after x_i). With ``copy=False`` views
+        into llama.cpp's buffer, valid until the next decode (one part only: its commit
+        reads them first).
+
+    Raises:
+        EngineError: llama_decode failed.
     """
-    return target.decode(tokens_to_score(last, block, bonus), all_logits=True)
+    return target.decode_batch(parts, copy=copy)
 
 
 def target_distributions(
@@ -147,18 +150,9 @@ def accept_prefix(block: Block, v: Verified, u: np.ndarray) -> int:
     return rejection.accept(block.tokens, block.q, v.p, u)
 
 
-def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int | None:
-    """Stage 4: residual draw at the first rejection, or the bonus token after a full accept.
-
-    None after a full accept of a block scored without its bonus row (`score_block` with
-    bonus=False): the round then emits x_1..x_K only. The output law is unchanged: each
-    position is an accepted x_i or a residual draw, distributed as p (Leviathan et al.
-    2023, Theorem 3.5), and whether the bonus row is scored is decided before the round,
-    from nothing the round produces; the bonus token is a free extra draw from p.
-    """
-    rows = v.argmax.shape[0] if v.argmax is not None else len(v.p)  # type: ignore[arg-type]
-    if n >= rows:
-        return None
+def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> int:
+    """Stage 4: residual draw at the first rejection (n < K), or the bonus token from
+    p_{K+1} after a full accept (n = K) (Leviathan et al. 2023, Algorithm 1)."""
     if v.argmax is not None:
         # one-hot p minus one-hot q at a rejected position leaves p: the argmax
         return int(v.argmax[n])
@@ -167,12 +161,12 @@ def next_token(n: int, block: Block, v: Verified, rng: np.random.Generator) -> i
 
 
 class Verdict(NamedTuple):
-    """Stages 3-4's outcome: n accepted, the token after them (None: see `next_token`),
-    the (K,) float64 uniforms drawn (u, or block verification's eta) and h_1..h_K
-    (block verification only, else empty)."""
+    """Stages 3-4's outcome: n accepted, the token after them (a residual draw or the
+    bonus token), the (K,) float64 uniforms drawn (u, or block verification's eta) and
+    h_1..h_K (block verification only, else empty)."""
 
     n: int
-    x_next: int | None
+    x_next: int
     u: np.ndarray
     h: np.ndarray
 
@@ -184,15 +178,16 @@ def verify_block(
 
     "block" is block verification (`rejection.block_weights`, Sun et al. 2025), used
     where it can differ from token-wise: a sampled p (greedy rows are one-hot, where the
-    two rules coincide exactly) and K >= 2 (at K = 1 they coincide exactly). A round
-    without its bonus row stays exact under either rule (see `rejection`'s proof sketch:
-    the bonus is one more independent draw from p_{K+1}, which the next round makes).
+    two rules coincide exactly) and K >= 2 (at K = 1 they coincide exactly). `v` holds
+    K + 1 rows (stage 2 always scores the bonus position).
     """
     u = rng.random(block.tokens.size)
     if rule == "block" and v.p is not None and block.tokens.size > 1:
         big_p, h = rejection.block_weights(block.tokens, block.q, v.p)
         n = rejection.last_passing(u, h)
-        return Verdict(n, rejection.block_correct(n, float(big_p[n]), block.q, v.p, rng), u, h)
+        y = rejection.block_correct(n, float(big_p[n]), block.q, v.p, rng)
+        assert y is not None  # None only for a p without the bonus row
+        return Verdict(n, y, u, h)
     n = accept_prefix(block, v, u)
     return Verdict(n, next_token(n, block, v, rng), u, np.zeros(0))
 
@@ -221,7 +216,7 @@ def make_trace(
     n, x_next, u = verdict.n, verdict.x_next, verdict.u
     x = block.tokens.tolist()
     k = len(x)
-    row = min(n, logits.shape[0] - 1)  # no bonus row: show the last scored position
+    row = n  # the row x_next was drawn from
     if v.argmax is not None:
         p_x = [1.0 if x[i] == int(v.argmax[i]) else 0.0 for i in range(k)]
         q_x = [1.0] * k
@@ -234,11 +229,9 @@ def make_trace(
         q_x = block.q.at(block.tokens).tolist()
         ids, pr = v.p.row(row)
     # most likely first (sparse rows are already in that order)
-    top: tuple[tuple[int, float], ...] = ()
-    if x_next is not None:
-        head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
-        best = head[np.argsort(-pr[head], kind="stable")]
-        top = tuple((int(ids[j]), float(pr[j])) for j in best)
+    head = np.argpartition(-pr, 2)[:3] if pr.size > 3 else np.arange(pr.size)
+    best = head[np.argsort(-pr[head], kind="stable")]
+    top = tuple((int(ids[j]), float(pr[j])) for j in best)
     tested = n + 1 if n < k else k
     return RoundTrace(
         position=len(committed) - len(new),
@@ -248,13 +241,7 @@ def make_trace(
         u=tuple(float(a) for a in u),
         accepted=tuple(i < n for i in range(tested)),
         next_token=x_next,
-        next_kind=(
-            "none"
-            if x_next is None
-            else "ordinary"
-            if k == 0
-            else ("bonus" if n == k else "residual")
-        ),
+        next_kind="ordinary" if k == 0 else ("bonus" if n == k else "residual"),
         top=top,
         target_cache=len(target.tokens),
         draft_cache=drafter.cached_tokens if drafter is not None else -1,

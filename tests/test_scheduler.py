@@ -818,7 +818,7 @@ def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     def prop(sources, k=None):
         tokens = np.zeros(len(sources), dtype=np.int64)
         block = Block(tokens, Dists.one_hot(tokens, V), tuple(sources))
-        return Proposal(k or len(sources), block, True, 0, 0.0, 0.0)
+        return Proposal(k or len(sources), block, 0, 0.0, 0.0)
 
     L, D = "lookup", "draft"
     assert model_part(prop([D] * 3, k=4), 1) == (4, 1)  # no lookup: as before

@@ -51,6 +51,7 @@ from specgen.proposal import Proposal
 from specgen.sched.drafting import Drafting
 from specgen.sched.jobs import BatchReport
 from specgen.sched.slot import Slot, Slots, batched
+from specgen.stages import score_blocks
 
 
 def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
@@ -165,7 +166,7 @@ class Stepper:
                 # them before anything decodes again (`Sequence.commit` copies them for a
                 # trace); several: copies, as one slot's rollback may re-evaluate evicted
                 # window cells into the buffer the others' rows point into
-                rows = self.target.decode_batch(parts, copy=len(parts) > 1)
+                rows = score_blocks(self.target, parts, copy=len(parts) > 1)
             except EngineError as exc:
                 for slot in [s for s, _ in proposals] + [s for s, _ in chunks]:
                     self.slots.fail(slot, exc, "engine")

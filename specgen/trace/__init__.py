@@ -17,10 +17,10 @@ with a ``type``:
   ``p_x`` (q_i(x_i), p_i(x_i); one-hot 1/0 values when greedy), ``u`` (the uniforms of the
   test u_i < p_i(x_i)/q_i(x_i); empty when greedy), ``accepted`` [bool per tested proposal,
   stopping at the first rejection], ``n_accepted``, ``next_token``, ``next_text``,
-  ``next_kind`` ("residual", "bonus", "ordinary", or "none": a probe scored no bonus
-  position and all its proposals were accepted, ``next_token`` is null), ``top``
+  ``next_kind`` ("residual", "bonus" or "ordinary"; traces of earlier versions may hold
+  "none", a probe round with no bonus position, with ``next_token`` null), ``top``
   [{token, text, p}: the target's 3 most likely tokens where ``next_token`` was drawn,
-  i.e. at the rejection point, empty for "none"; when greedy, p is the softmax at
+  i.e. at the rejection point; when greedy, p is the softmax at
   temperature 1], ``emitted_text``, ``draft_s``,
   ``verify_s``, ``sample_s``, ``round_s``, ``target_cache``, ``draft_cache``,
   ``verify_rule`` ("token" or "block": under block verification ``u`` holds the uniforms
