@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
 from specgen.apiargs import Prompt, argument_names, check_messages, sampling_flags
-from specgen.apiengine import Engines, Models, generate_many, one_slot, open_scheduler
+from specgen.apiengine import Engines, Models, generate_many, one_slot
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
-from specgen.engine import Drafter
+from specgen.engine import Drafter, as_batch
 from specgen.errors import ConfigError, PromptError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.flags import in_python_words as in_python_words  # tests name it here
@@ -341,10 +341,18 @@ class Pair(Generic[M]):
         Raises:
             ValueError: more slots than the models hold sequences.
         """
-        return open_scheduler(
-            self.session, n_parallel=n_parallel, queue_max=queue_max, draft_max=draft_max,
-            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, prompt_cache_mib=prompt_cache_mib,
-            observer=observer, deliver=deliver,
+        from specgen.sched.promptcache import PromptCache
+        from specgen.sched.scheduler import Scheduler
+
+        target = as_batch(self.session.target)
+        n = target.n_seq if n_parallel is None else n_parallel
+        cache = None
+        if prompt_cache_mib != 0:
+            cache = PromptCache(None if prompt_cache_mib < 0 else prompt_cache_mib << 20)
+        return Scheduler(
+            target, self.session.drafter, n_parallel=n, queue_max=queue_max, draft_max=draft_max,
+            observer=observer, deliver=deliver, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+            prompt_cache=cache,
         )  # fmt: skip
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:

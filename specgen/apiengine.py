@@ -1,13 +1,13 @@
 """How the Python API's calls reach the one engine (`specgen.sched.Scheduler`): a single
 stream is the engine with one slot (`one_slot`, behind `Pair.generate` and `Pair.stream`);
-several prompts, or a server, are the engine with N slots (`open_scheduler`, behind
-`Pair.generate_many` and `Pair.scheduler`, which `specgen serve` drives). `Models` is what
-they run on: `specgen.load`'s session, or engines loaded elsewhere (`Engines`).
+several prompts are the engine with N slots (`generate_many`, behind
+`Pair.generate_many`; `Pair.scheduler`, which `specgen serve` drives, builds it too).
+`Models` is what they run on: `specgen.load`'s session, or engines loaded elsewhere (`Engines`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -18,11 +18,10 @@ from specgen.errors import EngineError, PromptError
 from specgen.flags import SamplingFlags
 from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.generation import Result, result_from
-from specgen.sched.jobs import BatchReport, Deliver, DoesNotFit, Failed, Job, JobEvent
-from specgen.sched.promptcache import PromptCache
+from specgen.sched.jobs import DoesNotFit, Failed, Job, JobEvent
 from specgen.sched.scheduler import Scheduler
 
-__all__ = ["Engines", "Models", "generate_many", "one_slot", "open_scheduler"]
+__all__ = ["Engines", "Models", "generate_many", "one_slot"]
 
 
 class Models(Protocol):
@@ -102,47 +101,6 @@ def one_slot(
     return OneSlot(opened.target, drafter, ids, config, policy)
 
 
-def open_scheduler(
-    opened: Models,
-    *,
-    n_parallel: int | None = None,
-    queue_max: int = 64,
-    draft_max: int | None = None,
-    slo_ttft_s: float | None = None,
-    slo_tpot_s: float | None = None,
-    prompt_cache_mib: int = 0,
-    observer: Callable[[BatchReport], None] | None = None,
-    deliver: Deliver | None = None,
-) -> Scheduler:
-    """The batch engine over an open session with `n_parallel` slots (None: as many as
-    the target's cache holds sequences, `specgen.load`'s ``n_parallel``), not started:
-    `Scheduler.start` runs it in a worker thread (`specgen serve`), `run_until_idle` in
-    the caller's (`generate_many`). `draft_max`: fixed K, or None for the batch
-    controller; `prompt_cache_mib`: MiB of host memory for prompts that left their slot
-    (-1: no limit, 0: none; --cache-ram); the rest as `Scheduler`'s.
-
-    Raises:
-        ValueError: the models hold fewer sequences than `n_parallel`, or a drafter that
-            cannot draft for several slots.
-    """
-    target = as_batch(opened.target)
-    cache = None
-    if prompt_cache_mib != 0:
-        cache = PromptCache(None if prompt_cache_mib < 0 else prompt_cache_mib << 20)
-    return Scheduler(
-        target,
-        opened.drafter,
-        n_parallel=target.n_seq if n_parallel is None else n_parallel,
-        queue_max=queue_max,
-        draft_max=draft_max,
-        observer=observer,
-        deliver=deliver,
-        slo_ttft_s=slo_ttft_s,
-        slo_tpot_s=slo_tpot_s,
-        prompt_cache=cache,
-    )
-
-
 def generate_many(
     opened: Models, prompts: Sequence[list[int]], flags: SamplingFlags, seed: int
 ) -> list[Result]:
@@ -162,7 +120,10 @@ def generate_many(
         from specgen.grammar import compile_grammar, tokenizer_for
 
         compile_grammar(config.grammar, tokenizer_for(opened.target))
-    sched = open_scheduler(opened, queue_max=len(prompts), draft_max=flags.k)
+    target = as_batch(opened.target)
+    sched = Scheduler(
+        target, opened.drafter, n_parallel=target.n_seq, queue_max=len(prompts), draft_max=flags.k
+    )
     for slot in sched.slots.all:
         # from empty caches, as a single stream starts (`OneSlot`): the call's texts then
         # depend on its own settings and seed only

@@ -14,7 +14,7 @@ import collections
 import math
 import statistics
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -91,6 +91,7 @@ class SlotState:
     free_alpha: float | None = None
 
 
+@dataclass(eq=False)
 class BatchController:
     """Fits the costs from the decodes the engine makes, keeps the pooled acceptance rate
     (each new request's prior), and chooses K per slot (`choose`): for `specgen serve`'s N
@@ -153,30 +154,25 @@ class BatchController:
             the server, where it cost 6-11% at four sampled streams (the controller page).
     """
 
-    def __init__(
-        self,
-        k_max: int = 16,
-        target_prior: Line = Line(0.040, 0.005),
-        draft_prior: Line = Line(0.0, 0.020),
-        probe_every: int = 32,
-        probe_budget: float = 0.02,
-        draft_batched: bool = False,
-        draft_token_prior: float | None = None,
-        slo_ttft_s: float | None = None,
-        slo_tpot_s: float | None = None,
-        warmup_rounds: int = 3,
-        fade_untested: float = 1.0,
+    k_max: int = 16
+    target_prior: InitVar[Line] = Line(0.040, 0.005)
+    draft_prior: InitVar[Line] = Line(0.0, 0.020)
+    probe_every: int = 32
+    probe_budget: float = 0.02
+    draft_batched: bool = False
+    draft_token_prior: InitVar[float | None] = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    warmup_rounds: int = 3
+    fade_untested: float = 1.0
+    target: LineFit = field(init=False)
+    draft: DraftFit = field(init=False)
+
+    def __post_init__(
+        self, target_prior: Line, draft_prior: Line, draft_token_prior: float | None
     ) -> None:
-        self.warmup_rounds = warmup_rounds
-        self.fade_untested = fade_untested
-        self.draft_batched = draft_batched
-        self.slo_ttft_s = slo_ttft_s
-        self.slo_tpot_s = slo_tpot_s
-        self.k_max = k_max
         self.target = LineFit(target_prior)
         self.draft = DraftFit(draft_prior, draft_token_prior)
-        self.probe_every = probe_every
-        self.probe_budget = probe_budget
         # pooled (tested, hits) per sampling setting, least recently used first
         self._pools: collections.OrderedDict[Hashable, list[float]] = collections.OrderedDict()
         # (measured - predicted) seconds of recent whole steps, without and with

@@ -12,6 +12,7 @@ cost is re-timed now and then (`Drafting.retime_draft`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from specgen.control.batch import BatchController
 from specgen.drafters import Stepwise
@@ -22,6 +23,7 @@ from specgen.round import Clock
 from specgen.sched.slot import Slot, batched
 
 
+@dataclass(eq=False)
 class Drafting:
     """Stage 1 across the slots, for one draft engine with a sequence per slot.
 
@@ -35,24 +37,17 @@ class Drafting:
             (`Scheduler._arrival_waits`): the blocks are then cut short.
     """
 
-    def __init__(
-        self,
-        draft: BatchEngine | None,
-        controller: BatchController | None,
-        *,
-        clock: Clock,
-        prefill_chunk: int,
-        fail: Callable[[Slot, Exception | str, str], None],
-        arrival_waits: Callable[[], bool],
-    ) -> None:
-        self.draft = draft
-        self.controller = controller
-        self.clock = clock
-        self.prefill_chunk = prefill_chunk
-        self._fail = fail
-        self.arrival_waits = arrival_waits
-        self.cut = False  # this step's blocks were cut short by an arrival (`_draft_depths`)
-        self.undrafted_s = 0.0  # seconds of steps since the draft's cost was last measured
+    draft: BatchEngine | None
+    controller: BatchController | None
+    _: KW_ONLY
+    clock: Clock
+    prefill_chunk: int
+    fail: Callable[[Slot, Exception | str, str], None]
+    arrival_waits: Callable[[], bool]
+    cut: bool = field(default=False, init=False)
+    """This step's blocks were cut short by an arrival (`_draft_depths`)."""
+    undrafted_s: float = field(default=0.0, init=False)
+    """Seconds of steps since the draft's cost was last measured."""
 
     def count_runs(self, active: list[Slot], chosen: list[int], ks: list[int]) -> None:
         """Count each model-drafting slot's consecutive speculative rounds and report a run
@@ -109,7 +104,7 @@ class Drafting:
                 self.draft.decode_batch(parts)
             except EngineError as exc:
                 for slot, _ in chunks:
-                    self._fail(slot, exc, "engine")
+                    self.fail(slot, exc, "engine")
             else:
                 if self.controller is not None:  # tokens without rows: the catch-up's cost
                     n_tokens = sum(len(part.tokens) for part in parts)
@@ -133,7 +128,7 @@ class Drafting:
                 else:
                     proposals.append((slot, seq.propose(k)))
             except EngineError as exc:
-                self._fail(slot, exc, "engine")
+                self.fail(slot, exc, "engine")
         if not together:
             return proposals
         t0, inside0 = self.clock(), self.draft.decode_s if self.draft is not None else 0.0
@@ -141,7 +136,7 @@ class Drafting:
             self._draft_depths([(s.index, w) for s, _, w in together])
         except EngineError as exc:
             for slot, _, _ in together:
-                self._fail(slot, exc, "engine")
+                self.fail(slot, exc, "engine")
             return proposals
         drafted_s = self.clock() - t0
         inside_s = (self.draft.decode_s if self.draft is not None else 0.0) - inside0

@@ -41,106 +41,93 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "specgen_requests", "Requests ended, by route and finish reason.",
-            ["route", "finish"], registry=r,
-        )  # fmt: skip
-        self.refused = Counter(
+
+        def count(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def hist(name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        self.queue_depth = gauge("specgen_queue_depth", "Requests waiting for a slot.")
+        self.slots_busy = gauge("specgen_slots_busy", "Slots serving a request.")
+        self.slots = gauge("specgen_slots", "Slots (--parallel).")
+        self.requests = count(
+            "specgen_requests", "Requests ended, by route and finish reason.", "route", "finish"
+        )
+        self.refused = count(
             "specgen_requests_refused", "Requests refused before generating, by HTTP status.",
-            ["status"], registry=r,
+            "status",
         )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "specgen_prompt_tokens", "Prompt tokens of ended requests.", registry=r
-        )
-        self.generated_tokens = Counter(
-            "specgen_generation_tokens", "Tokens generated.", registry=r
-        )
-        self.prompt_evaluated = Counter(
+        self.prompt_tokens = count("specgen_prompt_tokens", "Prompt tokens of ended requests.")
+        self.generated_tokens = count("specgen_generation_tokens", "Tokens generated.")
+        self.prompt_evaluated = count(
             "specgen_prompt_evaluated_tokens",
             "Prompt tokens the target evaluated for ended requests (all but the last token"
             " of each prompt not already in its slot or restored from the prompt cache: a"
             " request with n choices evaluates its prompt once).",
-            registry=r,
         )
-        self.draft_tokens = Counter(
-            "specgen_draft_tokens", "Tokens the drafter proposed.", registry=r
+        self.draft_tokens = count("specgen_draft_tokens", "Tokens the drafter proposed.")
+        self.accepted_tokens = count(
+            "specgen_accepted_tokens", "Proposed tokens the target accepted."
         )
-        self.accepted_tokens = Counter(
-            "specgen_accepted_tokens", "Proposed tokens the target accepted.", registry=r
-        )
-        self.position_proposed = Counter(
+        self.position_proposed = count(
             "specgen_draft_position_proposed",
-            "Steps that proposed a token at this position (1-based).",
-            ["position"], registry=r,
+            "Steps that proposed a token at this position (1-based).", "position",
         )  # fmt: skip
-        self.position_accepted = Counter(
+        self.position_accepted = count(
             "specgen_draft_position_accepted",
-            "Steps whose proposals up to this position (1-based) were all accepted.",
-            ["position"], registry=r,
+            "Steps whose proposals up to this position (1-based) were all accepted.", "position",
         )  # fmt: skip
-        self.ttft = Histogram(
+        self.ttft = hist(
             "specgen_time_to_first_token_seconds", "TTFT: prompt and first round.",
-            buckets=_REQUEST_BUCKETS, registry=r,
+            _REQUEST_BUCKETS,
         )  # fmt: skip
-        self.request_s = Histogram(
+        self.request_s = hist(
             "specgen_request_seconds", "Wall seconds from admission to the last token.",
-            buckets=_REQUEST_BUCKETS, registry=r,
+            _REQUEST_BUCKETS,
         )  # fmt: skip
-        self.steps = Counter("specgen_steps", "Batched steps (one target decode each).", registry=r)
-        self.k_chosen = Histogram(
-            "specgen_k_chosen", "Block size K chosen per active slot per step.",
-            buckets=_K_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.k_reasons = Counter(
+        self.steps = count("specgen_steps", "Batched steps (one target decode each).")
+        self.k_chosen = hist(
+            "specgen_k_chosen", "Block size K chosen per active slot per step.", _K_BUCKETS
+        )
+        self.k_reasons = count(
             "specgen_k_reasons",
             "Slots' rounds by why their K was chosen (goodput, waiting, slo_ttft, slo_tpot,"
-            " probe, fixed, first, catch_up, cut).",
-            ["reason"], registry=r,
+            " probe, fixed, first, catch_up, cut).", "reason",
         )  # fmt: skip
-        self.rows = Histogram(
-            "specgen_step_rows", "Target rows decoded per step.", buckets=_ROW_BUCKETS, registry=r
-        )
-        self.step_s = Histogram(
-            "specgen_step_seconds", "Wall seconds per batched step.",
-            buckets=_STEP_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.host_per_slot = Histogram(
+        self.rows = hist("specgen_step_rows", "Target rows decoded per step.", _ROW_BUCKETS)
+        self.step_s = hist("specgen_step_seconds", "Wall seconds per batched step.", _STEP_BUCKETS)
+        self.host_per_slot = hist(
             "specgen_host_seconds_per_slot",
             "Host seconds per step (outside llama_decode) divided by the active slots.",
-            buckets=_HOST_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.decode_s = Counter(
-            "specgen_target_decode_seconds", "Seconds in the target's decodes.", registry=r
+            _HOST_BUCKETS,
         )
-        self.draft_s = Counter("specgen_draft_seconds", "Seconds drafting.", registry=r)
-        self.host_s = Counter(
-            "specgen_host_seconds", "Seconds of steps outside llama_decode.", registry=r
-        )
+        self.decode_s = count("specgen_target_decode_seconds", "Seconds in the target's decodes.")
+        self.draft_s = count("specgen_draft_seconds", "Seconds drafting.")
+        self.host_s = count("specgen_host_seconds", "Seconds of steps outside llama_decode.")
         # fairness between slots: a slot whose request streams slower than the others
         # (it rarely speculates, or waits behind their blocks) shows here, by slot
-        self.slot_itl = Histogram(
+        self.slot_itl = hist(
             "specgen_slot_inter_token_seconds",
             "Per slot: seconds between two sends of tokens to its request (ITL per streamed"
             " chunk, as bench --url counts it; the first tokens, TTFT, are not in it).",
-            ["slot"], buckets=_ITL_BUCKETS, registry=r,
+            _ITL_BUCKETS, "slot",
         )  # fmt: skip
-        self.slot_tokens = Counter(
+        self.slot_tokens = count(
             "specgen_slot_chunk_tokens",
             "Per slot: tokens in the chunks timed by specgen_slot_inter_token_seconds"
-            " (tokens per chunk = this / its _count).",
-            ["slot"], registry=r,
+            " (tokens per chunk = this / its _count).", "slot",
         )  # fmt: skip
-        self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a slot.", registry=r)
-        self.slots_busy = Gauge("specgen_slots_busy", "Slots serving a request.", registry=r)
-        self.slots = Gauge("specgen_slots", "Slots (--parallel).", registry=r)
-        self.cost = Gauge(
+        self.cost = gauge(
             "specgen_controller_cost_seconds",
             "The batch controller's fitted cost lines: seconds = intercept + slope * x"
             " (x: a target decode's rows, a draft depth's slots); model=\"draft\","
             " term=\"token\": a draft token without a logits row (a catch-up's);"
             " model=\"step\", term=\"spec_overhead\": what a step with K >= 1 costs"
-            " beyond its lines.",
-            ["model", "term"], registry=r,
+            " beyond its lines.", "model", "term",
         )  # fmt: skip
 
     def watch(self, queue_depth: Callable[[], float], slots_busy: Callable[[], float], n: int):
