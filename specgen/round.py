@@ -255,6 +255,7 @@ class Sequence:
         proposal: Proposal,
         logits: Logits,
         verify_s: float | None = None,
+        k_reason: str | None = None,
     ) -> Step:
         """Stages 3-5 for this sequence, given its rows of the target decode.
 
@@ -266,6 +267,7 @@ class Sequence:
                 already include to_score.
             verify_s: seconds of the decode that produced the rows; None: the time since
                 drafting ended.
+            k_reason: why the controller chose this round's K (`Step.k_reason`).
 
         Returns:
             The round's Step (spans, counts, timings).
@@ -342,6 +344,7 @@ class Sequence:
             ordinary_token_s=self.baseline.token_s,
             n_drafted_by=by_drafted,
             n_accepted_by=by_accepted,
+            k_reason=k_reason,
         )
         self.stats.add(step, decode_s=t_end - self._t_decode)
         # an end-of-generation token's span (holding the text it flushed) is no token

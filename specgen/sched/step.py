@@ -41,7 +41,6 @@ The others carry on at the next step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from specgen.control.batch import SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
@@ -353,7 +352,7 @@ class Stepper:
         if seq is None:  # failed earlier in this step
             return
         try:
-            step = replace(seq.commit(prop, rows, verify_s), k_reason=slot.reason)
+            step = seq.commit(prop, rows, verify_s, slot.reason)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
             self.slots.fail(slot, exc, "engine")
             return
