@@ -339,7 +339,8 @@ class Pair(Generic[M]):
             observer, deliver: see `Scheduler`.
 
         Raises:
-            ValueError: more slots than the models hold sequences.
+            ValueError: more slots than the models hold sequences, or a drafter that
+                cannot draft for several slots.
         """
         from specgen.sched.promptcache import PromptCache
         from specgen.sched.scheduler import Scheduler
