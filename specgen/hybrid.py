@@ -225,9 +225,7 @@ class HybridDrafter:
         n_match, found, use = self._lookup(context, k)
         extend = len(use) < k and (not use or self.model.behind(context + use) <= k)
         inner = (
-            self.model.begin(context + use, k - len(use), rng, room - len(use))
-            if extend
-            else None
+            self.model.begin(context + use, k - len(use), rng, room - len(use)) if extend else None
         )
         return HybridDrafting(self, context, k, n_match, found, use, inner, room)
 
