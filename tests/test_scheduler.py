@@ -828,6 +828,10 @@ def test_the_acceptance_estimate_learns_from_the_model_part_of_a_block_only():
     assert model_part(prop([L, L, D, D]), 3) == (2, 1)
     assert model_part(prop([D, L, L, L]), 0) == (1, 0)  # x_1 by the model, rejected
     assert model_part(prop([D, L, L, L]), 2) == (1, 1)  # accepted; the tail is lookup's
+    # prompt lookup with no model (-md ngram): its own tokens, as proposed
+    assert model_part(prop([L] * 4, k=8), 4, lookup_alone=True) == (4, 4)
+    assert model_part(prop([L] * 4, k=8), 1, lookup_alone=True) == (4, 1)
+    assert model_part(prop([], k=8), 0, lookup_alone=True) == (0, 0)  # no match: no evidence
 
 
 def test_runs_of_speculative_rounds_are_reported_when_they_end():
@@ -966,3 +970,28 @@ def test_without_a_cache_or_with_no_room_the_prompt_is_evaluated_and_exact() -> 
         again = run(sched, PA)
         assert again.stats is not None and again.stats.n_prefill == len(PA) - 1
         assert again.tokens == alone(PA, GenerateConfig(6, GREEDY)).tokens
+
+
+def test_a_lookup_only_slot_learns_acceptance_from_its_own_tokens():
+    # a greedy target on a trigram table falls into a cycle, which prompt lookup then
+    # proposes exactly: the slot's estimate must rise with those accepted tokens (it
+    # learned from none of them, and -md ngram under auto stayed at K = 1-2)
+    from fakes import FakeEngine
+
+    from specgen.generate import OneSlot
+    from specgen.stages import AutoK
+
+    target = FakeEngine(n_vocab=V, seed=3, n_ctx=4096)
+    config = GenerateConfig(max_tokens=120, params=GREEDY, ignore_eos=True, seed=0)
+    run = OneSlot(target, NgramDrafter(V), [1, 2, 3, 4, 5, 1], config, AutoK(8))
+    slot = run.scheduler.slots.all[0]
+    seen = []
+    for event in run.events():
+        if isinstance(event, Step) and slot.acceptance is not None:
+            seen.append((event.n_proposed, event.n_accepted, slot.acceptance.alpha_by_pos(2)))
+    proposed = sum(p for p, _, _ in seen)
+    accepted = sum(a for _, a, _ in seen)
+    assert proposed >= 20 and accepted >= 0.8 * proposed  # the lookup copies the cycle
+    # the estimate of x_1 follows the rate realized (with the fix 0.83 against 0.84;
+    # learning from no lookup token it stayed at 0.53 against 0.75)
+    assert abs(seen[-1][2][0] - accepted / proposed) < 0.1

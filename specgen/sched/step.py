@@ -46,6 +46,7 @@ from specgen.control.batch import SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
+from specgen.ngram import NgramDrafter
 from specgen.proposal import Proposal
 from specgen.sched.drafting import Drafting
 from specgen.sched.jobs import BatchReport
@@ -53,7 +54,7 @@ from specgen.sched.slot import Slot, Slots, batched
 from specgen.stages import score_blocks
 
 
-def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
+def model_part(prop: Proposal, n_accepted: int, lookup_alone: bool = False) -> tuple[int, int]:
     """(k, accepted) of the draft model's part of a round, what the controller's
     acceptance estimate learns from: prompt-lookup tokens (hybrid blocks) have their own
     record (`specgen.hybrid.LookupRecord`), and a failed lookup would otherwise mark the
@@ -61,7 +62,17 @@ def model_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
     again (the catch-up's cost outweighs a low estimate). (0, 0) where the model's part
     was not reached or there is none; a block without lookup tokens counts as before,
     at the K asked for. The tokens the grammar allows alone (`Block.sole`: its lead and
-    those within the block, always accepted, free of K) are not part of it."""
+    those within the block, always accepted, free of K) are not part of it.
+
+    `lookup_alone`: the slot drafts by prompt lookup with no model (`NgramDrafter`), whose
+    tokens are then what the estimate is of: (proposed, accepted) of the block as
+    proposed, and (0, 0) for a round whose lookup found nothing (its one row is an
+    ordinary pass, no evidence about acceptance). Learning from none of its tokens held
+    `-md ngram --draft-max auto` at K = 1-2 on prompts it copies exactly (every block
+    accepted, the estimate stuck where the first rounds' empty blocks had put it)."""
+    if lookup_alone:
+        m, hits = prop.counted(n_accepted)
+        return (m, hits) if m else (0, 0)
     sole = set(prop.block.sole)
     sources = [s for i, s in enumerate(prop.block.sources) if i not in sole]
     n_accepted = prop.counted(n_accepted)[1]
@@ -357,7 +368,7 @@ class Stepper:
             self.slots.fail(slot, exc, "engine")
             return
         if self.controller is not None and slot.acceptance is not None:
-            k, n = model_part(prop, step.n_accepted)
+            k, n = model_part(prop, step.n_accepted, isinstance(slot.drafter, NgramDrafter))
             self.controller.observe_round(slot.acceptance, k, n)
         assert slot.ticket is not None
         self.slots.send(slot.ticket, step)
