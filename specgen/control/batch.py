@@ -76,10 +76,9 @@ class SlotState:
         first: the request's first step that may speculate (the server makes its first
             step ordinary, `specgen.sched`).
         free: positions a prompt-lookup match proposes this step (`SlotInput.free`).
-        free_alpha: the estimated acceptance of each of those lookup tokens, by position
-            (from `HybridDrafter.lookup_offer`'s rate and the slot's lookup counts), which
-            replaces the request's estimate at positions 1..free (a float: the same at
-            each); None: the request's estimate there too.
+        free_alpha: the estimated acceptance rate of each of those lookup tokens
+            (`HybridDrafter.lookup_offer`), which replaces the request's estimate at
+            positions 1..free; None: the request's estimate there too.
     """
 
     acceptance: Acceptance
@@ -89,7 +88,7 @@ class SlotState:
     left: int = 0
     first: bool = False
     free: int = 0
-    free_alpha: tuple[float, ...] | float | None = None
+    free_alpha: float | None = None
 
 
 @dataclass(eq=False)
@@ -323,9 +322,7 @@ class BatchController:
             alpha = st.acceptance.alpha_by_pos(cap)
             if free and st.free_alpha is not None:
                 # lookup tokens have their own rate; the model drafts the positions after
-                fa = st.free_alpha
-                head = fa if isinstance(fa, tuple) else (fa,) * free
-                alpha = tuple(head[:free]) + alpha[free:]
+                alpha = (st.free_alpha,) * free + alpha[free:]
             slots.append(SlotInput(alpha, cap, st.catch_up, st.left, free, runs))
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
         tok = self.draft.token_s

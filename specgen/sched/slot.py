@@ -73,9 +73,6 @@ class Slot:
         self.t_admit = 0.0
         self.n_prefill = 0
         self.acceptance: Acceptance | None = None
-        # a hybrid request's lookup tokens at the head of its blocks, by position: how
-        # the controller values the positions a lookup fills (`Stepper._choose_ks`)
-        self.lookup: Acceptance | None = None
         self.idle = 0  # steps since this slot last speculated
         self.fresh = False  # its request has not had a step that could speculate yet
         self.first = False  # its request has not had a step yet: that one is ordinary
@@ -155,7 +152,6 @@ class Slots:
         slot.acceptance = (
             self.controller.new_acceptance(job.config.params) if self.controller else None
         )
-        slot.lookup = Acceptance(0.0) if self.controller else None  # prior: set at each use
 
     def k_cap(self) -> int:
         """The largest K of any slot's round: --draft-max, or the controller's ceiling."""

@@ -87,19 +87,6 @@ def model_part(prop: Proposal, n_accepted: int, lookup_alone: bool = False) -> t
     return m, min(m, n_accepted - head)
 
 
-def lookup_part(prop: Proposal, n_accepted: int) -> tuple[int, int]:
-    """(k, accepted) of the prompt-lookup tokens at the head of a hybrid block (positions
-    1..k, what `HybridDrafter.lookup_offer` counts as free), for the slot's estimate of
-    those positions; (0, 0) where the block does not start with lookup tokens. Lookup
-    tokens after the model's are left out: their positions depend on the model's part."""
-    head = 0
-    for src in prop.block.sources:
-        if src != "lookup":
-            break
-        head += 1
-    return (head, min(head, n_accepted)) if head else (0, 0)
-
-
 def _decode_s(engine: BatchEngine | None) -> float:
     return engine.decode_s if engine is not None else 0.0
 
@@ -343,18 +330,9 @@ class Stepper:
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
-            free, free_alpha = 0, None
-            if isinstance(d, HybridDrafter) and slot.lookup is not None:
-                free, rate = d.lookup_offer(seq.committed, cap)
-                if free:
-                    # by position, as the model's positions are: x_1 at the lookup
-                    # record's rate for this match length, shrunk toward it; a deeper
-                    # position toward the one before it, so that a copy accepted whole
-                    # lifts the positions after it at once (one rate at every position
-                    # grew K 2, 5, 9, 15, 16 on a quoting prompt where lookup alone,
-                    # valued by position, went 5, 16)
-                    slot.lookup.prior = rate
-                    free_alpha = slot.lookup.alpha_by_pos(free)
+            free, free_alpha = (
+                d.lookup_offer(seq.committed, cap) if isinstance(d, HybridDrafter) else (0, None)
+            )
             states.append(
                 SlotState(
                     slot.acceptance,
@@ -392,10 +370,6 @@ class Stepper:
         if self.controller is not None and slot.acceptance is not None:
             k, n = model_part(prop, step.n_accepted, isinstance(slot.drafter, NgramDrafter))
             self.controller.observe_round(slot.acceptance, k, n)
-            if slot.lookup is not None and isinstance(slot.drafter, HybridDrafter):
-                k, n = lookup_part(prop, step.n_accepted)
-                if k:
-                    slot.lookup.update(k, n)
         assert slot.ticket is not None
         self.slots.send(slot.ticket, step)
         if step.spans:  # per-slot ITL for /metrics: fairness between slots
