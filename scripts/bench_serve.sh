@@ -28,9 +28,11 @@
 # median over them (`median_of_runs`); SERVERS (comma-separated labels) starts only
 # those of the five, or adds specgen-alt: specgen serve with ALT_ARGS too (an A/B of one
 # setting in the same alternations, e.g. ALT_ARGS='--cache-ram 0'), in the tables' columns;
-# ALT_SPECGEN makes it another specgen (an A/B of two commits: e.g. ALT_SPECGEN='env
-# PYTHONPATH=/tmp/old .venv/bin/python -m specgen' for a worktree of the older commit),
-# and then ALT_ARGS may be empty.
+# ALT_SPECGEN makes it another specgen (an A/B of two commits: e.g. ALT_SPECGEN='env -C
+# /tmp PYTHONPATH=/tmp/old /path/to/.venv/bin/python -m specgen' for a worktree of the
+# older commit; the -C matters: `python -m` puts the working directory before PYTHONPATH,
+# so run from this checkout it would import this checkout's code), and then ALT_ARGS may
+# be empty.
 #
 # Environment: CONC (levels, default 1,2,4,8), TEMPS (default 0,0.8), N (tokens per request,
 # default 128), NUM_PROMPTS (requests per level, default 16), NP (slots: llama-server -np,
@@ -69,7 +71,9 @@ mkdir -p "$OUT"
 # shellcheck source=scripts/serve_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/serve_common.sh"
 
-build_llama_server
+# llama-server is built only when one of its configurations is measured (an A/B of two
+# specgen commits, SERVERS=specgen,specgen-alt, needs none)
+if [[ ",$SERVERS," == *",llama-"* ]]; then build_llama_server; fi
 demo_pair
 machine_info "slots $NP, context $CTX per slot, threads $THREADS, -n $N, $NUM_PROMPTS requests per level" \
   | tee "$OUT/machine.txt"
