@@ -6,9 +6,7 @@ committed context (`specgen.ngram.NgramIndex`). When the match is at least `min_
 tokens long and lookups of that length have a good record, the tokens that followed the
 match are proposed first, with one-hot q rows (a deterministic proposal), up to K or to
 the end of the context (a copy "runs out" where its source does); the draft model then
-continues the block from there, each token with its warped q row, when its cache is at
-most K tokens behind (else the block is the lookup tokens alone: a short continuation is
-not worth a catch-up of the prompt, `HybridDrafter.begin`). Otherwise the model
+continues the block from there, each token with its warped q row. Otherwise the model
 drafts. After each model token the lookup is tried again on the text with the block so
 far: where the model's tokens start a copy (a quote begins in mid-block), a trusted match
 fills the rest of the block with lookup tokens and the model stops drafting.
@@ -213,19 +211,13 @@ class HybridDrafter:
         self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
     ) -> HybridDrafting:
         """Start a block (see `ModelDrafter.begin`): the lookup tokens are chosen here,
-        the model's continuation is left to the caller's decodes (`pending`/`feed`).
-
-        The model continues a lookup block only when its cache is at most k tokens behind:
-        a copy that fills most of a block is not worth a catch-up of the whole prompt
-        (a long quoting prompt's lookup block, extended by 3 model tokens, cost a
-        150 ms prefill of the draft: 0.80x prompt lookup alone on the demo pair). The
-        block is then the lookup tokens alone; what is proposed still depends only on the
-        context and earlier rounds, so the output law is unchanged."""
+        the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
         room = k if room is None else max(k, room)
         n_match, found, use = self._lookup(context, k)
-        extend = len(use) < k and (not use or self.model.behind(context + use) <= k)
         inner = (
-            self.model.begin(context + use, k - len(use), rng, room - len(use)) if extend else None
+            self.model.begin(context + use, k - len(use), rng, room - len(use))
+            if len(use) < k
+            else None
         )
         return HybridDrafting(self, context, k, n_match, found, use, inner, room)
 

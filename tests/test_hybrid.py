@@ -152,21 +152,6 @@ def test_record_tries_a_match_length_it_has_not_scored_yet():
     assert not r.trusts(2)  # scored, and poor
 
 
-def test_a_lookup_block_is_not_extended_from_a_draft_cache_far_behind():
-    # a long prompt the draft model has not evaluated (its prefill waits until the model
-    # drafts): the copy alone, rather than a catch-up of the whole prompt for 2 tokens
-    context = [5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4, 1, 2]  # "1 2": the copy is 3, 4, 1, 2
-    d = hybrid(SAMPLED)
-    d.prefill(context, evaluate=False)
-    block = d.draft(context, 6, np.random.default_rng(0))
-    assert block.tokens.tolist() == [3, 4, 1, 2]
-    assert block.sources == ("lookup",) * 4
-    # once the cache is at most K behind, the model continues the copy
-    d.prefill(context)
-    block = d.draft(context, 6, np.random.default_rng(0))
-    assert block.sources == ("lookup",) * 4 + ("draft",) * 2
-
-
 def run(target, drafter, prompt, k, **cfg):
     events = list(generate(target, drafter, prompt, GenerateConfig(**cfg), FixedK(k)))
     assert isinstance(events[-1], Done)
@@ -213,13 +198,8 @@ def test_hybrid_loop_samples_the_targets_joint_distribution(params, rule):
     # float64 already at 500 (was 2,000, then 1,000)
     n, mixed = 600, 0
     cfg = {"max_tokens": 4, "params": params, "verify_rule": rule, "trace": True}
-    cfg["reuse_cache"] = True
     for s in range(n):
         drafter.record = LookupRecord()  # a fresh record trusts the first match
-        # the draft's cache holds the prompt, so the model continues the lookup token
-        # (from a cache further behind than K the block would be the lookup token alone)
-        drafter.model.engine.truncate(0)
-        drafter.prefill(prompt)
         config = GenerateConfig(seed=s, **cfg)
         events = speculating_from_the_first_round(target, drafter, prompt, config, FixedK(3))
         done = events[-1]
