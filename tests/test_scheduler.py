@@ -983,7 +983,9 @@ def test_a_lookup_only_slot_learns_acceptance_from_its_own_tokens():
 
     target = FakeEngine(n_vocab=V, seed=3, n_ctx=4096)
     config = GenerateConfig(max_tokens=120, params=GREEDY, ignore_eos=True, seed=0)
-    run = OneSlot(target, NgramDrafter(V), [1, 2, 3, 4, 5, 1], config, AutoK(8))
+    ticks = itertools.count()  # a clock of fixed steps: the K chosen does not depend on
+    clock = lambda: next(ticks) * 1e-3  # noqa: E731 - the machine's speed
+    run = OneSlot(target, NgramDrafter(V), [1, 2, 3, 4, 5, 1], config, AutoK(8), clock)
     slot = run.scheduler.slots.all[0]
     seen = []
     for event in run.events():
@@ -991,7 +993,7 @@ def test_a_lookup_only_slot_learns_acceptance_from_its_own_tokens():
             seen.append((event.n_proposed, event.n_accepted, slot.acceptance.alpha_by_pos(2)))
     proposed = sum(p for p, _, _ in seen)
     accepted = sum(a for _, a, _ in seen)
-    assert proposed >= 20 and accepted >= 0.8 * proposed  # the lookup copies the cycle
-    # the estimate of x_1 follows the rate realized (with the fix 0.83 against 0.84;
-    # learning from no lookup token it stayed at 0.53 against 0.75)
+    assert proposed >= 20 and accepted >= 0.75 * proposed  # the lookup copies the cycle
+    # the estimate of x_1 follows the rate realized (with the fix 0.82 against 0.81;
+    # learning from no lookup token it stayed at 0.53 against 0.79)
     assert abs(seen[-1][2][0] - accepted / proposed) < 0.1
