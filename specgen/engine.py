@@ -238,15 +238,17 @@ class OneSequence:
         if len(parts) > 1 or parts[0].seq != 0:
             raise ValueError(f"{self.name} holds one sequence: one part per decode")
         part = parts[0]
-        wanted, n = part.wanted(), len(part.tokens)
+        n, n_rows = len(part.tokens), part.n_rows
         # `decode`'s plain forms where they say it (an engine wrapping another may know
-        # only those); `rows` for the rest
-        if wanted == tuple(range(n)):
+        # only those); `rows` for the rest. Told apart without building `wanted()`: a
+        # draft depth comes here once a token
+        plain = part.rows is None or part.rows == tuple(range(n - n_rows, n))
+        if plain and n_rows == n:
             rows = self.engine.decode(part.tokens, all_logits=True)
-        elif wanted == (n - 1,):
+        elif plain and n_rows == 1:
             rows = self.engine.decode(part.tokens)
         else:
-            rows = self.engine.decode(part.tokens, rows=list(wanted))
+            rows = self.engine.decode(part.tokens, rows=list(part.wanted()))
         return [np.array(rows) if copy else rows]
 
 

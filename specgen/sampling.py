@@ -392,12 +392,42 @@ def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists
     return Dists(ids[:, :m], p[:, :m], v)
 
 
+def _top_k_one(z: np.ndarray, k: int) -> tuple[TokenIds, Floats]:
+    """One row's top-k candidates: (m,) int64 ids and float64 logits, m <= k, sorted by
+    logit descending, ties by id, -inf logits included only to fill k. The same set and
+    order as `_at_least` at `_top_k_floor`'s threshold cut to k (`_warp_one`'s caller
+    relies on it: a row drafted alone and the same row in a batch get the same bits),
+    with 1-d arrays: a draft block warps one row per depth, and the 3-d bookkeeping of
+    `_at_least` cost more than the row's one streaming pass."""
+    v = z.shape[0]
+    b = _BLOCK if v >= _BLOCK * _MIN_BLOCKS else 1
+    nb = -(-v // b)
+    if nb * b != v:
+        z = np.concatenate([z, np.full(nb * b - v, -np.inf, dtype=z.dtype)])
+    z2 = z.reshape(b, nb)  # block j holds the ids i * nb + j
+    g = min(b, _SUB_BLOCKS)
+    bm = np.maximum.reduce(np.maximum.reduce(z2.reshape(b // g, g, nb), axis=0), axis=0)
+    t = (
+        np.float64(-np.inf)
+        if nb < k
+        else np.float64(max(float(np.partition(bm, nb - k)[nb - k]), _LOWEST))
+    )
+    j = np.flatnonzero(bm >= t)  # >= k blocks, each holding a logit >= t
+    vals = z2[:, j]  # (b, s)
+    i, c = np.nonzero(vals >= t)
+    ids = i * nb + j[c]
+    zs = vals[i, c].astype(np.float64)
+    if ids.size and ids.max() >= v:  # -inf padding reached by t = -inf
+        keep = ids < v
+        ids, zs = ids[keep], zs[keep]
+    order = np.lexsort((ids, -zs))[:k]
+    return ids[order].astype(np.int64), zs[order]
+
+
 def _warp_one(z: np.ndarray, params: SamplingParams, k: int) -> Dists:
     """`warp_rows` for one row with top-k on (the draft's and ordinary decoding's case):
     the same candidates and the same float operations, on 1-d arrays after the top-k."""
-    z3, sub, bm = _blocks(z[None, :])
-    _, ids, zs = _at_least(z3, sub, bm, _top_k_floor(bm, k), z.shape[0])
-    ids, zs = ids[:k], zs[:k]
+    ids, zs = _top_k_one(z, k)
     m = k
     if params.top_p < 1.0:
         w = np.exp(zs - zs[0])

@@ -161,12 +161,18 @@ def test_a_batch_gives_each_row_what_a_batch_of_one_gives(blocks):
     z = (rng.standard_normal((9, 500)) * 3).astype(np.float32)
     z[3] = np.round(z[3])  # ties
     z[5, ::2] = -np.inf
-    for params in (SamplingParams(), SamplingParams(1.0, 0, 0.9, 0.0),
-                   SamplingParams(0.5, 0, 1.0, 0.2), SamplingParams(1.0, 0, 1.0, 0.0),
-                   SamplingParams(0.0)):  # fmt: skip
-        batch = warp_rows(z, params)
-        for i in range(9):
-            one = warp_rows(z[i : i + 1], params)
+    z[6] = -np.inf  # fewer finite logits than top-k, tied, at both ends of the row
+    z[6, [1, 498]] = 2.0
+    # 30 ids: with small blocks, fewer ids than top-k and a padded last block
+    narrow = (rng.standard_normal((3, 30)) * 3).astype(np.float32)
+    for rows, params in itertools.product(
+        (z, narrow),
+        (SamplingParams(), SamplingParams(1.0, 0, 0.9, 0.0), SamplingParams(0.5, 0, 1.0, 0.2),
+         SamplingParams(1.0, 0, 1.0, 0.0), SamplingParams(0.0)),
+    ):  # fmt: skip
+        batch = warp_rows(rows, params)
+        for i in range(len(rows)):
+            one = warp_rows(rows[i : i + 1], params)
             a_ids, a_p = batch.row(i)
             b_ids, b_p = one.row(0)
             assert np.array_equal(a_ids, b_ids) and np.array_equal(a_p, b_p), (params, i)

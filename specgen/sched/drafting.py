@@ -238,6 +238,8 @@ class Drafting:
 def _groups(live: list[tuple[int, Stepwise]], n_batch: int) -> list[list[tuple[int, Stepwise]]]:
     """Consecutive groups of at most n_batch pending tokens (a part longer than n_batch
     alone in its group)."""
+    if len(live) == 1:  # the single stream's every depth
+        return [live]
     groups: list[list[tuple[int, Stepwise]]] = []
     used = n_batch
     for item in live:
