@@ -140,3 +140,57 @@ def test_the_drafts_catch_up_counts_as_drafting_and_the_ttft_is_one_decode(monke
     # the three timed ordinary passes left out
     assert s.decode_s == pytest.approx(s.draft_s + s.verify_s + s.sample_s, abs=1e-9)
     assert np.isclose(s.wall_s, s.prefill_s + s.decode_s)
+
+
+@pytest.mark.parametrize("n_prompt", [30, 9])
+def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prompt) -> None:
+    """Under `auto`, a hybrid slot whose draft has not evaluated the prompt drafts by
+    lookup alone until its lookup has offered nothing in `LOOKUP_FIRST` steps (those steps
+    ordinary, reason "lookup_first"); then the model is let in, its first block after a
+    prefill of every committed token. A prompt whose catch-up costs less than `LOOKUP_FIRST`
+    target passes (longer than a block, though) lets the model in at once. On a fake clock (10 ms a target
+    token, 3 ms a draft token), so the controller's choices do not depend on the machine;
+    the output is ordinary decoding's."""
+    import time
+
+    from specgen.events import Step
+    from specgen.sched.step import LOOKUP_FIRST
+
+    v = 60
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    target = FakeEngine(n_vocab=v, seed=0, n_ctx=512)
+    draft = FakeEngine(n_vocab=v, seed=0, noise=0.3, n_ctx=512)
+    for engine, seconds in ((target, 0.010), (draft, 0.003)):
+        real = engine.decode
+
+        def decode(tokens, all_logits=False, rows=None, _real=real, _s=seconds):
+            clock[0] += _s * len(tokens)
+            return _real(tokens, all_logits, rows)
+
+        monkeypatch.setattr(engine, "decode", decode)
+    log = logged(draft)
+    prompt = list(range(1, n_prompt + 1))  # no n-gram repeats: the lookup has nothing
+    config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
+    hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, v))
+    events = list(generate(target, hybrid, prompt, config, AutoK(8)))
+    steps = [e for e in events if isinstance(e, Step)]
+    first_model = next(i for i, s in enumerate(steps) if s.n_drafted_by.get("draft", 0))
+    held = [s for s in steps[1:first_model] if s.k_reason == "lookup_first"]
+    if n_prompt == 9:  # 9 draft tokens (27 ms) cost less than 3 target passes (30 ms)
+        assert first_model == 1 and not held
+    else:
+        assert (
+            LOOKUP_FIRST > 0 and len(held) == first_model - 1
+        )  # every step before the model's held to lookup
+        assert sum(s.k == 0 for s in held) == LOOKUP_FIRST  # until that many offered none
+        assert all(s.n_drafted_by.get("draft", 0) == 0 for s in held)
+        # no decode of the prompt before the model's first block (the controller's timed
+        # passes have one token, or a catch-up's worth from an empty cache, rolled back)
+        prefills = [at for at, toks in log if len(toks) > 17]
+        assert prefills and prefills[0] == 0
+    done = events[-1]
+    assert isinstance(done, Done)
+    plain = ordinary(FakeEngine(n_vocab=v, seed=0, n_ctx=512), prompt, max_tokens=40,
+                     params=GREEDY, ignore_eos=True)  # fmt: skip
+    assert done.tokens == plain.tokens

@@ -780,10 +780,12 @@ def test_the_residual_is_told_of_lookup_positions_after_model_tokens():
     # after the prompt and the target's first (ordinary) token 1, no 2-gram matches: the
     # first block starts with the model, whose x_1 = 5 makes "1 5", which occurs in the
     # prompt: lookup finishes the block with what followed it; the step's residual must
-    # be taken against those positions' cost (rows only), not a model block's
+    # be taken against those positions' cost (rows only), not a model block's. A draft
+    # token costs little here, so the model drafts before the lookup has been tried
+    # (`specgen.sched.step._lookup_first`)
     class Script(BatchController):
         def __init__(self):
-            super().__init__(k_max=4, draft_batched=True, probe_every=0)
+            super().__init__(k_max=4, draft_batched=True, probe_every=0, draft_token_prior=1e-3)
             self.chosen_free, self.told_free = [], []
 
         def choose(self, states, fixed_s=0.0, **_):

@@ -171,10 +171,12 @@ class Choice:
 #: ("slo_ttft", "slo_tpot"); a K = 1 probe ("probe"); a request's first rounds while
 #: little is known of its acceptance ("warm_up"); and, from the scheduler, a fixed
 #: --draft-max ("fixed"), a request's first round, ordinary ("first"), a step spent on a
-#: chunk of the draft's catch-up ("catch_up"), a block cut short by an arrival ("cut")
+#: chunk of the draft's catch-up ("catch_up"), a block cut short by an arrival ("cut"),
+#: a hybrid's block held to its prompt-lookup tokens before the draft's prefill
+#: ("lookup_first", `specgen.sched.step.LOOKUP_FIRST`)
 REASONS = (
     "goodput", "waiting", "slo_ttft", "slo_tpot", "probe", "warm_up", "fixed", "first",
-    "catch_up", "cut",
+    "catch_up", "cut", "lookup_first",
 )  # fmt: skip
 
 

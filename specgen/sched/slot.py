@@ -78,6 +78,7 @@ class Slot:
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
+        self.lookup_misses = 0  # steps its lookup offered nothing before the draft's prefill
         self.t_sent: float | None = None  # clock when its request was last sent tokens
         self.reason = "first"  # why its K is what it is this step (`goodput.REASONS`)
 
@@ -147,6 +148,7 @@ class Slots:
         slot.n_prefill = len(slot.todo)
         slot.started = False
         slot.idle = 0
+        slot.lookup_misses = 0
         slot.fresh = True
         slot.first = self.ordinary_first
         slot.acceptance = (

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specgen.control.batch import SlotState
+from specgen.control.batch import BatchController, SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.hybrid import HybridDrafter
@@ -52,6 +52,36 @@ from specgen.sched.drafting import Drafting
 from specgen.sched.jobs import BatchReport
 from specgen.sched.slot import Slot, Slots, batched
 from specgen.stages import score_blocks
+
+LOOKUP_FIRST = 3
+"""Steps without a lookup offer after which a hybrid slot's draft model may evaluate its
+prompt; also the ordinary passes its prompt's catch-up must cost at least for the rule to
+hold (`_lookup_first`)."""
+
+
+def _lookup_first(slot: Slot, cap: int, controller: BatchController) -> bool:
+    """Whether this step holds a hybrid slot's K to its prompt-lookup tokens: its draft
+    model lacks so much of the context (its prompt, never drafted for) that catching up
+    costs at least `LOOKUP_FIRST` ordinary passes by the controller's cost lines, and its
+    lookup has offered nothing in fewer than `LOOKUP_FIRST` steps so far.
+
+    Why: the model's first block costs that catch-up (on the demo pair, 150-250 ms for a
+    111-token prompt: three to five ordinary passes), where a lookup block costs no draft
+    pass. On text that copies its prompt the lookup soon covers most positions and the
+    catch-up never pays back (`--lookup on` ran at 0.77x prompt lookup alone on a summary
+    with quotes, 64 tokens, all of the gap that catch-up); where the lookup offers
+    nothing for `LOOKUP_FIRST` steps the model is let in, having cost those steps their
+    speculation, which is why a short prompt (a catch-up cheaper than the steps held)
+    lets the model in at once. Exact: K is chosen from the committed context, the
+    record and the clock, never from this round's draws (Leviathan et al. 2023,
+    Theorem 3.5: a round's law does not depend on its K)."""
+    return (
+        cap > 0
+        and isinstance(slot.drafter, HybridDrafter)
+        and slot.lookup_misses < LOOKUP_FIRST
+        and slot.catch_up > cap
+        and slot.catch_up * controller.draft.token_s >= LOOKUP_FIRST * controller.target.line()(1)
+    )
 
 
 def model_part(prop: Proposal, n_accepted: int, lookup_alone: bool = False) -> tuple[int, int]:
@@ -326,13 +356,18 @@ class Stepper:
         if self.controller is None or not active:
             return caps
         states = []
-        for slot, cap in zip(active, caps, strict=True):
+        for i, (slot, cap) in enumerate(zip(active, caps, strict=True)):
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
             free, free_alpha = (
                 d.lookup_offer(seq.committed, cap) if isinstance(d, HybridDrafter) else (0, None)
             )
+            if _lookup_first(slot, cap, self.controller):
+                # K within the lookup's tokens: no draft pass, so no catch-up yet
+                caps[i] = cap = free
+                slot.lookup_misses += free == 0
+                slot.reason = "lookup_first"
             states.append(
                 SlotState(
                     slot.acceptance,
@@ -355,7 +390,8 @@ class Stepper:
         for slot, k, cap, why in zip(active, choice.k, caps, reasons, strict=True):
             slot.idle = 0 if k > 0 else slot.idle + 1
             slot.fresh = slot.fresh and cap == 0
-            slot.reason = "first" if cap == 0 and slot.reason == "first" else why
+            kept = slot.reason == "first" and cap == 0 or slot.reason == "lookup_first"
+            slot.reason = slot.reason if kept else why
         return list(choice.k)
 
     def _commit(self, slot: Slot, prop: Proposal, rows: Logits, verify_s: float) -> None:
