@@ -236,8 +236,9 @@ class OneSlot:
         (`run --json`'s ``controller`` object): K per round, each K's reason
         (`specgen.control.goodput.REASONS`) counted, the fitted cost lines (seconds:
         intercept, slope; the target's against rows, the draft's against slots drafting a
-        depth), a draft token's seconds without a row (a catch-up's), and the acceptance
-        estimate by block position. None with a fixed K."""
+        depth), a draft token's seconds without a row (a catch-up's), the times the
+        machine's speed was found changed since the calibration (the lines then rescaled),
+        and the acceptance estimate by block position. None with a fixed K."""
         ctl = self.scheduler.controller
         if ctl is None:
             return None
@@ -251,5 +252,6 @@ class OneSlot:
             "draft_line_s": [d.intercept_s, d.slope_s],
             "draft_token_s": ctl.draft.token_s,
             "spec_overhead_s": ctl.spec_overhead_s,
+            "speed_changes": ctl.speed_changes,
             "alpha_by_pos": [round(float(a), 4) for a in alpha],
         }

@@ -31,6 +31,11 @@ _RUN_MIN = 4  # runs seen before their mean bounds the catch-up share
 #: pooled positions tested (per sampling setting) below which a request's first rounds
 #: are warm-up rounds (`BatchController.warmup_rounds`)
 _WARM_POOL = 16
+#: target decodes of a calibrated size whose median speed against the calibration decides
+#: whether the machine changed (`BatchController.observe_target`), and by how much it must
+#: have changed, either way
+_SPEED_WINDOW = 16
+_SPEED_CHANGE = 2.0
 
 
 _K = TypeVar("_K", bound=Hashable)
@@ -188,10 +193,48 @@ class BatchController:
         self._chunk: collections.deque[float] = collections.deque(maxlen=_RESIDUAL_WINDOW)
         # the last all-zero choice's inputs, for `retime_due`
         self._idle_inputs: tuple[list[SlotInput], float] | None = None
+        # the target's decodes of a calibrated size over the calibration's prediction
+        self._speed: collections.deque[float] = collections.deque(maxlen=_SPEED_WINDOW)
+        self._calibrated_rows = 0  # none until `calibrated`
+        self.speed_changes = 0  # times the machine's speed was found changed (`observe_target`)
+
+    def calibrated(self, target: Line, draft: Line, token_s: float, rows: int) -> None:
+        """The start-up's measurements (`Scheduler.calibrate`) as the cost lines' priors:
+        the target's `target` (timed at 1 and `rows` rows), the draft's depth `draft` and a
+        token without a row at `token_s` seconds; from here `observe_target` compares the
+        target's decodes of at most `rows` rows with them."""
+        self.target.set_prior(target)
+        self.draft.set_prior(draft, token_s)
+        self._calibrated_rows = rows
+        self._speed.clear()
 
     def observe_target(self, rows: int, seconds: float) -> None:
-        """A target decode of `rows` scored rows (and no prompt chunk) took `seconds`."""
+        """A target decode of `rows` scored rows (and no prompt chunk) took `seconds`.
+
+        A machine that changed speed since the calibration (a start-up timed while another
+        process loaded a model; another tenant come or gone) is followed: where the median
+        of the last `_SPEED_WINDOW` decodes of a calibrated size is `_SPEED_CHANGE` times
+        faster or slower than the calibration gives, both models' priors are scaled by
+        that ratio and what the fits have seen is dropped. Without it, block sizes
+        measured in a busy moment stayed in the target's fit (a size the server no longer
+        made was never measured again), every K looked too costly, and a server made no
+        proposal for 17 requests in a row (2026-12-05, `specgen serve` calibrated while a
+        second server loaded)."""
         self.target.add(rows, seconds)
+        prior = self.target.prior
+        if not 0 < rows <= self._calibrated_rows or prior(rows) <= 0:
+            return
+        self._speed.append(seconds / prior(rows))
+        if len(self._speed) < _SPEED_WINDOW:
+            return
+        ratio = statistics.median(self._speed)
+        if 1 / _SPEED_CHANGE < ratio < _SPEED_CHANGE:
+            return
+        c0, c_row, c_tok = self.draft.prior
+        self.target = LineFit(Line(prior.intercept_s * ratio, prior.slope_s * ratio))
+        self.draft = DraftFit(Line(c0 * ratio, c_row * ratio), c_tok * ratio)
+        self._speed.clear()
+        self.speed_changes += 1
 
     def observe_draft(self, n_tokens: int, seconds: float, n_rows: int | None = None) -> None:
         """One draft decode of `n_tokens` tokens with `n_rows` logits rows (a depth: one

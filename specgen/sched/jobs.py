@@ -74,6 +74,8 @@ class BatchReport:
             after the step; None with a fixed K.
         spec_overhead_s: the controller's `spec_overhead_s` after the step (None with a
             fixed K).
+        speed_changes: times the controller found the machine's speed changed and
+            rescaled its cost lines (`BatchController.observe_target`), so far.
         itl: (slot index, seconds, tokens) per slot that was sent tokens in the step after
             an earlier step had sent its request some: the gap between the two sends (an
             inter-token latency per streamed chunk, as `specgen bench --url` counts ITL)
@@ -94,6 +96,7 @@ class BatchReport:
     target_line: Line | None = None
     draft_line: Line | None = None
     spec_overhead_s: float | None = None
+    speed_changes: int = 0
     draft_token_s: float | None = None
     itl: tuple[tuple[int, float, int], ...] = ()
     reasons: tuple[str, ...] = ()

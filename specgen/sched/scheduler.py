@@ -309,8 +309,9 @@ class Scheduler:
             many = median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
         else:  # a single slot takes both tokens
             many = median_s(self.target, [SeqDecode(0, [0, 0], 2)], once)
-        ctl.target.set_prior(line(1, one, max(n, 2), many))
+        target = line(1, one, max(n, 2), many)
         if self._draft is None:
+            ctl.calibrated(target, ctl.draft.line(), ctl.draft.token_s, max(n, 2))
             return passes
         # the draft: a row per slot drafting a depth, and a catch-up's tokens without one
         one = median_s(self._draft, [SeqDecode(0, [0], 1)])
@@ -318,9 +319,10 @@ class Scheduler:
         token_s = max(0.0, (run - one) / _CALIBRATE_RUN)
         if n > 1:
             many = median_s(self._draft, [SeqDecode(i, [0], 1) for i in range(n)])
-            ctl.draft.set_prior(line(1, one, n, many), token_s)
+            draft = line(1, one, n, many)
         else:  # one slot: a depth is always one row
-            ctl.draft.set_prior(Line(0.0, one), token_s)
+            draft = Line(0.0, one)
+        ctl.calibrated(target, draft, token_s, max(n, 2))
         return passes
 
     def _run(self) -> None:

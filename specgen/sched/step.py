@@ -273,6 +273,7 @@ class Stepper:
             target_line=ctl.target.line() if ctl is not None else None,
             draft_line=ctl.draft_line() if ctl is not None else None,
             spec_overhead_s=ctl.spec_overhead_s if ctl is not None else None,
+            speed_changes=ctl.speed_changes if ctl is not None else 0,
             draft_token_s=ctl.draft.token_s if ctl is not None else None,
             itl=tuple(self._itl),
             reasons=tuple(s.reason for s in active) + ("first",) * self._n_firsts,

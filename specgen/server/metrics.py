@@ -130,6 +130,13 @@ class Metrics:
             " beyond its lines.", "model", "term",
         )  # fmt: skip
 
+        self.speed_changes = gauge(
+            "specgen_controller_speed_changes",
+            "Times the batch controller found the machine's speed changed by 2x or more since"
+            " its start-up calibration (its target decodes against it) and rescaled its cost"
+            " lines, so far.",
+        )  # fmt: skip
+
     def watch(self, queue_depth: Callable[[], float], slots_busy: Callable[[], float], n: int):
         """Read the scheduler's queue depth and busy slots at every scrape."""
         self.queue_depth.set_function(queue_depth)
@@ -158,6 +165,7 @@ class Metrics:
             self.cost.labels(model="draft", term="token").set(report.draft_token_s)
         if report.spec_overhead_s is not None:
             self.cost.labels(model="step", term="spec_overhead").set(report.spec_overhead_s)
+        self.speed_changes.set(report.speed_changes)
         for slot, gap_s, n_tokens in report.itl:
             self.slot_itl.labels(slot=str(slot)).observe(gap_s)
             self.slot_tokens.labels(slot=str(slot)).inc(n_tokens)
