@@ -1,8 +1,9 @@
 """A server whose start-up was timed on a busy machine speculates again once the machine
-is quiet (2026-12-05: a `specgen serve` that calibrated while another server loaded made
-no proposal for 17 requests in a row): the controller compares the target's ordinary
+is quiet (2026-12-05: a `specgen serve` whose first request ran in a slow moment made no
+proposal for 17 requests in a row): the controller compares the target's ordinary
 decodes with its calibration and, where the machine's speed changed 2x or more, rescales
-its cost lines (`BatchController.observe_target`).
+its cost lines (`BatchController.observe_target`); and the block sizes and draft decodes
+measured in a slow moment leave the fits once stale (`LineFit`, `DraftFit.tick`).
 
 A fake clock drives every timing: a target decode costs 10 ms plus 1 ms a row, a draft
 decode 2 ms plus 0.5 ms a token, and the first `BUSY_DECODES` target decodes (and every
@@ -28,7 +29,9 @@ GREEDY = SamplingParams(temp=0.0)
 BUSY_DECODES = 80
 
 
-def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], Scheduler]:
+def clocked(
+    monkeypatch: pytest.MonkeyPatch, busy_from: int = 1, busy_to: int = BUSY_DECODES
+) -> tuple[list[float], Scheduler]:
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     target = FakeBatchEngine(1, 64, n_vocab=V, seed=0, n_ctx=2048)
@@ -36,7 +39,7 @@ def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], Scheduler]:
     calls = [0]
 
     def busy() -> float:
-        return 10.0 if calls[0] <= BUSY_DECODES else 1.0
+        return 10.0 if busy_from <= calls[0] <= busy_to else 1.0
 
     def target_batch(parts, copy=True, _real=target.decode_batch):
         calls[0] += 1
@@ -61,9 +64,15 @@ def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], Scheduler]:
     return clock, sched
 
 
-def test_a_busy_start_does_not_hold_the_server_at_ordinary_decoding(monkeypatch) -> None:
-    _, sched = clocked(monkeypatch)
-    sched.calibrate()  # as `start` does before any request: on the busy machine
+@pytest.mark.parametrize("busy", ["calibration", "first rounds"])
+def test_a_busy_start_does_not_hold_the_server_at_ordinary_decoding(monkeypatch, busy) -> None:
+    """Busy through the calibration and the first request's first rounds (its priors and
+    its block sizes measured slow: the speed check rescales), or through those rounds
+    only (a calibration true to the quiet machine; the slow block sizes leave the target's
+    fit once stale, `LineFit`)."""
+    # the calibration (`start` runs it before any request) makes 8 target decodes
+    _, sched = clocked(monkeypatch, *((1, BUSY_DECODES) if busy == "calibration" else (9, 60)))
+    sched.calibrate()
     done: list[Done] = []
     for i in range(12):
         sched.submit(
@@ -78,7 +87,8 @@ def test_a_busy_start_does_not_hold_the_server_at_ordinary_decoding(monkeypatch)
     late = done[-4:]
     assert all(d.stats.n_drafted > 0 for d in late), [d.stats.n_drafted for d in done]
     assert all(d.stats.n_generated / d.stats.target_passes > 1.5 for d in late)
-    assert sched.controller is not None and sched.controller.speed_changes == 1
+    assert sched.controller is not None
+    assert sched.controller.speed_changes == (1 if busy == "calibration" else 0)
 
 
 def test_a_steady_machine_never_rescales() -> None:
@@ -95,3 +105,29 @@ def test_a_steady_machine_never_rescales() -> None:
     assert ctl.speed_changes == 1
     assert ctl.target.line()(2) == pytest.approx(0.036, rel=0.05)  # refitted since
     assert 2 * 0.0005 <= ctl.draft.token_s <= 3 * 0.0005  # the draft's prior, scaled
+
+
+def test_stale_sizes_leave_the_fit_but_the_smallest_stays() -> None:
+    from specgen.control.costs import _STALE, DraftFit, Line, LineFit
+
+    fit = LineFit(Line(0.010, 0.001))
+    for _ in range(3):
+        fit.add(1, 0.011)  # the ordinary size, then only block sizes for a long while
+    for _ in range(_STALE + 10):
+        fit.add(9, 0.019)
+    assert fit.line()(1) == pytest.approx(0.011) and fit.line()(9) == pytest.approx(0.019)
+    for _ in range(3):
+        fit.add(9, 0.190)  # a slow moment at a block size, then ordinary decodes only
+    for _ in range(_STALE + 1):
+        fit.add(1, 0.011)
+    assert fit.line()(9) == pytest.approx(0.019)  # the prior's slope through the ordinary
+    fit.add(9, 0.019)  # the stale size measured again: afresh, not among the slow ones
+    assert fit.line()(9) == pytest.approx(0.019)
+
+    draft = DraftFit(Line(0.0, 0.003), 0.0005)
+    for _ in range(20):
+        draft.add(1, 1, 0.030)  # measured 10x slow, then no draft decode
+    assert draft.line()(1) == pytest.approx(0.030, rel=0.01)
+    for _ in range(_STALE + 1):
+        draft.tick()
+    assert draft.line()(1) == pytest.approx(0.003)  # back on the prior

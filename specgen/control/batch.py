@@ -215,12 +215,13 @@ class BatchController:
         process loaded a model; another tenant come or gone) is followed: where the median
         of the last `_SPEED_WINDOW` decodes of a calibrated size is `_SPEED_CHANGE` times
         faster or slower than the calibration gives, both models' priors are scaled by
-        that ratio and what the fits have seen is dropped. Without it, block sizes
-        measured in a busy moment stayed in the target's fit (a size the server no longer
-        made was never measured again), every K looked too costly, and a server made no
-        proposal for 17 requests in a row (2026-12-05, `specgen serve` calibrated while a
-        second server loaded)."""
+        that ratio and what the fits have seen is dropped. A slow moment after a true
+        calibration is left to the fits' staleness (`LineFit`, `DraftFit.tick`): either
+        way, costs measured in a busy moment once held every K at 0 for good (2026-12-05,
+        in a `scripts/bench_serve.sh` run: a `specgen serve` whose first request ran slow
+        made no proposal for 17 requests in a row)."""
         self.target.add(rows, seconds)
+        self.draft.tick()
         prior = self.target.prior
         if not 0 < rows <= self._calibrated_rows or prior(rows) <= 0:
             return

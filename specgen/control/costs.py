@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _MIN_PER_SIZE = 3  # decodes of a size before `LineFit` fits on it (once two sizes have them)
+_STALE = 256  # decodes after a size's last one that `LineFit` leaves it out (not the smallest)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,15 @@ class LineFit:
     much weight in a line: a single 68-row decode of 868 ms (a steady one took about 400)
     alone had made a server's line 12 ms + 12.4 ms a row.
 
+    A size not seen in the last `_STALE` decodes is left out, except the smallest seen (the
+    ordinary decode's end of the line, which a server that always speculates makes rarely):
+    a server held at K = 0 makes only its ordinary size, so the block sizes it measured in
+    a slow moment (its first rounds, on a machine busy then) would otherwise stay in the
+    fit for good, every K looking too costly, and nothing could measure them again. Left
+    out, the line falls back on the ordinary decodes and the prior's slope (the start-up's
+    timing), under which speculation is tried again; and a stale size's next decode
+    starts its measurements afresh.
+
     Until two distinct x have been seen the prior's slope is kept and the line is moved to
     pass through the mean of what was seen (one measured size fixes the level); where that
     would need a negative intercept (the prior's slope is steeper than the measured point
@@ -65,6 +75,8 @@ class LineFit:
         self.prior = prior
         self.per_size = per_size
         self._bins: dict[float, collections.deque[float]] = {}
+        self._last: dict[float, int] = {}  # each size's last decode, counted by `add`
+        self._adds = 0
         self._line: Line | None = None  # the fit, until the next `add`
 
     def set_prior(self, prior: Line) -> None:
@@ -74,9 +86,12 @@ class LineFit:
 
     def add(self, x: float, seconds: float) -> None:
         size = float(x)
-        if size not in self._bins:
+        if size not in self._bins or self._adds - self._last[size] > _STALE:
+            # a stale size's decodes were of another moment: this one starts it afresh
             self._bins[size] = collections.deque(maxlen=self.per_size)
         self._bins[size].append(float(seconds))
+        self._adds += 1
+        self._last[size] = self._adds
         self._line = None
 
     @property
@@ -93,9 +108,11 @@ class LineFit:
             return self.prior
         # one point per size: the sizes a server rarely makes weigh as much as those it
         # makes all the time, so the line stays true at both ends
-        sizes = [x for x, b in self._bins.items() if len(b) >= _MIN_PER_SIZE]
+        smallest = min(self._bins)
+        live = [x for x in self._bins if x == smallest or self._adds - self._last[x] <= _STALE]
+        sizes = [x for x in live if len(self._bins[x]) >= _MIN_PER_SIZE]
         if len(sizes) < 2:
-            sizes = list(self._bins)
+            sizes = live
         x = np.asarray(sizes, dtype=np.float64)
         y = np.asarray([statistics.median(self._bins[size]) for size in sizes])
         if np.ptp(x) == 0:
@@ -149,8 +166,23 @@ class DraftFit:
         self._rows: list[float] = []
         self._extra: list[float] = []
         self._y: list[float] = []
+        self._at: list[int] = []  # each decode's `tick` count
+        self._ticks = 0
         self._coef: tuple[float, float, float] | None = None
         self.set_prior(prior, token_s)
+
+    def tick(self) -> None:
+        """One target decode went by (`BatchController.observe_target`): draft decodes
+        older than `_STALE` of them are dropped, so that a draft measured in a slow moment
+        and not drafting since (held at K = 0 by that very measurement) falls back on its
+        prior, as `LineFit`'s stale sizes do."""
+        self._ticks += 1
+        n = 0
+        while n < len(self._at) and self._ticks - self._at[n] > _STALE:
+            n += 1
+        if n:
+            del self._rows[:n], self._extra[:n], self._y[:n], self._at[:n]
+            self._coef = None
 
     def set_prior(self, prior: Line, token_s: float | None = None) -> None:
         """A depth of n slots at `prior`(n); a token without a row at `token_s` seconds
@@ -163,8 +195,9 @@ class DraftFit:
         self._rows.append(float(rows))
         self._extra.append(float(max(0, tokens - rows)))
         self._y.append(float(seconds))
+        self._at.append(self._ticks)
         if len(self._y) > self.window:
-            del self._rows[0], self._extra[0], self._y[0]
+            del self._rows[0], self._extra[0], self._y[0], self._at[0]
         self._coef = None
 
     @property
