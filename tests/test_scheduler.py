@@ -27,7 +27,7 @@ from specgen.control.goodput import Choice
 from specgen.drafters import ModelDrafter, common_prefix
 from specgen.events import Done, Step
 from specgen.generate import FixedK, GenerateConfig, generate
-from specgen.hybrid import HybridDrafter, Rate
+from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams
 from specgen.sched.jobs import DoesNotFit, Failed, Job, QueueFull
@@ -758,7 +758,9 @@ def test_prompt_lookup_is_valued_at_its_record_pooled_over_one_settings_requests
     sched = Scheduler(target, hybrid, n_parallel=1, queue_max=8, draft_max=None, controller=ctl)
     sched.calibrate = lambda repeats=3: None
     prompt = [0, 2, 1, 0, 2, 1, 0, 2]
-    prior = Rate().value
+
+    def prior(params):  # an empty record's rate, greedy's optimistic (`LookupRecord`)
+        return LookupRecord.for_params(params).rate(1)
 
     def first_offer(params, seed=0):
         ctl.offers.clear()
@@ -767,14 +769,15 @@ def test_prompt_lookup_is_valued_at_its_record_pooled_over_one_settings_requests
         assert ctl.offers
         return ctl.offers[0], sink.last.tokens
 
-    assert first_offer(GREEDY)[0] == pytest.approx(prior)  # nothing scored yet
+    assert first_offer(GREEDY)[0] == pytest.approx(prior(GREEDY))  # nothing scored yet
     pooled = first_offer(GREEDY)[0]
-    assert abs(pooled - prior) > 0.02  # the first request's record, not the prior
+    assert abs(pooled - prior(GREEDY)) > 0.02  # the first request's record, not the prior
     offer, tokens = first_offer(SETTINGS[0], seed=5)
-    assert offer == pytest.approx(prior)  # another setting's own pool
+    assert offer == pytest.approx(prior(SETTINGS[0]))  # another setting's own pool
+    assert prior(SETTINGS[0]) < prior(GREEDY)  # sampled lookups start less trusted
     again, tokens_again = first_offer(SETTINGS[0], seed=5)
-    assert again != pytest.approx(prior) and tokens_again == tokens
-    assert abs(first_offer(GREEDY)[0] - prior) > 0.02
+    assert again != pytest.approx(prior(SETTINGS[0])) and tokens_again == tokens
+    assert abs(first_offer(GREEDY)[0] - prior(GREEDY)) > 0.02
 
 
 def test_the_residual_is_told_of_lookup_positions_after_model_tokens():

@@ -185,9 +185,12 @@ class Slots:
         """Prompt lookup's pooled record of the requests with these settings
         (`HybridDrafter`'s pool), which values a request's lookups at match lengths it has
         not scored itself: its own record starts from the prior each time (a first lookup
-        valued at 0.6, where at temperature 0.8 lookups may be right far less often), and
-        under load, where its slot rarely speculates, it hardly learns before the end."""
-        return recent_entry(self._lookup_pools, params, LookupRecord, _LOOKUP_POOLS)
+        valued at 0.6 sampled, where at temperature 0.8 lookups may be right far less
+        often), and under load, where its slot rarely speculates, it hardly learns before
+        the end."""
+        return recent_entry(
+            self._lookup_pools, params, lambda: LookupRecord.for_params(params), _LOOKUP_POOLS
+        )
 
     def start(self, slot: Slot, announce: bool = True) -> None:
         """The slot's prompt is evaluated (or its last chunk is in this step's decode):
