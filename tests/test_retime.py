@@ -96,7 +96,7 @@ def test_a_steady_machine_never_rescales() -> None:
     from specgen.control.costs import Line
 
     ctl = BatchController()
-    ctl.calibrated(Line(0.010, 0.001), Line(0.0, 0.003), 0.0005, rows=4)
+    ctl.calibrated(Line(0.010, 0.001), 4, Line(0.0, 0.003), 0.0005)
     for i in range(200):  # up to 1.9x slower and faster than calibrated, by turns
         ctl.observe_target(1 + i % 4, (0.011 + 0.001 * (i % 4)) * (1.9 if i % 2 else 0.53))
     assert ctl.speed_changes == 0

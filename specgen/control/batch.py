@@ -198,13 +198,16 @@ class BatchController:
         self._calibrated_rows = 0  # none until `calibrated`
         self.speed_changes = 0  # times the machine's speed was found changed (`observe_target`)
 
-    def calibrated(self, target: Line, draft: Line, token_s: float, rows: int) -> None:
+    def calibrated(
+        self, target: Line, rows: int, draft: Line | None = None, token_s: float | None = None
+    ) -> None:
         """The start-up's measurements (`Scheduler.calibrate`) as the cost lines' priors:
-        the target's `target` (timed at 1 and `rows` rows), the draft's depth `draft` and a
-        token without a row at `token_s` seconds; from here `observe_target` compares the
-        target's decodes of at most `rows` rows with them."""
+        the target's `target` (timed at 1 and `rows` rows) and, where a draft was timed,
+        its depth `draft` and a token without a row at `token_s` seconds; from here
+        `observe_target` compares the target's decodes of at most `rows` rows with them."""
         self.target.set_prior(target)
-        self.draft.set_prior(draft, token_s)
+        if draft is not None:
+            self.draft.set_prior(draft, token_s)
         self._calibrated_rows = rows
         self._speed.clear()
 

@@ -311,7 +311,7 @@ class Scheduler:
             many = median_s(self.target, [SeqDecode(0, [0, 0], 2)], once)
         target = line(1, one, max(n, 2), many)
         if self._draft is None:
-            ctl.calibrated(target, ctl.draft.line(), ctl.draft.token_s, max(n, 2))
+            ctl.calibrated(target, max(n, 2))
             return passes
         # the draft: a row per slot drafting a depth, and a catch-up's tokens without one
         one = median_s(self._draft, [SeqDecode(0, [0], 1)])
@@ -322,7 +322,7 @@ class Scheduler:
             draft = line(1, one, n, many)
         else:  # one slot: a depth is always one row
             draft = Line(0.0, one)
-        ctl.calibrated(target, draft, token_s, max(n, 2))
+        ctl.calibrated(target, max(n, 2), draft, token_s)
         return passes
 
     def _run(self) -> None:
