@@ -3,9 +3,9 @@ finished `Result`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 
@@ -124,3 +124,53 @@ def result_from(
         done.text, done.tokens, done.finish_reason, done.stats, seed,
         tuple(found) if logprobs else None, controller() if controller is not None else None,
     )  # fmt: skip
+
+
+def consume(events: Iterator[Any], fold: Callable[[Any], None]) -> Done | None:
+    """Fold every event of one generation and return its Done (None if it never came).
+
+    Ctrl-C here, between events or while `fold` handles one, is thrown into the events
+    rather than closing them: the loop then ends the generation with finish reason
+    "interrupted" and its Done, as when Ctrl-C lands inside the loop; the interrupt that
+    follows that Done ends the consumption only."""
+    done: Done | None = None
+    interrupt = False
+    while True:
+        try:
+            ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
+        except (StopIteration, KeyboardInterrupt):
+            return done
+        interrupt = False
+        if isinstance(ev, Done):
+            done = ev
+        try:
+            fold(ev)
+        except KeyboardInterrupt:
+            interrupt = True
+
+
+def relay(events: Iterator[Any], each: Callable[[Any], None]) -> Generator[Any, None, None]:
+    """Pass `events` through, calling `each` on every event before it is yielded (a trace
+    writer, a warning). Ctrl-C inside `each`, or thrown in at the yield, is thrown into
+    `events` (so the loop ends the generation with its Done, which is passed on) instead
+    of ending this generator without it. Closing this generator closes `events`."""
+    interrupt = False
+    try:
+        while True:
+            try:
+                ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
+            except StopIteration:
+                return
+            interrupt = False
+            try:
+                each(ev)
+            except KeyboardInterrupt:
+                interrupt = True
+            try:
+                yield ev
+            except KeyboardInterrupt:
+                interrupt = True
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()

@@ -175,6 +175,42 @@ def test_interrupted_run_leaves_a_valid_prefix(tmp_path):
     assert tf2.truncated_line and len(tf2.rounds) == 3
 
 
+@pytest.mark.parametrize("where", ["writer", "consumer"])
+def test_ctrl_c_in_the_trace_writer_or_its_consumer_still_ends_with_the_done(tmp_path, where):
+    """Ctrl-C while a round's line is written (`tee`), or in the consumer between events,
+    is handed to the loop, whose Done (finish reason "interrupted") comes through: `run
+    --json --trace` once printed nothing when Ctrl-C landed in the writer (2026-12-05, a
+    fresh clone's `make test`)."""
+    from specgen.generation import consume
+
+    target = FakeEngine(n_vocab=9, seed=0)
+    draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
+    events = generate(
+        target, ModelDrafter(draft, GREEDY, 9), [1, 2], GenerateConfig(max_tokens=50,
+        params=GREEDY, trace=True), FixedK(3),
+    )  # fmt: skip
+    w = TraceWriter(tmp_path / "t.jsonl", target="t", draft="d", params=GREEDY)
+    seen = [0]
+    real = w.write
+
+    def write(ev) -> None:
+        seen[0] += 1
+        if where == "writer" and seen[0] == 4:
+            raise KeyboardInterrupt
+        real(ev)
+
+    def fold(ev) -> None:
+        if where == "consumer" and seen[0] == 4:
+            raise KeyboardInterrupt
+
+    w.write = write  # type: ignore[method-assign]
+    done = consume(tee(events, w), fold)
+    w.close()
+    assert done is not None and done.finish_reason == "interrupted"
+    assert 0 < done.stats.n_generated < 50
+    assert target.tokens == [1, 2, *done.tokens][:-1]  # the caches rolled back
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [

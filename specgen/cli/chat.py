@@ -30,6 +30,7 @@ from specgen.cli.options import (
 from specgen.errors import ConfigError
 from specgen.events import Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
+from specgen.generation import consume
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -159,30 +160,6 @@ def _note(message: str) -> None:
     output.notice(message)
 
 
-def _consume(events: Events, fold: Callable[[Event], None]) -> Done | None:
-    """Fold every event of one reply and return its Done (None if it never came).
-
-    Ctrl-C here, between events or while `fold` draws one, is thrown into the events rather
-    than closing them: the loop then ends the reply with finish reason "interrupted" and the
-    session keeps it, as when Ctrl-C lands inside the loop; the interrupt that follows the
-    Done ends the reply only.
-    """
-    done: Done | None = None
-    interrupt = False
-    while True:
-        try:
-            ev = events.throw(KeyboardInterrupt) if interrupt else next(events)
-        except (StopIteration, KeyboardInterrupt):
-            return done
-        interrupt = False
-        if isinstance(ev, Done):
-            done = ev
-        try:
-            fold(ev)
-        except KeyboardInterrupt:
-            interrupt = True
-
-
 def _plain_reply(events: Events) -> Done | None:
     """Stream the reply's text to stdout, then a blank line; Ctrl-C ends the reply only."""
     written = 0
@@ -197,7 +174,7 @@ def _plain_reply(events: Events) -> Done | None:
             written += len(text)
 
     try:
-        done = _consume(events, fold)
+        done = consume(events, fold)
     except BrokenPipeError:
         events.close()
         raise
@@ -223,7 +200,7 @@ def _live_reply(target_name: str, draft_name: str, show_rejected: bool, echo: bo
             prompt=line + "\n" if echo else "",
         )
         with LiveView(console, state, summary=False) as lv:
-            done = _consume(events, lv.update)
+            done = consume(events, lv.update)
         output.show(turn_text(state), "", highlight=False)
         return done
 

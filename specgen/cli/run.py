@@ -31,6 +31,7 @@ from specgen.cli.options import (
 from specgen.errors import ConfigError, PromptError
 from specgen.events import Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
+from specgen.generation import consume, relay
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -210,18 +211,16 @@ def _warn_slow_draft(events):
     Closing this generator closes `events`."""
     from specgen.session import slow_draft_warning  # start-up time: session loads llama.cpp
 
-    try:
-        for ev in events:
-            w = None
-            if isinstance(ev, Prefilled):
-                w = slow_draft_warning(ev.ordinary_token_s, ev.draft_token_s)
-            elif isinstance(ev, Step) and ev.timed_draft_s is not None:
-                w = slow_draft_warning(ev.timed_ordinary_s, ev.timed_draft_s)
-            if w is not None:
-                output.warning(w)
-            yield ev
-    finally:
-        events.close()
+    def warn(ev) -> None:
+        w = None
+        if isinstance(ev, Prefilled):
+            w = slow_draft_warning(ev.ordinary_token_s, ev.draft_token_s)
+        elif isinstance(ev, Step) and ev.timed_draft_s is not None:
+            w = slow_draft_warning(ev.timed_ordinary_s, ev.timed_draft_s)
+        if w is not None:
+            output.warning(w)
+
+    return relay(events, warn)
 
 
 def _run_live(
@@ -287,19 +286,17 @@ def _run_json(
 ) -> int:
     from specgen.llamacpp import backend  # start-up time: llama.cpp
 
-    done: Done | None = None
     logprobs: list[dict[str, Any]] = []
-    try:
-        for ev in events:
-            if isinstance(ev, Done):
-                done = ev
-            elif isinstance(ev, Step):
-                logprobs.extend(s.logprob.to_dict() for s in ev.spans if s.logprob is not None)
-    except KeyboardInterrupt:
-        if done is None:  # Ctrl-C outside the loop's own handling: nothing to report
-            raise
-        # the loop closed the generation first (finish reason "interrupted"): report it
-    assert done is not None
+
+    def fold(ev) -> None:
+        if isinstance(ev, Step):
+            logprobs.extend(s.logprob.to_dict() for s in ev.spans if s.logprob is not None)
+
+    # Ctrl-C anywhere in the chain (the trace writer, this loop) is handed to the loop,
+    # whose Done (finish reason "interrupted") is then reported
+    done = consume(events, fold)
+    if done is None:  # Ctrl-C before the generation began: nothing to report
+        raise KeyboardInterrupt
     obj: dict[str, Any] = {
         "text": done.text,
         "tokens": list(done.tokens),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from specgen.events import Done, Prefilled, Step
+from specgen.generation import relay
 from specgen.sampling import SamplingParams
 
 SCHEMA = "specgen.trace"
@@ -219,13 +220,7 @@ def token_text_of(engine: Any) -> TokenText:
 
 
 def tee(events: Iterator[Any], writer: TraceWriter) -> Iterator[Any]:
-    """Pass `generate`'s events through, writing each to `writer` first. Closing this
+    """Pass `generate`'s events through, writing each to `writer` first (`relay`: Ctrl-C
+    while a line is written still ends the generation with its Done). Closing this
     generator closes `events` (so the loop restores its caches)."""
-    try:
-        for ev in events:
-            writer.write(ev)
-            yield ev
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()
+    return relay(events, writer.write)
