@@ -146,9 +146,9 @@ SERVER = Group(
         None,
         "--slo-tpot",
         metavar="MS",
-        help="Time-per-output-token target: no slot gets its tokens slower than this"
-        " per token because others speculate (fewer draft depths). Needs --draft-max"
-        " auto. Default: none.",
+        help="Time-per-output-token target: no request's TPOT (its mean per token since"
+        " its first) goes over this because others speculate (fewer draft depths)."
+        " Needs --draft-max auto. Default: none.",
     ),
     cache_ram=opt(
         int,

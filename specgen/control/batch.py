@@ -84,6 +84,9 @@ class SlotState:
         free_alpha: the estimated acceptance rate of each of those lookup tokens
             (`HybridDrafter.lookup_offer`), which replaces the request's estimate at
             positions 1..free; None: the request's estimate there too.
+        streamed_s, streamed: seconds since the request's first token was sent, and the
+            tokens sent after it (0 and 0 before and at its first): its TPOT so far, what
+            `slo_tpot_s` bounds.
     """
 
     acceptance: Acceptance
@@ -94,6 +97,8 @@ class SlotState:
     first: bool = False
     free: int = 0
     free_alpha: float | None = None
+    streamed_s: float = 0.0
+    streamed: int = 0
 
 
 @dataclass(eq=False)
@@ -121,10 +126,15 @@ class BatchController:
     to it is counted 1 + W times (still linear, so `choose` stays exact), and no probe is
     made meanwhile (Sarathi-Serve, Agrawal et al., OSDI 2024, on generation stalls). With
     `slo_ttft_s` / `slo_tpot_s` (--slo-ttft, --slo-tpot) a step may not be predicted to
-    end after the longest-waiting request's first-token target, nor to give any slot its
-    tokens slower than the per-token target (step seconds over its E_i(K_i)); where the
-    best choice breaks one, a draft depth is dropped at a time and the ratio solved again,
-    down to K = 0.
+    end after the longest-waiting request's first-token target, nor to leave any request's
+    TPOT over the per-token target: its seconds since its first token over the tokens sent
+    since, with this step's seconds and its E_i(K_i) added (the request's mean, as
+    `specgen bench` and SLO goodput count TPOT, DistServe's and vLLM's definition). A
+    request whose blocks have kept it ahead of the target has time in hand for the long
+    steps of others; one that has fallen behind binds. Where the best choice breaks one,
+    a draft depth is dropped at a time and the ratio solved again, down to K = 0. (A bound
+    on each step instead, the step's seconds over E_i(K_i), bound nearly every step of a
+    batch with one slot that accepts little.)
 
     Warm-up: while the pooled evidence for a setting is thin (fewer than `_WARM_POOL`
     tested positions: a single stream's first rounds, a server's first requests), a
@@ -379,7 +389,8 @@ class BatchController:
         if waiting_s and got.k != choose(slots, t, c, fixed_s, spec, tok).k:
             reason = "waiting"
         chunk_s = self.chunk_token_s * max(0, chunk_tokens)
-        got, bound = self._within_targets(slots, got, waiting_s, fixed_s + chunk_s, weight)
+        streams = [(st.streamed_s, st.streamed) for st in states]
+        got, bound = self._within_targets(slots, streams, got, waiting_s, fixed_s + chunk_s, weight)
         reason = bound or reason
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         got = _with_reasons(got, (reason,) * len(slots))
@@ -454,30 +465,33 @@ class BatchController:
     def _broken_target(
         self,
         slots: Sequence[SlotInput],
+        streams: Sequence[tuple[float, int]],
         ks: Sequence[int],
         waiting_s: Sequence[float],
         fixed_s: float,
     ) -> str | None:
         """The latency target the step at `ks` is predicted to break ("slo_ttft",
         "slo_tpot"), or None. A target the ordinary step breaks already is held to that
-        step's length instead: the shortest there is."""
+        step's length instead: the shortest there is. `streams`: per slot, (seconds since
+        its first token, tokens sent since) (`SlotState.streamed_s`, `streamed`)."""
         sec = self.step_s_whole(ks, slots, fixed_s)
         sec0 = self.step_s_whole([0] * len(slots), slots, fixed_s)
         eps = 1e-9
         if self.slo_ttft_s is not None and waiting_s:
             if sec > max(self.slo_ttft_s - max(waiting_s), sec0) + eps:
                 return "slo_ttft"
-        if self.slo_tpot_s is not None and slots:
-            tokens = [
-                float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True)
-            ]
-            if sec / min(tokens) > max(self.slo_tpot_s, sec0) + eps:
-                return "slo_tpot"
+        if self.slo_tpot_s is not None:
+            for s, k, (done_s, done) in zip(slots, ks, streams, strict=True):
+                tokens = float(expected_gains(s.alpha_by_pos, k)[k])
+                tpot = (done_s + sec) / (done + tokens)
+                if tpot > max(self.slo_tpot_s, (done_s + sec0) / (done + 1)) + eps:
+                    return "slo_tpot"
         return None
 
     def _within_targets(
         self,
         slots: list[SlotInput],
+        streams: Sequence[tuple[float, int]],
         got: Choice,
         waiting_s: Sequence[float],
         fixed_s: float,
@@ -490,7 +504,7 @@ class BatchController:
         t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
         tok = self.draft.token_s
         while any(got.k):
-            broken = self._broken_target(slots, got.k, waiting_s, fixed_s)
+            broken = self._broken_target(slots, streams, got.k, waiting_s, fixed_s)
             if broken is None:
                 break
             bound = bound or broken

@@ -80,6 +80,8 @@ class Slot:
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
         self.lookup_misses = 0  # steps its lookup offered nothing before the draft's prefill
         self.t_sent: float | None = None  # clock when its request was last sent tokens
+        self.t_first: float | None = None  # clock when its request was sent its first token
+        self.streamed = 0  # tokens its request was sent after the first (its TPOT's count)
         self.reason = "first"  # why its K is what it is this step (`goodput.REASONS`)
 
 
@@ -130,7 +132,8 @@ class Slots:
         job = ticket.job
         slot.ticket = ticket
         slot.t_admit = self.clock()
-        slot.t_sent = None
+        slot.t_sent = slot.t_first = None
+        slot.streamed = 0
         try:
             slot.drafter = self.drafter_for(slot, job.config.params)
             # no K policy: the scheduler chooses every slot's K (`Stepper._choose_ks`)

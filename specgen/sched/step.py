@@ -379,6 +379,8 @@ class Stepper:
                     slot.fresh,
                     free,
                     free_alpha,
+                    0.0 if slot.t_first is None else now - slot.t_first,
+                    slot.streamed,
                 )
             )
         chunk_tokens = sum(
@@ -414,5 +416,8 @@ class Stepper:
             if slot.t_sent is not None:
                 self._itl.append((slot.index, now - slot.t_sent, len(step.spans)))
             slot.t_sent = now
+            # TPOT counts the tokens after the first, from the first's arrival
+            slot.streamed += len(step.spans) - (slot.t_first is None)
+            slot.t_first = now if slot.t_first is None else slot.t_first
         if seq.ended():
             self.slots.end(slot, None)
