@@ -566,9 +566,9 @@ def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
 
 
 def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
-    # both slots are held at K = 0 for 5 steps (no draft decode for a catch-up to ride
-    # on), then both draft: the first draft decode then holds each slot's 9 missing
-    # tokens (a prompt is never prefilled in the draft before it speculates)
+    # slot 0 speculates, slot 1 is held at K = 0 for 5 steps, then both draft: the first
+    # draft decode then holds slot 1's 9 missing tokens (its prompt is never prefilled in
+    # the draft before it speculates) and slot 0's pending ones
     class Script(BatchController):
         def __init__(self):
             super().__init__(k_max=2, draft_batched=True, probe_every=0)
@@ -580,7 +580,7 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
         def choose(self, states, fixed_s=0.0, **_):
             self.steps += 1
             self.behind.append([s.catch_up for s in states])
-            ks = (0, 0) if self.steps <= 5 else (2, 2)
+            ks = (2, 0) if self.steps <= 5 else (2, 2)
             return Choice(ks[: len(states)], 0.0, 0.0, 0.0, 0.0)
 
     target, draft = engines(n_seq=2)
@@ -597,11 +597,11 @@ def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
     # its prefill) but the last one (3), and grows by the one token a step it commits
     # at K = 0
     assert [b[1] for b in ctl.behind[:6]] == [3, 4, 5, 6, 7, 8]
-    assert [b[0] for b in ctl.behind[:6]] == [3, 4, 5, 6, 7, 8]
-    # step 6's first draft decode: each slot's 8 missing tokens and its last; each depth
-    # after it one token a slot
+    assert ctl.behind[0][0] == 3 and all(b[0] <= 1 for b in ctl.behind[1:])
+    # step 6's first draft decode: slot 1's 8 missing tokens and its last, and slot 0's
+    # pending 1 or 2; each depth after it one token a slot
     sixth = [n for step, n in ctl.drafts if step == 6]
-    assert sixth == [18, 2]
+    assert sixth[0] - 9 in (1, 2) and sixth[1:] == [2]
 
 
 def test_an_ngram_drafter_costs_the_controller_no_draft_decodes():

@@ -25,14 +25,11 @@ from specgen.sched.slot import Slot, batched
 
 RIDE_MAX = 8
 """Most committed tokens a slot at K = 0 adds to the first draft depth of a step where
-other slots draft (`Drafting.propose`): its draft cache then catches up and stays up to
-date, so that drafting for it (a probe, or goodput's choice) costs a row, not a catch-up
-that grows with every step it sits out. Tokens without a logits row cost a fraction of a
-row (no output layer). Why: at four greedy streams the slowest requests (100-118 ms TPOT
-against 32-35 for the median) were slots whose draft never evaluated their prompt (the
-lazy prefill): the catch-up's share priced every K out, and it grew a token a step, so
-they sat out whole requests. Only where others draft, so a batch where speculation does
-not pay (four sampled streams) still saves the draft's prefills."""
+other slots draft (`Drafting.propose`): its draft cache then stays up to date, so that
+drafting for it again (a probe, or goodput's choice) costs a row, not a catch-up that grows
+with every step it sat out. Tokens without a logits row cost a fraction of a row (no
+output layer); a draft that lacks more (a prompt it never evaluated) is not caught up
+this way, as that is what the lazy prefill saves under load."""
 
 
 @dataclass(eq=False)
@@ -145,9 +142,7 @@ class Drafting:
             return proposals
         t0, inside0 = self.clock(), self.draft.decode_s if self.draft is not None else 0.0
         try:
-            # under the controller only: at a fixed K every slot drafts but in its first
-            # step and its catch-up's chunks, whose draft decodes are their own
-            riders = self._riders(active, ks) if self.controller is not None else []
+            riders = self._riders(active, ks)
             self._draft_depths([(s.index, w) for s, _, w in together], riders)
         except EngineError as exc:
             for slot, _, _ in together:
@@ -169,25 +164,22 @@ class Drafting:
 
     def _riders(self, active: list[Slot], ks: list[int]) -> list[SeqDecode]:
         """The catch-ups that ride on this step's first draft depth: for each slot at K = 0
-        with a draft model whose cache lacks committed tokens before the last (whose row a
-        block starts from), the first `RIDE_MAX` of them, without rows. Rolls those caches
-        back to the committed context first (a rejected block's cells).
+        with a draft model whose cache lacks 1 to `RIDE_MAX` committed tokens before the
+        last (whose row a block starts from), those tokens, without rows. Rolls those
+        caches back to the committed context first (a rejected block's cells).
 
         Exact: the draft cache holds committed tokens whichever decode evaluated them; a
         later block's q rows are what it draws from and what its acceptance rule reads."""
         out: list[SeqDecode] = []
         for slot, k in zip(active, ks, strict=True):
             d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
-            if k or d is None or seq is None or cache is None or slot.reason == "catch_up":
+            if k or d is None or seq is None or cache is None or not cache.tokens:
                 continue
             context = seq.committed
-            if d.behind(context) <= 1:
+            if not 1 < d.behind(context) <= 1 + RIDE_MAX:
                 continue
             d.model.rollback(context)
-            have = len(cache.tokens)
-            out.append(
-                SeqDecode(slot.index, context[have : min(have + RIDE_MAX, len(context) - 1)], 0)
-            )
+            out.append(SeqDecode(slot.index, context[len(cache.tokens) : -1], 0))
         return out
 
     def retime_draft(self, active: list[Slot]) -> bool:
