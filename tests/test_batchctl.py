@@ -395,11 +395,6 @@ def test_an_idle_slot_is_probed_sooner_where_others_draft_anyway():
     # a draft that lacks 20 tokens: its catch-up is part of the probe's cost (26 ms)
     behind = SlotState(stuck, 8, idle_steps=12, catch_up=20)
     assert ctl.choose([SlotState(strong, 8), behind]).k[1] == 0
-    # a hybrid slot whose lookup offers 2 tokens: the probe is of the model, after them
-    # (K 3: three target rows and a draft row, 16 ms: 2% of 30 idle steps is 18 ms)
-    hybrid = SlotState(stuck, 8, idle_steps=30, free=2, free_alpha=0.0)
-    got = ctl.choose([SlotState(strong, 8), hybrid])
-    assert got.k[1] == 3 and got.reasons[1] == "probe"
     # alone, the probe would be a draft decode of its own: not before probe_every (32)
     assert ctl.choose([SlotState(stuck, 8, idle_steps=12)]).k == (0,)
     assert ctl.choose([SlotState(stuck, 8, idle_steps=32)]).k == (1,)

@@ -77,8 +77,7 @@ class SlotState:
     Attributes:
         acceptance: the request's estimate.
         k_cap: its room (-n, context, --draft-max); 0 for a slot without a drafter.
-        idle_steps: steps since its draft model last drafted for it (for probing; a
-            block within its prompt lookup's tokens does not count).
+        idle_steps: steps since it last speculated (for probing).
         catch_up: committed tokens its draft cache lacks beyond the one the first depth
             always evaluates (`SlotInput.catch_up`).
         left: tokens it may still emit (0 = unknown).
@@ -413,8 +412,7 @@ class BatchController:
                     st.first and s.k_max > 0 and not s.catch_up
                     or self._probe_pays(s, st, idle_s, t, c, tok, riding)
                 ):  # fmt: skip
-                    # past the lookup's tokens, if any: a probe is of the draft model
-                    ks[i], reasons[i] = min(s.k_max, s.free + 1), "probe"
+                    ks[i], reasons[i] = 1, "probe"
         if tuple(ks) == got.k:
             return got
         n = sum(float(expected_gains(s.alpha_by_pos, k)[k]) for s, k in zip(slots, ks, strict=True))
@@ -567,8 +565,8 @@ class BatchController:
         requests that it accepts at 0.95 elsewhere (100-108 ms TPOT, the slowest requests
         at four greedy streams, against 32-35 ms for the median request)."""
         floor = max(1, self.probe_every // RIDING_PROBE) if riding else self.probe_every
-        if slot.k_max <= slot.free or st.idle_steps < floor:
+        if slot.k_max <= 0 or st.idle_steps < floor:
             return False
         draft_s = draft.slope_s if riding else draft(1)
-        cost = target.slope_s * (1 + slot.free) + draft_s + token_s * slot.catch_up
+        cost = target.slope_s + draft_s + token_s * slot.catch_up
         return cost <= self.probe_budget * st.idle_steps * step_s

@@ -73,7 +73,7 @@ class Slot:
         self.t_admit = 0.0
         self.n_prefill = 0
         self.acceptance: Acceptance | None = None
-        self.idle = 0  # steps since its draft model last drafted for it
+        self.idle = 0  # steps since this slot last speculated
         self.fresh = False  # its request has not had a step that could speculate yet
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)

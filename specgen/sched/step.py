@@ -390,10 +390,8 @@ class Stepper:
         )
         choice = self.controller.choose(states, waiting_s=waiting_s, chunk_tokens=chunk_tokens)
         reasons = choice.reasons or ("goodput",) * len(active)
-        for slot, k, cap, why, st in zip(active, choice.k, caps, reasons, states, strict=True):
-            # idle: steps since its draft model last drafted for it (a block within its
-            # lookup's tokens tells the model's estimate nothing: `model_part`)
-            slot.idle = 0 if k > st.free else slot.idle + 1
+        for slot, k, cap, why in zip(active, choice.k, caps, reasons, strict=True):
+            slot.idle = 0 if k > 0 else slot.idle + 1
             slot.fresh = slot.fresh and cap == 0
             kept = slot.reason == "first" and cap == 0 or slot.reason == "lookup_first"
             slot.reason = slot.reason if kept else why
