@@ -360,42 +360,6 @@ def test_the_scheduler_tells_the_controller_who_waits_for_a_first_token_and_sinc
     assert sent[0] == 1 and sum(sent[1:6]) > 5  # a first token, then blocks
 
 
-def test_a_slot_at_k_0_keeps_its_draft_cache_up_to_date_where_others_draft():
-    # slot 1 drafts in the first two steps, then sits at K = 0 while slot 0 drafts: its
-    # committed tokens ride on slot 0's first draft depth, so that after each step its
-    # draft lacks two tokens (the one the step committed, and the last before it, which
-    # a block starts from): a probe of it costs a row and one token, not a catch-up that
-    # grows with every step it sits out
-    class Script(BatchController):
-        def __init__(self) -> None:
-            super().__init__(k_max=2, draft_batched=True, probe_every=0, warmup_rounds=0)
-            self.steps = 0
-
-        def choose(self, states, fixed_s=0.0, waiting_s=(), chunk_tokens=0):
-            got = super().choose(states, fixed_s, waiting_s, chunk_tokens)
-            self.steps += 1
-            ks = (2, 2 if self.steps <= 2 else 0)[: len(states)]
-            return dataclasses.replace(got, k=ks, reasons=("fixed",) * len(ks))
-
-    target, draft = pair(n_seq=2)
-    sched = Scheduler(
-        target, ModelDrafter(draft, GREEDY, V), n_parallel=2, queue_max=8, draft_max=None,
-        controller=Script(),
-    )  # fmt: skip
-    for name, prompt in (("a", [1, 2, 3]), ("b", [3, 2, 1])):
-        sched.submit(Job(name, prompt, GenerateConfig(40, GREEDY, ignore_eos=True)), lambda e: None)
-    sched.step()  # both prefilled, their first rounds
-    lacking = []
-    for _ in range(8):
-        sched.step()
-        slot = sched.slots.all[1]
-        assert slot.seq is not None and slot.draft is not None
-        lacking.append(len(slot.seq.committed) - len(slot.draft.tokens))
-    # two steps drafting, then steps at K = 0: two behind after each, not 3, 4, 5, ...
-    assert lacking[2:] == [2] * 6
-    assert len(sched.slots.all[1].seq.committed) >= 3 + 8
-
-
 def test_hybrid_blocks_cut_short_keep_every_request_s_output():
     # every block cut after its first draft depth, as by arrivals: lookup tokens before the
     # model's stay, the model's part ends at one token, and greedy outputs are unchanged

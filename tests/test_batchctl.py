@@ -379,27 +379,6 @@ def test_no_probes_where_the_catch_up_grows_faster_than_the_budget():
     assert cheap.choose([SlotState(a, 8, 32, catch_up=32, left=500) for a in low]).k == (1,) * 4
 
 
-def test_an_idle_slot_is_probed_sooner_where_others_draft_anyway():
-    # target 20 ms + 5 ms a row, draft 2 ms + 1 ms a slot per depth; a slot whose estimate
-    # fell to 0 (goodput leaves it at K = 0) beside one whose blocks are always accepted
-    ctl = BatchController(
-        warmup_rounds=0, k_max=8, target_prior=Line(0.020, 0.005),
-        draft_prior=Line(0.002, 0.001), draft_token_prior=0.001, draft_batched=True,
-    )  # fmt: skip
-    strong, stuck = Acceptance(prior=1.0), Acceptance(prior=0.0)
-    # riding on the strong slot's depths, a probe is a target row and a draft row (6 ms):
-    # 2% of 12 idle steps at the 30 ms ordinary step pays for it (7.2 ms), of 8 not (4.8)
-    got = ctl.choose([SlotState(strong, 8), SlotState(stuck, 8, idle_steps=12)])
-    assert got.k[1] == 1 and got.reasons[1] == "probe"
-    assert ctl.choose([SlotState(strong, 8), SlotState(stuck, 8, idle_steps=8)]).k[1] == 0
-    # a draft that lacks 20 tokens: its catch-up is part of the probe's cost (26 ms)
-    behind = SlotState(stuck, 8, idle_steps=12, catch_up=20)
-    assert ctl.choose([SlotState(strong, 8), behind]).k[1] == 0
-    # alone, the probe would be a draft decode of its own: not before probe_every (32)
-    assert ctl.choose([SlotState(stuck, 8, idle_steps=12)]).k == (0,)
-    assert ctl.choose([SlotState(stuck, 8, idle_steps=32)]).k == (1,)
-
-
 def test_a_request_s_first_step_is_probed_even_where_costs_say_no():
     # costs that a slope prior made too high: no K pays, not even at alpha = 1
     ctl = BatchController(

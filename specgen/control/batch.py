@@ -36,9 +36,6 @@ _WARM_POOL = 16
 #: have changed, either way
 _SPEED_WINDOW = 16
 _SPEED_CHANGE = 2.0
-RIDING_PROBE = 4
-"""How much sooner an idle slot may be probed in a step where others draft (its probe a
-row in a depth decoded anyway; `BatchController._probe_pays`)."""
 
 
 _K = TypeVar("_K", bound=Hashable)
@@ -406,11 +403,10 @@ class BatchController:
                 ks[i], reasons[i] = warm, "warm_up"
         if self.probe_every:
             idle_s = got.step_s if not any(got.k) else step_seconds([0] * len(slots), t, c, fixed_s)
-            riding = any(got.k)
             for i, (s, st) in enumerate(zip(slots, states, strict=True)):
                 if ks[i] == 0 and (
                     st.first and s.k_max > 0 and not s.catch_up
-                    or self._probe_pays(s, st, idle_s, t, c, tok, riding)
+                    or self._probe_pays(s, st, idle_s, t, c, tok)
                 ):  # fmt: skip
                     ks[i], reasons[i] = 1, "probe"
         if tuple(ks) == got.k:
@@ -552,21 +548,10 @@ class BatchController:
         target: Line,
         draft: Line,
         token_s: float,
-        riding: bool = False,
     ) -> bool:
         """Whether a K = 1 probe of this idle slot costs at most probe_budget of the time
-        it has been idle (its steps at the ordinary step's predicted seconds).
-
-        `riding`: other slots draft in this step, so the probe adds a row to a draft
-        depth decoded anyway (the draft line's slope, not a decode of its own), and may
-        come after `probe_every // RIDING_PROBE` idle steps. Why: a slot held at K = 0
-        beside others' long blocks gets one token per long step; where its estimate fell
-        on its first blocks (two rejections at the first position), it sat out whole
-        requests that it accepts at 0.95 elsewhere (100-108 ms TPOT, the slowest requests
-        at four greedy streams, against 32-35 ms for the median request)."""
-        floor = max(1, self.probe_every // RIDING_PROBE) if riding else self.probe_every
-        if slot.k_max <= 0 or st.idle_steps < floor:
+        it has been idle (its steps at the ordinary step's predicted seconds)."""
+        if slot.k_max <= 0 or st.idle_steps < self.probe_every:
             return False
-        draft_s = draft.slope_s if riding else draft(1)
-        cost = target.slope_s + draft_s + token_s * slot.catch_up
+        cost = target.slope_s + draft(1) + token_s * slot.catch_up
         return cost <= self.probe_budget * st.idle_steps * step_s

@@ -5,9 +5,8 @@ stream (`ModelDrafter.begin`); a model-free drafter drafts per slot.
 
 A slot's draft is prefilled only once it is chosen to speculate (under load it may never
 be): its prompt is then a catch-up, in the block's first depth, or by `prefill_chunk`
-chunks at K = 0 while longer (`Drafting.catch_up`). A slot at K = 0 whose draft is nearly
-up to date rides along in a step where others draft (`RIDE_MAX`). While no slot drafts,
-the draft's cost is re-timed now and then (`Drafting.retime_draft`).
+chunks at K = 0 while longer (`Drafting.catch_up`). While no slot drafts, the draft's
+cost is re-timed now and then (`Drafting.retime_draft`).
 """
 
 from __future__ import annotations
@@ -22,14 +21,6 @@ from specgen.errors import EngineError
 from specgen.proposal import Proposal
 from specgen.round import Clock
 from specgen.sched.slot import Slot, batched
-
-RIDE_MAX = 8
-"""Most committed tokens a slot at K = 0 adds to the first draft depth of a step where
-other slots draft (`Drafting.propose`): its draft cache then stays up to date, so that
-drafting for it again (a probe, or goodput's choice) costs a row, not a catch-up that grows
-with every step it sat out. Tokens without a logits row cost a fraction of a row (no
-output layer); a draft that lacks more (a prompt it never evaluated) is not caught up
-this way, as that is what the lazy prefill saves under load."""
 
 
 @dataclass(eq=False)
@@ -142,8 +133,7 @@ class Drafting:
             return proposals
         t0, inside0 = self.clock(), self.draft.decode_s if self.draft is not None else 0.0
         try:
-            riders = self._riders(active, ks)
-            self._draft_depths([(s.index, w) for s, _, w in together], riders)
+            self._draft_depths([(s.index, w) for s, _, w in together])
         except EngineError as exc:
             for slot, _, _ in together:
                 self.fail(slot, exc, "engine")
@@ -161,26 +151,6 @@ class Drafting:
                 (slot, slot.seq.propose(k_run, block, drafted_s, drafted_inside_s=inside_s))
             )
         return proposals
-
-    def _riders(self, active: list[Slot], ks: list[int]) -> list[SeqDecode]:
-        """The catch-ups that ride on this step's first draft depth: for each slot at K = 0
-        with a draft model whose cache lacks 1 to `RIDE_MAX` committed tokens before the
-        last (whose row a block starts from), those tokens, without rows. Rolls those
-        caches back to the committed context first (a rejected block's cells).
-
-        Exact: the draft cache holds committed tokens whichever decode evaluated them; a
-        later block's q rows are what it draws from and what its acceptance rule reads."""
-        out: list[SeqDecode] = []
-        for slot, k in zip(active, ks, strict=True):
-            d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
-            if k or d is None or seq is None or cache is None or not cache.tokens:
-                continue
-            context = seq.committed
-            if not 1 < d.behind(context) <= 1 + RIDE_MAX:
-                continue
-            d.model.rollback(context)
-            out.append(SeqDecode(slot.index, context[len(cache.tokens) : -1], 0))
-        return out
 
     def retime_draft(self, active: list[Slot]) -> bool:
         """A step without drafting: now and then (`BatchController.retime_due`), time one
@@ -217,14 +187,11 @@ class Drafting:
         self.undrafted_s = 0.0
         return True
 
-    def _draft_depths(
-        self, work: list[tuple[int, Stepwise]], riders: list[SeqDecode] | None = None
-    ) -> None:
+    def _draft_depths(self, work: list[tuple[int, Stepwise]]) -> None:
         """Drive every slot's block to its end with one draft decode per depth holding
         every slot still drafting (its sequence's pending tokens, one logits row each).
         The first decode also catches each draft sequence up on what its last round
-        committed, and holds `riders` (catch-ups of slots at K = 0, no rows: `_riders`)
-        where they fit in n_batch; a decode beyond n_batch tokens is split into several.
+        committed; a decode beyond n_batch tokens is split into several.
 
         A request that arrives while the blocks are drafted, with a slot free for it,
         cuts every block short after the depth under way (`Stepwise.stop`, setting
@@ -240,7 +207,6 @@ class Drafting:
         assert self.draft is not None
         draft, n_batch = self.draft, self.draft.n_batch
         live = [(seq, d) for seq, d in work if d.pending]
-        riders = list(riders or ())
         while live:
             for group in _groups(live, n_batch):
                 t0 = self.clock()
@@ -251,15 +217,10 @@ class Drafting:
                     d.feed(draft.sequence(seq).decode(d.pending)[-1])
                 else:
                     parts = [SeqDecode(seq, d.pending, 1) for seq, d in group]
-                    extra = sum(len(r.tokens) for r in riders)
-                    if riders and n_tokens + extra <= n_batch:
-                        parts += riders
-                        n_tokens += extra
-                    riders = []  # the first decode or none
                     # views, not a copy of the rows: each feed warps and draws from its
                     # row at once and never decodes, so no row outlives the buffer
                     rows = draft.decode_batch(parts, copy=False)
-                    for (_, d), r in zip(group, rows[: len(group)], strict=True):
+                    for (_, d), r in zip(group, rows, strict=True):
                         d.feed(r[-1])
                 # every decode's cost by its tokens, a first depth's catch-up included:
                 # the controller charges a slot's catch-up by the same line
