@@ -130,23 +130,23 @@ def consume(events: Iterator[Any], fold: Callable[[Any], None]) -> Done | None:
     """Fold every event of one generation and return its Done (None if it never came).
 
     Ctrl-C here, between events or while `fold` handles one, is thrown into the events
-    rather than closing them: the loop then ends the generation with finish reason
-    "interrupted" and its Done, as when Ctrl-C lands inside the loop; the interrupt that
-    follows that Done ends the consumption only."""
+    rather than closing them (`relay`): the loop then ends the generation with finish
+    reason "interrupted" and its Done, as when Ctrl-C lands inside the loop; the interrupt
+    that follows that Done ends the consumption only."""
     done: Done | None = None
-    interrupt = False
-    while True:
-        try:
-            ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
-        except (StopIteration, KeyboardInterrupt):
-            return done
-        interrupt = False
+
+    def each(ev: Any) -> None:
+        nonlocal done
         if isinstance(ev, Done):
             done = ev
-        try:
-            fold(ev)
-        except KeyboardInterrupt:
-            interrupt = True
+        fold(ev)
+
+    try:
+        for _ in relay(events, each):
+            pass
+    except KeyboardInterrupt:
+        pass
+    return done
 
 
 def relay(events: Iterator[Any], each: Callable[[Any], None]) -> Generator[Any, None, None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from specgen.drafters import ModelDrafter
 from specgen.errors import ConfigError
 from specgen.events import Done, Step
-from specgen.generate import FixedK, GenerateConfig, generate
+from specgen.generate import Event, FixedK, GenerateConfig, generate
 from specgen.sampling import SamplingParams
 from specgen.trace import (
     LOSS_MARGIN_DEFAULT,
@@ -146,14 +147,21 @@ def test_header_first_and_every_line_complete_json(tmp_path):
     assert path.read_text(encoding="utf-8").endswith("\n")
 
 
-def test_interrupted_run_leaves_a_valid_prefix(tmp_path):
-    path = tmp_path / "cut.jsonl"
+def fixed_k_run() -> tuple[FakeEngine, Iterator[Event]]:
+    """A traced greedy generation of 50 tokens on a fake pair at K 3, from [1, 2]: the
+    target (its cache) and the events, not started."""
     target = FakeEngine(n_vocab=9, seed=0)
     draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
     events = generate(
         target, ModelDrafter(draft, GREEDY, 9), [1, 2], GenerateConfig(max_tokens=50,
         params=GREEDY, trace=True), FixedK(3),
     )  # fmt: skip
+    return target, events
+
+
+def test_interrupted_run_leaves_a_valid_prefix(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    target, events = fixed_k_run()
     w = TraceWriter(path, target="t", draft="d", params=GREEDY)
     stream = tee(events, w)
     for _ in range(4):  # Prefilled + 3 rounds, then the consumer goes away (Ctrl-C)
@@ -183,12 +191,7 @@ def test_ctrl_c_in_the_trace_writer_or_its_consumer_still_ends_with_the_done(tmp
     fresh clone's `make test`)."""
     from specgen.generation import consume
 
-    target = FakeEngine(n_vocab=9, seed=0)
-    draft = FakeEngine(n_vocab=9, seed=0, noise=1.5)
-    events = generate(
-        target, ModelDrafter(draft, GREEDY, 9), [1, 2], GenerateConfig(max_tokens=50,
-        params=GREEDY, trace=True), FixedK(3),
-    )  # fmt: skip
+    target, events = fixed_k_run()
     w = TraceWriter(tmp_path / "t.jsonl", target="t", draft="d", params=GREEDY)
     seen = [0]
     real = w.write
