@@ -22,6 +22,7 @@ import numpy as np
 from specgen.control.acceptance import Acceptance
 from specgen.control.costs import DraftFit, Line, LineFit
 from specgen.control.goodput import Choice, SlotInput, choose, expected_gains, step_seconds
+from specgen.control.latency import StepCosts, Targets
 
 _RESIDUAL_WINDOW = 32  # steps in each of `BatchController.observe_step`'s medians
 _FORGET_EVERY = 4  # steps without speculation that forget one speculating step's residual
@@ -125,16 +126,8 @@ class BatchController:
     requests waiting for their first token behind the step, every second speculation adds
     to it is counted 1 + W times (still linear, so `choose` stays exact), and no probe is
     made meanwhile (Sarathi-Serve, Agrawal et al., OSDI 2024, on generation stalls). With
-    `slo_ttft_s` / `slo_tpot_s` (--slo-ttft, --slo-tpot) a step may not be predicted to
-    end after the longest-waiting request's first-token target, nor to leave any request's
-    TPOT over the per-token target: its seconds since its first token over the tokens sent
-    since, with this step's seconds and its E_i(K_i) added (the request's mean, as
-    `specgen bench` and SLO goodput count TPOT, DistServe's and vLLM's definition). A
-    request whose blocks have kept it ahead of the target has time in hand for the long
-    steps of others; one that has fallen behind binds. Where the best choice breaks one,
-    a draft depth is dropped at a time and the ratio solved again, down to K = 0. (A bound
-    on each step instead, the step's seconds over E_i(K_i), bound nearly every step of a
-    batch with one slot that accepts little.)
+    `slo_ttft_s` / `slo_tpot_s` (--slo-ttft, --slo-tpot) the choice is held within them
+    (`specgen.control.latency`: a draft depth fewer at a time, down to K = 0).
 
     Warm-up: while the pooled evidence for a setting is thin (fewer than `_WARM_POOL`
     tested positions: a single stream's first rounds, a server's first requests), a
@@ -381,16 +374,19 @@ class BatchController:
                 # lookup tokens have their own rate; the model drafts the positions after
                 alpha = (st.free_alpha,) * free + alpha[free:]
             slots.append(SlotInput(alpha, cap, st.catch_up, st.left, free, runs))
-        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
-        tok = self.draft.token_s
+        costs = self.costs()
+        t, c, spec, tok = costs.target, costs.draft, costs.spec_s, costs.token_s
         weight = 1.0 + len(waiting_s)
-        got = choose(slots, t, c, fixed_s, spec, tok, weight)
+        got = costs.choose(slots, fixed_s, weight)
         reason = "goodput"
-        if waiting_s and got.k != choose(slots, t, c, fixed_s, spec, tok).k:
+        if waiting_s and got.k != costs.choose(slots, fixed_s).k:
             reason = "waiting"
         chunk_s = self.chunk_token_s * max(0, chunk_tokens)
         streams = [(st.streamed_s, st.streamed) for st in states]
-        got, bound = self._within_targets(slots, streams, got, waiting_s, fixed_s + chunk_s, weight)
+        targets = Targets(self.slo_ttft_s, self.slo_tpot_s)
+        got, bound = targets.within(
+            costs, slots, streams, got, waiting_s, fixed_s + chunk_s, weight
+        )
         reason = bound or reason
         self._idle_inputs = None if any(got.k) else (slots, fixed_s)
         got = _with_reasons(got, (reason,) * len(slots))
@@ -455,69 +451,16 @@ class BatchController:
             return self.target.line().slope_s
         return float(statistics.median(self._chunk))
 
+    def costs(self) -> StepCosts:
+        """The cost lines a step is predicted from now."""
+        return StepCosts(
+            self.target.line(), self.draft_line(), self.spec_overhead_s, self.draft.token_s
+        )
+
     def step_s_whole(self, ks: Sequence[int], slots: Sequence[SlotInput], fixed_s: float) -> float:
-        """Predicted seconds of a step at `ks` with every catch-up paid whole (what the step
-        really lasts: `Choice.step_s` charges a catch-up by its share, a price)."""
-        whole = [SlotInput(s.alpha_by_pos, s.k_max, s.catch_up, 0, s.free) for s in slots]
-        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
-        return step_seconds(ks, t, c, fixed_s, whole, spec, self.draft.token_s)
-
-    def _broken_target(
-        self,
-        slots: Sequence[SlotInput],
-        streams: Sequence[tuple[float, int]],
-        ks: Sequence[int],
-        waiting_s: Sequence[float],
-        fixed_s: float,
-    ) -> str | None:
-        """The latency target the step at `ks` is predicted to break ("slo_ttft",
-        "slo_tpot"), or None. A target the ordinary step breaks already is held to that
-        step's length instead: the shortest there is. `streams`: per slot, (seconds since
-        its first token, tokens sent since) (`SlotState.streamed_s`, `streamed`)."""
-        sec = self.step_s_whole(ks, slots, fixed_s)
-        sec0 = self.step_s_whole([0] * len(slots), slots, fixed_s)
-        eps = 1e-9
-        if self.slo_ttft_s is not None and waiting_s:
-            if sec > max(self.slo_ttft_s - max(waiting_s), sec0) + eps:
-                return "slo_ttft"
-        if self.slo_tpot_s is not None:
-            for s, k, (done_s, done) in zip(slots, ks, streams, strict=True):
-                tokens = float(expected_gains(s.alpha_by_pos, k)[k])
-                tpot = (done_s + sec) / (done + tokens)
-                if tpot > max(self.slo_tpot_s, (done_s + sec0) / (done + 1)) + eps:
-                    return "slo_tpot"
-        return None
-
-    def _within_targets(
-        self,
-        slots: list[SlotInput],
-        streams: Sequence[tuple[float, int]],
-        got: Choice,
-        waiting_s: Sequence[float],
-        fixed_s: float,
-        weight: float,
-    ) -> tuple[Choice, str | None]:
-        """`got`, or the best choice with fewer draft depths that keeps the latency targets
-        (one depth fewer at a time, each re-solved exactly); K = 0 everywhere at worst.
-        Returns the choice and the target that bound it (None: none did)."""
-        bound = None
-        t, c, spec = self.target.line(), self.draft_line(), self.spec_overhead_s
-        tok = self.draft.token_s
-        while any(got.k):
-            broken = self._broken_target(slots, streams, got.k, waiting_s, fixed_s)
-            if broken is None:
-                break
-            bound = bound or broken
-            depth = max(got.k) - 1
-            capped = [
-                SlotInput(
-                    s.alpha_by_pos, min(s.k_max, depth), s.catch_up, s.left,
-                    min(s.free, depth), s.run_rounds,
-                )
-                for s in slots
-            ]  # fmt: skip
-            got = choose(capped, t, c, fixed_s, spec, tok, weight)
-        return got, bound
+        """Predicted seconds of a step at `ks` with every catch-up paid whole
+        (`StepCosts.whole`)."""
+        return self.costs().whole(ks, slots, fixed_s)
 
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
         """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of
