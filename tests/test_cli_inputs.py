@@ -411,7 +411,7 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["-np", "0"], "-np/--parallel"),
         (["-n", "0"], "-n must be -1"),
         (["--slo-ttft", "0"], "--slo-ttft must be more than 0 milliseconds"),
-        (["--slo-tpot", "-80"], "--slo-tpot must be more than 0 milliseconds"),
+        (["--slo-tpot", "-80"], "--slo-tpot must be 0 (ordinary decoding's) or more milliseconds"),
         (["--draft-max", "4", "--slo-tpot", "80"], "they need --draft-max auto"),
         (["--cache-ram", "-2"], "--cache-ram must be at least -1"),
     ],

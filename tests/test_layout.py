@@ -30,7 +30,7 @@ PURE = frozenset(
         "control.acceptance",
         "control.costs",
         "control.goodput",
-        "control.single",
+        "control.latency",
         "control.batch",
         "measure",
         "acceptance_stats",

@@ -98,9 +98,13 @@ class ServerFlags:
             )
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key (or SPECGEN_API_KEY) is empty")
-        for flag, ms in (("--slo-ttft", self.slo_ttft), ("--slo-tpot", self.slo_tpot)):
-            if ms is not None and not ms > 0:
-                raise ConfigError(f"{flag} must be more than 0 milliseconds, got {ms:g}")
+        if self.slo_ttft is not None and not self.slo_ttft > 0:
+            raise ConfigError(f"--slo-ttft must be more than 0 milliseconds, got {self.slo_ttft:g}")
+        if self.slo_tpot is not None and not self.slo_tpot >= 0:
+            raise ConfigError(
+                f"--slo-tpot must be 0 (ordinary decoding's) or more milliseconds,"
+                f" got {self.slo_tpot:g}"
+            )
         at_least("--cache-ram", self.cache_ram, -1)
 
 
@@ -148,7 +152,8 @@ SERVER = Group(
         metavar="MS",
         help="Time-per-output-token target: no request's TPOT (its mean per token since"
         " its first) goes over this because others speculate (fewer draft depths)."
-        " Needs --draft-max auto. Default: none.",
+        " 0: ordinary decoding's own at the current load (no request streams slower than"
+        " without speculation). Needs --draft-max auto. Default: none.",
     ),
     cache_ram=opt(
         int,

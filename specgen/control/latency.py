@@ -53,7 +53,11 @@ class StepCosts:
 
 @dataclass(frozen=True)
 class Targets:
-    """The operator's latency targets in seconds (None: none)."""
+    """The operator's latency targets in seconds (None: none). A TPOT target of 0 is
+    ordinary decoding's own: each step's predicted length with every slot at K = 0 (the
+    batch as it is now), so that no request streams slower per token than it would
+    without speculation, while one that runs ahead of it has time in hand for others'
+    blocks (a fairness rule, issue 37: "no slot starves while others speculate")."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
@@ -78,10 +82,12 @@ class Targets:
             if sec > max(self.ttft_s - max(waiting_s), sec0) + eps:
                 return "slo_ttft"
         if self.tpot_s is not None:
+            # 0: ordinary decoding's own TPOT at this batch, the step at K = 0
+            target = self.tpot_s if self.tpot_s > 0 else sec0
             for s, k, (done_s, done) in zip(slots, ks, streams, strict=True):
                 tokens = float(expected_gains(s.alpha_by_pos, k)[k])
                 tpot = (done_s + sec) / (done + tokens)
-                if tpot > max(self.tpot_s, (done_s + sec0) / (done + 1)) + eps:
+                if tpot > max(target, (done_s + sec0) / (done + 1)) + eps:
                     return "slo_tpot"
         return None
 
