@@ -8,9 +8,10 @@ E_i(K_i) added: what `specgen bench` and SLO goodput count (DistServe's and vLLM
 definition). A request whose blocks have kept it ahead of the target has time in hand for
 the long steps of others; one that has fallen behind binds. A target the ordinary step
 breaks already is held to that step's length instead: the shortest there is (a TPOT target
-of 0 is that step's own, `Targets`). Where the best choice breaks one, a draft depth is dropped at a time and the ratio solved
-again, down to K = 0. (A bound on each step instead, the step's seconds over E_i(K_i),
-bound nearly every step of a batch with one slot that accepts little.)
+of 0 is that step's own, `Targets`). Where the best choice breaks one, a draft depth is
+dropped at a time and the ratio solved again, down to K = 0. (A bound on each step
+instead, the step's seconds over E_i(K_i), bound nearly every step of a batch with one
+slot that accepts little.)
 
 Pure: numpy only.
 """
