@@ -333,16 +333,23 @@ class Pair(Generic[M]):
             n_parallel: slots (None: every sequence the models hold, `load`'s
                 ``n_parallel``). queue_max: requests that may wait for a slot.
             draft_max: fixed K, or None for the batch controller (auto).
-            slo_ttft_s, slo_tpot_s: the controller's latency targets in seconds.
+            slo_ttft_s, slo_tpot_s: --slo-ttft, --slo-tpot in seconds (slo_tpot_s 0:
+                ordinary decoding's own TPOT at the current load, `control.latency`).
             prompt_cache_mib: MiB of host memory for the cells of prompts that left their
                 slot (-1: no limit, 0: none).
             observer, deliver: see `Scheduler`.
 
         Raises:
+            ConfigError: slo_ttft_s not above 0, or slo_tpot_s below 0.
             ValueError: more slots than the models hold sequences, or a drafter that
                 cannot draft for several slots.
         """
         from specgen.sched.promptcache import PromptCache
+
+        if slo_ttft_s is not None and not slo_ttft_s > 0:
+            raise ConfigError(f"slo_ttft_s must be more than 0 seconds, got {slo_ttft_s!r}")
+        if slo_tpot_s is not None and not slo_tpot_s >= 0:
+            raise ConfigError(f"slo_tpot_s must be 0 or more seconds, got {slo_tpot_s!r}")
         from specgen.sched.scheduler import Scheduler
 
         target = as_batch(self.session.target)

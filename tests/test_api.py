@@ -269,6 +269,11 @@ def test_the_scheduler_serve_drives_is_the_apis(many, ordinary) -> None:
     """`Pair.scheduler` is `specgen serve`'s engine: a Job in, its events to the sink."""
     with pytest.raises(ValueError, match="sequences"):
         many.scheduler(n_parallel=3)
+    with pytest.raises(ConfigError, match="slo_ttft_s must be more than 0"):
+        many.scheduler(slo_ttft_s=0.0)
+    with pytest.raises(ConfigError, match="slo_tpot_s must be 0 or more"):
+        many.scheduler(slo_tpot_s=-0.08)
+    many.scheduler(slo_tpot_s=0.0)  # ordinary decoding's own: a target, not an error
     sched = many.scheduler(draft_max=2)
     flags = specgen.SamplingFlags(temp=0, max_tokens=10, ignore_eos=True)
     config = specgen.GenerateConfig.of(flags, seed=1)

@@ -153,7 +153,7 @@ class BatchController:
         draft_token_prior: seconds of a draft token evaluated without a logits row (a
             catch-up) before measurements exist; draft_prior's slope when None.
         slo_ttft_s: the time-to-first-token target (--slo-ttft), seconds; None: none.
-        slo_tpot_s: the time-per-output-token target (--slo-tpot), seconds; None: none.
+        slo_tpot_s: the TPOT target (--slo-tpot), seconds; None: none; 0: ordinary's.
         warmup_rounds: a request's first rounds with the model that speculate while the
             pooled evidence is thin (see Warm-up above; 0 = none).
         fade_untested: each request's `Acceptance.fade` (1 = none): 0.8 for the single
