@@ -345,12 +345,12 @@ class Pair(Generic[M]):
                 cannot draft for several slots.
         """
         from specgen.sched.promptcache import PromptCache
+        from specgen.sched.scheduler import Scheduler
 
         if slo_ttft_s is not None and not slo_ttft_s > 0:
             raise ConfigError(f"slo_ttft_s must be more than 0 seconds, got {slo_ttft_s!r}")
         if slo_tpot_s is not None and not slo_tpot_s >= 0:
             raise ConfigError(f"slo_tpot_s must be 0 or more seconds, got {slo_tpot_s!r}")
-        from specgen.sched.scheduler import Scheduler
 
         target = as_batch(self.session.target)
         n = target.n_seq if n_parallel is None else n_parallel

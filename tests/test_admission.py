@@ -178,7 +178,7 @@ def test_a_ttft_target_drops_depths_until_the_step_ends_in_time():
     # 0.43 s gone: at most 70 ms left; 2 each is 58 ms, 3 each 72
     late = ctl.choose(states, waiting_s=(0.43,))
     assert late.k == (2, 2) and late.reasons == ("slo_ttft",) * 2
-    assert ctl.step_s_whole(late.k, [], 0.0) <= 0.070 < ctl.step_s_whole((3, 3), [], 0.0)
+    assert ctl.costs().whole(late.k, [], 0.0) <= 0.070 < ctl.costs().whole((3, 3), [], 0.0)
     # 0.49 s gone: not even the ordinary step (30 ms) fits: the shortest step there is
     assert ctl.choose(states, waiting_s=(0.49,)).k == (0, 0)
     # the oldest waiting request decides
@@ -199,13 +199,13 @@ def test_a_tpot_target_bounds_what_a_slot_at_k_0_waits_for_the_others_blocks(slo
     ctl = costly_controller(slo_tpot_s=slo)
     got = ctl.choose([at(1.0), at(0.0)])
     assert got.k == (k, 0)
-    step_s = ctl.step_s_whole(got.k, [], 0.0)
+    step_s = ctl.costs().whole(got.k, [], 0.0)
     if slo is None:
         assert got.reasons == ("goodput",) * 2 and step_s > 0.060
     else:
         # within the target, or the ordinary step where even that is over it (30 ms)
         assert got.reasons == ("slo_tpot",) * 2 and step_s <= max(slo, 0.030) + 1e-9
-        assert ctl.step_s_whole((k + 1, 0), [], 0.0) > slo
+        assert ctl.costs().whole((k + 1, 0), [], 0.0) > slo
 
 
 def test_a_tpot_target_bounds_each_request_s_mean_not_each_step():
@@ -277,9 +277,8 @@ def test_latency_targets_are_honoured_in_a_scripted_load(with_targets: bool | st
         engine.decode_batch = timed  # type: ignore[method-assign]
     # "ordinary": --slo-tpot 0, ordinary decoding's own TPOT: at most four slots' 30 ms
     slo_tpot = 0.030 if with_targets == "ordinary" else 0.035
-    slo = {"slo_ttft_s": 0.150, "slo_tpot_s": slo_tpot} if with_targets else {}
-    if with_targets == "ordinary":
-        slo["slo_tpot_s"] = 0.0
+    target_s = 0.0 if with_targets == "ordinary" else slo_tpot
+    slo = {"slo_ttft_s": 0.150, "slo_tpot_s": target_s} if with_targets else {}
     reports: list[BatchReport] = []
     ctl = BatchController(
         warmup_rounds=0, k_max=8, target_prior=Line(*costs["target"]),

@@ -457,11 +457,6 @@ class BatchController:
             self.target.line(), self.draft_line(), self.spec_overhead_s, self.draft.token_s
         )
 
-    def step_s_whole(self, ks: Sequence[int], slots: Sequence[SlotInput], fixed_s: float) -> float:
-        """Predicted seconds of a step at `ks` with every catch-up paid whole
-        (`StepCosts.whole`)."""
-        return self.costs().whole(ks, slots, fixed_s)
-
     def retime_due(self, n_tokens: int, undrafted_s: float) -> bool:
         """Whether to time one draft decode of `n_tokens` now, `undrafted_s` seconds of
         steps after the draft's cost was last measured: as rarely as keeps those decodes
