@@ -1,7 +1,8 @@
 """Hybrid drafting and block verification on the demo pair, interleaved, medians.
 
-Part 1 (greedy, K fixed): hybrid (prompt lookup + the draft model) against the draft
-model alone and prompt lookup alone, on prompts that quote their input and on story
+Part 1 (greedy, K fixed, or `-k auto`: the controller, as `specgen run` uses it): hybrid
+(prompt lookup + the draft model) against the draft model alone and prompt lookup alone,
+per prompt and by kind, on prompts that quote their input and on story
 prompts. Part 2 (temperature 1, the run defaults for top-k/top-p/min-p, K 8): block
 against token-wise verification with a moderate-acceptance draft, the demo draft cut
 to its first 15 of 18 layers (built as the weak 6-layer draft is). Each configuration
@@ -10,7 +11,7 @@ hits all alike; the figure is the median over those runs.
 
 Usage (hold the model lock: two llama.cpp processes slow each other down):
     flock /tmp/specgen-model.lock .venv/bin/python scripts/hybrid_bench.py \
-        [--reps 2] [-n 64] [--part 1|2|both] [--json out.json]
+        [--reps 2] [-n 64] [-k 8|auto] [--part 1|2|both] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from specgen.models.demo import ensure_demo_pair, ensure_weak_draft
 from specgen.ngram import NgramDrafter
 from specgen.sampling import SamplingParams
 from specgen.session import ModelSpec, load
+from specgen.stages import AutoK
 
 FUNCTION = """def merge_sorted(a, b):
     out = []
@@ -96,12 +98,21 @@ def paired(step) -> tuple[float, float] | None:
     return token, block
 
 
-def one(target, drafter: Drafter, text: str, params, k: int, n: int, seed: int, rule: str):
+def one(target, drafter: Drafter, text: str, params, k: int | None, n: int, seed: int, rule: str):
+    """One generation at K = `k`, or under the controller (`--draft-max auto`) when None,
+    with the start-up's timed passes that `specgen run` makes for it."""
     prompt = target.tokenize(text.encode("utf-8"))
     cfg = GenerateConfig(
-        max_tokens=n, params=params, ignore_eos=True, seed=seed, verify_rule=rule, trace=True
+        max_tokens=n,
+        params=params,
+        ignore_eos=True,
+        seed=seed,
+        verify_rule=rule,
+        trace=True,
+        measure_ordinary=3 if k is None else 0,
     )
-    events = list(generate(target, drafter, prompt, cfg, FixedK(k)))
+    policy = AutoK() if k is None else FixedK(k)
+    events = list(generate(target, drafter, prompt, cfg, policy))
     pairs = [x for x in (paired(e) for e in events if isinstance(e, Step)) if x is not None]
     s = events[-1].stats
     return {
@@ -147,10 +158,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("-k", default="8", help="K for part 1, or auto (the controller)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--part", choices=("1", "2", "both"), default="both")
     a = ap.parse_args()
+    k1 = None if a.k == "auto" else int(a.k)
+    k2 = 8 if k1 is None else k1
     quoting, stories = prompts()
     target_path, draft_path = ensure_demo_pair()
     greedy = SamplingParams(temp=0.0)
@@ -168,8 +181,8 @@ def main() -> int:
             def mode(d):
                 def run(text, seed):
                     if isinstance(d, HybridDrafter):  # each `specgen run` starts a fresh record
-                        d.record = LookupRecord()
-                    return one(target, d, text, greedy, a.k, a.n, seed, "token")
+                        d.record = LookupRecord.for_params(greedy)
+                    return one(target, d, text, greedy, k1, a.n, seed, "token")
 
                 return run
 
@@ -197,9 +210,9 @@ def main() -> int:
             assert isinstance(model, ModelDrafter)
 
             def rule(r):
-                return lambda text, seed: one(target, model, text, sampled, a.k, a.n, seed, r)
+                return lambda text, seed: one(target, model, text, sampled, k2, a.n, seed, r)
 
-            print("part 2: temperature 1, 15-layer draft, K", a.k, file=sys.stderr)
+            print("part 2: temperature 1, 15-layer draft, K", k2, file=sys.stderr)
             texts = dict(stories)
             runs2 = interleaved({"block": rule("block"), "token": rule("token")}, texts, a.reps)
         finally:
@@ -223,6 +236,13 @@ def main() -> int:
         out["part2_runs"] = runs2
 
     if "part1" in out:
+        for pid in runs["hybrid"]:
+            med = {m: statistics.median(r["tokens_per_s"] for r in runs[m][pid]) for m in runs}
+            best = max(med["model"], med["ngram"])
+            print(
+                f"{pid:18s} tok/s hybrid {med['hybrid']:.1f}  model {med['model']:.1f}  ngram"
+                f" {med['ngram']:.1f}  hybrid/best {med['hybrid'] / best:.3f}"
+            )
         for kind in ("quoting", "stories"):
             t = out["part1"][kind]["tokens_per_s"]
             best = max(t["model"], t["ngram"])
@@ -234,7 +254,7 @@ def main() -> int:
     if "part2" in out:
         p2 = out["part2"]
         print(
-            f"temp 1 K {a.k}: tok/pass block {p2['tokens_per_pass']['block']:.3f} token"
+            f"temp 1 K {k2}: tok/pass block {p2['tokens_per_pass']['block']:.3f} token"
             f" {p2['tokens_per_pass']['token']:.3f} ratio"
             f" {p2['tokens_per_pass']['block'] / p2['tokens_per_pass']['token']:.3f};"
             f" tok/s block {p2['tokens_per_s']['block']:.1f}"
