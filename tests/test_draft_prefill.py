@@ -142,19 +142,15 @@ def test_the_drafts_catch_up_counts_as_drafting_and_the_ttft_is_one_decode(monke
     assert np.isclose(s.wall_s, s.prefill_s + s.decode_s)
 
 
-@pytest.mark.parametrize("n_prompt", [30, 9])
-def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prompt) -> None:
-    """Under `auto`, a hybrid slot whose draft has not evaluated the prompt drafts by
-    lookup alone until its lookup has offered nothing in `LOOKUP_FIRST` steps (those steps
-    ordinary, reason "lookup_first"); then the model is let in, its first block after a
-    prefill of every committed token. A prompt whose catch-up costs less than `LOOKUP_FIRST`
-    target passes (longer than a block, though) lets the model in at once. On a fake clock (10 ms a target
-    token, 3 ms a draft token), so the controller's choices do not depend on the machine;
-    the output is ordinary decoding's."""
+def held_run(monkeypatch, prompt: list[int]):
+    """A greedy hybrid generation of 40 tokens under `auto` on a fake clock (10 ms a target
+    token, 3 ms a draft token), so the controller's choices do not depend on the machine.
+    Returns (its steps, the index of the first with a model token, the steps held to
+    lookup before it, the draft's decodes, the Done); the output is checked against
+    ordinary decoding's."""
     import time
 
     from specgen.events import Step
-    from specgen.sched.step import LOOKUP_FIRST
 
     v = 60
     clock = [0.0]
@@ -170,13 +166,32 @@ def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prom
 
         monkeypatch.setattr(engine, "decode", decode)
     log = logged(draft)
-    prompt = list(range(1, n_prompt + 1))  # no n-gram repeats: the lookup has nothing
     config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True, measure_ordinary=3)
     hybrid = HybridDrafter(ModelDrafter(draft, GREEDY, v))
     events = list(generate(target, hybrid, prompt, config, AutoK(8)))
     steps = [e for e in events if isinstance(e, Step)]
     first_model = next(i for i, s in enumerate(steps) if s.n_drafted_by.get("draft", 0))
     held = [s for s in steps[1:first_model] if s.k_reason == "lookup_first"]
+    done = events[-1]
+    assert isinstance(done, Done)
+    plain = ordinary(FakeEngine(n_vocab=v, seed=0, n_ctx=512), prompt, max_tokens=40,
+                     params=GREEDY, ignore_eos=True)  # fmt: skip
+    assert done.tokens == plain.tokens
+    return steps, first_model, held, log, done
+
+
+@pytest.mark.parametrize("n_prompt", [30, 9])
+def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prompt) -> None:
+    """Under `auto`, a hybrid slot whose draft has not evaluated the prompt drafts by
+    lookup alone until its lookup has gained nothing in `LOOKUP_FIRST` steps (here it
+    offers nothing: those steps ordinary, reason "lookup_first"); then the model is let
+    in, its first block after a prefill of every committed token. A prompt whose catch-up
+    costs less than `LOOKUP_FIRST` target passes (longer than a block, though) lets the
+    model in at once."""
+    from specgen.sched.step import LOOKUP_FIRST
+
+    prompt = list(range(1, n_prompt + 1))  # no n-gram repeats: the lookup has nothing
+    steps, first_model, held, log, _ = held_run(monkeypatch, prompt)
     if n_prompt == 9:  # 9 draft tokens (27 ms) cost less than 3 target passes (30 ms)
         assert first_model == 1 and not held
     else:
@@ -189,8 +204,18 @@ def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prom
         # passes have one token, or a catch-up's worth from an empty cache, rolled back)
         prefills = [at for at, toks in log if len(toks) > 17]
         assert prefills and prefills[0] == 0
-    done = events[-1]
-    assert isinstance(done, Done)
-    plain = ordinary(FakeEngine(n_vocab=v, seed=0, n_ctx=512), prompt, max_tokens=40,
-                     params=GREEDY, ignore_eos=True)  # fmt: skip
-    assert done.tokens == plain.tokens
+
+
+def test_a_held_hybrid_proposes_as_prompt_lookup_alone(monkeypatch) -> None:
+    """While the model is held out the hybrid is prompt lookup alone: it proposes after a
+    1-token match too (outside the hold a match must be `min_match` = 2 tokens long), and
+    a held step whose lookup tokens are all rejected counts towards `LOOKUP_FIRST` as one
+    that offered nothing, so a text the lookup keeps failing on still gets the model."""
+    from specgen.sched.step import LOOKUP_FIRST
+
+    prompt = list(range(1, 30)) + [5]  # "5" matched at 4: the lookup offers "6 7 ..."
+    steps, first_model, held, _, _ = held_run(monkeypatch, prompt)
+    assert held and held[0].n_drafted_by.get("lookup", 0) > 0  # the 1-token match proposed
+    assert len(held) == first_model - 1
+    assert sum(s.n_accepted == 0 for s in held) == LOOKUP_FIRST
+    assert all(s.n_drafted_by.get("draft", 0) == 0 for s in held)

@@ -78,7 +78,7 @@ class Slot:
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
-        self.lookup_misses = 0  # steps its lookup offered nothing before the draft's prefill
+        self.lookup_misses = 0  # held steps its lookup gained nothing (`_lookup_first`)
         self.t_sent: float | None = None  # clock when its request was last sent tokens
         self.t_first: float | None = None  # clock when its request was sent its first token
         self.streamed = 0  # tokens its request was sent after the first (its TPOT's count)

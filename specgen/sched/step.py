@@ -54,22 +54,24 @@ from specgen.sched.slot import Slot, Slots, batched
 from specgen.stages import score_blocks
 
 LOOKUP_FIRST = 3
-"""Steps without a lookup offer after which a hybrid slot's draft model may evaluate its
-prompt; also the ordinary passes its prompt's catch-up must cost at least for the rule to
-hold (`_lookup_first`)."""
+"""Steps whose lookup gained nothing (no offer, or none of it accepted) after which a hybrid
+slot's draft model may evaluate its prompt; also the ordinary passes its prompt's catch-up
+must cost at least for the rule to hold (`_lookup_first`)."""
 
 
 def _lookup_first(slot: Slot, cap: int, controller: BatchController) -> bool:
     """Whether this step holds a hybrid slot's K to its prompt-lookup tokens: its draft
     model lacks so much of the context (its prompt, never drafted for) that catching up
     costs at least `LOOKUP_FIRST` ordinary passes by the controller's cost lines, and its
-    lookup has offered nothing in fewer than `LOOKUP_FIRST` steps so far.
+    lookup has gained nothing (offered nothing, or none of its tokens accepted) in fewer
+    than `LOOKUP_FIRST` steps so far. While held, the hybrid proposes as prompt lookup
+    alone does, after any match (`HybridDrafter.model_held`).
 
     Why: the model's first block costs that catch-up (on the demo pair, 150-250 ms for a
     111-token prompt: three to five ordinary passes), where a lookup block costs no draft
     pass. On text that copies its prompt the lookup soon covers most positions and the
     catch-up never pays back (`--lookup on` ran at 0.77x prompt lookup alone on a summary
-    with quotes, 64 tokens, all of the gap that catch-up); where the lookup offers
+    with quotes, 64 tokens, all of the gap that catch-up); where the lookup gains
     nothing for `LOOKUP_FIRST` steps the model is let in, having cost those steps their
     speculation, which is why a short prompt (a catch-up cheaper than the steps held)
     lets the model in at once. Exact: K is chosen from the committed context, the
@@ -361,13 +363,15 @@ class Stepper:
             seq, d = slot.seq, slot.drafter
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
+            held = _lookup_first(slot, cap, self.controller)
+            if isinstance(d, HybridDrafter):
+                d.model_held = held
             free, free_alpha = (
                 d.lookup_offer(seq.committed, cap) if isinstance(d, HybridDrafter) else (0, None)
             )
-            if _lookup_first(slot, cap, self.controller):
+            if held:
                 # K within the lookup's tokens: no draft pass, so no catch-up yet
                 caps[i] = cap = free
-                slot.lookup_misses += free == 0
                 slot.reason = "lookup_first"
             states.append(
                 SlotState(
@@ -406,6 +410,8 @@ class Stepper:
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
             self.slots.fail(slot, exc, "engine")
             return
+        if slot.reason == "lookup_first" and step.n_accepted == 0:
+            slot.lookup_misses += 1  # nothing offered, or nothing of it accepted
         if self.controller is not None and slot.acceptance is not None:
             k, n = model_part(prop, step.n_accepted, isinstance(slot.drafter, NgramDrafter))
             self.controller.observe_round(slot.acceptance, k, n)
