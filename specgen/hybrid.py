@@ -219,7 +219,7 @@ class HybridDrafter:
         does, after any match (1-token ones too): the alternative is then an ordinary
         round, not the model's block, so there is nothing to trust it against, and the
         controller values the tokens at the record's rate for that length. (Holding 1-token
-        matches back cost a text that quotes its prompt its first lookup blocks: 0.90x
+        matches back cost a text that quotes its prompt its first lookup blocks: 0.91x
         prompt lookup alone on a summary with quotes, 64 greedy tokens.)"""
         n_match, found = self.index.match(context, k, wrap=False)
         if self.model_held:
