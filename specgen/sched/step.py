@@ -364,11 +364,10 @@ class Stepper:
             assert seq is not None and slot.acceptance is not None
             left = seq.emitter.remaining
             held = _lookup_first(slot, cap, self.controller)
+            free, free_alpha = 0, None
             if isinstance(d, HybridDrafter):
-                d.model_held = held
-            free, free_alpha = (
-                d.lookup_offer(seq.committed, cap) if isinstance(d, HybridDrafter) else (0, None)
-            )
+                d.model_held = held  # before the offer: the hold changes what it proposes
+                free, free_alpha = d.lookup_offer(seq.committed, cap)
             if held:
                 # K within the lookup's tokens: no draft pass, so no catch-up yet
                 caps[i] = cap = free
