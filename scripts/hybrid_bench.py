@@ -100,7 +100,14 @@ def paired(step) -> tuple[float, float] | None:
 
 def one(target, drafter: Drafter, text: str, params, k: int | None, n: int, seed: int, rule: str):
     """One generation at K = `k`, or under the controller (`--draft-max auto`) when None,
-    with the start-up's timed passes that `specgen run` makes for it."""
+    with the start-up's timed passes that `specgen run` makes for it, from empty caches
+    as a `specgen run` process starts: the configurations share the engines, and a draft
+    cache left holding this prompt by the run before would shorten the draft's catch-up,
+    which the controller and the hybrid's lookup-first rule weigh."""
+    target.truncate(0)
+    draft_engine = getattr(drafter, "engine", None)
+    if draft_engine is not None:
+        draft_engine.truncate(0)
     prompt = target.tokenize(text.encode("utf-8"))
     cfg = GenerateConfig(
         max_tokens=n,

@@ -219,3 +219,30 @@ def test_a_held_hybrid_proposes_as_prompt_lookup_alone(monkeypatch) -> None:
     assert len(held) == first_model - 1
     assert sum(s.n_accepted == 0 for s in held) == LOOKUP_FIRST
     assert all(s.n_drafted_by.get("draft", 0) == 0 for s in held)
+
+
+def test_the_hold_lasts_until_the_lookup_fails_though_the_costs_move() -> None:
+    """`_lookup_first` decides on a hold by the catch-up's cost against `LOOKUP_FIRST`
+    ordinary passes, then keeps it while the lookup gains (the costs move with every
+    decode: a catch-up near the threshold let the model in after one step); only
+    `LOOKUP_FIRST` fruitless steps end it. A slot that was never held decides each step."""
+    from specgen.control.batch import BatchController
+    from specgen.control.costs import Line
+    from specgen.sched.slot import Slot
+    from specgen.sched.step import LOOKUP_FIRST, _lookup_first
+
+    draft = FakeEngine(n_vocab=V, seed=0, n_ctx=512)
+    slot = Slot(0, FakeEngine(n_vocab=V, seed=0, n_ctx=512), draft)
+    slot.drafter = HybridDrafter(ModelDrafter(draft, GREEDY, V))
+    slot.catch_up = 100
+    ctl = BatchController(target_prior=Line(0.040, 0.005))  # an ordinary pass: 45 ms
+    ctl.draft.set_prior(Line(0.0, 0.020), 0.0014)  # the catch-up: 140 ms, over 135
+    assert _lookup_first(slot, 8, ctl)
+    ctl.draft.set_prior(Line(0.0, 0.020), 0.0013)  # now 130 ms: under, yet still held
+    assert _lookup_first(slot, 8, ctl)
+    slot.lookup_misses = LOOKUP_FIRST
+    assert not _lookup_first(slot, 8, ctl)
+    fresh = Slot(1, FakeEngine(n_vocab=V, seed=0, n_ctx=512), draft)
+    fresh.drafter, fresh.catch_up = slot.drafter, 100
+    assert not _lookup_first(fresh, 8, ctl)  # 130 ms: not held
+    assert not _lookup_first(slot, 0, ctl)  # an ordinary step is never held

@@ -79,6 +79,7 @@ class Slot:
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
         self.lookup_misses = 0  # held steps its lookup gained nothing (`_lookup_first`)
+        self.lookup_held = False  # held to its lookup since a step's catch-up cost said so
         self.t_sent: float | None = None  # clock when its request was last sent tokens
         self.t_first: float | None = None  # clock when its request was sent its first token
         self.streamed = 0  # tokens its request was sent after the first (its TPOT's count)
@@ -152,6 +153,7 @@ class Slots:
         slot.started = False
         slot.idle = 0
         slot.lookup_misses = 0
+        slot.lookup_held = False
         slot.fresh = True
         slot.first = self.ordinary_first
         slot.acceptance = (
