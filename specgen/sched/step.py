@@ -81,7 +81,7 @@ def _lookup_first(slot: Slot, cap: int, controller: BatchController) -> bool:
     Once held, a slot stays held until its misses end the hold (`Slot.lookup_held`): the
     cost lines move with every decode, and a catch-up near the threshold flipped the rule
     after one step (a prompt of about 100 tokens: the model let in by the next step's
-    warm-up in 5 of 12 runs of a summary with quotes, each 20-25% slower than held)."""
+    warm-up in 6 of 12 runs of a summary with quotes, each 10-25% slower than held)."""
     if not (
         cap > 0
         and isinstance(slot.drafter, HybridDrafter)
