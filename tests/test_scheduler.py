@@ -33,6 +33,7 @@ from specgen.sampling import Dists, SamplingParams
 from specgen.sched.jobs import DoesNotFit, Failed, Job, QueueFull
 from specgen.sched.promptcache import PromptCache
 from specgen.sched.scheduler import Scheduler
+from specgen.sched.step import LOOKUP_FIRST
 
 ALPHA = 1e-4
 V = 6
@@ -1003,3 +1004,39 @@ def test_a_lookup_only_slot_learns_acceptance_from_its_own_tokens():
     # the estimate of x_1 follows the rate realized (with the fix 0.82 against 0.81;
     # learning from no lookup token it stayed at 0.53 against 0.79)
     assert abs(seen[-1][2][0] - accepted / proposed) < 0.1
+
+
+def test_a_held_hybrid_slot_keeps_its_lookup_tokens_with_a_prompt_over_a_chunk():
+    # a hybrid slot held to prompt lookup (`lookup_first`: its draft has not evaluated the
+    # prompt, whose catch-up costs more than LOOKUP_FIRST target passes) proposes its
+    # lookup tokens without the draft; a prompt longer than `prefill_chunk` must not turn
+    # those steps into chunks of the draft's catch-up at K = 0, as the single stream
+    # (whose chunk is the context) never does: one engine, one rule
+    class Greedy(BatchController):  # every slot at its cap: the hold alone decides K
+        def choose(self, states, fixed_s=0.0, **_):
+            return Choice(tuple(s.k_cap for s in states), 0.0, 0.0, 0.0, 0.0)
+
+    ctl = Greedy(k_max=4, target_prior=Line(0.040, 0.005), draft_batched=True, probe_every=0)
+    ctl.draft.set_prior(Line(0.0, 0.020), 0.010)  # 40 tokens: 400 ms against 3 x 45 ms
+    target, draft = engines(n_seq=1)
+    at: list[int] = []  # the target decodes done before each draft decode
+    real = draft.decode_batch
+    draft.decode_batch = lambda parts: (at.append(len(target.batches)), real(parts))[1]
+    sched = Scheduler(
+        target, HybridDrafter(ModelDrafter(draft, GREEDY, V)), n_parallel=1, queue_max=8,
+        draft_max=None, controller=ctl, prefill_chunk=16,
+        clock=itertools.count(step=0.001).__next__,
+    )  # fmt: skip
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, V, 40)]
+    config = GenerateConfig(24, GREEDY, ignore_eos=True)
+    sink, _ = submit(sched, prompt, config)
+    sched.run_until_idle()
+    steps = [e for e in sink.events if isinstance(e, Step)]
+    held = list(itertools.takewhile(lambda s: s.k_reason == "lookup_first", steps[1:]))
+    assert sum(s.n_accepted == 0 for s in held) == LOOKUP_FIRST  # what ended the hold
+    assert sum(s.n_drafted_by.get("lookup", 0) for s in held) > 0
+    assert all(s.k_reason != "lookup_first" for s in steps[1 + len(held) :])
+    # no draft decode while held: the prompt's three target chunks (the last with the
+    # first round's row), one decode a held step, then the draft's first catch-up chunk
+    assert at and at[0] == 3 + len(held)
+    assert sink.last.tokens == alone(prompt, config, k=4).tokens

@@ -70,7 +70,8 @@ class Drafting:
         whose draft lacks more than `prefill_chunk` committed tokens (its prompt, never
         drafted for, or a long stretch at K = 0) evaluates `prefill_chunk` of them (no
         logits rows) in one draft decode with the others' chunks, and stays at K = 0 this
-        step; so a long prompt stalls the other slots by one chunk in the draft as in the
+        step (a hybrid slot held to prompt lookup, `lookup_first`, is left alone: it drafts
+        no model block); so a long prompt stalls the other slots by one chunk in the draft as in the
         target. Shorter catch-ups go in the block's first depth (`_draft_depths`).
 
         Returns:
@@ -84,7 +85,9 @@ class Drafting:
         out = list(ks)
         for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
             d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
-            if k == 0 or d is None or cache is None:
+            # a slot held to its lookup tokens drafts no model block this step, so its
+            # catch-up waits too (`_lookup_first`)
+            if k == 0 or d is None or cache is None or slot.reason == "lookup_first":
                 continue
             if slot.catch_up <= self.prefill_chunk:  # set by `Stepper._choose_ks`
                 continue
