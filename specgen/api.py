@@ -8,8 +8,7 @@
     for event in pair.stream("def fib(n):", max_tokens=64):   # Prefilled, Step..., Done
         ...
 
-The CLI drives the same path (`events`), so the output, the sampling settings and the
-speculative statistics are the ones `specgen run` gives.
+The CLI drives the same path: the output, settings and statistics are `specgen run`'s.
 """
 
 from __future__ import annotations
@@ -23,12 +22,11 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
 from specgen.apiargs import Prompt, argument_names, check_messages, sampling_flags
-from specgen.apiengine import Engines, Models, generate_many, one_slot
+from specgen.apiengine import Engines, Models, generate_many, one_slot, warn_fit
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter, as_batch
 from specgen.errors import ConfigError, PromptError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
-from specgen.flags import in_python_words as in_python_words  # tests name it here
 from specgen.genconfig import grammar_spec
 from specgen.generation import Event, Generation, Result, result_of
 
@@ -435,6 +433,8 @@ class Pair(Generic[M]):
         keyword arguments (else as the flags of a `SamplingFlags` the caller gave)."""
         with argument_names() if words else contextlib.nullcontext():
             run = one_slot(self.session, ids, flags, seed, trace, ordinary, reuse_cache)
+        if words:  # the CLI says it as a note (`specgen.cli.run`)
+            warn_fit(len(ids), flags.max_tokens, self.session.target.n_ctx)
         return Generation(run, seed, flags, len(ids))
 
     def close(self) -> None:

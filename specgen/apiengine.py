@@ -7,6 +7,7 @@ several prompts are the engine with N slots (`generate_many`, behind
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -15,7 +16,7 @@ from specgen import session as _session
 from specgen.chat import TemplateModel
 from specgen.engine import Drafter, as_batch
 from specgen.errors import EngineError, PromptError
-from specgen.flags import SamplingFlags
+from specgen.flags import SamplingFlags, in_python_words
 from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.generation import Result, result_from
 from specgen.sched.jobs import DoesNotFit, Failed, Job, JobEvent
@@ -70,6 +71,27 @@ class Engines:
 
     def close(self) -> None:
         pass
+
+
+def fit_note(n_prompt: int, max_tokens: int, n_ctx: int) -> str | None:
+    """What to say when the prompt plus -n cannot fit the context (None when they do):
+    generation would stop early with finish reason "context". The context holds the prompt
+    and all generated tokens but the last (which is never evaluated), hence the + 1."""
+    room = n_ctx - n_prompt + 1
+    if n_prompt >= n_ctx or max_tokens <= room:
+        return None  # a prompt that fills the context is refused with its own error
+    return (
+        f"the prompt ({n_prompt} tokens) plus -n {max_tokens} do not fit the context of"
+        f" {n_ctx}: generation stops after at most {room} tokens (raise -c to go further)"
+    )
+
+
+def warn_fit(n_prompt: int, max_tokens: int, n_ctx: int) -> None:
+    """`fit_note` as a Python warning (`UserWarning`), named in the API's words: what the
+    CLI prints as a note and the server refuses (400 context_length_exceeded)."""
+    note = fit_note(n_prompt, max_tokens, n_ctx)
+    if note is not None:
+        warnings.warn(in_python_words(note), stacklevel=5)
 
 
 def one_slot(

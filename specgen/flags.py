@@ -9,6 +9,7 @@ Cheap on purpose (no numpy, no llama.cpp): every command module imports it at st
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
@@ -29,6 +30,7 @@ DRAFT_NONE = "none"
 DRAFT_NGRAM = "ngram"
 #: --draft auto: the smallest compatible GGUF already on disk (specgen.models.local)
 DRAFT_AUTO = "auto"
+DRAFT_WORDS = (DRAFT_NONE, DRAFT_NGRAM, DRAFT_AUTO)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,13 @@ class ModelFlags:
         for flag, n in (("-ngl", self.n_gpu_layers), ("-ngld", self.n_gpu_layers_draft)):
             if n < -1:
                 raise ConfigError(f"{flag} must be -1 (all layers), 0 (CPU only) or more, got {n}")
+        if self.draft is not None and not Path(self.draft).exists():
+            near = difflib.get_close_matches(self.draft, DRAFT_WORDS, n=1, cutoff=0.75)
+            if near and near[0] != self.draft:
+                raise ConfigError(
+                    f"-md {self.draft}: no such file; did you mean -md {near[0]}?"
+                    f" (-md takes a GGUF file, a registry name, {', '.join(DRAFT_WORDS)})"
+                )
         if (
             self.target is None
             and self.draft is not None
@@ -274,16 +283,20 @@ SAMPLING_FLAG = {
 #: the flags, as the Python API's arguments (and the server's request fields) call them
 _ARGUMENT_OF_FLAG = {
     **{flag: name for name, flag in MODEL_FLAG.items()},
+    "--target": "target",
+    "--draft": "draft",
     **{flag: name for name, flag in SAMPLING_FLAG.items()},
     "--temp": "temperature",
     "--chat-template": "chat_template",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
+_DRAFT_WORD = re.compile(rf"(?<![\w-])(?:-md|--draft) ({'|'.join(DRAFT_WORDS)})\b")
 
 
 def in_python_words(message: str) -> str:
     """A CLI error message with each flag named as the Python API's argument (``--top-p``
     -> ``top_p``, ``--temp`` -> ``temperature``); flags without one are left as they are."""
+    message = _DRAFT_WORD.sub(lambda m: f'draft="{m[1]}"', message)
     return _FLAG.sub(lambda m: _ARGUMENT_OF_FLAG.get(m[0], m[0]), message)
 
 

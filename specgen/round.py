@@ -297,6 +297,13 @@ class Sequence:
             # the grammar is complete and allows nothing more but an end-of-generation
             # token: end here, without a target pass for it
             self.emitter.close("stop")
+        elif self.grammar is not None and self.emitter.finish == "eos":
+            # an end-of-generation token the grammar forced (the only token it allowed: a
+            # grammar of the empty text, which llguidance does not report stopped before
+            # its first token) ended the text, not the model
+            at = self.grammar.n_prompt + len(self.emitter.tokens)
+            if self.grammar.single(self.committed[:at], ()) == self.committed[at]:
+                self.emitter.finish = "stop"
         rollback(self.target, self.drafter, self.committed)
         m = int(p.block.tokens.size)
         t_end = self.clock()

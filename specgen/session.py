@@ -17,7 +17,7 @@ from specgen.compat import check_compatible
 from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ModelFileError, ModelLoadFailure
-from specgen.flags import DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
+from specgen.flags import DRAFT_AUTO, DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
 from specgen.generate import AutoK, FixedK, KPolicy, VerifyRule
 from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import (
@@ -220,7 +220,7 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         flags,
         k_init=k_init,
         warnings=loaded.warnings,
-        notes=tuple(load_notes(spec, loaded)),
+        notes=tuple(auto_note(flags, draft) + load_notes(spec, loaded)),
         load_s=time.perf_counter() - t0,
         draft_engine=loaded.draft_engine,
     )
@@ -312,6 +312,13 @@ GPU_REBUILD = (
     'CMAKE_ARGS="-DGGML_CUDA=on" .venv/bin/pip install --force-reinstall --no-cache-dir'
     " llama-cpp-python==0.3.36"
 )
+
+
+def auto_note(flags: ModelFlags, draft: Path | str) -> list[str]:
+    """``-md auto`` chose a file from disk: say which, so that no model is used unnamed."""
+    if flags.draft != DRAFT_AUTO or not isinstance(draft, Path):
+        return []
+    return [f"-md auto chose {draft.name} ({draft})"]
 
 
 def load_notes(spec: ModelSpec, loaded: Loaded | None = None) -> list[str]:

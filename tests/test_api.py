@@ -118,6 +118,44 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -
     assert len(one.tokens) == 6
 
 
+def test_a_closed_pair_raises_a_specgen_error_instead_of_killing_the_process(
+    tiny_target: Path, tiny_draft: Path, tmp_path: Path
+) -> None:
+    """After `close()` (or the ``with`` block) every call says the model is closed: llama.cpp
+    would read a freed vocabulary and abort the whole process (exit 134, or a segfault).
+    Run in a child process, so that a regression fails this test, not the test run."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    code = f"""
+import specgen
+pair = specgen.load({str(tiny_target)!r}, {str(tiny_draft)!r}, ctx_size=256)
+pair.close()
+pair.close()  # idempotent
+for call in (lambda: pair.generate("the cat", max_tokens=2),
+             lambda: list(pair.stream("the cat", max_tokens=2)),
+             lambda: pair.chat([{{"role": "user", "content": "hi"}}], chat_template={str(template)!r})):
+    try:
+        call()
+    except specgen.SpecgenError as exc:
+        print(type(exc).__name__, exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith("the model is closed") for line in lines), lines
+
+
+def test_max_tokens_past_the_context_is_a_warning_as_the_cli_notes_it(pair) -> None:
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"plus max_tokens 5000 do not fit the context of 256.*"
+                      r"at most 25\d tokens \(raise ctx_size"):  # fmt: skip
+        pair.stream("the cat", max_tokens=5000, temperature=0).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pair.stream("the cat", max_tokens=8, temperature=0).close()
+
+
 def test_chat_renders_the_messages_with_the_template(pair, tmp_path: Path) -> None:
     """`Pair.chat` is `generate` on the messages rendered by the chat template (here a file:
     the tiny models carry none; SmolLM2's own is checked against `run` below)."""
@@ -142,11 +180,15 @@ def test_chat_renders_the_messages_with_the_template(pair, tmp_path: Path) -> No
 
 
 def test_cli_words_become_the_arguments_names() -> None:
-    from specgen.api import in_python_words
+    from specgen.flags import in_python_words
 
     assert in_python_words("--top-p must be in (0, 1], got 2") == "top_p must be in (0, 1], got 2"
     assert in_python_words("-md needs -m (the target)") == "draft needs target (the target)"
     assert in_python_words("--no-live is bad; see top-k") == "--no-live is bad; see top-k"
+    assert (
+        in_python_words("--target needs --draft too: -md auto uses x; not --draft none")
+        == 'target needs draft too: draft="auto" uses x; not draft="none"'
+    )
 
 
 def test_import_specgen_is_cheap() -> None:

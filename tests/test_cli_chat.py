@@ -262,3 +262,25 @@ def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
     assert len(lines) == 2 and "Traceback" not in err
     assert "the context is full" in lines[0] and "context holds 256" in lines[1]
     assert all("/reset" in line for line in lines)
+
+
+def test_an_unknown_command_is_said_not_sent_and_a_path_is_sent(capsys) -> None:
+    """On fakes: `/stat` (a typo of /stats) gets a note naming the commands and no reply;
+    a line that merely starts with a slash (a path, words after a command-like word) is a
+    message."""
+    from specgen.cli.chat import _turns
+
+    class Session:
+        def __init__(self):
+            self.sent = []
+
+        def reply(self, line):
+            self.sent.append(line)
+            return iter(())
+
+    session = Session()
+    lines = ["/stat", "/usr/bin/env is what?", "/explain this", "hello", "/exit", "after"]
+    _turns(session, iter(lines), lambda s, line, events: None)  # type: ignore[arg-type]
+    assert session.sent == ["/usr/bin/env is what?", "/explain this", "hello"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown command /stat; commands: /exit" in err

@@ -77,6 +77,26 @@ def test_a_draft_model_needs_a_target(capsys, tiny_draft, command) -> None:
     assert code == 1 and "needs -m" in line and str(tiny_draft) in line
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("ngramx", "ngram"), ("nonw", "none"), ("atuo", "auto")]
+)
+def test_a_misspelt_draft_word_is_pointed_out(capsys, tmp_path, typo, meant) -> None:
+    # without -m the typo would be taken for a model that needs a target; with one, for a
+    # model name; either way the message would not say what was wrong
+    for argv in (["run", "-md", typo, "x"], ["run", "-m", "t.gguf", "-md", typo, "x"]):
+        code = _main(argv)
+        line = _one_error_line(capsys)
+        assert code == 1 and f"did you mean -md {meant}?" in line, line
+    (tmp_path / typo).write_bytes(b"")  # a file of that name is a model path, not a typo
+    assert ModelFlags(target="t.gguf", draft=str(tmp_path / typo)).draft == str(tmp_path / typo)
+
+
+def test_a_missing_target_is_said_before_the_missing_draft(capsys, tmp_path) -> None:
+    code = _main(["run", "-m", str(tmp_path / "missing.gguf"), "x"])
+    line = _one_error_line(capsys)
+    assert code == 1 and "missing.gguf: no such file" in line and "--draft" not in line
+
+
 def test_model_free_drafts_run_on_the_demo_target_without_m() -> None:
     # `--draft none` / `ngram` need no second model, so they keep working without -m
     for draft in ("none", "ngram", None):
@@ -412,7 +432,11 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["-n", "0"], "-n must be -1"),
         (["--slo-ttft", "0"], "--slo-ttft must be more than 0 milliseconds"),
         (["--slo-tpot", "-80"], "--slo-tpot must be 0 (ordinary decoding's) or more milliseconds"),
-        (["--draft-max", "4", "--slo-tpot", "80"], "they need --draft-max auto"),
+        (["--draft-max", "4", "--slo-tpot", "80"], "--draft-max auto, not a fixed K"),
+        (
+            ["-md", "none", "--slo-ttft", "100"],
+            "need a draft and --draft-max auto, not --draft none",
+        ),
         (["--cache-ram", "-2"], "--cache-ram must be at least -1"),
     ],
 )

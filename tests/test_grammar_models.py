@@ -78,3 +78,22 @@ def test_smollm2_greedy_schema_speculative_equals_ordinary(smol_pair):
             plain.generate(prompt, json_schema={"type": "strin"}, max_tokens=4)
         with pytest.raises(ConfigError, match="give one"):
             plain.generate(prompt, json_schema={}, grammar="root ::= 'a'", max_tokens=4)
+
+
+def test_a_forced_end_is_the_grammars_stop_and_a_chosen_one_the_models_eos(
+    tiny_target: Path, tiny_draft: Path
+) -> None:
+    """An end-of-generation token the grammar forces (the only token it allows) ends with
+    "stop", as a grammar complete after its last token does, speculative or not; one the
+    model draws where the grammar could go on ends with "eos". A grammar of the empty text
+    is forced from the start (llguidance does not report it stopped before a token)."""
+    for draft in ("none", str(tiny_draft)):
+        with sg.load(tiny_target, draft, ctx_size=256) as pair:
+            for temp in (0, 1.5):
+                for grammar in ("root ::= ", 'root ::= "yes" | "no"', 'root ::= "a" | ""'):
+                    r = pair.generate("the cat", grammar=grammar, max_tokens=8,
+                                      temperature=temp, seed=3)  # fmt: skip
+                    assert r.text in ("", "yes", "no", "a"), r
+                    # "" under the last grammar could go on ("a"): the model's end
+                    chosen = grammar.endswith('| ""') and r.text == ""
+                    assert r.finish == ("eos" if chosen else "stop"), (grammar, draft, temp)

@@ -192,6 +192,7 @@ def test_run_without_a_draft_names_the_local_one_and_auto_uses_it(machine, capsy
     out = capsys.readouterr()
     assert code == 0, out.err
     assert json.loads(out.out)["draft"] == machine["smallest"].name  # the Ollama blob
+    assert f"note: -md auto chose {machine['smallest'].name}" in out.err  # said, not silent
 
 
 def test_auto_with_nothing_on_disk_says_where_it_looked(tmp_path, monkeypatch, capsys):

@@ -9,6 +9,7 @@ plain text followed by a blank line (scripts and tests drive it through a pipe).
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Annotated
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
+_COMMAND = re.compile(r"/[a-z]+")
+"""A line that is one word after a slash: a command (a path has a second slash)."""
 RESET_DONE = "new conversation: history and session totals cleared"
 HELP = "commands: /exit (or Ctrl-D) leaves, /reset starts over, /stats shows the session totals"
 
@@ -145,6 +148,9 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
         if command == "/stats":
             # stderr: through a pipe, stdout holds the replies alone
             output.status_line(session.totals.describe())
+            continue
+        if _COMMAND.fullmatch(command):  # a typo of one (/stat), not a message to send
+            _note(f"unknown command {command}; {HELP}")
             continue
         try:
             events = session.reply(line)

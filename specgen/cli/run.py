@@ -142,6 +142,7 @@ def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: Pr
     """The prompt's token ids (through the chat template unless --raw) and the template,
     checked against the context; then the notes about the seed and the fit."""
     # start-up time: the chat and loop modules load numpy, which `specgen --help` must not load
+    from specgen.apiengine import fit_note
     from specgen.chat import build_prompt
     from specgen.generate import check_prompt
 
@@ -152,7 +153,7 @@ def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: Pr
     show_messages(opened)
     if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
         output.notice(SEED_NOTE)
-    for note in _fit_notes(len(ids), sampling.max_tokens, opened.target.n_ctx):
+    if (note := fit_note(len(ids), sampling.max_tokens, opened.target.n_ctx)) is not None:
         output.notice(note)
     return ids, template
 
@@ -190,19 +191,6 @@ def _events(
         events = tee(events, writer)
     stack.callback(events.close)
     return events, gen
-
-
-def _fit_notes(n_prompt: int, max_tokens: int, n_ctx: int) -> list[str]:
-    """A warning when the prompt plus -n cannot fit the context: generation would stop
-    early with finish reason "context". The context holds the prompt and all generated
-    tokens but the last (which is never evaluated), hence the + 1."""
-    room = n_ctx - n_prompt + 1
-    if n_prompt >= n_ctx or max_tokens <= room:
-        return []  # a prompt that fills the context is refused with its own error
-    return [
-        f"the prompt ({n_prompt} tokens) plus -n {max_tokens} do not fit the context of"
-        f" {n_ctx}: generation stops after at most {room} tokens (raise -c to go further)"
-    ]
 
 
 def _warn_slow_draft(events):

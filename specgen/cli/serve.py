@@ -26,7 +26,7 @@ from specgen.cli.options import (
     opt,
 )
 from specgen.errors import ConfigError
-from specgen.flags import at_least
+from specgen.flags import DRAFT_NONE, at_least
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -203,10 +203,12 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     set_verbose(server.verbose, output.log)
     defaults = shapes.Defaults.of(sampling, server.max_tokens)
     settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
-    if (server.slo_ttft is not None or server.slo_tpot is not None) and sampling.k is not None:
+    slo = server.slo_ttft is not None or server.slo_tpot is not None
+    if slo and (sampling.k is not None or model.draft == DRAFT_NONE):
         raise ConfigError(
             "--slo-ttft and --slo-tpot shorten the steps the batch controller chooses:"
-            " they need --draft-max auto, not a fixed K"
+            " they need a draft and --draft-max auto"
+            + (", not a fixed K" if sampling.k is not None else ", not --draft none")
         )
     args = backend.ServeArgs(
         model,

@@ -194,8 +194,7 @@ class LlamaEngine(VocabularyMixin):
         self, seq: int, tokens: list[int], all_logits: bool, rows: Sequence[int] | None = None
     ) -> Logits:
         """`decode` for sequence `seq` (see there)."""
-        if self._ctx is None:
-            raise EngineError(f"{self.name}: the model is closed")
+        self._check_open()
         if not tokens:
             raise EngineError("decode called with no tokens")
         held = len(self._seqs[seq])
@@ -242,8 +241,7 @@ class LlamaEngine(VocabularyMixin):
                 tokens in all, a sequence past its context, or llama_decode failed (no
                 sequence keeps any of its new tokens then).
         """
-        if self._ctx is None:
-            raise EngineError(f"{self.name}: the model is closed")
+        self._check_open()
         seqs = [p.seq for p in parts]
         if not parts or len(set(seqs)) != len(seqs):
             raise EngineError(f"{self.name}: a batch needs distinct sequences, got {seqs}")
@@ -402,6 +400,7 @@ class LlamaEngine(VocabularyMixin):
             EngineError: `src` holds fewer than n positions, or the copy did not give
                 `dst` exactly n positions.
         """
+        self._check_open()
         if len(self._seqs[src]) < n:
             raise EngineError(
                 f"{self.name}: sequence {src} holds {len(self._seqs[src])} positions, not {n}"
@@ -426,11 +425,18 @@ class LlamaEngine(VocabularyMixin):
         m = len(self._seqs[seq])
         if self.n_swa <= 0 or m == 0:
             return True
+        self._check_open()
         pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
         return 0 <= pos_min <= max(0, m - self.n_swa + 1)
 
+    def _check_open(self) -> None:
+        """EngineError once closed: llama.cpp would read freed memory (and abort)."""
+        if self._ctx is None:
+            raise EngineError(f"{self.name}: the model is closed")
+
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
+        """Free the batch, context and model (idempotent); then every call that reaches
+        llama.cpp raises EngineError ("the model is closed")."""
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

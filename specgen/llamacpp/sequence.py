@@ -61,6 +61,7 @@ class SequenceView(EngineView["LlamaEngine"]):
             EngineError: llama.cpp wrote fewer bytes than it asked for.
         """
         e = self.engine
+        e._check_open()
         n = int(llama_cpp.llama_state_seq_get_size(e._ctx, self.seq))
         buf = (ctypes.c_uint8 * n)()
         if int(llama_cpp.llama_state_seq_get_data(e._ctx, buf, n, self.seq)) != n:
@@ -77,6 +78,7 @@ class SequenceView(EngineView["LlamaEngine"]):
                 they do not hold `state.tokens`' positions.
         """
         e = self.engine
+        e._check_open()
         e._truncate_seq(self.seq, 0)
         data = state.data
         if int(llama_cpp.llama_state_seq_set_data(e._ctx, data, len(data), self.seq)) == 0:

@@ -22,16 +22,25 @@ class VocabularyMixin:
     _vocab: Any
     _piece_cache: dict[int, bytes]
 
+    def _open_vocab(self) -> Any:
+        """The `llama_vocab` pointer; EngineError once the model is freed (the pointer would
+        dangle: llama.cpp aborts the whole process, or segfaults, on a freed vocabulary)."""
+        if self._model is None:
+            raise EngineError(f"{self.name}: the model is closed")
+        return self._vocab
+
     def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
         """Tokenize UTF-8 bytes; special-token text (e.g. ``<start_of_turn>``) is parsed."""
         n_max = len(text) + 8
         buf = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, n_max, add_special, True)
+        n = llama_cpp.llama_tokenize(
+            self._open_vocab(), text, len(text), buf, n_max, add_special, True
+        )
         if n < 0:  # buffer too small: -n is the size needed
             n_max = -n
             buf = (llama_cpp.llama_token * n_max)()
             n = llama_cpp.llama_tokenize(
-                self._vocab, text, len(text), buf, n_max, add_special, True
+                self._open_vocab(), text, len(text), buf, n_max, add_special, True
             )
         if n < 0:
             raise EngineError(f"{self.name}: tokenization failed")
@@ -42,7 +51,7 @@ class VocabularyMixin:
         piece = self._piece_cache.get(token)
         if piece is None:
             buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            n = llama_cpp.llama_token_to_piece(self._open_vocab(), token, buf, 64, 0, False)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
                 n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
@@ -52,19 +61,20 @@ class VocabularyMixin:
 
     def token_text(self, token: int) -> str:
         """The vocabulary entry as stored (`llama_vocab_get_text`)."""
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        raw = llama_cpp.llama_vocab_get_text(self._open_vocab(), token)
         return raw.decode("utf-8", errors="replace") if raw else ""
 
     def llama_vocab(self) -> Any:
         """The model's `llama_vocab` pointer, valid while the engine is open: what
         `specgen.grammar` builds its tokenizer from (llguidance's `lltokenizer_from_vocab`)."""
-        return self._vocab
+        return self._open_vocab()
 
     def chat_template(self) -> str | None:
         """The GGUF's default chat template (`tokenizer.chat_template`), or None."""
+        self._open_vocab()
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
     def is_eog(self, token: int) -> bool:
         """End-of-generation token (EOS, EOT, ...) per `llama_vocab_is_eog`."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return bool(llama_cpp.llama_vocab_is_eog(self._open_vocab(), token))

@@ -124,6 +124,7 @@ def resolve_models(
             return t, d, None
         return t, _resolve_one(draft, models), None
     if draft is None:
+        _resolve_one(target, models)  # a missing or unknown target is said first
         raise ConfigError(
             "--target needs --draft too (a model, 'ngram' or 'none')" + _auto_hint(target, models)
         )

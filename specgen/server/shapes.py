@@ -148,7 +148,8 @@ def generate_config(
     if room <= 0:
         raise RequestError(
             400,
-            f"the prompt is {n_prompt} tokens and a slot's context holds {n_ctx_slot}"
+            f"the prompt is {n_prompt} token{'s' * (n_prompt != 1)} and a slot's context"
+            f" holds {n_ctx_slot}"
             " (-c): shorten it, or restart the server with a larger -c",
             param="messages" if hasattr(req, "messages") else "prompt",
             code="context_length_exceeded",
@@ -161,7 +162,8 @@ def generate_config(
         raise RequestError(
             400,
             f"{name or 'max_tokens'} {limit} is beyond the context: the prompt is {n_prompt}"
-            f" tokens and a slot holds {n_ctx_slot} (-c), so at most {room} can be generated",
+            f" token{'s' * (n_prompt != 1)} and a slot holds {n_ctx_slot} (-c), so at most"
+            f" {room} can be generated",
             param=name or "max_tokens",
             code="context_length_exceeded",
         )
