@@ -412,4 +412,6 @@ def test_flags_parse_as_llama_cpp_writes_them_and_bench_url_refuses_them():
     res = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "-l", "5+1"])
     assert res.exit_code == 1 and "--logit-bias is not sent by bench --url" in str(res.exception)
     res = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "-j", "{}"])
-    assert res.exit_code == 1 and "--json-schema is not sent by bench --url" in str(res.exception)
+    said = str(res.exception)
+    assert res.exit_code == 1 and "--json-schema is not sent by bench --url" in said
+    assert "--prompts file their own json_schema" in said and "on the servers" not in said

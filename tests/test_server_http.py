@@ -285,6 +285,9 @@ def test_the_body_limit_refuses_before_parsing() -> None:
         r = httpx.post(s.url + "/v1/chat/completions", content=chunked(), timeout=T)
         assert_openai_error(r, 413)
         assert s.sched.submitted == []
+        text = httpx.get(s.url + "/metrics", timeout=T).text
+        assert 'specgen_requests_refused_total{status="413"}' in text
+        assert any("POST /v1/chat/completions: 413 the request body is over" in x for x in s.log)
         assert s.post("/v1/chat/completions", {"messages": USER}).status_code == 200
 
 
@@ -307,6 +310,12 @@ def test_the_api_key_guards_every_route_but_health() -> None:
         assert r.choices[0].text == fake.REPLY[:3]
         assert s.sched.submitted and len(s.sched.submitted) == 1
         assert not any(key in line for line in s.log)
+        # counted and logged as the routes' refusals are (the key never in the log)
+        assert sum("401 missing API key" in line for line in s.log) == 3
+        assert sum("401 invalid API key" in line for line in s.log) == 2
+        auth = {"Authorization": f"Bearer {key}"}
+        text = httpx.get(s.url + "/metrics", headers=auth, timeout=T).text
+        assert 'specgen_requests_refused_total{status="401"} 5.0' in text
 
 
 def test_no_cors_unless_asked() -> None:

@@ -75,11 +75,18 @@ def _check(
             )
     off = SamplingFlags()
     for key, flag in CONSTRAINT_FLAGS:
-        if getattr(sampling, key) != getattr(off, key):
+        if getattr(sampling, key) == getattr(off, key):
+            continue
+        if "grammar" in key or "schema" in key:  # `serve` has no grammar flag: per request
             raise ConfigError(
-                f"{flag} is not sent by bench --url: set it on the servers (their own"
-                " start flags), so every server measured gets the same"
+                f"{flag} is not sent by bench --url: give the lines of a --prompts file their"
+                " own json_schema, response_format or grammar field (see `specgen bench`'s"
+                " guide), so every server measured gets the same requests"
             )
+        raise ConfigError(
+            f"{flag} is not sent by bench --url: set it on the servers (their own"
+            " start flags), so every server measured gets the same"
+        )
     if importlib.util.find_spec("httpcore") is None:
         raise ConfigError("bench --url needs httpcore: pip install httpcore")
     at_least("--num-prompts", load.num_prompts, 1)

@@ -29,7 +29,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 
 from specgen import (
     ChatTemplateError,
@@ -321,9 +321,13 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             return EventSourceResponse(run.stream(req.include_usage), sep="\n")
         return await run.whole(request)
 
-    app: ASGIApp = BodyLimit(api, settings.max_body_bytes)
+    def refused(scope: Scope, status: int, why: str) -> None:
+        state.metrics.observe_refusal(status)
+        state.log(f"{scope.get('method', '')} {scope.get('path', '')}: {status} {why}")
+
+    app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused)
     if settings.api_key:
-        app = ApiKey(app, settings.api_key, OPEN_PATHS)
+        app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
     if settings.cors:
         app = CORSMiddleware(
             app,

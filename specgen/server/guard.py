@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+Refused = Callable[[Scope, int, str], None]
+"""Told of each request a guard refuses: (its scope, the HTTP status, why), for the
+server's refusal metric and log (`specgen.server.app`), as the routes' refusals are."""
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
@@ -49,10 +53,17 @@ class ApiKey:
     ``WWW-Authenticate: Bearer``. The key is never logged or echoed back.
     """
 
-    def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        key: str,
+        open_paths: frozenset[str],
+        refused: Refused | None = None,
+    ) -> None:
         self.app = app
         self._expected = key.encode("utf-8")
         self._open = open_paths
+        self._refused = refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self._open:
@@ -64,15 +75,16 @@ class ApiKey:
                 given = value
         if not hmac.compare_digest(bearer_token(given), self._expected):
             what = "missing" if not given else "invalid"
+            message = (
+                f"{what} API key: send the header 'Authorization: Bearer KEY'"
+                " with the key the server was started with (--api-key)"
+            )
+            if self._refused is not None:
+                self._refused(scope, 401, f"{what} API key")  # never the key itself
             await send_error(
                 send,
                 401,
-                error_json(
-                    f"{what} API key: send the header 'Authorization: Bearer KEY'"
-                    " with the key the server was started with (--api-key)",
-                    "invalid_request_error",
-                    "invalid_api_key",
-                ),
+                error_json(message, "invalid_request_error", "invalid_api_key"),
                 [(b"www-authenticate", b"Bearer")],
             )
             return
@@ -101,16 +113,19 @@ class BodyLimit:
     whose later `receive` calls (a disconnect) pass through.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES, refused: Refused | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self._refused = refused
 
-    def _refusal(self) -> bytes:
-        return error_json(
-            f"the request body is over the limit of {self.max_bytes} bytes",
-            "invalid_request_error",
-            "request_too_large",
-        )
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        message = f"the request body is over the limit of {self.max_bytes} bytes"
+        if self._refused is not None:
+            self._refused(scope, 413, message)
+        body = error_json(message, "invalid_request_error", "request_too_large")
+        await send_error(send, 413, body, [(b"connection", b"close")])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,12 +135,12 @@ class BodyLimit:
             if name == b"content-length":
                 # the HTTP server has already refused a Content-Length that is no number
                 if value.isdigit() and int(value) > self.max_bytes:
-                    await send_error(send, 413, self._refusal(), [(b"connection", b"close")])
+                    await self._refuse(scope, send)
                     return
         try:
             body = await self._read(receive)
         except _TooLarge:
-            await send_error(send, 413, self._refusal(), [(b"connection", b"close")])
+            await self._refuse(scope, send)
             return
         if body is None:  # the client left before sending its body
             return

@@ -27,7 +27,9 @@ DEFINITIONS = (
     " E2EL: request sent → end of stream. SLO goodput: requests/s meeting every --slo bound"
     " (vLLM's goodput), not the tokens/s goodput a speculation controller maximizes."
     " Retried: sent into a kept-alive connection the server had closed, unanswered, and resent"
-    " once on a new one (not a failure)."
+    " once on a new one (not a failure). Accept: accepted / proposed draft tokens as each"
+    " server reports them (specgen's draft_acceptance_rate, llama-server's draft_n_accepted /"
+    " draft_n), not the accepted / tested of `specgen run` and `specgen bench` alone."
 )
 
 # -- side by side -------------------------------------------------------------------------------
