@@ -23,6 +23,7 @@ COMMANDS = [
     ["bench"],
     ["verify"],
     ["trace", "summarize"],
+    ["trace"],
 ]
 PYTHON_TYPE = re.compile(r"<[a-z][a-z_\[\], |]*>")
 

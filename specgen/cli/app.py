@@ -74,7 +74,9 @@ for _name, _command, _examples in (
     ("verify", verify.verify, verify.VERIFY_EPILOG),
 ):
     app.command(_name, epilog=_examples)(_command)
-_trace = typer.Typer(help="Read --trace files.", no_args_is_help=True, rich_markup_mode="rich")
+_trace = typer.Typer(
+    cls=help.Group, help="Read --trace files.", no_args_is_help=True, rich_markup_mode="rich"
+)
 _trace.command("summarize", epilog=verify.SUMMARIZE_EPILOG)(verify.summarize)
 app.add_typer(_trace, name="trace")
 help.name_values(app)  # `-m GGUF|NAME`, `--temp T` in --help, not Python types
