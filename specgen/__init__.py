@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from specgen.errors import (
     ChatTemplateError,
     ConfigError,
+    EngineError,
     GrammarError,
     ModelFileError,
     ModelLoadError,
@@ -52,6 +53,7 @@ __all__ = [
     "BatchReport",
     "ChatTemplateError",
     "ConfigError",
+    "EngineError",
     "DoesNotFit",
     "Done",
     "Failed",
