@@ -251,6 +251,24 @@ def test_verify_passes_with_the_correct_rule_on_the_tiny_pair(tiny_engines):
     assert [c.status for c in report.greedy] == ["match"] * 6
 
 
+def test_a_draft_that_proposes_nothing_is_said_not_passed_off_as_tested(tiny_engines):
+    """Prompt lookup on prompts without repeats proposes nothing: the sampling check then
+    tests ordinary decoding, and the report says so (in `--json` too) instead of a bare
+    pass; a drafter that proposes gets no such note."""
+    from specgen.ngram import NgramDrafter
+
+    t, d = tiny_engines
+    config = dataclasses.replace(TINY_SAMPLING, samples=200, sampling_prompts=(b"the cat sat",))
+    idle = verify(t, lambda p: NgramDrafter(272), config)
+    assert idle.sampling is not None and idle.sampling.drafted == 0
+    assert any("proposed nothing" in n for n in idle.notes)
+    out = idle.to_dict()
+    assert out["sampling"]["drafted"] == 0 and any("proposed nothing" in n for n in out["notes"])
+    busy = verify(t, _model(d), config)
+    assert busy.sampling is not None and busy.sampling.drafted > 0
+    assert not any("proposed nothing" in n for n in busy.notes)
+
+
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_verify_fails_on_a_broken_rule(tiny_engines, monkeypatch, name):
     t, d = tiny_engines

@@ -158,6 +158,8 @@ def verify_command(
             report = Pair(opened).verify(sampling, progress=say, **options)
     if out.json_out:
         output.write_json(report.to_dict())
+        for note in report.notes:  # in the JSON too; said where a person reads
+            output.notice(note)
     else:
         output.show(*reports.render_verify_report(report))
     return 0 if report.passed else 1

@@ -46,6 +46,7 @@ class VerifyReport:
             "verify_rule": self.verify_rule,
             "grammar": self.grammar,
             "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
             "greedy": [asdict(c) for c in self.greedy],
             "sampling": None
             if s is None
@@ -58,6 +59,7 @@ class VerifyReport:
                 "seed": s.seed,
                 "alpha": s.alpha,
                 "acceptance_rate": round(s.acceptance_rate, 6),
+                "drafted": s.drafted,
                 "seconds": round(s.seconds, 3),
                 "tests": [asdict(t) for t in s.tests],
             },
@@ -86,6 +88,12 @@ def verify(
     notes = []
     if sampling is not None and not sampling.tests:
         notes.append("no sampling test had enough samples: raise --samples")
+    if sampling is not None and sampling.drafted == 0:
+        notes.append(
+            "the draft proposed nothing on the sampling prompts (prompt lookup finds no"
+            " repeat in them?): the check compared ordinary decoding with the target's law,"
+            " not speculation; give prompts it drafts for (--prompt)"
+        )
     if sampling is not None and sampling.acceptance_rate > HIGH_ACCEPTANCE:
         notes.append(
             f"acceptance is {sampling.acceptance_rate:.0%}: only the rejected"

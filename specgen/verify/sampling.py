@@ -78,6 +78,9 @@ class SamplingResult:
         passed: every Holm-adjusted p-value >= alpha.
         acceptance_rate: accepted / drafted over all samples.
         seconds: wall time (sampling plus reference passes).
+        drafted: draft tokens proposed over all samples: 0 when the drafter found nothing
+            to propose on these prompts (prompt lookup on text without repeats), which
+            makes the check one of ordinary decoding, not of speculation.
     """
 
     tests: tuple[ChiSquareTest, ...]
@@ -90,6 +93,7 @@ class SamplingResult:
     passed: bool
     acceptance_rate: float
     seconds: float
+    drafted: int = 0
 
     @property
     def min_p_adjusted(self) -> float:
@@ -272,4 +276,5 @@ def check_sampling(
         passed=all(t.p_adjusted >= config.alpha for t in tests),
         acceptance_rate=acceptance_rate(accepted, drafted),
         seconds=time.perf_counter() - t0,
+        drafted=drafted,
     )
