@@ -294,6 +294,24 @@ def test_the_body_limit_refuses_before_parsing() -> None:
 # -- security ------------------------------------------------------------------------------
 
 
+def test_a_client_that_sends_its_whole_body_first_reads_the_413() -> None:
+    """Python's http.client (under urllib) writes the whole body before reading: a 3 MiB body
+    over the 1 MiB limit is read to its end and answered 413, where closing on the unread
+    body broke the pipe under the client's writes (BrokenPipeError before the change)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    with serving(Settings(max_body_bytes=1 << 20)) as s:
+        where = urlsplit(s.url)
+        for _ in range(3):
+            conn = http.client.HTTPConnection(where.hostname, where.port, timeout=T)
+            body = b'{"prompt": "' + b"x" * (3 << 20) + b'"}'
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            assert r.status == 413 and b"request_too_large" in r.read()
+            conn.close()
+
+
 def test_the_api_key_guards_every_route_but_health() -> None:
     key = "s3cret-key"
     with serving(Settings(api_key=key)) as s:

@@ -17,6 +17,8 @@ Refused = Callable[[Scope, int, str], None]
 server's refusal metric and log (`specgen.server.app`), as the routes' refusals are."""
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DRAIN_FACTOR = 8
+"""Bodies up to this many times the limit are read to their end before the 413."""
 
 
 def error_json(message: str, type_: str, code: str | int | None = None) -> bytes:
@@ -110,7 +112,10 @@ class BodyLimit:
 
     A Content-Length over the limit is refused at once; otherwise the body is read here
     (counting the bytes as they come, for chunked bodies too) and replayed to the app,
-    whose later `receive` calls (a disconnect) pass through.
+    whose later `receive` calls (a disconnect) pass through. Before the 413, what is left of
+    a body up to `DRAIN_FACTOR` times the limit is read and dropped: a client that sends its
+    whole body before reading (Python's urllib, http.client) would otherwise meet a
+    connection reset, not the answer; a larger body is cut off unread.
     """
 
     def __init__(
@@ -120,7 +125,9 @@ class BodyLimit:
         self.max_bytes = max_bytes
         self._refused = refused
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, left: bool) -> None:
+        if left:  # `left`: the body may still be arriving
+            await self._drain(receive)
         message = f"the request body is over the limit of {self.max_bytes} bytes"
         if self._refused is not None:
             self._refused(scope, 413, message)
@@ -135,12 +142,13 @@ class BodyLimit:
             if name == b"content-length":
                 # the HTTP server has already refused a Content-Length that is no number
                 if value.isdigit() and int(value) > self.max_bytes:
-                    await self._refuse(scope, send)
+                    drain = int(value) <= DRAIN_FACTOR * self.max_bytes
+                    await self._refuse(scope, receive, send, drain)
                     return
         try:
             body = await self._read(receive)
         except _TooLarge:
-            await self._refuse(scope, send)
+            await self._refuse(scope, receive, send, True)
             return
         if body is None:  # the client left before sending its body
             return
@@ -154,6 +162,14 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Receive) -> None:
+        size = 0
+        while size <= DRAIN_FACTOR * self.max_bytes:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+            size += len(message.get("body", b""))
 
     async def _read(self, receive: Receive) -> bytes | None:
         parts: list[bytes] = []
