@@ -284,6 +284,17 @@ def test_the_body_limit_refuses_before_parsing() -> None:
 
         r = httpx.post(s.url + "/v1/chat/completions", content=chunked(), timeout=T)
         assert_openai_error(r, 413)
+        # one chunk over the limit that is also the body's last: nothing left to read
+        whole = iter([b'{"prompt": "' + b"z" * 2000 + b'"}'])
+        assert_openai_error(httpx.post(s.url + "/v1/completions", content=whole, timeout=T), 413)
+        # `Expect: 100-continue`: the client waits for this answer before its body
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b"\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+            )
+            assert raw.recv(4096).startswith(b"HTTP/1.1 413")
         assert s.sched.submitted == []
         text = httpx.get(s.url + "/metrics", timeout=T).text
         assert 'specgen_requests_refused_total{status="413"}' in text

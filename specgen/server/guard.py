@@ -104,7 +104,9 @@ def bearer_token(authorization: bytes) -> bytes:
 
 
 class _TooLarge(Exception):
-    pass
+    def __init__(self, more: bool) -> None:
+        super().__init__()
+        self.more = more  # the body goes on past the chunk that crossed the limit
 
 
 class BodyLimit:
@@ -142,13 +144,18 @@ class BodyLimit:
             if name == b"content-length":
                 # the HTTP server has already refused a Content-Length that is no number
                 if value.isdigit() and int(value) > self.max_bytes:
-                    drain = int(value) <= DRAIN_FACTOR * self.max_bytes
+                    # a client that sent `Expect: 100-continue` waits for this answer
+                    # before its body: nothing to read, and asking for it would fetch it
+                    waits = (b"expect", b"100-continue") in [
+                        (k, v.lower()) for k, v in scope["headers"]
+                    ]
+                    drain = not waits and int(value) <= DRAIN_FACTOR * self.max_bytes
                     await self._refuse(scope, receive, send, drain)
                     return
         try:
             body = await self._read(receive)
-        except _TooLarge:
-            await self._refuse(scope, receive, send, True)
+        except _TooLarge as e:
+            await self._refuse(scope, receive, send, e.more)
             return
         if body is None:  # the client left before sending its body
             return
@@ -181,7 +188,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                raise _TooLarge
+                raise _TooLarge(bool(message.get("more_body", False)))
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
