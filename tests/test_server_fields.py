@@ -128,6 +128,7 @@ def test_fields_that_change_nothing_unknown_ones_and_inert_values_are_accepted(
     chat |= {"metadata": {"k": "v"}, "store": False, "parallel_tool_calls": True}
     chat |= {"a_field_nobody_defined": [1, 2], "tools": [], "response_format": {"type": "text"}}
     chat |= {"logprobs": False, "logit_bias": {}, "presence_penalty": 0.0, "n_probs": 0}
+    chat |= {"chat_template_kwargs": {}}  # Open WebUI sends it empty
     client = served.client()
     assert _create(client, "chat", chat).choices[0].message.content
     text: dict[str, Any] = {n: "x" for n in IGNORED if "completions" in FIELDS[n].routes}
@@ -159,3 +160,24 @@ def test_a_field_of_the_other_route_is_refused_not_ignored(
     assert refusal({name: None}, route) is None  # type: ignore[arg-type]
     assert refusal({"user": "u"}, route) is None  # type: ignore[arg-type]
     assert _create(client, route, {}).choices[0].finish_reason is not None
+
+
+def test_a_tool_call_answer_says_content_null_as_openai_does() -> None:
+    """Strict clients (JS, Rust) read `message.content` as a key that is always there: null
+    beside tool calls, not absent, while other fields left None stay out of the JSON."""
+    from specgen.server.schemas import AssistantMessage, ChatChoice, ChatCompletion
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = AssistantMessage(content=None, tool_calls=[call])
+    body = ChatCompletion(
+        id="x",
+        created=0,
+        model="m",
+        choices=[ChatChoice(message=message, finish_reason="tool_calls")],
+    ).wire()
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call],
+    }
+    assert "usage" not in body and "error" not in body

@@ -111,6 +111,20 @@ def test_completions_take_text_or_token_ids(served: Served) -> None:
     assert ids["usage"]["prompt_tokens"] == 2
     assert ids["tokens"] == fake.tokenize(fake.REPLY)
     assert served.sched.submitted[-1].prompt == [72, 105]
+    # a batch of one, as lm-evaluation-harness sends token ids: [[ids]]
+    one = served.post("/v1/completions", {"prompt": [[72, 105, 33]], "max_tokens": 2})
+    assert one.status_code == 200 and served.sched.submitted[-1].prompt == [72, 105, 33]
+    for many in ([[72], [105]], [[]]):
+        assert served.post("/v1/completions", {"prompt": many}).status_code == 400
+
+
+def test_the_routes_answer_without_v1_too_as_llama_servers_do(served: Served) -> None:
+    # a base URL given without /v1 (llama-server serves both forms)
+    assert httpx.get(served.url + "/models", timeout=T).json()["data"][0]["object"] == "model"
+    chat = served.post("/chat/completions", {"messages": USER, "max_tokens": 3})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    text = served.post("/completions", {"prompt": "a", "max_tokens": 3})
+    assert text.status_code == 200 and text.json()["choices"][0]["text"] == fake.REPLY[:3]
 
 
 def test_stop_strings_cut_exactly_and_say_stop(served: Served) -> None:

@@ -183,6 +183,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @api.get("/v1/models")
+    @api.get("/models")  # llama-server serves both: a base URL given without /v1
     async def models() -> Response:
         b = ready()
         entry = {
@@ -195,6 +196,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         return JSONResponse({"object": "list", "data": [entry]})
 
     @api.post("/v1/chat/completions")
+    @api.post("/chat/completions")
     async def chat(request: Request) -> Response:
         b = ready()
         req = _parse(ChatCompletionRequest, await request.body())
@@ -225,6 +227,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         return await _serve(request, b, req, prompt, chat=True, calls=calls)
 
     @api.post("/v1/completions")
+    @api.post("/completions")
     async def completions(request: Request) -> Response:
         b = ready()
         req = _parse(CompletionRequest, await request.body())

@@ -134,7 +134,7 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_options": Field(IG, _CACHING, routes=CHAT),
     "prompt_cache_retention": Field(IG, _CACHING, routes=CHAT),
     # -- OpenAI, completions -----------------------------------------------------------
-    "prompt": Field(H, "one prompt: a string, or token ids", routes=COMPLETIONS),
+    "prompt": Field(H, "one prompt: a string or token ids, or a list of one", routes=COMPLETIONS),
     "echo": Field(R, "the prompt is not echoed", routes=COMPLETIONS, inert=(None, False)),
     "suffix": Field(R, "no fill-in-the-middle", routes=COMPLETIONS, inert=(None, "")),
     "best_of": Field(R, "one candidate per choice", routes=COMPLETIONS, inert=(None, 1)),
@@ -183,7 +183,11 @@ FIELDS: dict[str, Field] = {
     "samplers": Field(R, _CHAIN + ", in that fixed order", "llama-server"),
     "lora": Field(R, "no LoRA adapters", "llama-server", inert=(None, [])),
     "chat_template_kwargs": Field(
-        R, "the chat template is rendered with its defaults", "llama-server", routes=CHAT
+        R,
+        "the chat template is rendered with its defaults",
+        "llama-server",
+        routes=CHAT,
+        inert=(None, {}),
     ),
     "n_keep": Field(R, "the context is never shifted", "llama-server", inert=(None, 0)),
     "t_max_predict_ms": Field(R, "no time limit; send max_tokens", "llama-server"),

@@ -235,7 +235,7 @@ class ChatCompletionRequest(_Generation):
 
 class CompletionRequest(_Generation):
     route: ClassVar[Route] = "completions"
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     # OpenAI's legacy field: a count of alternatives (OpenAI allows 5; llama.cpp's 20)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
 
@@ -245,12 +245,20 @@ class CompletionRequest(_Generation):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
+    def _one_prompt(
+        cls, prompt: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str]:
+        """One prompt: text or token ids, alone or as a batch of one (OpenAI's array forms,
+        `[text]` and `[[ids]]`: lm-evaluation-harness sends `[[ids]]`)."""
         if isinstance(prompt, list):
             if not prompt:
                 raise ValueError("the prompt is empty")
-            if isinstance(prompt[0], str) and len(prompt) != 1:
+            if isinstance(prompt[0], str | list) and len(prompt) != 1:
                 raise ValueError(f"one prompt per request is served, got {len(prompt)}")
+            if isinstance(prompt[0], list):
+                if not prompt[0]:
+                    raise ValueError("the prompt is empty")
+                return list(prompt[0])
         return prompt
 
 
@@ -319,13 +327,16 @@ class _Response(BaseModel):
 
     def wire(self) -> dict[str, Any]:
         """The JSON object sent: fields left None are omitted, except a choice's
-        ``finish_reason`` and ``logprobs``, which OpenAI always sends."""
+        ``finish_reason`` and ``logprobs``, and a message's ``content`` (null beside tool
+        calls), which OpenAI always sends."""
         body = self.model_dump(exclude_none=True)
         for choice, model in zip(
             body.get("choices", []), getattr(self, "choices", []), strict=True
         ):
             choice.setdefault("finish_reason", model.finish_reason)
             choice.setdefault("logprobs", None)
+            if "message" in choice:
+                choice["message"].setdefault("content", None)
         return body
 
 
