@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import statistics
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -124,21 +124,30 @@ class ChatFormatter:
         with _named(template.source):
             self._render = compile_chat_template(template.text, bos, eos)
 
-    def text(self, messages: Sequence[Message], tools: Sequence[object] | None = None) -> str:
-        """The rendered prompt, with the assistant's generation prompt at the end.
+    def text(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[object] | None = None,
+        variables: Mapping[str, object] | None = None,
+    ) -> str:
+        """The rendered prompt, with the assistant's generation prompt at the end;
+        `variables`: more of the template's variables (`enable_thinking`...).
 
         Raises:
             ChatTemplateError: the template failed (e.g. its `raise_exception`), naming
                 its source.
         """
         with _named(self.template.source):
-            return self._render(messages, tools)
+            return self._render(messages, tools, variables)
 
     def tokens(
-        self, messages: Sequence[Message], tools: Sequence[object] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[object] | None = None,
+        variables: Mapping[str, object] | None = None,
     ) -> list[int]:
         """`text` tokenized by `prompt_tokens` (special tokens parsed, one BOS at most)."""
-        return prompt_tokens(self._target, self.text(messages, tools).encode("utf-8"))
+        return prompt_tokens(self._target, self.text(messages, tools, variables).encode("utf-8"))
 
 
 @contextlib.contextmanager

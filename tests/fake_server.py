@@ -44,8 +44,13 @@ def tokenize(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def render_chat(messages: list[dict[str, str]], tools: list | None = None) -> list[int]:
-    return tokenize("".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>")
+def render_chat(
+    messages: list[dict[str, str]], tools: list | None = None, variables: dict | None = None
+) -> list[int]:
+    head = "".join(f"<{k}={v}>" for k, v in sorted((variables or {}).items()))
+    return tokenize(
+        head + "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+    )
 
 
 def token_bytes(t: int) -> bytes:

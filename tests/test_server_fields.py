@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import fake_server as fake
 import openai
 import pytest
 from openai.types import completion_create_params as text_params
@@ -181,3 +182,35 @@ def test_a_tool_call_answer_says_content_null_as_openai_does() -> None:
         "tool_calls": [call],
     }
     assert "usage" not in body and "error" not in body
+
+
+def test_chat_template_kwargs_reach_the_template_as_llama_servers_do(served: Served) -> None:
+    """llama-server's `chat_template_kwargs` are more variables for the chat template (Qwen 3's
+    `enable_thinking`, which Open WebUI sends); the ones the server sets itself are a 400."""
+    ok = served.post(
+        "/v1/chat/completions",
+        {"messages": USER, "chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert ok.status_code == 200
+    assert served.sched.submitted[-1].prompt == fake.tokenize(
+        "<enable_thinking=False><user>Hi there\n<assistant>"
+    )
+    bad = served.post(
+        "/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"messages": []}}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+    assert "messages: set by the server" in bad.json()["error"]["message"]
+
+
+def test_a_real_template_reads_the_variables_given() -> None:
+    from specgen.llamacpp.templates import compile_chat_template
+
+    render = compile_chat_template(
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+        "{{ messages[0]['content'] }}",
+        "<s>",
+        "</s>",
+    )
+    said = [{"role": "user", "content": "hi"}]
+    assert render(said) == "hi"
+    assert render(said, None, {"enable_thinking": False}) == "/no_think hi"

@@ -270,7 +270,7 @@ def test_chat_without_a_template_and_a_failing_template_are_400() -> None:
         assert err["code"] == "no_chat_template" and "/v1/completions" in err["message"]
     backend = fake.fake_backend()
 
-    def broken(messages, tools=None):
+    def broken(messages, tools=None, variables=None):
         raise ChatTemplateError("line 1: Conversation roles must alternate")
 
     backend.render_chat = broken

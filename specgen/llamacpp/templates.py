@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specgen.errors import ChatTemplateError
@@ -33,11 +33,20 @@ def compile_chat_template(template: str, bos_token: str, eos_token: str) -> Call
     except Exception as e:  # jinja2.TemplateSyntaxError and friends: user-supplied code
         raise ChatTemplateError(_template_error(e)) from e
 
-    def render(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None) -> str:
+    def render(
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[Any] | None = None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         try:
             # `tools` in the template's context as llama-server --jinja and transformers
-            # give it (OpenAI's tool objects), when there are any
-            return formatter(messages=list(messages), tools=list(tools) if tools else None).prompt  # type: ignore[arg-type]
+            # give it (OpenAI's tool objects), when there are any; `variables`: more of
+            # them (llama-server's chat_template_kwargs), beside the ones above
+            return formatter(
+                messages=list(messages),  # type: ignore[arg-type]
+                tools=list(tools) if tools else None,
+                **dict(variables or {}),
+            ).prompt
         except Exception as e:  # the template's own raise_exception, undefined names, ...
             raise ChatTemplateError(_template_error(e)) from e
 

@@ -80,9 +80,9 @@ class Backend:
     Attributes:
         scheduler: started; owns the models.
         tokenize: a raw prompt's text -> token ids (special tokens parsed, one BOS).
-        render_chat: (messages, tools or None) -> token ids through the target's chat
-            template, or None
-            when the target has none (the chat route then refuses with 400).
+        render_chat: (messages, tools or None, more template variables or None) -> token
+            ids through the target's chat template, or None when the target has none (the
+            chat route then refuses with 400).
         n_vocab: the vocabulary size (token-id prompts are checked against it).
         model_id: the id in /v1/models and every response (--alias, else the file name).
         card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
@@ -99,7 +99,12 @@ class Backend:
 
     scheduler: SchedulerLike
     tokenize: Callable[[str], list[int]]
-    render_chat: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]] | None
+    render_chat: (
+        Callable[
+            [list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None], list[int]
+        ]
+        | None
+    )
     n_vocab: int
     model_id: str
     card: dict[str, Any] = field(default_factory=dict)
@@ -220,7 +225,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         )  # fmt: skip
         given = tools.tool_dicts(listed) if listed and tt.native else None
         try:
-            prompt = await run_in_threadpool(b.render_chat, msgs, given)
+            prompt = await run_in_threadpool(b.render_chat, msgs, given, req.chat_template_kwargs)
         except ChatTemplateError as e:
             raise RequestError(400, str(e), param="messages", code="template_error") from None
         calls = choice if choice is not None and choice.calls else None

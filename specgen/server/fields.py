@@ -183,11 +183,7 @@ FIELDS: dict[str, Field] = {
     "samplers": Field(R, _CHAIN + ", in that fixed order", "llama-server"),
     "lora": Field(R, "no LoRA adapters", "llama-server", inert=(None, [])),
     "chat_template_kwargs": Field(
-        R,
-        "the chat template is rendered with its defaults",
-        "llama-server",
-        routes=CHAT,
-        inert=(None, {}),
+        H, "more variables for the chat template (enable_thinking...)", "llama-server", routes=CHAT
     ),
     "n_keep": Field(R, "the context is never shifted", "llama-server", inert=(None, 0)),
     "t_max_predict_ms": Field(R, "no time limit; send max_tokens", "llama-server"),

@@ -202,6 +202,13 @@ class _Generation(_Request):
         return None
 
 
+TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "tool_choice", "functions", "function_call", "bos_token",
+     "eos_token", "add_generation_prompt", "raise_exception", "strftime_now"}
+)  # fmt: skip
+"""What the server itself gives the chat template (`specgen.llamacpp.compile_chat_template`)."""
+
+
 class ChatCompletionRequest(_Generation):
     route: ClassVar[Route] = "chat"
     messages: list[ChatMessage] = Field(min_length=1)
@@ -211,6 +218,16 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: int | None = Field(default=None, gt=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    # llama-server's: more variables for the chat template (Qwen 3's enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_variables(cls, given: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(given or {}) & TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by the server, not by chat_template_kwargs")
+        return given
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
