@@ -429,11 +429,6 @@ class LlamaEngine(VocabularyMixin):
         pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
         return 0 <= pos_min <= max(0, m - self.n_swa + 1)
 
-    def _check_open(self) -> None:
-        """EngineError once closed: llama.cpp would read freed memory (and abort)."""
-        if self._ctx is None:
-            raise EngineError(f"{self.name}: the model is closed")
-
     def close(self) -> None:
         """Free the batch, context and model (idempotent); then every call that reaches
         llama.cpp raises EngineError ("the model is closed")."""

@@ -22,11 +22,15 @@ class VocabularyMixin:
     _vocab: Any
     _piece_cache: dict[int, bytes]
 
-    def _open_vocab(self) -> Any:
-        """The `llama_vocab` pointer; EngineError once the model is freed (the pointer would
-        dangle: llama.cpp aborts the whole process, or segfaults, on a freed vocabulary)."""
+    def _check_open(self) -> None:
+        """EngineError once `close` has freed the model: llama.cpp would read freed memory
+        (a freed vocabulary aborts the whole process, or segfaults)."""
         if self._model is None:
             raise EngineError(f"{self.name}: the model is closed")
+
+    def _open_vocab(self) -> Any:
+        """The `llama_vocab` pointer, after `_check_open`."""
+        self._check_open()
         return self._vocab
 
     def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
@@ -71,7 +75,7 @@ class VocabularyMixin:
 
     def chat_template(self) -> str | None:
         """The GGUF's default chat template (`tokenizer.chat_template`), or None."""
-        self._open_vocab()
+        self._check_open()
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 

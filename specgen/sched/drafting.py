@@ -70,9 +70,9 @@ class Drafting:
         whose draft lacks more than `prefill_chunk` committed tokens (its prompt, never
         drafted for, or a long stretch at K = 0) evaluates `prefill_chunk` of them (no
         logits rows) in one draft decode with the others' chunks, and stays at K = 0 this
-        step (a hybrid slot held to prompt lookup, `lookup_first`, is left alone: it drafts
-        no model block); so a long prompt stalls the other slots by one chunk in the draft as in the
-        target. Shorter catch-ups go in the block's first depth (`_draft_depths`).
+        step; so a long prompt stalls the other slots by one chunk in the draft as in the
+        target. Shorter catch-ups go in the block's first depth (`_draft_depths`). A hybrid
+        slot held to prompt lookup (`lookup_first`) is left alone: it drafts no model block.
 
         Returns:
             ks with 0 for every slot that caught up this step.
