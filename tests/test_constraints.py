@@ -396,7 +396,8 @@ def test_flags_parse_as_llama_cpp_writes_them_and_bench_url_refuses_them():
     from typer.testing import CliRunner
 
     from specgen.cli.app import app
-    from specgen.flags import SamplingFlags, parse_logit_bias
+    from specgen.flags import SamplingFlags
+    from specgen.logitbias import parse_logit_bias
 
     assert parse_logit_bias(["15043+1", "15043-inf", "7-0.5"]) == (
         (15043, 1.0),

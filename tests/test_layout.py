@@ -83,6 +83,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
         "acceptance_stats",
         "engine",
         "events",
+        "logitbias",  # -l and logit_bias read into pairs, for the flags
         "flags",
         "genconfig",  # a generation's settings, built from the flags
         "compat",
