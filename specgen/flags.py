@@ -223,7 +223,7 @@ class SamplingFlags:
         """The warpers and the constraints (logit bias, penalties) for both p and q.
 
         Raises:
-            ConfigError: --top-p outside (0, 1], --min-p outside [0, 1], a penalty or a
+            ConfigError: --top-p outside [0, 1], --min-p outside [0, 1], a penalty or a
                 bias out of its range (`specgen.constraints.Constraints`).
         """
         # start-up time: specgen.sampling loads numpy, which `specgen --help` must not

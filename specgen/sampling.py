@@ -66,7 +66,8 @@ class SamplingParams:
     Attributes:
         temp: temperature; <= 0 means greedy (p is one-hot at the argmax).
         top_k: keep the k largest logits; <= 0 disables.
-        top_p: keep the smallest set of most likely tokens whose mass is >= top_p; 1 disables.
+        top_p: keep the smallest set of most likely tokens whose mass is >= top_p; 1 disables,
+            0 keeps the most likely token alone.
         min_p: keep tokens with probability >= min_p * max probability; 0 disables.
         constraints: logit bias and penalties, applied to the logits before the warpers
             (`specgen.constraints`). They live here, not in the generation's settings,
@@ -81,8 +82,10 @@ class SamplingParams:
     constraints: Constraints = NO_CONSTRAINTS
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        # 0 keeps the one most likely token, as llama.cpp's top-p sampler (its first token
+        # already has mass >= 0) and OpenAI's API take it
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ConfigError(f"--top-p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"--min-p must be in [0, 1], got {self.min_p}")
 

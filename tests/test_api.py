@@ -182,7 +182,7 @@ def test_chat_renders_the_messages_with_the_template(pair, tmp_path: Path) -> No
 def test_cli_words_become_the_arguments_names() -> None:
     from specgen.flags import in_python_words
 
-    assert in_python_words("--top-p must be in (0, 1], got 2") == "top_p must be in (0, 1], got 2"
+    assert in_python_words("--top-p must be in [0, 1], got 2") == "top_p must be in [0, 1], got 2"
     assert in_python_words("-md needs -m (the target)") == "draft needs target (the target)"
     assert in_python_words("--no-live is bad; see top-k") == "--no-live is bad; see top-k"
     assert (

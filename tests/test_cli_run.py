@@ -192,7 +192,7 @@ def test_bad_input_is_one_clear_line(
         "empty_prompt": ["-m", t, "-md", "none", ""],
         "long_prompt": ["-m", t, "-md", "none", "-c", "16", "the cat " * 300],
         "bad_draft_max": ["-m", t, "-md", "none", "--draft-max", "lots", "x"],
-        "bad_top_p": ["-m", t, "-md", "none", "--top-p", "0", "x"],
+        "bad_top_p": ["-m", t, "-md", "none", "--top-p", "1.5", "x"],
     }[case]
     r = specgen("run", *args, stdin=b"")
     err = r.stderr.decode()

@@ -40,6 +40,7 @@ SETTINGS = [
     (1.0, 0, 1.0, 0.2),
     (0.7, 10, 0.9, 0.1),
     (1.0, 1, 1.0, 0.0),
+    (1.0, 0, 0.0, 0.0),
 ]
 
 
@@ -81,7 +82,7 @@ def test_draw_follows_the_distribution_and_never_draws_zero_mass():
     assert abs(counts[3] - 10000) < 355
 
 
-@pytest.mark.parametrize("kw", [{"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 2.0}])
+@pytest.mark.parametrize("kw", [{"top_p": -0.1}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 2.0}])
 def test_invalid_settings_are_refused(kw):
     with pytest.raises(ConfigError):
         SamplingParams(**kw)

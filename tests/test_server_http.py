@@ -153,6 +153,10 @@ def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
         c = s.sched.submitted[-1].config
         assert c.params == SamplingParams(temp=0.0, top_k=3, top_p=0.9, min_p=0.0)
         assert (c.seed, c.max_tokens, c.ignore_eos) == (5, 7, True)
+        # top_p 0 is the most likely token alone (llama-server's and OpenAI's range is [0, 1])
+        assert s.post("/v1/completions", {"prompt": "a", "top_p": 0}).status_code == 200
+        assert s.sched.submitted[-1].config.params.top_p == 0.0
+        assert s.post("/v1/completions", {"prompt": "a", "top_p": -0.1}).status_code == 400
         s.post("/v1/completions", {"prompt": "a", "seed": -1})
         assert s.sched.submitted[-1].config.seed == 11  # -1: the default (llama.cpp's random)
         chat = {"messages": USER, "max_tokens": 9, "max_completion_tokens": 4}

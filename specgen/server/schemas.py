@@ -117,7 +117,7 @@ class _Generation(_Request):
     model: str | None = None
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = None
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
