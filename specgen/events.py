@@ -70,6 +70,11 @@ class Prefilled:
     written before that carry it here."""
     draft_token_s: float | None = None
     """Median seconds of a single-token draft pass, likewise (None but in older traces)."""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    """With `GenerateConfig.prompt_logprobs`: prompt tokens 2..n, each under the target's
+    raw logits at the position before it (`specgen.logprobs`; the first token has none),
+    else None. A choice that shares another's prompt cells (the server's ``n``) has none
+    of its own: empty."""
 
 
 @dataclass(frozen=True)

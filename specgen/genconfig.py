@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 VerifyRule = Literal["token", "block"]
 VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
 
+#: the most prompt tokens one step evaluates for a generation that asks for the prompt's
+#: log-probabilities: each needs a logits row (a 262,144-entry row is 1 MiB of float32 and
+#: about 6 ms of output layer on two cores), so a long prompt's rows come in steps, as a
+#: prefill chunk does
+PROMPT_ROWS_CHUNK = 32
+
 
 @dataclass(frozen=True)
 class GenerateConfig:
@@ -44,6 +50,12 @@ class GenerateConfig:
             likely alternatives (0..20, `specgen.logprobs`); None (the default) computes
             nothing. While it is None a proposer may skip target rows it does not need
             (`wants_logprobs`): with it set every emitted token needs its row.
+        prompt_logprobs: the prompt's log-probabilities too (vLLM's ``prompt_logprobs``;
+            OpenAI's ``echo`` with ``logprobs``): each prompt token after the first under
+            the target's row at the position before it, with this many alternatives
+            (0..20), carried by the `Prefilled` event. The whole prompt is then evaluated
+            (no cached prefix is kept: its rows are gone), with a row per token, in chunks
+            of at most `PROMPT_ROWS_CHUNK` tokens. None (the default) computes nothing.
     """
 
     max_tokens: int = 256
@@ -57,6 +69,7 @@ class GenerateConfig:
     verify_rule: VerifyRule = "token"
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @classmethod
     def of(
@@ -68,6 +81,7 @@ class GenerateConfig:
         measure_ordinary: int = 0,
         trace: bool = False,
         reuse_cache: bool = False,
+        prompt_logprobs: int | None = None,
     ) -> GenerateConfig:
         """The one way from what was asked to a generation's settings: every door builds a
         `SamplingFlags` (the CLI from its flags, the Python API from keyword arguments,
@@ -81,6 +95,8 @@ class GenerateConfig:
             grammar: what the output must match when it does not come from `sampling`'s
                 grammar flags (a request's ``response_format``); None = theirs.
             measure_ordinary, trace, reuse_cache: how this generation runs (see above).
+            prompt_logprobs: the prompt's log-probabilities with this many alternatives
+                (see above), or None.
 
         Raises:
             ConfigError: --top-p or --min-p, a penalty or a bias out of range
@@ -98,6 +114,7 @@ class GenerateConfig:
             verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
             grammar=grammar if grammar is not None else grammar_spec(sampling),
             logprobs=sampling.logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     @property

@@ -30,7 +30,7 @@ from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
 from specgen.genconfig import GenerateConfig
-from specgen.logprobs import token_logprobs
+from specgen.logprobs import TokenLogprob, token_logprobs
 from specgen.measure import Baseline
 from specgen.proposal import Proposal, forced_rows
 from specgen.stages import (
@@ -105,6 +105,7 @@ class Sequence:
         self._t_last: float | None = None  # when the last round ended (`commit`)
         # `draft_context`'s lead for the round about to be proposed: (len(committed), lead)
         self._lead: tuple[int, list[int]] = (-1, [])
+        self._prompt_lps: list[TokenLogprob] = []  # `score_prompt`'s, prompt tokens 2..
 
     def _attach_grammar(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
@@ -152,7 +153,25 @@ class Sequence:
         and decoding starts now. Returns the Prefilled event."""
         self.stats.prefill_s = prefill_s
         self._t_decode = self.clock()
-        return Prefilled(len(self.committed), prefill_s, None, None)
+        lps = None if self.config.prompt_logprobs is None else tuple(self._prompt_lps)
+        return Prefilled(len(self.committed), prefill_s, None, None, lps)
+
+    def score_prompt(self, rows: Logits) -> None:
+        """The prompt's log-probabilities from a chunk's rows
+        (`GenerateConfig.prompt_logprobs`; nothing without it): chunks come in order from
+        the prompt's first token, and row i of a chunk scores the prompt token after the
+        chunk's i-th (`specgen.logprobs.token_logprobs`).
+
+        Args:
+            rows: (m, n_vocab) float32 raw target logits of the next m prompt positions.
+        """
+        n_top = self.config.prompt_logprobs
+        if n_top is None:
+            return
+        done = len(self._prompt_lps)
+        end = min(done + 1 + len(rows), self.stats.n_prompt)
+        tokens = self.committed[done + 1 : end]
+        self._prompt_lps += token_logprobs(rows, tokens, n_top, self.target.token_bytes)
 
     def skip(self, seconds: float) -> None:
         """`seconds` just spent outside the rounds (the single stream's timed start-up

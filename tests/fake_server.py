@@ -245,6 +245,7 @@ def fake_backend(scheduler: FakeScheduler | None = None, chat: bool = True) -> B
         n_vocab=N_VOCAB,
         model_id="fake-model",
         card={"target": {"file": "fake.gguf", "sha256": "0" * 64}},
+        token_bytes=token_bytes,
     )
 
 

@@ -580,3 +580,40 @@ def test_n_choices_are_indexed_seeded_apart_and_share_choice_0s_prompt(served: S
             finished.append(c.index)
     assert roles == [0, 1] and sorted(finished) == [0, 1]
     assert content == {i: fake.REPLY for i in range(2)}
+
+
+# -- echo ------------------------------------------------------------------------------------
+
+
+def test_echo_puts_the_prompt_before_the_completion_whole_and_streamed(served: Served) -> None:
+    # the values of the prompt's logprobs come from the engine: test_server_models.py
+    for prompt, shown in (("Say hi", "Say hi"), ([104, 105], "hi"), ([[104, 105]], "hi")):
+        r = served.post("/v1/completions", {"prompt": prompt, "echo": True, "max_tokens": 5})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == shown + fake.REPLY[:5]
+        assert r.json()["usage"]["completion_tokens"] == 5
+    body = {"prompt": "Say hi", "echo": True, "max_tokens": 5, "stream": True, "n": 2}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=T) as r:
+        chunks = chunks_of(sse_lines(r))
+    for i in (0, 1):
+        texts = [c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i]
+        assert texts[0] == "Say hi" and "".join(texts) == "Say hi" + fake.REPLY[:5]
+
+
+def test_max_tokens_zero_is_served_with_echo_only_and_echo_needs_the_vocabulary() -> None:
+    with serving() as s:
+        r = s.post("/v1/completions", {"prompt": "Say hi", "max_tokens": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert "echo" in r.json()["error"]["message"]
+        r = s.post("/v1/completions", {"prompt": "Say hi", "max_tokens": 0, "echo": True})
+        assert r.status_code == 200, r.text
+        assert s.sched.submitted[-1].config.max_tokens == 0
+        r = s.post("/v1/completions", {"prompt": "a", "echo": True, "logprobs": 2})
+        assert s.sched.submitted[-1].config.prompt_logprobs == 2
+        s.post("/v1/completions", {"prompt": "a", "logprobs": 2})  # no echo: not the prompt's
+        assert s.sched.submitted[-1].config.prompt_logprobs is None
+    backend = fake.fake_backend()
+    backend.token_bytes = None
+    with serving(backend=backend) as s:
+        r = s.post("/v1/completions", {"prompt": "Say hi", "echo": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo"

@@ -268,6 +268,49 @@ def test_completion_logprobs_legacy_shape_values_and_stream(server: Server, smol
     assert sum((x.text_offset or [] for x in streamed), []) == lp["text_offset"]
 
 
+def test_echo_scores_the_prompt_as_lm_evaluation_harness_asks(server: Server, smol_pair) -> None:
+    """lm-evaluation-harness's loglikelihood body (its `local-completions`): token ids, echo,
+    logprobs 1, one greedy token; it sums ``token_logprobs[ctxlen:-1]`` and compares each
+    with ``max(top_logprobs)``. Every prompt entry is the target's own value, whole,
+    streamed, with max_tokens 0 and for every choice."""
+    from specgen.chat import prompt_tokens
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+        ids = prompt_tokens(target, (PROMPTS[0] + " memory, time and").encode())
+    ref = _reference_logprobs(smol_pair, ids[:1], ids[1:])  # rows for prompt tokens 2..n
+    body = {"prompt": [ids], "temperature": 0, "max_tokens": 1, "logprobs": 1, "echo": True}
+    r = httpx.post(server.url + "/v1/completions", json={**body, "seed": 1234}, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and choice["text"].startswith(
+        "".join(lp["tokens"][:-1])
+    )
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    for i, tok in enumerate(ids[1:]):
+        assert abs(lp["token_logprobs"][i + 1] - ref[i][tok]) < LP_TOL
+        assert abs(max(lp["top_logprobs"][i + 1].values()) - ref[i].max()) < LP_TOL
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    # the prompt alone; then streamed, its first chunk the prompt; then two choices
+    alone = completion(server, PROMPTS[0], max_tokens=0, echo=True, logprobs=1, ignore_eos=False)
+    assert alone["choices"][0]["text"] == PROMPTS[0]
+    assert (
+        alone["usage"]["completion_tokens"] == 0
+        and alone["choices"][0]["finish_reason"] == "length"
+    )
+    chunks = list(server.client().completions.create(
+        model=server.model_id, prompt=[ids], max_tokens=1, logprobs=1, echo=True, stream=True,
+    ))  # fmt: skip
+    first = chunks[0].choices[0].logprobs
+    assert first is not None and first.token_logprobs is not None
+    same = pytest.approx(lp["token_logprobs"][1:-1], abs=LP_TOL)
+    assert first.token_logprobs[0] is None and first.token_logprobs[1:] == same
+    two = completion(server, [ids], max_tokens=3, logprobs=1, echo=True, n=2)
+    for c in two["choices"]:
+        assert c["logprobs"]["token_logprobs"][1 : len(ids)] == same
+
+
 def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
     client = server.client()
     msgs = [{"role": "user", "content": "Name a color."}]

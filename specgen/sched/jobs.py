@@ -39,7 +39,8 @@ class Failed:
     kind: str
 
 
-#: a Prefilled is sent only to a single stream's slot (`Slots.single`)
+#: a Prefilled is sent to a single stream's slot, and to a server job that asked for the
+#: prompt's log-probabilities (`Slots.announces`)
 JobEvent = Prefilled | Step | Done | Failed
 Sink = Callable[[JobEvent], None]
 #: hands one step's events to their sinks, in the order they were sent (`Scheduler.deliver`)

@@ -144,6 +144,8 @@ class Slots:
                 slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
             else:
                 keep = common_prefix(slot.target.tokens, job.prompt[:-1])
+                if job.config.prompt_logprobs is not None:
+                    keep = 0  # every prompt position needs its row: cached cells have none
                 slot.target.truncate(keep)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
             self.fail(slot, exc, "engine")
@@ -200,8 +202,9 @@ class Slots:
     def start(self, slot: Slot, announce: bool = True) -> None:
         """The slot's prompt is evaluated (or its last chunk is in this step's decode):
         its request starts, its drafter is prefilled (a model draft only once the slot
-        first drafts), and with `single` its Prefilled event is sent (unless `announce` is
-        False: the step sends it once the decode holding the last chunk is done)."""
+        first drafts), and its Prefilled event is sent where `announces` says (unless
+        `announce` is False: the step sends it once the decode holding the last chunk is
+        done)."""
         assert slot.seq is not None and slot.ticket is not None
         try:
             d, b = slot.drafter, batched(slot.drafter)
@@ -216,8 +219,16 @@ class Slots:
             self.fail(slot, exc, "engine")
             return
         slot.started = True
-        if self.single and announce:
+        if announce and self.announces(slot):
             self.send(slot.ticket, prefilled)
+        if announce and slot.seq.ended():  # max_tokens 0: the prompt alone (its logprobs)
+            self.end(slot, None)
+
+    def announces(self, slot: Slot) -> bool:
+        """Whether the slot's job gets its Prefilled event: a single stream's always, the
+        server's when it asked for the prompt's log-probabilities (which it carries)."""
+        assert slot.seq is not None
+        return self.single or slot.seq.config.prompt_logprobs is not None
 
     def end(self, slot: Slot, event: JobEvent | None, reason: str | None = None) -> None:
         """Free the slot: roll its caches back to the committed tokens and send `event`

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from specgen.control.batch import BatchController, SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
+from specgen.genconfig import PROMPT_ROWS_CHUNK
 from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
 from specgen.proposal import Proposal
@@ -202,10 +203,11 @@ class Stepper:
         budget = self.target.n_batch - sum(len(p.tokens) for p in parts)
         chunked = self._prompt_chunks(lambda slot: slot.todo, budget)
         budget -= sum(len(part.tokens) for _, part in chunked)
+        sizes = {slot.index: len(part.tokens) for slot, part in chunked}  # prompt tokens
         firsts, chunked = self._first_rounds(chunked, budget)
         self._n_firsts = len(firsts)
         parts += [part for _, part in chunked]
-        chunks = [(slot, len(part.tokens) - part.n_rows) for slot, part in chunked]
+        chunks = [(slot, sizes[slot.index]) for slot, _ in chunked]
         decode0 = _decode_s(self.target)
         rows: list[Logits] | None = None
         verify_s = 0.0
@@ -233,21 +235,24 @@ class Stepper:
                 # vocabulary, a cost the decode's own time leaves out)
                 self.controller.observe_target(n_rows, self.clock() - t2)
             elif self.controller is not None:  # what the prompt tokens cost beyond the rows
-                n_chunk = sum(n for _, n in chunks)
+                # (those scored for their log-probabilities are rows themselves)
+                n_chunk = sum(len(part.tokens) - part.n_rows for _, part in chunked)
                 beyond = self.clock() - t2 - self.controller.target.line()(n_rows)
                 self.controller.observe_chunk(n_chunk, beyond)
-            for slot, n in chunks:
-                del slot.todo[:n]
             chunk_rows = dict(
                 zip([s.index for s, _ in chunked], rows[len(proposals) :], strict=True)
             )
+            for slot, n in chunks:
+                del slot.todo[:n]
+                if slot.seq is not None and slot.seq.config.prompt_logprobs is not None:
+                    slot.seq.score_prompt(chunk_rows[slot.index][:n])
             for slot, prop in firsts:
                 assert slot.seq is not None and slot.ticket is not None
                 prefilled = slot.seq.prefilled(self.clock() - slot.t_admit)
-                if self.slots.single:  # its prompt is evaluated only now
+                if self.slots.announces(slot):  # its prompt is evaluated only now
                     self.slots.send(slot.ticket, prefilled)
                 # its decode was the prompt's: prefill, not this round's verification
-                self._commit(slot, prop, chunk_rows[slot.index], 0.0)
+                self._commit(slot, prop, chunk_rows[slot.index][-len(prop.to_score) :], 0.0)
         if self.controller is not None and plain and not chunks and rows is not None:
             # the positions lookup really filled: also those after model tokens, which
             # the choice could not foresee (`HybridDrafting.feed`); a catch-up is
@@ -308,7 +313,13 @@ class Stepper:
         firsts: list[tuple[Slot, Proposal]] = []
         out: list[tuple[Slot, SeqDecode]] = []
         for slot, part in chunked:
-            if len(part.tokens) < len(slot.todo) or budget < 1 or not slot.first:
+            assert slot.seq is not None
+            if (
+                len(part.tokens) < len(slot.todo)
+                or budget < 1
+                or not slot.first
+                or slot.seq.config.max_tokens <= 0  # nothing to generate: no round
+            ):
                 out.append((slot, part))
                 continue
             self.slots.start(slot, announce=False)
@@ -317,7 +328,8 @@ class Stepper:
             slot.first = False  # this round is its ordinary first
             slot.reason = "first"
             prop = slot.seq.propose(0, lead=False)
-            out.append((slot, SeqDecode(slot.index, part.tokens + prop.to_score, 1)))
+            n_rows = part.n_rows + len(prop.to_score)  # rows of a scored chunk, then its own
+            out.append((slot, SeqDecode(slot.index, part.tokens + prop.to_score, n_rows)))
             firsts.append((slot, prop))
             budget -= len(prop.to_score)
         return firsts, out
@@ -327,14 +339,19 @@ class Stepper:
     ) -> list[tuple[Slot, SeqDecode]]:
         """A chunk (at most `prefill_chunk` tokens, no logits rows) of each prefilling
         slot's prompt tokens still to evaluate (`todo_of(slot)`: the target's or the
-        draft's), `budget` tokens in all."""
+        draft's), `budget` tokens in all. A generation that asks for the prompt's
+        log-probabilities gets a row per token, in chunks of at most `PROMPT_ROWS_CHUNK`."""
         out: list[tuple[Slot, SeqDecode]] = []
         for slot in self.slots.all:
             todo = todo_of(slot)
             if slot.seq is None or slot.started or not todo or budget <= 0:
                 continue
             n = min(len(todo), budget, self.prefill_chunk)
-            out.append((slot, SeqDecode(slot.index, todo[:n], 0)))
+            if slot.seq.config.prompt_logprobs is not None:
+                n = min(n, PROMPT_ROWS_CHUNK)
+                out.append((slot, SeqDecode(slot.index, todo[:n], n)))
+            else:
+                out.append((slot, SeqDecode(slot.index, todo[:n], 0)))
             budget -= n
         return out
 

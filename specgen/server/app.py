@@ -43,6 +43,7 @@ from specgen import (
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
+from specgen.server.echo import Echo
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.responses import Events, Run
@@ -91,6 +92,8 @@ class Backend:
             ``tools`` itself, else `specgen.server.tools` writes them into a system
             message; its call syntax, which decides whether ``tool_choice: "auto"`` is
             served).
+        token_bytes: a token id's bytes in output text (what ``echo`` shows of a prompt
+            sent as token ids); None: ``echo`` is refused.
         check_grammar: compiles a request's grammar for the target's vocabulary (cached per
             grammar text, so the step loop finds it compiled), raising GrammarError naming
             the problem; called in a worker thread before the job is queued. None: no
@@ -110,6 +113,7 @@ class Backend:
     card: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] = lambda: None
     check_grammar: Callable[[GrammarSpec], object] | None = None
+    token_bytes: Callable[[int], bytes] | None = None
     tool_template: tools.TemplateTools = field(default_factory=tools.TemplateTools)
 
 
@@ -236,6 +240,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     async def completions(request: Request) -> Response:
         b = ready()
         req = _parse(CompletionRequest, await request.body())
+        text = None
         if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
             prompt = list(req.prompt)
             bad = [t for t in prompt if not 0 <= t < b.n_vocab]
@@ -247,7 +252,12 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         else:
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
             prompt = await run_in_threadpool(b.tokenize, text)
-        return await _serve(request, b, req, prompt, chat=False)
+        echo = None
+        if req.echo and prompt:  # (an empty prompt is refused below)
+            if b.token_bytes is None:
+                raise RequestError(400, "this server does not echo prompts", param="echo")
+            echo = await run_in_threadpool(Echo.of, text, prompt, b.token_bytes)
+        return await _serve(request, b, req, prompt, chat=False, echo=echo)
 
     async def _serve(
         request: Request,
@@ -256,6 +266,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         prompt: list[int],
         chat: bool,
         calls: tools.Choice | None = None,
+        echo: Echo | None = None,
     ) -> Response:
         config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
         call = None
@@ -322,7 +333,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
             chat, job_id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
-            req.n_logprobs is not None, tools=calls,
+            req.n_logprobs is not None, tools=calls, echo=echo,
         )  # fmt: skip
         run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:

@@ -144,6 +144,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
+        token_bytes=target.token_bytes,
         tool_template=(
             TemplateTools.of(formatter.template.text, formatter.text)
             if formatter is not None

@@ -35,7 +35,7 @@ class Events:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[tuple[int, Step | Done | Failed]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, Prefilled | Step | Done | Failed]] = asyncio.Queue()
         self.index = 0
 
     def choice(self, index: int) -> Events:
@@ -46,7 +46,7 @@ class Events:
         sink.loop, sink.queue, sink.index = self.loop, self.queue, index
         return sink
 
-    def __call__(self, event: Step | Done | Failed) -> None:
+    def __call__(self, event: Prefilled | Step | Done | Failed) -> None:
         _post(self.loop, [(self.queue, (self.index, event))])
 
 
@@ -105,7 +105,7 @@ class Run:
         self.ended = False
         state.in_flight += 1
 
-    async def next_event(self) -> tuple[int, Step | Done | Failed]:
+    async def next_event(self) -> tuple[int, Prefilled | Step | Done | Failed]:
         return await self.events.queue.get()
 
     def _finish(self, outcomes: list[Outcome]) -> None:
@@ -140,6 +140,12 @@ class Run:
             f" {n_gen} tokens{choices}, acceptance {acc}, {tps}, finish {first.finish}"
         )
 
+    def _prefilled(self, index: int, event: Prefilled) -> None:
+        """Sent only to a job that asked for its prompt's log-probabilities (echo with
+        logprobs): choice 0's are every choice's (they share its prompt)."""
+        if index == 0 and self.shape.echo is not None:
+            self.shape.echo.logprobs = event.prompt_logprobs
+
     def _cancel(self) -> None:
         if not self.ended:
             for t in self.tickets:
@@ -156,7 +162,9 @@ class Run:
                     self._cancel()
                     return Response(status_code=499)
                 continue
-            if isinstance(ev, Step):
+            if isinstance(ev, Prefilled):
+                self._prefilled(i, ev)
+            elif isinstance(ev, Step):
                 self.steps[i].append(ev)
             elif isinstance(ev, Done):
                 self.outcomes[i] = Outcome.of_done(ev)
@@ -185,8 +193,15 @@ class Run:
                 first = self.shape.first_chunk(i)
                 if first is not None:
                     yield _sse(first)
+            echoed = [self.shape.echo is None for _ in self.jobs]
             while True:
                 i, ev = await self.next_event()
+                if isinstance(ev, Prefilled):
+                    self._prefilled(i, ev)
+                    continue
+                if not echoed[i]:  # the prompt first, with its log-probabilities by now
+                    echoed[i] = True
+                    yield _sse(self.shape.echo_chunk(i))
                 if isinstance(ev, Step):
                     self.steps[i].append(ev)
                     gate = gates[i]

@@ -255,6 +255,19 @@ class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
     # OpenAI's legacy field: a count of alternatives (OpenAI allows 5; llama.cpp's 20)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    echo: bool | None = None
+    # 0 with echo: the prompt alone, scored (`specgen.server.echo`)
+    max_tokens: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _nothing_asked(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError(
+                "refused_field",
+                "max_tokens 0 generates nothing: it is served with echo (the prompt scored alone)",
+                {"param": "max_tokens"},
+            )
+        return self
 
     @property
     def n_logprobs(self) -> int | None:

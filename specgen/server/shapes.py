@@ -15,6 +15,7 @@ from specgen.grammarspec import GrammarSpec
 from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
+from specgen.server.echo import Echo
 from specgen.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -178,7 +179,7 @@ def generate_config(
             top_p=_given(req.top_p, base.top_p),
             min_p=_given(req.min_p, base.min_p),
             seed=seed,
-            max_tokens=limit,
+            max_tokens=max(limit, 1),  # 0 (echo's prompt alone) is set below: no -n 0 flag
             stop=req.stop_strings,
             ignore_eos=bool(req.ignore_eos),
             # a given logit_bias replaces the server's whole map
@@ -189,7 +190,10 @@ def generate_config(
             frequency_penalty=_given(req.frequency_penalty, base.frequency_penalty),
             logprobs=req.n_logprobs,
         )
-        return GenerateConfig.of(sampling, seed, grammar=grammar_of(req))
+        # echo with logprobs: the prompt's own too (`specgen.server.echo`)
+        scored = req.n_logprobs if getattr(req, "echo", None) else None
+        config = GenerateConfig.of(sampling, seed, grammar=grammar_of(req), prompt_logprobs=scored)
+        return replace(config, max_tokens=0) if limit == 0 else config
     except ConfigError as e:  # a value the schema lets through, said in the request's words
         message = in_python_words(str(e))
         raise RequestError(400, message, param=message.split(" ", 1)[0]) from e
@@ -319,6 +323,7 @@ class Shape:
     return_tokens: bool = False
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
+    echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.echo`)
     # a streamed completion's characters so far per choice (its text_offset)
     _offsets: dict[int, int] = field(default_factory=dict)
 
@@ -378,8 +383,14 @@ class Shape:
                     ChatChoice(index=i, message=message, logprobs=lps, finish_reason=finish)
                 )
             else:
+                text = outcome.text
+                if self.echo is not None:
+                    text = self.echo.text + text
+                    lps = self.echo.joined(
+                        self._logprobs([s for x in st for s in x.spans], len(self.echo.text))
+                    )
                 text_choices.append(
-                    TextChoice(index=i, text=outcome.text, logprobs=lps, finish_reason=finish)
+                    TextChoice(index=i, text=text, logprobs=lps, finish_reason=finish)
                 )
         if self.chat:
             return ChatCompletion(**head, choices=chat_choices, usage=usage, **meta).wire()
@@ -428,6 +439,14 @@ class Shape:
             index=index, delta={"role": "assistant", "content": ""}, finish_reason=None
         )
         return ChatCompletionChunk(**head, choices=[choice]).wire()
+
+    def echo_chunk(self, index: int = 0) -> dict[str, Any]:
+        """A streamed completion's first chunk of choice `index` with ``echo``: the prompt,
+        and its log-probabilities when asked; the completion's offsets continue after it."""
+        assert self.echo is not None
+        self._offsets[index] = len(self.echo.text)
+        lps = self.echo.legacy_logprobs() if self.logprobs else None
+        return self._chunk(self.echo.text, None, lps, index)
 
     def step_chunk(self, step: Step, text: str | None = None, index: int = 0) -> dict[str, Any]:
         """One round's committed text of choice `index` (or `text`: the content of it that
