@@ -30,6 +30,7 @@ from specgen.emit import Emitter
 from specgen.events import Done, Span, Stats, Step
 from specgen.sched.jobs import DoesNotFit, Failed, Job, QueueFull
 from specgen.server.app import Backend
+from specgen.server.vocabulary import Vocabulary
 
 EOS = 256
 N_VOCAB = 257
@@ -245,7 +246,9 @@ def fake_backend(scheduler: FakeScheduler | None = None, chat: bool = True) -> B
         n_vocab=N_VOCAB,
         model_id="fake-model",
         card={"target": {"file": "fake.gguf", "sha256": "0" * 64}},
-        token_bytes=token_bytes,
+        vocabulary=Vocabulary(
+            lambda text, add: tokenize(text), token_bytes, None, None, None, N_VOCAB
+        ),
     )
 
 

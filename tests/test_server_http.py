@@ -613,7 +613,42 @@ def test_max_tokens_zero_is_served_with_echo_only_and_echo_needs_the_vocabulary(
         s.post("/v1/completions", {"prompt": "a", "logprobs": 2})  # no echo: not the prompt's
         assert s.sched.submitted[-1].config.prompt_logprobs is None
     backend = fake.fake_backend()
-    backend.token_bytes = None
+    backend.vocabulary = None
     with serving(backend=backend) as s:
         r = s.post("/v1/completions", {"prompt": "Say hi", "echo": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+# -- the tokenizer routes ----------------------------------------------------------------------
+
+
+def test_tokenize_and_detokenize_answer_vllms_and_llama_servers_clients(served: Served) -> None:
+    ids = fake.tokenize("Say hi")
+    for body in ({"prompt": "Say hi"}, {"content": "Say hi", "with_pieces": False}):
+        r = served.post("/tokenize", body)
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == ids and r.json()["count"] == len(ids)
+        assert r.json()["max_model_len"] == served.sched.n_ctx_slot
+    r = served.post("/detokenize", {"tokens": ids})
+    assert r.json() == {"prompt": "Say hi", "content": "Say hi"}
+    info = httpx.get(served.url + "/tokenizer_info", timeout=T).json()
+    assert {"eos_token", "bos_token", "chat_template"} <= set(info)
+    for path, body, param in (
+        ("/tokenize", {"prompt": "a", "content": "b"}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/detokenize", {"tokens": [fake.N_VOCAB]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ):
+        r = served.post(path, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_the_tokenizer_routes_need_the_key_and_a_vocabulary() -> None:
+    with serving(Settings(api_key="sekrit")) as s:
+        assert s.post("/tokenize", {"prompt": "a"}).status_code == 401
+        r = s.post("/tokenize", {"prompt": "a"}, headers={"Authorization": "Bearer sekrit"})
+        assert r.status_code == 200
+    backend = fake.fake_backend()
+    backend.vocabulary = None
+    with serving(backend=backend) as s:
+        assert s.post("/tokenize", {"prompt": "a"}).status_code == 404

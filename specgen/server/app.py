@@ -54,6 +54,8 @@ from specgen.server.schemas import (
     validation_error,
 )
 from specgen.server.shapes import Defaults, RequestError, Shape, generate_config, messages_of
+from specgen.server.vocabulary import Vocabulary
+from specgen.server.vocabulary import add_routes as add_vocabulary_routes
 
 OPEN_PATHS = frozenset({"/health"})
 RETRY_AFTER_S = 1
@@ -92,8 +94,9 @@ class Backend:
             ``tools`` itself, else `specgen.server.tools` writes them into a system
             message; its call syntax, which decides whether ``tool_choice: "auto"`` is
             served).
-        token_bytes: a token id's bytes in output text (what ``echo`` shows of a prompt
-            sent as token ids); None: ``echo`` is refused.
+        vocabulary: the target's tokenizer (the tokenizer routes, and what ``echo``
+            shows of a prompt sent as token ids); None: those routes answer 404 and
+            ``echo`` is refused.
         check_grammar: compiles a request's grammar for the target's vocabulary (cached per
             grammar text, so the step loop finds it compiled), raising GrammarError naming
             the problem; called in a worker thread before the job is queued. None: no
@@ -113,7 +116,7 @@ class Backend:
     card: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] = lambda: None
     check_grammar: Callable[[GrammarSpec], object] | None = None
-    token_bytes: Callable[[int], bytes] | None = None
+    vocabulary: Vocabulary | None = None
     tool_template: tools.TemplateTools = field(default_factory=tools.TemplateTools)
 
 
@@ -204,6 +207,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         }
         return JSONResponse({"object": "list", "data": [entry]})
 
+    def vocabulary() -> Vocabulary:
+        b = ready()
+        if b.vocabulary is None:
+            raise RequestError(404, "this server serves no tokenizer", type_="not_found_error")
+        return b.vocabulary
+
+    add_vocabulary_routes(api, vocabulary, lambda: ready().scheduler.n_ctx_slot)
+
     @api.post("/v1/chat/completions")
     @api.post("/chat/completions")
     async def chat(request: Request) -> Response:
@@ -254,9 +265,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             prompt = await run_in_threadpool(b.tokenize, text)
         echo = None
         if req.echo and prompt:  # (an empty prompt is refused below)
-            if b.token_bytes is None:
+            if b.vocabulary is None:
                 raise RequestError(400, "this server does not echo prompts", param="echo")
-            echo = await run_in_threadpool(Echo.of, text, prompt, b.token_bytes)
+            echo = await run_in_threadpool(Echo.of, text, prompt, b.vocabulary.token_bytes)
         return await _serve(request, b, req, prompt, chat=False, echo=echo)
 
     async def _serve(

@@ -118,6 +118,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
     from specgen.grammar import compile_grammar, tokenizer_for
     from specgen.server.tools import TemplateTools
+    from specgen.server.vocabulary import Vocabulary
 
     target = opened.target
     template = load_template(target, a.chat_template)
@@ -144,7 +145,18 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
-        token_bytes=target.token_bytes,
+        vocabulary=Vocabulary(
+            tokenize=lambda text, add: (
+                prompt_tokens(target, text.encode("utf-8"))
+                if add
+                else target.tokenize(text.encode("utf-8"), add_special=False)
+            ),
+            token_bytes=target.token_bytes,
+            bos=target.token_text(target.vocab.bos) if target.vocab.bos >= 0 else None,
+            eos=target.token_text(target.vocab.eos) if target.vocab.eos >= 0 else None,
+            chat_template=template.text if template is not None else None,
+            n_vocab=target.n_vocab,
+        ),
         tool_template=(
             TemplateTools.of(formatter.template.text, formatter.text)
             if formatter is not None

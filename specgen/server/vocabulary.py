@@ -1,0 +1,129 @@
+"""The target's tokenizer over HTTP, as the two servers clients already speak to serve it:
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's fields ``prompt`` and
+``add_special_tokens``, llama-server's ``content`` and ``add_special``; each answers with
+both servers' keys), and vLLM's ``GET /tokenizer_info``.
+
+Clients count tokens with them (context budgets, prompt truncation), and
+lm-evaluation-harness's ``local-completions`` model uses them as its tokenizer when they are
+there (its ``tokenizer_backend=auto`` probes ``/tokenizer_info`` and ``/tokenize``): its
+token-id prompts are then the target's own tokens, with no Hugging Face tokenizer to fetch
+and none that could disagree with the GGUF's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specgen.server.schemas import validation_error
+from specgen.server.shapes import RequestError
+
+__all__ = ["Vocabulary", "add_routes"]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The target's tokenizer, as the routes serve it.
+
+    Attributes:
+        tokenize: (text, add special tokens) -> token ids; special-token text (``<bos>``,
+            ``<|im_end|>``) is parsed; with add True, BOS where the model adds one (never
+            twice: `specgen.chat.prompt_tokens`).
+        token_bytes: a token id's bytes in output text (control tokens: b"").
+        bos, eos: the BOS and EOS tokens' text, None when the model has none.
+        chat_template: the GGUF's chat template, or None.
+        n_vocab: the vocabulary's size (ids are checked against it).
+    """
+
+    tokenize: Callable[[str, bool], list[int]]
+    token_bytes: Callable[[int], bytes]
+    bos: str | None
+    eos: str | None
+    chat_template: str | None
+    n_vocab: int
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text the ids render to (an incomplete UTF-8 sequence shows U+FFFD).
+
+        Raises:
+            RequestError: 400 for an id outside the vocabulary.
+        """
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise RequestError(
+                400, f"tokens: {bad[0]} is not in the vocabulary (0..{self.n_vocab - 1})",
+                param="tokens",
+            )  # fmt: skip
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+class _Tokenize(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    prompt: str | None = None  # vLLM's
+    content: str | None = None  # llama-server's
+    add_special_tokens: bool | None = None  # vLLM's (default true)
+    add_special: bool | None = None  # llama-server's (default false)
+
+
+class _Detokenize(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[int]
+
+
+def _parse(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        message, param = validation_error(e)
+        raise RequestError(400, message, param=param) from None
+
+
+def add_routes(
+    api: FastAPI,
+    vocabulary: Callable[[], Vocabulary],
+    n_ctx_slot: Callable[[], int],
+) -> None:
+    """Serve the three routes on `api`; `vocabulary` gives the loaded target's (raising
+    `RequestError` 503 while loading or draining, 404 where the server has none),
+    `n_ctx_slot` a slot's context (vLLM's ``max_model_len``)."""
+
+    async def tokenize(request: Request) -> Response:
+        vocab = vocabulary()
+        req = _parse(_Tokenize, await request.body())
+        if (req.prompt is None) == (req.content is None):
+            raise RequestError(400, "send the text as prompt (or content), once", param="prompt")
+        if req.prompt is not None:
+            text, add = req.prompt, req.add_special_tokens is not False
+        else:
+            text, add = req.content or "", bool(req.add_special)
+        tokens = await run_in_threadpool(vocab.tokenize, text, add)
+        body = {"tokens": tokens, "count": len(tokens), "max_model_len": n_ctx_slot()}
+        return JSONResponse(body)
+
+    async def detokenize(request: Request) -> Response:
+        vocab = vocabulary()
+        req = _parse(_Detokenize, await request.body())
+        text = await run_in_threadpool(vocab.detokenize, req.tokens)
+        return JSONResponse({"prompt": text, "content": text})
+
+    async def tokenizer_info() -> Response:
+        vocab = vocabulary()
+        return JSONResponse({
+            "tokenizer_class": "llama.cpp", "bos_token": vocab.bos, "eos_token": vocab.eos,
+            "pad_token": None, "chat_template": vocab.chat_template,
+            "model_max_length": n_ctx_slot(),
+        })  # fmt: skip
+
+    routes: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
+        ("POST", "/tokenize", tokenize),
+        ("POST", "/detokenize", detokenize),
+        ("GET", "/tokenizer_info", tokenizer_info),
+    ]
+    for method, path, endpoint in routes:
+        api.add_api_route(path, endpoint, methods=[method])
