@@ -311,6 +311,27 @@ def test_echo_scores_the_prompt_as_lm_evaluation_harness_asks(server: Server, sm
         assert c["logprobs"]["token_logprobs"][1 : len(ids)] == same
 
 
+def test_the_tokenizer_routes_are_the_targets(server: Server, smol_pair) -> None:
+    from specgen.chat import prompt_tokens
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    text = PROMPTS[1]
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+        with_bos = prompt_tokens(target, text.encode())
+        plain = target.tokenize(text.encode(), add_special=False)
+    url = server.url
+    assert httpx.post(url + "/tokenize", json={"prompt": text}).json()["tokens"] == with_bos
+    r = httpx.post(url + "/tokenize", json={"content": text}).json()  # llama-server's default
+    assert r["tokens"] == plain and r["count"] == len(plain)
+    assert httpx.post(url + "/detokenize", json={"tokens": plain}).json()["prompt"] == text
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] and "im_start" in info["chat_template"]
+    eos = httpx.post(
+        url + "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}
+    )
+    assert len(eos.json()["tokens"]) == 1  # special-token text is parsed
+
+
 def test_chat_logprobs_top_entries_stream_and_refusals(server: Server) -> None:
     client = server.client()
     msgs = [{"role": "user", "content": "Name a color."}]
