@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -54,7 +54,7 @@ from specgen.server.schemas import (
     validation_error,
 )
 from specgen.server.shapes import Defaults, RequestError, Shape, generate_config, messages_of
-from specgen.server.vocabulary import Vocabulary
+from specgen.server.vocabulary import Vocabulary, check_ids
 from specgen.server.vocabulary import add_routes as add_vocabulary_routes
 
 OPEN_PATHS = frozenset({"/health"})
@@ -148,7 +148,7 @@ def _error_response(e: RequestError) -> JSONResponse:
     return JSONResponse(body, status_code=e.status, headers=e.headers)
 
 
-def _parse(model: type[_Generation], body: bytes) -> Any:
+def _parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
@@ -213,7 +213,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(404, "this server serves no tokenizer", type_="not_found_error")
         return b.vocabulary
 
-    add_vocabulary_routes(api, vocabulary, lambda: ready().scheduler.n_ctx_slot)
+    add_vocabulary_routes(api, vocabulary, lambda: ready().scheduler.n_ctx_slot, _parse)
 
     @api.post("/v1/chat/completions")
     @api.post("/chat/completions")
@@ -253,13 +253,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         req = _parse(CompletionRequest, await request.body())
         text = None
         if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
-            prompt = list(req.prompt)
-            bad = [t for t in prompt if not 0 <= t < b.n_vocab]
-            if bad:
-                raise RequestError(
-                    400, f"prompt: token {bad[0]} is not in the vocabulary (0..{b.n_vocab - 1})",
-                    param="prompt",
-                )  # fmt: skip
+            prompt = check_ids(list(req.prompt), b.n_vocab, "prompt")
         else:
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
             prompt = await run_in_threadpool(b.tokenize, text)

@@ -111,6 +111,12 @@ class ResponseFormat(_Request):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
+def refused(param: str, message: str) -> PydanticCustomError:
+    """A field refused with `message`: `validation_error` answers it as the 400 naming
+    `param` (not pydantic's wording)."""
+    return PydanticCustomError("refused_field", message, {"param": param})
+
+
 class _Generation(_Request):
     """The fields both routes share (OpenAI's, and llama-server's ``ignore_eos``)."""
 
@@ -147,7 +153,7 @@ class _Generation(_Request):
         found = refusal(body, cls.route)
         if found is not None:
             name, message = found
-            raise PydanticCustomError("refused_field", message, {"param": name})
+            raise refused(name, message)
         return body
 
     @field_validator("n")
@@ -233,11 +239,7 @@ class ChatCompletionRequest(_Generation):
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             # OpenAI refuses it too: alternatives without the chosen token's value
-            raise PydanticCustomError(
-                "refused_field",
-                "top_logprobs needs logprobs: true",
-                {"param": "top_logprobs"},
-            )
+            raise refused("top_logprobs", "top_logprobs needs logprobs: true")
         return self
 
     @property
@@ -262,11 +264,8 @@ class CompletionRequest(_Generation):
     @model_validator(mode="after")
     def _nothing_asked(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:
-            raise PydanticCustomError(
-                "refused_field",
-                "max_tokens 0 generates nothing: it is served with echo (the prompt scored alone)",
-                {"param": "max_tokens"},
-            )
+            why = "generates nothing: it is served with echo (the prompt scored alone)"
+            raise refused("max_tokens", f"max_tokens 0 {why}")
         return self
 
     @property

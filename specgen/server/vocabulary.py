@@ -19,9 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from specgen.server.schemas import validation_error
 from specgen.server.shapes import RequestError
 
 __all__ = ["Vocabulary", "add_routes"]
@@ -54,13 +53,21 @@ class Vocabulary:
         Raises:
             RequestError: 400 for an id outside the vocabulary.
         """
-        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
-        if bad:
-            raise RequestError(
-                400, f"tokens: {bad[0]} is not in the vocabulary (0..{self.n_vocab - 1})",
-                param="tokens",
-            )  # fmt: skip
+        check_ids(tokens, self.n_vocab, "tokens")
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+def check_ids(tokens: list[int], n_vocab: int, param: str) -> list[int]:
+    """`tokens`, every one an id of the vocabulary (`n_vocab` entries).
+
+    Raises:
+        RequestError: 400 naming `param` and the first id outside it.
+    """
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        message = f"{param}: token {bad[0]} is not in the vocabulary (0..{n_vocab - 1})"
+        raise RequestError(400, message, param=param)
+    return tokens
 
 
 class _Tokenize(BaseModel):
@@ -76,26 +83,20 @@ class _Detokenize(BaseModel):
     tokens: list[int]
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        message, param = validation_error(e)
-        raise RequestError(400, message, param=param) from None
-
-
 def add_routes(
     api: FastAPI,
     vocabulary: Callable[[], Vocabulary],
     n_ctx_slot: Callable[[], int],
+    parse: Callable[[type[BaseModel], bytes], Any],
 ) -> None:
     """Serve the three routes on `api`; `vocabulary` gives the loaded target's (raising
     `RequestError` 503 while loading or draining, 404 where the server has none),
-    `n_ctx_slot` a slot's context (vLLM's ``max_model_len``)."""
+    `n_ctx_slot` a slot's context (vLLM's ``max_model_len``), `parse` a body as a model
+    (raising `RequestError` 400: the server's one way to read a body)."""
 
     async def tokenize(request: Request) -> Response:
         vocab = vocabulary()
-        req = _parse(_Tokenize, await request.body())
+        req = parse(_Tokenize, await request.body())
         if (req.prompt is None) == (req.content is None):
             raise RequestError(400, "send the text as prompt (or content), once", param="prompt")
         if req.prompt is not None:
@@ -108,7 +109,7 @@ def add_routes(
 
     async def detokenize(request: Request) -> Response:
         vocab = vocabulary()
-        req = _parse(_Detokenize, await request.body())
+        req = parse(_Detokenize, await request.body())
         text = await run_in_threadpool(vocab.detokenize, req.tokens)
         return JSONResponse({"prompt": text, "content": text})
 
