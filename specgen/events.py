@@ -150,6 +150,11 @@ class Step:
             them; `specgen.generate.OneSlot`), else None.
         k_reason: why the server's step gave this round its K
             (`specgen.control.goodput.REASONS`); None outside the server.
+        eos_logprob: with `GenerateConfig.logprobs`, the end-of-generation token that
+            ended this round, with its log-probabilities: it is no emitted token (no span,
+            not in `Done.tokens`), but OpenAI's completions list it, and a harness that
+            scores a prompt by ``echo`` reads the entries before the last generated one;
+            else None.
     """
 
     k: int
@@ -172,6 +177,7 @@ class Step:
     timed_ordinary_s: float | None = None
     timed_draft_s: float | None = None
     k_reason: str | None = None
+    eos_logprob: TokenLogprob | None = None
 
     @property
     def text(self) -> str:

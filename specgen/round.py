@@ -306,7 +306,7 @@ class Sequence:
         verdict = verify_block(p.block, v, self.target_rng, self.config.verify_rule)
         n, x_next = verdict.n, verdict.x_next
         t3 = self.clock()
-        new, spans = self._emit(p.block, n, x_next, logits)
+        new, spans, eos_lp = self._emit(p.block, n, x_next, logits)
         self.committed.extend(new)
         if (
             self.grammar is not None
@@ -371,6 +371,7 @@ class Sequence:
             n_drafted_by=by_drafted,
             n_accepted_by=by_accepted,
             k_reason=k_reason,
+            eos_logprob=eos_lp,
         )
         self.stats.add(step, decode_s=t_end - self._t_decode)
         # an end-of-generation token's span (holding the text it flushed) is no token
@@ -379,10 +380,12 @@ class Sequence:
 
     def _emit(
         self, block: Block, n: int, x_next: int, logits: Logits
-    ) -> tuple[list[int], list[Span]]:
+    ) -> tuple[list[int], list[Span], TokenLogprob | None]:
         """Push the accepted prefix and the next token through the Emitter; nothing after
         EOS, a stop string or -n is kept. With `config.logprobs` set, each emitted token's
-        span carries its log-probabilities from its own row: new[i] is scored by row i."""
+        span carries its log-probabilities from its own row: new[i] is scored by row i;
+        so does an end-of-generation token that ended the round (`Step.eos_logprob`,
+        returned third)."""
         new = [*block.tokens[:n].tolist(), x_next]
         if self.grammar is not None:
             # nothing after the grammar is complete (ordinary decoding ends there): a
@@ -391,6 +394,7 @@ class Sequence:
             del new[self.grammar.complete_at(self.committed, new) :]
         spans: list[Span] = []
         n_top = self.config.logprobs
+        eos_lp = None
         for i, tok in enumerate(new):
             source = block.source(i) if i < n else "target"
             before = len(self.emitter.tokens)
@@ -401,9 +405,13 @@ class Sequence:
                     span = dataclasses.replace(span, logprob=lp[0])
                 spans.append(span)
             if self.emitter.finish is not None:
+                if self.emitter.finish == "eos" and n_top is not None:
+                    eos_lp = token_logprobs(
+                        logits[i : i + 1], [tok], n_top, self.target.token_bytes
+                    )[0]
                 del new[i + 1 :]
                 break
-        return new, spans
+        return new, spans, eos_lp
 
     # -- the end -----------------------------------------------------------------------
 

@@ -112,3 +112,30 @@ def test_the_single_stream_carries_them_on_its_prefilled(n_top: int) -> None:
     events = list(generate(target.sequence(0), drafter, prompt, config, FixedK(2)))
     assert isinstance(events[0], Prefilled) and any(isinstance(e, Step) for e in events)
     assert got(events[0]) == expected(target, prompt, n_top)
+
+
+def test_an_end_of_generation_token_carries_its_logprob_on_its_step() -> None:
+    """OpenAI's completions list the end-of-generation token that ended a completion; a
+    harness scoring a prompt by echo drops the last entry, so without it the prompt's
+    last token would be dropped instead."""
+    ended = 0
+    for seed in range(12):
+        target = FakeBatchEngine(1, 64, n_vocab=V, seed=0, n_ctx=256, eos=0)
+        draft = FakeBatchEngine(1, 64, n_vocab=V, seed=0, noise=1.0, n_ctx=256, eos=0)
+        prompt = [3, 1, 4, 1, 5]
+        config = GenerateConfig(30, SAMPLED, seed=seed, logprobs=2)
+        drafter = ModelDrafter(draft.sequence(0), SAMPLED, V)
+        events = list(generate(target.sequence(0), drafter, prompt, config, FixedK(2)))
+        steps = [e for e in events if isinstance(e, Step)]
+        done = events[-1]
+        assert isinstance(done, Done)
+        assert all(s.eos_logprob is None for s in steps[:-1])
+        if done.finish_reason != "eos":
+            assert steps[-1].eos_logprob is None
+            continue
+        ended += 1
+        lp = steps[-1].eos_logprob
+        assert lp is not None and lp.token == 0 and len(lp.top) == 2
+        row = target.model.logits_after(prompt + list(done.tokens))
+        assert lp.logprob == float(log_softmax_at(row, np.array([0]))[0])
+    assert ended >= 3  # the check ran on generations that ended at EOS

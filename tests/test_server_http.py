@@ -652,3 +652,35 @@ def test_the_tokenizer_routes_need_the_key_and_a_vocabulary() -> None:
     backend.vocabulary = None
     with serving(backend=backend) as s:
         assert s.post("/tokenize", {"prompt": "a"}).status_code == 404
+
+
+def test_echo_offsets_follow_the_text_sent() -> None:
+    from specgen.server.logprobs import Echo
+
+    pieces = {1: b"<s>", 2: b"a", 3: b"b", 4: b"\xc3", 5: b"\xa9", 6: b"!", 7: b"<|im|>"}
+    # a BOS the tokenizer added takes no characters; a special token's text does
+    e = Echo.of("ab", [1, 2, 3], pieces.__getitem__)
+    assert (e.text, e.offsets) == ("ab", [0, 0, 1])
+    e = Echo.of("<|im|>ab", [7, 2, 3], pieces.__getitem__)
+    assert e.offsets == [0, 6, 7]
+    # UTF-8 split across tokens: é starts where its first byte's token is
+    e = Echo.of(None, [2, 4, 5, 6], pieces.__getitem__)
+    assert (e.text, e.offsets) == ("aé!", [0, 1, 1, 2])
+    lp = e.legacy_logprobs()  # before the prompt's values came: the first token alone
+    assert lp == {"tokens": ["a"], "token_logprobs": [None], "top_logprobs": [None],
+                  "text_offset": [0]}  # fmt: skip
+
+
+def test_echo_false_is_accepted_on_chat_and_the_tokenizer_routes_are_strict(
+    served: Served,
+) -> None:
+    r = served.post("/v1/chat/completions", {"messages": USER, "echo": False})
+    assert r.status_code == 200, r.text
+    assert served.post("/v1/chat/completions", {"messages": USER, "echo": True}).status_code == 400
+    for path, body in (
+        ("/tokenize", {"prompt": "hi", "add_special_tokens": "no"}),
+        ("/tokenize", {"prompt": "hi", "add_special_tokens": 0}),
+        ("/detokenize", {"tokens": [True]}),
+        ("/detokenize", {"tokens": ["1"]}),
+    ):
+        assert served.post(path, body).status_code == 400, body

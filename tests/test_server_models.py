@@ -309,6 +309,19 @@ def test_echo_scores_the_prompt_as_lm_evaluation_harness_asks(server: Server, sm
     two = completion(server, [ids], max_tokens=3, logprobs=1, echo=True, n=2)
     for c in two["choices"]:
         assert c["logprobs"]["token_logprobs"][1 : len(ids)] == same
+    # the generated token is end-of-generation: listed still, so [ctxlen:-1] is the prompt's
+    eos = httpx.post(server.url + "/tokenize", json={"content": "<|im_end|>"}).json()["tokens"]
+    body = {**body, "logit_bias": {str(eos[0]): 100}}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+    ended = r["choices"][0]
+    assert (
+        ended["finish_reason"] == "stop" and ended["text"] == choice["text"][: len(ended["text"])]
+    )
+    assert len(ended["logprobs"]["tokens"]) == len(ids) + 1
+    assert ended["logprobs"]["token_logprobs"][1:-1] == same
+    # its raw logprob (before the bias: OpenAI's meaning), from the row after the prompt
+    after = _reference_logprobs(smol_pair, ids, eos[:1])[0][eos[0]]
+    assert abs(ended["logprobs"]["token_logprobs"][-1] - after) < LP_TOL
 
 
 def test_the_tokenizer_routes_are_the_targets(server: Server, smol_pair) -> None:
@@ -323,6 +336,8 @@ def test_the_tokenizer_routes_are_the_targets(server: Server, smol_pair) -> None
     assert httpx.post(url + "/tokenize", json={"prompt": text}).json()["tokens"] == with_bos
     r = httpx.post(url + "/tokenize", json={"content": text}).json()  # llama-server's default
     assert r["tokens"] == plain and r["count"] == len(plain)
+    either = {"content": text, "add_special_tokens": True}  # either server's flag
+    assert httpx.post(url + "/tokenize", json=either).json()["tokens"] == with_bos
     assert httpx.post(url + "/detokenize", json={"tokens": plain}).json()["prompt"] == text
     info = httpx.get(url + "/tokenizer_info").json()
     assert info["eos_token"] and "im_start" in info["chat_template"]

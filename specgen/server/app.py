@@ -43,8 +43,8 @@ from specgen import (
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
-from specgen.server.echo import Echo
 from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
+from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.responses import Events, Run
 from specgen.server.schemas import (

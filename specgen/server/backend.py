@@ -151,7 +151,8 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
                 if add
                 else target.tokenize(text.encode("utf-8"), add_special=False)
             ),
-            token_bytes=target.token_bytes,
+            # control tokens render as b"" in output text; here as their text
+            token_bytes=lambda t: target.token_bytes(t) or target.token_text(t).encode(),
             bos=target.token_text(target.vocab.bos) if target.vocab.bos >= 0 else None,
             eos=target.token_text(target.vocab.eos) if target.vocab.eos >= 0 else None,
             chat_template=template.text if template is not None else None,

@@ -135,7 +135,9 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_retention": Field(IG, _CACHING, routes=CHAT),
     # -- OpenAI, completions -----------------------------------------------------------
     "prompt": Field(H, "one prompt: a string or token ids, or a list of one", routes=COMPLETIONS),
-    "echo": Field(H, "the prompt first; with logprobs, its own too", routes=COMPLETIONS),
+    "echo": Field(
+        H, "the prompt first; with logprobs, its own too", routes=COMPLETIONS, inert=(None, False)
+    ),
     "suffix": Field(R, "no fill-in-the-middle", routes=COMPLETIONS, inert=(None, "")),
     "best_of": Field(R, "one candidate per choice", routes=COMPLETIONS, inert=(None, 1)),
     # -- llama-server's extras -------------------------------------------------------------

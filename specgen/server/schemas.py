@@ -258,7 +258,7 @@ class CompletionRequest(_Generation):
     # OpenAI's legacy field: a count of alternatives (OpenAI allows 5; llama.cpp's 20)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     echo: bool | None = None
-    # 0 with echo: the prompt alone, scored (`specgen.server.echo`)
+    # 0 with echo: the prompt alone, scored (`specgen.server.logprobs`)
     max_tokens: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")

@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from specgen import ConfigError, Done, FinishReason, GenerateConfig, GrammarError, Span, Stats, Step
+from specgen import ConfigError, Done, FinishReason, GenerateConfig, GrammarError, Stats, Step
 from specgen.flags import SamplingFlags, in_python_words
 from specgen.grammarspec import GrammarSpec
-from specgen.logprobs import TokenLogprob
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
-from specgen.server.echo import Echo
+from specgen.server.logprobs import Echo, chat_logprobs, text_logprobs
 from specgen.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -190,7 +189,7 @@ def generate_config(
             frequency_penalty=_given(req.frequency_penalty, base.frequency_penalty),
             logprobs=req.n_logprobs,
         )
-        # echo with logprobs: the prompt's own too (`specgen.server.echo`)
+        # echo with logprobs: the prompt's own too (`specgen.server.logprobs`)
         scored = req.n_logprobs if getattr(req, "echo", None) else None
         config = GenerateConfig.of(sampling, seed, grammar=grammar_of(req), prompt_logprobs=scored)
         return replace(config, max_tokens=0) if limit == 0 else config
@@ -275,40 +274,6 @@ def _cached(outcome: Outcome) -> PromptTokensDetails:
     return PromptTokensDetails(cached_tokens=request_stats.cached_tokens(outcome.stats))
 
 
-def _entry(lp: TokenLogprob) -> dict[str, Any]:
-    return {"token": lp.text, "logprob": lp.logprob, "bytes": list(lp.piece)}
-
-
-def chat_logprobs(spans: Sequence[Span]) -> dict[str, Any]:
-    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``,
-    one entry per generated token (an end-of-generation token has none)."""
-    content = []
-    for s in spans:
-        if s.logprob is not None:
-            content.append(
-                {**_entry(s.logprob), "top_logprobs": [_entry(t) for t in s.logprob.top]}
-            )
-    return {"content": content}
-
-
-def text_logprobs(spans: Sequence[Span], offset: int = 0) -> dict[str, Any]:
-    """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens``,
-    ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token) and
-    ``text_offset`` (each token's first character in the completion's text; `offset`: the
-    characters before these spans)."""
-    out: dict[str, list[Any]] = {
-        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [],
-    }  # fmt: skip
-    for s in spans:
-        if s.logprob is not None:
-            out["tokens"].append(s.logprob.text)
-            out["token_logprobs"].append(s.logprob.logprob)
-            out["top_logprobs"].append({t.text: t.logprob for t in s.logprob.top})
-            out["text_offset"].append(offset)
-        offset += len(s.text)
-    return out
-
-
 @dataclass
 class Shape:
     """Builds one request's bodies. `chat` picks the chat or the text completion shape;
@@ -323,14 +288,17 @@ class Shape:
     return_tokens: bool = False
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
-    echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.echo`)
+    echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.logprobs`)
     # a streamed completion's characters so far per choice (its text_offset)
     _offsets: dict[int, int] = field(default_factory=dict)
 
-    def _logprobs(self, spans: Sequence[Span], offset: int = 0) -> dict[str, Any] | None:
+    def _logprobs(self, steps: Sequence[Step], offset: int = 0) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        return chat_logprobs(spans) if self.chat else text_logprobs(spans, offset)
+        spans = [s for x in steps for s in x.spans]
+        if self.chat:  # OpenAI's chat lists no end-of-generation token
+            return chat_logprobs(spans)
+        return text_logprobs(spans, offset, steps[-1].eos_logprob if steps else None)
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -371,7 +339,7 @@ class Shape:
         chat_choices, text_choices = [], []
         for i, (st, outcome) in enumerate(zip(steps, outcomes, strict=True)):
             finish = openai_finish(outcome.finish)
-            lps = self._logprobs([s for x in st for s in x.spans])
+            lps = self._logprobs(st)
             if self.chat:
                 content, calls = self.parsed(outcome.text)
                 if calls is not None:
@@ -386,9 +354,7 @@ class Shape:
                 text = outcome.text
                 if self.echo is not None:
                     text = self.echo.text + text
-                    lps = self.echo.joined(
-                        self._logprobs([s for x in st for s in x.spans], len(self.echo.text))
-                    )
+                    lps = self.echo.joined(self._logprobs(st, len(self.echo.text)))
                 text_choices.append(
                     TextChoice(index=i, text=text, logprobs=lps, finish_reason=finish)
                 )
@@ -452,7 +418,7 @@ class Shape:
         """One round's committed text of choice `index` (or `text`: the content of it that
         may go out, with tool calls), with its tokens' log-probabilities when asked."""
         offset = self._offsets.get(index, 0)
-        lps = self._logprobs(step.spans, offset)
+        lps = self._logprobs([step], offset)
         self._offsets[index] = offset + len(step.text)
         return self._chunk(step.text if text is None else text, None, lps, index)
 

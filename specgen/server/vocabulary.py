@@ -34,7 +34,8 @@ class Vocabulary:
         tokenize: (text, add special tokens) -> token ids; special-token text (``<bos>``,
             ``<|im_end|>``) is parsed; with add True, BOS where the model adds one (never
             twice: `specgen.chat.prompt_tokens`).
-        token_bytes: a token id's bytes in output text (control tokens: b"").
+        token_bytes: a token id's bytes, a special token's as its text (``<|im_start|>``),
+            as vLLM's and llama-server's ``/detokenize`` render them.
         bos, eos: the BOS and EOS tokens' text, None when the model has none.
         chat_template: the GGUF's chat template, or None.
         n_vocab: the vocabulary's size (ids are checked against it).
@@ -48,7 +49,8 @@ class Vocabulary:
     n_vocab: int
 
     def detokenize(self, tokens: list[int]) -> str:
-        """The text the ids render to (an incomplete UTF-8 sequence shows U+FFFD).
+        """The text the ids render to, special tokens as their text (an incomplete UTF-8
+        sequence shows U+FFFD).
 
         Raises:
             RequestError: 400 for an id outside the vocabulary.
@@ -71,7 +73,7 @@ def check_ids(tokens: list[int], n_vocab: int, param: str) -> list[int]:
 
 
 class _Tokenize(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     prompt: str | None = None  # vLLM's
     content: str | None = None  # llama-server's
     add_special_tokens: bool | None = None  # vLLM's (default true)
@@ -79,7 +81,7 @@ class _Tokenize(BaseModel):
 
 
 class _Detokenize(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     tokens: list[int]
 
 
@@ -99,10 +101,10 @@ def add_routes(
         req = parse(_Tokenize, await request.body())
         if (req.prompt is None) == (req.content is None):
             raise RequestError(400, "send the text as prompt (or content), once", param="prompt")
-        if req.prompt is not None:
-            text, add = req.prompt, req.add_special_tokens is not False
-        else:
-            text, add = req.content or "", bool(req.add_special)
+        # either server's flag with either field; unsaid, the default of the field's server
+        given = req.add_special_tokens if req.add_special_tokens is not None else req.add_special
+        text = req.prompt if req.prompt is not None else req.content or ""
+        add = given if given is not None else req.prompt is not None
         tokens = await run_in_threadpool(vocab.tokenize, text, add)
         body = {"tokens": tokens, "count": len(tokens), "max_model_len": n_ctx_slot()}
         return JSONResponse(body)
