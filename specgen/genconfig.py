@@ -16,11 +16,18 @@ if TYPE_CHECKING:
 VerifyRule = Literal["token", "block"]
 VERIFY_RULES: tuple[VerifyRule, ...] = ("token", "block")
 
-#: the most prompt tokens one step evaluates for a generation that asks for the prompt's
-#: log-probabilities: each needs a logits row (a 262,144-entry row is 1 MiB of float32 and
-#: about 6 ms of output layer on two cores), so a long prompt's rows come in steps, as a
-#: prefill chunk does
-PROMPT_ROWS_CHUNK = 32
+#: the logits a step may hold for prompt rows (`prompt_rows_chunk`), bytes
+PROMPT_ROWS_BYTES = 64 << 20
+
+
+def prompt_rows_chunk(n_vocab: int) -> int:
+    """The most prompt tokens one step evaluates for a generation that asks for the
+    prompt's log-probabilities: each needs a logits row of `n_vocab` float32, so a long
+    prompt's rows come in steps of `PROMPT_ROWS_BYTES` (64 rows of Gemma's 262,144
+    entries, about 6 ms of output layer each on two cores), between 32 and 256 rows.
+    Larger decodes are faster per row, and with llama.cpp's flash attention more
+    precise (docs/measurements/2026-12-06-lm-eval.md)."""
+    return max(32, min(256, PROMPT_ROWS_BYTES // (4 * n_vocab)))
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class GenerateConfig:
             the target's row at the position before it, with this many alternatives
             (0..20), carried by the `Prefilled` event. The whole prompt is then evaluated
             (no cached prefix is kept: its rows are gone), with a row per token, in chunks
-            of at most `PROMPT_ROWS_CHUNK` tokens. None (the default) computes nothing.
+            of at most `prompt_rows_chunk` tokens. None (the default) computes nothing.
     """
 
     max_tokens: int = 256

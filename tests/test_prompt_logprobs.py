@@ -1,7 +1,7 @@
 """The prompt's log-probabilities (`GenerateConfig.prompt_logprobs`: what the server's
 ``echo`` with ``logprobs`` reports), on fake engines whose every row is known: each prompt
 token after the first under the target's row at the position before it, exactly, in
-chunks of at most PROMPT_ROWS_CHUNK rows, whatever shares the batch, with no cached prefix
+chunks of at most prompt_rows_chunk rows, whatever shares the batch, with no cached prefix
 kept, and without changing what is generated."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fakes import FakeBatchEngine
 
 from specgen.drafters import ModelDrafter
 from specgen.events import Done, Prefilled, Step
-from specgen.genconfig import PROMPT_ROWS_CHUNK
+from specgen.genconfig import prompt_rows_chunk
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.logprobs import log_softmax_at, top_ids
 from specgen.sampling import SamplingParams
@@ -53,8 +53,11 @@ def got(prefilled: Prefilled) -> list[tuple]:
     return [(t.token, t.logprob, [a.token for a in t.top]) for t in prefilled.prompt_logprobs]
 
 
-def test_each_prompt_token_is_scored_by_the_row_before_it_in_a_shared_batch() -> None:
-    sched, target = make()
+def test_each_prompt_token_is_scored_by_the_row_before_it_in_a_shared_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("specgen.genconfig.PROMPT_ROWS_BYTES", 0)  # the floor: 32 rows
+    sched, target = make(n_batch=128)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, V, size=n).tolist() for n in (5, 40, 75)]
     configs = [GenerateConfig(8, SAMPLED, seed=i, prompt_logprobs=2) for i in range(3)]
@@ -65,10 +68,15 @@ def test_each_prompt_token_is_scored_by_the_row_before_it_in_a_shared_batch() ->
         assert got(sink[0]) == expected(target, prompt, 2)
         for t in sink[0].prompt_logprobs or ():
             assert [a.logprob for a in t.top] == sorted((a.logprob for a in t.top), reverse=True)
-    # a row per prompt token, in chunks of at most PROMPT_ROWS_CHUNK (and the first
-    # round's own row with the last chunk)
+    # a row per prompt token, at most 32 a step (and the first round's own row with the
+    # last chunk)
     rows = [n for b in target.batches for _, _, n in b]
-    assert max(rows) <= PROMPT_ROWS_CHUNK + 1
+    assert max(rows) <= 32 + 1 and sum(rows) >= sum(len(p) for p in prompts)
+
+
+def test_a_steps_prompt_rows_are_bounded_by_their_bytes() -> None:
+    assert [prompt_rows_chunk(v) for v in (6, 49_152, 151_936, 262_144)] == [256, 256, 110, 64]
+    assert prompt_rows_chunk(1 << 22) == 32  # a floor: a huge vocabulary still progresses
 
 
 def test_asking_changes_nothing_generated_and_others_get_no_prefilled() -> None:

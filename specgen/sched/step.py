@@ -45,7 +45,7 @@ from collections.abc import Callable
 from specgen.control.batch import BatchController, SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
-from specgen.genconfig import PROMPT_ROWS_CHUNK
+from specgen.genconfig import prompt_rows_chunk
 from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
 from specgen.proposal import Proposal
@@ -340,7 +340,7 @@ class Stepper:
         """A chunk (at most `prefill_chunk` tokens, no logits rows) of each prefilling
         slot's prompt tokens still to evaluate (`todo_of(slot)`: the target's or the
         draft's), `budget` tokens in all. A generation that asks for the prompt's
-        log-probabilities gets a row per token, in chunks of at most `PROMPT_ROWS_CHUNK`."""
+        log-probabilities gets a row per token, in chunks of at most `prompt_rows_chunk`."""
         out: list[tuple[Slot, SeqDecode]] = []
         for slot in self.slots.all:
             todo = todo_of(slot)
@@ -348,7 +348,7 @@ class Stepper:
                 continue
             n = min(len(todo), budget, self.prefill_chunk)
             if slot.seq.config.prompt_logprobs is not None:
-                n = min(n, PROMPT_ROWS_CHUNK)
+                n = min(n, prompt_rows_chunk(self.target.n_vocab))
                 out.append((slot, SeqDecode(slot.index, todo[:n], n)))
             else:
                 out.append((slot, SeqDecode(slot.index, todo[:n], 0)))
