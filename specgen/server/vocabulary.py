@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from specgen.server.shapes import RequestError
 
-__all__ = ["Vocabulary", "add_routes"]
+__all__ = ["Vocabulary", "add_routes", "check_ids"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class Vocabulary:
         token_bytes: a token id's bytes, a special token's as its text (``<|im_start|>``),
             as vLLM's and llama-server's ``/detokenize`` render them.
         bos, eos: the BOS and EOS tokens' text, None when the model has none.
-        chat_template: the GGUF's chat template, or None.
+        chat_template: the chat template served (`--chat-template`'s, else the GGUF's), or
+            None.
         n_vocab: the vocabulary's size (ids are checked against it).
     """
 
