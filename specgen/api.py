@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -462,6 +461,7 @@ def load(
     draft_p_min: float = 0.0,
     lookup: str | None = None,
     swa_full: bool = False,
+    flash_attn: str = "auto",
     rpc: str | None = None,
     n_parallel: int = 1,
 ) -> Pair[_session.Session]:
@@ -470,7 +470,7 @@ def load(
     (prompt lookup, no model) or ``"none"`` (ordinary decoding).
 
     The other arguments are the CLI's --models, -c, -ngl, -ngld, -t, --draft-p-min,
-    --lookup (on, off, or None = auto), --swa-full and --rpc (`specgen.flags.ModelFlags`).
+    --lookup (on, off, or None = auto), --swa-full, -fa and --rpc (`specgen.flags.ModelFlags`).
     `n_parallel` (`serve`'s -np): sequences each model's cache holds, the slots of
     `Pair.generate_many` and `Pair.scheduler` (each holds -c; with more than one, a
     sliding-window cache is kept full-size, as `serve` keeps it).
@@ -480,6 +480,8 @@ def load(
             reports them (the message says what to do), each setting named as the argument.
     """
     with argument_names():
+        if not isinstance(n_parallel, int) or n_parallel < 1:
+            raise ConfigError(f"n_parallel must be an integer of at least 1, got {n_parallel!r}")
         flags = ModelFlags(
             target=None if target is None else str(target),
             draft=None if draft is None else str(draft),
@@ -491,10 +493,8 @@ def load(
             threads=threads,
             draft_p_min=draft_p_min,
             lookup=lookup,
-            swa_full=swa_full,
+            swa_full=swa_full or n_parallel > 1,
+            flash_attn=flash_attn,
             rpc=rpc,
         )
-        if not isinstance(n_parallel, int) or n_parallel < 1:
-            raise ConfigError(f"n_parallel must be an integer of at least 1, got {n_parallel!r}")
-        flags = replace(flags, swa_full=swa_full or n_parallel > 1)
         return Pair(_session.open(flags, n_seq_max=n_parallel))

@@ -49,6 +49,8 @@ class ModelFlags:
         ctx_size: -c, context size in tokens (0 = the model's own).
         rpc: --rpc, ggml-rpc-server hosts ``HOST:PORT[,HOST:PORT...]`` for the target.
         swa_full: --swa-full, full-size cache for sliding-window layers.
+        flash_attn: -fa/--flash-attn on|off|auto, llama.cpp's flash attention for both
+            models (`specgen.llamacpp.EngineConfig.flash_attn`).
         draft_p_min: --draft-p-min, end a block when the draft's top probability is below
             it (0 to 1).
         lookup: --lookup on|off|auto beside a draft model (hybrid drafting, see
@@ -59,8 +61,8 @@ class ModelFlags:
             -t below 0, -ngl/-ngld below -1 (-1 = all layers), or a draft model (-md FILE)
             without -m (the draft must share the target's vocabulary; ``--draft none`` and
             ``--draft ngram`` alone run on the demo target, as they need no second model);
-            --draft-p-min outside [0, 1]; --lookup not on/off/auto, or given with --draft
-            ngram or none.
+            --draft-p-min outside [0, 1]; -fa not on/off/auto; --lookup not on/off/auto,
+            or given with --draft ngram or none.
     """
 
     target: str | None = None
@@ -73,6 +75,7 @@ class ModelFlags:
     ctx_size: int = 4096
     rpc: str | None = None
     swa_full: bool = False
+    flash_attn: str = "auto"
     draft_p_min: float = 0.0
     lookup: str | None = None
 
@@ -109,6 +112,8 @@ class ModelFlags:
             raise ConfigError(
                 f"--draft-p-min must be in [0, 1] (a probability), got {self.draft_p_min}"
             )
+        if self.flash_attn not in ("on", "off", "auto"):
+            raise ConfigError(f"--flash-attn must be on, off or auto, got {self.flash_attn!r}")
         if self.lookup is not None and self.lookup not in LOOKUP_VALUES:
             raise ConfigError(f"--lookup must be on, off or auto, got {self.lookup!r}")
         if self.lookup is not None and self.draft in (DRAFT_NGRAM, DRAFT_NONE):
@@ -255,6 +260,7 @@ MODEL_FLAG = {
     "ctx_size": "-c",
     "rpc": "--rpc",
     "swa_full": "--swa-full",
+    "flash_attn": "--flash-attn",
     "draft_p_min": "--draft-p-min",
     "lookup": "--lookup",
 }

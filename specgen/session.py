@@ -63,11 +63,13 @@ class ModelSpec:
         n_threads: int,
         rpc: str | None = None,
         swa_full: bool = False,
+        flash_attn: str = "auto",
     ) -> ModelSpec:
         """The spec the shared flags describe: -c and -t for both models, -ngl for the
         target, -ngld for the draft, `--rpc` servers for the target only (the draft's
         layers stay on this machine: it runs K times per round and must not pay a network
-        round trip each time). `swa_full` (`--swa-full`) applies to both models.
+        round trip each time). `swa_full` (`--swa-full`) and `flash_attn` (`-fa`) apply
+        to both models.
 
         Raises:
             ConfigError: `rpc` is not a HOST:PORT list.
@@ -77,7 +79,11 @@ class ModelSpec:
             target=Path(target),
             draft=draft,
             target_cfg=EngineConfig(
-                n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads, swa_full=swa_full
+                n_ctx=n_ctx,
+                n_gpu_layers=n_gpu_layers,
+                n_threads=n_threads,
+                swa_full=swa_full,
+                flash_attn=flash_attn,
             ),
             draft_cfg=EngineConfig(
                 n_ctx=n_ctx,
@@ -85,6 +91,7 @@ class ModelSpec:
                 n_threads=n_threads,
                 local_only=True,
                 swa_full=swa_full,
+                flash_attn=flash_attn,
             ),
         )
 
@@ -208,6 +215,7 @@ def open(  # noqa: A001 - the module's verb: `session.open(flags)`
         flags.threads,
         flags.rpc,
         swa_full=flags.swa_full,
+        flash_attn=flags.flash_attn,
     )
     spec = with_sequences(spec, n_seq_max)
     lookup = resolve_lookup(flags.lookup, draft)

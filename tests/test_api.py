@@ -111,6 +111,8 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -
             pair.generate("the cat", **settings)
     with pytest.raises(ConfigError, match="^ctx_size must be an integer, got 'big'"):
         specgen.load(ctx_size="big")  # refused before anything is loaded
+    with pytest.raises(ConfigError, match="^flash_attn must be on, off or auto, got 'yes'"):
+        specgen.load(flash_attn="yes")
     with pytest.raises(ConfigError, match="^prompt must be text"):
         pair.generate(["the cat"])
     # close enough is taken as meant: an int temperature, one stop string

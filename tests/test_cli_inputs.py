@@ -427,6 +427,7 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
         (["-md", "ngram", "--lookup", "on"], "--lookup needs a draft model"),
         (["-md", "none", "--lookup", "auto"], "--lookup needs a draft model"),
         (["--lookup", "maybe"], "--lookup must be on, off or auto"),
+        (["-fa", "yes"], "--flash-attn must be on, off or auto"),
         (["--verify", "both"], "--verify must be block, token or auto"),
         (["-np", "0"], "-np/--parallel"),
         (["-n", "0"], "-n must be -1"),
@@ -447,3 +448,11 @@ def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(
     code = _main(["serve", "-m", str(tiny_target), "-md", str(tiny_draft), *flags])
     line = _one_error_line(capsys)
     assert code == 1 and needle in line, line
+
+
+def test_flash_attention_reaches_both_models_configs() -> None:
+    from specgen.session import ModelSpec
+
+    spec = ModelSpec.from_flags("t.gguf", "d.gguf", 512, 0, 0, 0, flash_attn="off")
+    assert spec.target_cfg.flash_attn == spec.draft_cfg.flash_attn == "off"
+    assert ModelSpec.from_flags("t.gguf", "d.gguf", 512, 0, 0, 0).target_cfg.flash_attn == "auto"

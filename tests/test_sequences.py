@@ -293,3 +293,17 @@ def test_per_sequence_rollback_past_the_unified_window_ring_stays_exact(demo_pai
             d = (cached[s] - cached[s].mean()) - (fresh - fresh.mean())
             gaps.append(float(np.abs(d).max()))
         assert max(gaps) < swa_tol, gaps
+
+
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
+def test_flash_attention_reaches_llama_cpp(smol_pair, flash_attn: str) -> None:
+    """-fa off: a context's logits do not depend on how it is split into decodes (what
+    a scored prompt needs); on (llama.cpp's auto on this CPU), small decodes compute in
+    lower precision and they do (docs/measurements/2026-12-06-lm-eval.md)."""
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=1024, flash_attn=flash_attn)) as e:
+        ids = e.tokenize(("the quick brown fox jumps over the lazy dog " * 40).encode())[:300]
+        whole = np.array(e.decode(ids, all_logits=True))
+        e.truncate(0)
+        parts = [np.array(e.decode(ids[i : i + 32], all_logits=True)) for i in range(0, 300, 32)]
+    apart = float(np.abs(whole - np.concatenate(parts)).max())
+    assert apart == 0.0 if flash_attn == "off" else apart > 1e-4, apart

@@ -182,6 +182,7 @@ def build_record(
         "n_ctx": n_ctx if n_ctx is not None else target_cfg.n_ctx,
         "n_batch": target_cfg.n_batch,
         "swa_full": target_cfg.swa_full,
+        "flash_attn": target_cfg.flash_attn,
         "sampling": {
             "temps": list(settings.temps),
             "top_k": settings.sampling.top_k,

@@ -75,6 +75,7 @@ METAVARS = {
     "--api-key": "KEY",
     "--verify": "block|token|auto",
     "--lookup": "on|off|auto",
+    "--flash-attn": "on|off|auto",
     # serve: llama-server's names
     "--host": "HOST",
     "--port": "PORT",

@@ -251,6 +251,14 @@ MODEL = Group(
         help="Full-size cache for sliding-window layers (Gemma 3): more memory, and no"
         " re-evaluation after rollbacks deeper than the window.",
     ),
+    flash_attn=opt(
+        str,
+        "auto",
+        "--flash-attn",
+        "-fa",
+        help="llama.cpp's flash attention, both models: 'on', 'off' or 'auto' (its default)."
+        " 'off' makes logits independent of how a context is split into decodes (scoring).",
+    ),
     draft_p_min=opt(
         float, 0.0, "--draft-p-min", help="Stop a block when the draft's top p < P (0 to 1)."
     ),

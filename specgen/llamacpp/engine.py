@@ -41,6 +41,13 @@ from specgen.llamacpp.signals import (
 )
 from specgen.llamacpp.vocab import VocabularyMixin
 
+#: llama.cpp's ``-fa`` values (`EngineConfig.flash_attn`)
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
 
 class LlamaEngine(VocabularyMixin):
     """One GGUF model with a KV cache, implementing `specgen.engine.Engine`.
@@ -107,6 +114,7 @@ class LlamaEngine(VocabularyMixin):
         # and reuse cells that have left the window; `truncate` checks that a rollback
         # still has the window it needs (see `_window_intact`).
         cparams.swa_full = config.swa_full
+        cparams.flash_attn_type = _FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         with _sigint_deferred():  # no cancel hook here: Ctrl-C is raised once it returns
             ctx = llama_cpp.llama_init_from_model(model, cparams)

@@ -86,6 +86,12 @@ class EngineConfig:
             window plus one batch (Gemma 3: 512 + n_batch cells instead of n_ctx), and
             `truncate` re-evaluates the context in the rare case a rollback reaches
             positions that cache no longer holds.
+        flash_attn: llama.cpp's ``-fa``: "auto" (its default: on where the backend has
+            it), "on" or "off". On a CPU, flash attention computes in lower precision
+            when a decode holds few rows, so a token's logits depend on how its context
+            was split into decodes (up to 0.13 nats at 1,200 tokens between 32- and
+            512-row decodes); "off" makes them independent of it, a few percent slower
+            (docs/measurements/2026-12-06-lm-eval.md).
         n_seq_max: sequences the cache holds (the server's slots, llama-server's -np).
             With N > 1 the cache is unified (`kv_unified`: one buffer for all sequences)
             of n_ctx cells (the server passes N x -c), and each sequence's context is
@@ -99,4 +105,5 @@ class EngineConfig:
     n_batch: int = 512
     local_only: bool = False
     swa_full: bool = False
+    flash_attn: str = "auto"
     n_seq_max: int = 1
