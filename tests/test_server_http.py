@@ -684,3 +684,15 @@ def test_echo_false_is_accepted_on_chat_and_the_tokenizer_routes_are_strict(
         ("/detokenize", {"tokens": ["1"]}),
     ):
         assert served.post(path, body).status_code == 400, body
+
+
+def test_a_legacy_top_logprobs_object_names_the_chosen_token_too() -> None:
+    from specgen.events import Span
+    from specgen.logprobs import TokenLogprob
+    from specgen.server.logprobs import text_logprobs
+
+    best = TokenLogprob(5, -0.1, b"a")
+    chosen = TokenLogprob(7, -2.5, b"b", (best,))  # sampled, not the most likely
+    alone = TokenLogprob(9, -0.3, b"c")  # logprobs 0: no alternatives
+    out = text_logprobs([Span("b", 7, False, logprob=chosen), Span("c", 9, False, logprob=alone)])
+    assert out["top_logprobs"] == [{"a": -0.1, "b": -2.5}, {"c": -0.3}]

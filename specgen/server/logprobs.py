@@ -26,6 +26,15 @@ from specgen.logprobs import TokenLogprob
 __all__ = ["Echo", "chat_logprobs", "text_logprobs"]
 
 
+def _legacy_top(lp: TokenLogprob) -> dict[str, float]:
+    """A legacy ``top_logprobs`` object: the most likely tokens' text to their logprob,
+    and the chosen token's too, as OpenAI's legacy API ("up to logprobs + 1 elements")
+    and vLLM give it (so ``logprobs: 0`` still names the chosen token)."""
+    top = {t.text: t.logprob for t in lp.top}
+    top.setdefault(lp.text, lp.logprob)
+    return top
+
+
 def _entry(lp: TokenLogprob) -> dict[str, Any]:
     return {"token": lp.text, "logprob": lp.logprob, "bytes": list(lp.piece)}
 
@@ -58,7 +67,7 @@ def text_logprobs(
         if lp is not None:
             out["tokens"].append(lp.text)
             out["token_logprobs"].append(lp.logprob)
-            out["top_logprobs"].append({t.text: t.logprob for t in lp.top})
+            out["top_logprobs"].append(_legacy_top(lp))
             out["text_offset"].append(offset)
         offset += n_chars
     return out
@@ -112,7 +121,7 @@ class Echo:
         return {
             "tokens": [p.decode("utf-8", "replace") for p in self.pieces[: len(lps)]],
             "token_logprobs": [lp.logprob if lp else None for lp in lps],
-            "top_logprobs": [{t.text: t.logprob for t in lp.top} if lp else None for lp in lps],
+            "top_logprobs": [_legacy_top(lp) if lp else None for lp in lps],
             "text_offset": self.offsets[: len(lps)],
         }
 
