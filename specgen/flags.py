@@ -112,9 +112,9 @@ class ModelFlags:
             raise ConfigError(
                 f"--draft-p-min must be in [0, 1] (a probability), got {self.draft_p_min}"
             )
-        if self.flash_attn not in ("on", "off", "auto"):
+        if self.flash_attn not in ON_OFF_AUTO:
             raise ConfigError(f"--flash-attn must be on, off or auto, got {self.flash_attn!r}")
-        if self.lookup is not None and self.lookup not in LOOKUP_VALUES:
+        if self.lookup is not None and self.lookup not in ON_OFF_AUTO:
             raise ConfigError(f"--lookup must be on, off or auto, got {self.lookup!r}")
         if self.lookup is not None and self.draft in (DRAFT_NGRAM, DRAFT_NONE):
             raise ConfigError(
@@ -444,7 +444,8 @@ def parse_draft_max(value: str) -> int | None:
     return k
 
 
-LOOKUP_VALUES = ("on", "off", "auto")
+#: the values of --lookup and -fa/--flash-attn
+ON_OFF_AUTO = ("on", "off", "auto")
 VERIFY_VALUES = ("block", "token", "auto")
 
 

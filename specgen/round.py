@@ -394,21 +394,24 @@ class Sequence:
             del new[self.grammar.complete_at(self.committed, new) :]
         spans: list[Span] = []
         n_top = self.config.logprobs
+
+        def scored(i: int, tok: int) -> TokenLogprob | None:  # new[i] under its row i
+            if n_top is None:
+                return None
+            return token_logprobs(logits[i : i + 1], [tok], n_top, self.target.token_bytes)[0]
+
         eos_lp = None
         for i, tok in enumerate(new):
             source = block.source(i) if i < n else "target"
             before = len(self.emitter.tokens)
             span = self.emitter.push(tok, from_draft=i < n, source=source)
             if span is not None:
-                if n_top is not None and len(self.emitter.tokens) > before:
-                    lp = token_logprobs(logits[i : i + 1], [tok], n_top, self.target.token_bytes)
-                    span = dataclasses.replace(span, logprob=lp[0])
+                if len(self.emitter.tokens) > before:
+                    span = dataclasses.replace(span, logprob=scored(i, tok))
                 spans.append(span)
             if self.emitter.finish is not None:
-                if self.emitter.finish == "eos" and n_top is not None:
-                    eos_lp = token_logprobs(
-                        logits[i : i + 1], [tok], n_top, self.target.token_bytes
-                    )[0]
+                if self.emitter.finish == "eos":
+                    eos_lp = scored(i, tok)
                 del new[i + 1 :]
                 break
         return new, spans, eos_lp

@@ -347,11 +347,10 @@ class Stepper:
             if slot.seq is None or slot.started or not todo or budget <= 0:
                 continue
             n = min(len(todo), budget, self.prefill_chunk)
-            if slot.seq.config.prompt_logprobs is not None:
+            scored = slot.seq.config.prompt_logprobs is not None
+            if scored:
                 n = min(n, prompt_rows_chunk(self.target.n_vocab))
-                out.append((slot, SeqDecode(slot.index, todo[:n], n)))
-            else:
-                out.append((slot, SeqDecode(slot.index, todo[:n], 0)))
+            out.append((slot, SeqDecode(slot.index, todo[:n], n if scored else 0)))
             budget -= n
         return out
 

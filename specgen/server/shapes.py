@@ -337,9 +337,11 @@ class Shape:
         meta = self._meta(steps[0], outcomes[0])
         usage = self._usage_n(steps, outcomes)
         chat_choices, text_choices = [], []
+        # a completion's offsets count from the end of its echoed prompt
+        echoed = len(self.echo.text) if self.echo is not None else 0
         for i, (st, outcome) in enumerate(zip(steps, outcomes, strict=True)):
             finish = openai_finish(outcome.finish)
-            lps = self._logprobs(st)
+            lps = self._logprobs(st, echoed)
             if self.chat:
                 content, calls = self.parsed(outcome.text)
                 if calls is not None:
@@ -354,7 +356,7 @@ class Shape:
                 text = outcome.text
                 if self.echo is not None:
                     text = self.echo.text + text
-                    lps = self.echo.joined(self._logprobs(st, len(self.echo.text)))
+                    lps = self.echo.joined(lps)
                 text_choices.append(
                     TextChoice(index=i, text=text, logprobs=lps, finish_reason=finish)
                 )
