@@ -74,25 +74,19 @@ class ModelSpec:
         Raises:
             ConfigError: `rpc` is not a HOST:PORT list.
         """
+        target_cfg = EngineConfig(
+            n_ctx=n_ctx,
+            n_gpu_layers=n_gpu_layers,
+            n_threads=n_threads,
+            swa_full=swa_full,
+            flash_attn=flash_attn,
+        )
         return cls(
             rpc=parse_rpc_endpoints(rpc) if rpc is not None else (),
             target=Path(target),
             draft=draft,
-            target_cfg=EngineConfig(
-                n_ctx=n_ctx,
-                n_gpu_layers=n_gpu_layers,
-                n_threads=n_threads,
-                swa_full=swa_full,
-                flash_attn=flash_attn,
-            ),
-            draft_cfg=EngineConfig(
-                n_ctx=n_ctx,
-                n_gpu_layers=n_gpu_layers_draft,
-                n_threads=n_threads,
-                local_only=True,
-                swa_full=swa_full,
-                flash_attn=flash_attn,
-            ),
+            target_cfg=target_cfg,
+            draft_cfg=replace(target_cfg, n_gpu_layers=n_gpu_layers_draft, local_only=True),
         )
 
 
