@@ -129,6 +129,12 @@ class GenerateConfig:
         """Whether emitted tokens carry their log-probabilities (every one needs its row)."""
         return self.logprobs is not None
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether the prompt's own tokens are scored: every prompt position needs its row,
+        so no cached prefix can be reused (the slot keeps none)."""
+        return self.prompt_logprobs is not None
+
 
 def grammar_spec(sampling: SamplingFlags) -> GrammarSpec | None:
     """The grammar of `sampling`'s --grammar, --grammar-file, --json-schema or

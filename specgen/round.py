@@ -153,7 +153,7 @@ class Sequence:
         and decoding starts now. Returns the Prefilled event."""
         self.stats.prefill_s = prefill_s
         self._t_decode = self.clock()
-        lps = None if self.config.prompt_logprobs is None else tuple(self._prompt_lps)
+        lps = tuple(self._prompt_lps) if self.config.wants_prompt_logprobs else None
         return Prefilled(len(self.committed), prefill_s, None, None, lps)
 
     def score_prompt(self, rows: Logits) -> None:

@@ -144,7 +144,7 @@ class Slots:
                 slot.target.copy_prefix(source.target, keep)  # type: ignore[attr-defined]
             else:
                 keep = common_prefix(slot.target.tokens, job.prompt[:-1])
-                if job.config.prompt_logprobs is not None:
+                if job.config.wants_prompt_logprobs:
                     keep = 0  # every prompt position needs its row: cached cells have none
                 slot.target.truncate(keep)
         except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
@@ -228,7 +228,7 @@ class Slots:
         """Whether the slot's job gets its Prefilled event: a single stream's always, the
         server's when it asked for the prompt's log-probabilities (which it carries)."""
         assert slot.seq is not None
-        return self.single or slot.seq.config.prompt_logprobs is not None
+        return self.single or slot.seq.config.wants_prompt_logprobs
 
     def end(self, slot: Slot, event: JobEvent | None, reason: str | None = None) -> None:
         """Free the slot: roll its caches back to the committed tokens and send `event`

@@ -244,7 +244,7 @@ class Stepper:
             )
             for slot, n in chunks:
                 del slot.todo[:n]
-                if slot.seq is not None and slot.seq.config.prompt_logprobs is not None:
+                if slot.seq is not None and slot.seq.config.wants_prompt_logprobs:
                     slot.seq.score_prompt(chunk_rows[slot.index][:n])
             for slot, prop in firsts:
                 assert slot.seq is not None and slot.ticket is not None
@@ -347,7 +347,7 @@ class Stepper:
             if slot.seq is None or slot.started or not todo or budget <= 0:
                 continue
             n = min(len(todo), budget, self.prefill_chunk)
-            scored = slot.seq.config.prompt_logprobs is not None
+            scored = slot.seq.config.wants_prompt_logprobs
             if scored:
                 n = min(n, prompt_rows_chunk(self.target.n_vocab))
             out.append((slot, SeqDecode(slot.index, todo[:n], n if scored else 0)))
