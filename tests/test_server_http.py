@@ -696,3 +696,22 @@ def test_a_legacy_top_logprobs_object_names_the_chosen_token_too() -> None:
     alone = TokenLogprob(9, -0.3, b"c")  # logprobs 0: no alternatives
     out = text_logprobs([Span("b", 7, False, logprob=chosen), Span("c", 9, False, logprob=alone)])
     assert out["top_logprobs"] == [{"a": -0.1, "b": -2.5}, {"c": -0.3}]
+
+
+def test_legacy_text_offsets_count_tokens_not_the_text_released() -> None:
+    """A token held back from the text (it might start a stop string) still starts where it
+    stands, and a UTF-8 character split across tokens starts at its first byte's token;
+    a stream's chunks continue one count."""
+    from specgen.events import Span
+    from specgen.logprobs import TokenLogprob
+    from specgen.server.logprobs import TextOffsets, text_logprobs
+
+    def span(text: str, piece: bytes) -> Span:
+        return Span(text, 1, False, logprob=TokenLogprob(1, -0.5, piece))
+
+    spans = [span("", b"a"), span("ab", b"b"), span("", b"\xc3"), span("\u00e9", b"\xa9"), span("c", b"c")]
+    assert text_logprobs(spans)["text_offset"] == [0, 1, 2, 2, 3]
+    counted = TextOffsets(10)  # after an echoed prompt of 10 characters, in two chunks
+    first, rest = text_logprobs(spans[:3], counted), text_logprobs(spans[3:], counted)
+    assert first["text_offset"] + rest["text_offset"] == [10, 11, 12, 12, 13]
+

@@ -266,6 +266,21 @@ def test_completion_logprobs_legacy_shape_values_and_stream(server: Server, smol
     streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
     assert sum((x.tokens or [] for x in streamed), []) == lp["tokens"]
     assert sum((x.text_offset or [] for x in streamed), []) == lp["text_offset"]
+    # a stop string across two tokens holds its first token back from the text until it
+    # matches: every offset is still where its token starts, whole and streamed
+    stop = lp["tokens"][6] + lp["tokens"][7]
+    cut = text[: text.index(stop)]
+    assert stop.strip() and len(cut) > 0
+    stopped = completion(server, PROMPTS[3], max_tokens=12, logprobs=3, stop=[stop])
+    held = stopped["choices"][0]["logprobs"]
+    assert stopped["choices"][0]["text"] == cut
+    assert held["text_offset"] == lp["text_offset"][: len(held["text_offset"])]
+    chunks = list(client.completions.create(
+        model=server.model_id, prompt=PROMPTS[3], max_tokens=12, stream=True, logprobs=3,
+        stop=[stop], extra_body={"ignore_eos": True},
+    ))  # fmt: skip
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert sum((x.text_offset or [] for x in streamed), []) == held["text_offset"]
 
 
 def test_echo_scores_the_prompt_as_lm_evaluation_harness_asks(server: Server, smol_pair) -> None:

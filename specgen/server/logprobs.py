@@ -23,7 +23,7 @@ from typing import Any
 from specgen.events import Span
 from specgen.logprobs import TokenLogprob
 
-__all__ = ["Echo", "chat_logprobs", "text_logprobs"]
+__all__ = ["Echo", "TextOffsets", "chat_logprobs", "text_logprobs"]
 
 
 def _legacy_top(lp: TokenLogprob) -> dict[str, float]:
@@ -51,25 +51,44 @@ def chat_logprobs(spans: Sequence[Span]) -> dict[str, Any]:
     return {"content": content}
 
 
+class TextOffsets:
+    """Each token's first character in a text spelled by token pieces (``text_offset``):
+    the characters the pieces before it decode to, a UTF-8 character split across tokens
+    counted once, at the token that completes it. Counted from the pieces, not from the
+    text released so far: a stop string's first tokens are held back from the text until
+    it is known whether the string matches, and they still start where they stand."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.n = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, piece: bytes) -> int:
+        """The offset of a token with bytes `piece`, then counts its characters."""
+        at = self.n
+        self.n += len(self._decoder.decode(piece))
+        return at
+
+
 def text_logprobs(
-    spans: Sequence[Span], offset: int = 0, eos: TokenLogprob | None = None
+    spans: Sequence[Span], offsets: TextOffsets | None = None, eos: TokenLogprob | None = None
 ) -> dict[str, Any]:
     """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens``,
     ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token) and
-    ``text_offset`` (each token's first character in the completion's text; `offset`: the
-    characters before these spans), then the end-of-generation token that ended them
-    (`eos`, `Step.eos_logprob`) as OpenAI and vLLM list it."""
+    ``text_offset`` (each token's first character in the completion's text, from
+    `offsets`, which it advances: a stream's chunks share one; from 0 when None), then the
+    end-of-generation token that ended them (`eos`, `Step.eos_logprob`) as OpenAI and
+    vLLM list it. Tokens past a stop string are listed, as vLLM lists them (their
+    offsets then reach past the text)."""
     out: dict[str, list[Any]] = {
         "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [],
     }  # fmt: skip
-    entries = [(s.logprob, len(s.text)) for s in spans] + [(eos, 0)]
-    for lp, n_chars in entries:
+    offsets = offsets or TextOffsets()
+    for lp in [s.logprob for s in spans] + [eos]:
         if lp is not None:
             out["tokens"].append(lp.text)
             out["token_logprobs"].append(lp.logprob)
             out["top_logprobs"].append(_legacy_top(lp))
-            out["text_offset"].append(offset)
-        offset += n_chars
+            out["text_offset"].append(offsets.advance(lp.piece if lp is not eos else b""))
     return out
 
 
@@ -105,12 +124,8 @@ class Echo:
         counted = list(pieces)
         if not text.startswith(pieces[0].decode("utf-8", "replace")):
             counted[0] = b""  # a BOS the tokenizer added to the string sent
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        offsets, n = [], 0
-        for b in counted:
-            offsets.append(n)
-            n += len(decoder.decode(b))
-        return cls(text, pieces, offsets)
+        offsets = TextOffsets()
+        return cls(text, pieces, [offsets.advance(b) for b in counted])
 
     def legacy_logprobs(self) -> dict[str, list[Any]]:
         """The prompt's part of the legacy ``logprobs`` object: ``tokens``,

@@ -14,7 +14,7 @@ from specgen.flags import SamplingFlags, in_python_words
 from specgen.grammarspec import GrammarSpec
 from specgen.sampling import SamplingParams
 from specgen.server import stats as request_stats
-from specgen.server.logprobs import Echo, chat_logprobs, text_logprobs
+from specgen.server.logprobs import Echo, TextOffsets, chat_logprobs, text_logprobs
 from specgen.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -289,16 +289,19 @@ class Shape:
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
     echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.logprobs`)
-    # a streamed completion's characters so far per choice (its text_offset)
-    _offsets: dict[int, int] = field(default_factory=dict)
+    # a streamed completion's tokens' characters so far per choice (its text_offset)
+    _offsets: dict[int, TextOffsets] = field(default_factory=dict)
 
-    def _logprobs(self, steps: Sequence[Step], offset: int = 0) -> dict[str, Any] | None:
+    def _logprobs(
+        self, steps: Sequence[Step], offsets: TextOffsets | None = None
+    ) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
         spans = [s for x in steps for s in x.spans]
         if self.chat:  # OpenAI's chat lists no end-of-generation token
             return chat_logprobs(spans)
-        return text_logprobs(spans, offset, steps[-1].eos_logprob if steps else None)
+        eos = steps[-1].eos_logprob if steps else None
+        return text_logprobs(spans, offsets, eos)
 
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -341,7 +344,7 @@ class Shape:
         echoed = len(self.echo.text) if self.echo is not None else 0
         for i, (st, outcome) in enumerate(zip(steps, outcomes, strict=True)):
             finish = openai_finish(outcome.finish)
-            lps = self._logprobs(st, echoed)
+            lps = self._logprobs(st, TextOffsets(echoed))
             if self.chat:
                 content, calls = self.parsed(outcome.text)
                 if calls is not None:
@@ -412,16 +415,14 @@ class Shape:
         """A streamed completion's first chunk of choice `index` with ``echo``: the prompt,
         and its log-probabilities when asked; the completion's offsets continue after it."""
         assert self.echo is not None
-        self._offsets[index] = len(self.echo.text)
+        self._offsets[index] = TextOffsets(len(self.echo.text))
         lps = self.echo.legacy_logprobs() if self.logprobs else None
         return self._chunk(self.echo.text, None, lps, index)
 
     def step_chunk(self, step: Step, text: str | None = None, index: int = 0) -> dict[str, Any]:
         """One round's committed text of choice `index` (or `text`: the content of it that
         may go out, with tool calls), with its tokens' log-probabilities when asked."""
-        offset = self._offsets.get(index, 0)
-        lps = self._logprobs([step], offset)
-        self._offsets[index] = offset + len(step.text)
+        lps = self._logprobs([step], self._offsets.setdefault(index, TextOffsets()))
         return self._chunk(step.text if text is None else text, None, lps, index)
 
     def final_chunk(
