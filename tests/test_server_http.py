@@ -709,9 +709,14 @@ def test_legacy_text_offsets_count_tokens_not_the_text_released() -> None:
     def span(text: str, piece: bytes) -> Span:
         return Span(text, 1, False, logprob=TokenLogprob(1, -0.5, piece))
 
-    spans = [span("", b"a"), span("ab", b"b"), span("", b"\xc3"), span("\u00e9", b"\xa9"), span("c", b"c")]
+    spans = [
+        span("", b"a"),
+        span("ab", b"b"),
+        span("", b"\xc3"),
+        span("\u00e9", b"\xa9"),
+        span("c", b"c"),
+    ]
     assert text_logprobs(spans)["text_offset"] == [0, 1, 2, 2, 3]
     counted = TextOffsets(10)  # after an echoed prompt of 10 characters, in two chunks
     first, rest = text_logprobs(spans[:3], counted), text_logprobs(spans[3:], counted)
     assert first["text_offset"] + rest["text_offset"] == [10, 11, 12, 12, 13]
-
