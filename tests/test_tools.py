@@ -218,6 +218,16 @@ def test_auto_rows_are_masked_alike_for_p_and_q_and_follow_rollback() -> None:
             ["f", "g"],
         ),
         ('Hi <tool_call>\n{"name": "f", "argu', None, None),  # cut by max_tokens
+        (  # a later call cut by max_tokens: the complete one stands
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"na',
+            None,
+            ["f"],
+        ),
+        (  # a cut call's tag, then no call after it: not a call
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n</tool_call>',
+            None,
+            None,
+        ),
         ('<tool_call>\n{"name": "f"}\n</tool_call>', None, None),  # no arguments
         ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> then text', None, None),
     ],

@@ -123,3 +123,33 @@ def test_a_tool_result_round_trip_through_the_template(server: Server) -> None:
     bare = c.chat.completions.create(model=server.model_id, messages=WHAT, max_tokens=1)
     assert bare.usage is not None  # without tools: no tools block in the system turn
     assert first.usage.prompt_tokens > bare.usage.prompt_tokens + 50
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_cut_by_max_tokens_keep_the_complete_ones(server: Server, stream: bool) -> None:
+    """With parallel calls the bias makes the model write call after call until max_tokens
+    cuts one: the complete calls before it are returned, finish_reason length (a call may
+    be missing), no markup in the content."""
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], tool_choice="required",
+        temperature=0, max_tokens=60, logit_bias=TAG_BIAS, stream=stream,
+    )  # fmt: skip
+    if stream:
+        calls, content, finish = [], "", None
+        for chunk in r:  # type: ignore[union-attr]
+            for c in chunk.choices:
+                calls += c.delta.tool_calls or []
+                content += c.delta.content or ""
+                finish = c.finish_reason or finish
+        assert [c.index for c in calls] == list(range(len(calls)))
+    else:
+        choice = r.choices[0]  # type: ignore[union-attr]
+        calls, content, finish = (
+            choice.message.tool_calls or [],
+            choice.message.content,
+            choice.finish_reason,
+        )
+    assert finish == "length" and not content and len(calls) >= 1
+    for call in calls:
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments or "") == {"city": "Paris"}

@@ -47,6 +47,12 @@ def openai_finish(reason: FinishReason | str) -> str:
     return _OPENAI_FINISH.get(reason, "abort")
 
 
+def _calls_finish(finish: str) -> str:
+    """An answer with tool calls: finish reason ``tool_calls``, or ``length`` where
+    max_tokens (or the context) cut it, so a client knows a later call may be missing."""
+    return finish if finish == "length" else "tool_calls"
+
+
 class RequestError(Exception):
     """A request that cannot be served as sent: becomes an HTTP 4xx/5xx OpenAI error."""
 
@@ -349,8 +355,8 @@ class Shape:
                 content, calls = self.parsed(outcome.text)
                 if calls is not None:
                     message = AssistantMessage(content=content, tool_calls=calls)
-                    finish = "tool_calls"
-                else:  # no tools, or a call cut short (finish "length"): the text as it is
+                    finish = _calls_finish(finish)
+                else:  # no tools, or the first call cut short (finish "length"): the text as is
                     message = AssistantMessage(content=outcome.text)
                 chat_choices.append(
                     ChatChoice(index=i, message=message, logprobs=lps, finish_reason=finish)
@@ -448,7 +454,8 @@ class Shape:
                 ]}  # fmt: skip
                 if content and content[released:]:
                     delta["content"] = content[released:]
-                choice = ChunkChoice(index=index, delta=delta, finish_reason="tool_calls")
+                finish = _calls_finish(openai_finish(outcome.finish))
+                choice = ChunkChoice(index=index, delta=delta, finish_reason=finish)
                 return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
             rest = outcome.text[released:]
         return self._chunk(rest or None, openai_finish(outcome.finish), None, index, **meta)

@@ -40,8 +40,10 @@ What each ``tool_choice`` generates (`Choice`, `call_grammar`):
 
 The answer (`parse`): the text before the first ``<tool_call>`` is the message's content
 (null when only whitespace), each complete call one entry of ``tool_calls`` with its
-arguments as JSON text, finish reason ``tool_calls``; an answer without a complete call
-(text only, or a call cut by max_tokens) is content as written. Streaming
+arguments as JSON text, finish reason ``tool_calls`` (``length`` where max_tokens cut
+the answer: a last call cut short is dropped, the complete ones before it stand); an
+answer without a complete call (text only, or its first call cut by max_tokens) is content
+as written. Streaming
 (`ContentGate`): content goes out as generated, held back only while it might be the start
 of ``<tool_call>`` (and trailing whitespace, which the content drops before a call); the
 calls go out whole in the final chunk as ``delta.tool_calls``.
@@ -348,7 +350,8 @@ def parse(text: str, syntax: Syntax) -> tuple[str | None, list[dict[str, Any]] |
         tool_calls as OpenAI's ``message.tool_calls`` (``id``, ``type``, ``function.name``,
         ``function.arguments`` as JSON text), or None when the text holds no complete call
         (content is then the whole text); content is the text before the first call, None
-        when only whitespace.
+        when only whitespace. A last call cut short (the answer ended inside it: max_tokens)
+        is dropped after complete ones.
     """
     if syntax == "json":
         try:
@@ -372,7 +375,10 @@ def parse(text: str, syntax: Syntax) -> tuple[str | None, list[dict[str, Any]] |
             return text, None
         calls.append(entry)
         pos = m.end()
-    if not calls or text[pos:].strip():  # a call cut short, or something after the calls
+    rest = text[pos:].strip()
+    # something after the calls (not a call answer), or a first call cut short; a later
+    # call cut short (max_tokens) leaves the complete ones standing
+    if not calls or (rest and not (rest.startswith(OPEN) and CLOSE not in rest)):
         return text, None
     head = text[:start].rstrip()
     return (head if head.strip() else None), calls
