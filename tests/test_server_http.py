@@ -191,6 +191,7 @@ def test_health_is_503_while_loading_and_other_routes_say_so() -> None:
         assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
         s.state.backend = fake.fake_backend()
         assert httpx.get(s.url + "/health", timeout=T).json() == {"status": "ok"}
+        assert httpx.head(s.url + "/health", timeout=T).status_code == 200  # load balancers
         s.state.draining = True
         assert httpx.get(s.url + "/health", timeout=T).status_code == 503
         assert s.post("/v1/completions", {"prompt": "a"}).json()["error"]["code"] == "shutdown"
@@ -225,6 +226,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0]"),
     ({}, "messages"),
 ]
 
@@ -720,3 +722,10 @@ def test_legacy_text_offsets_count_tokens_not_the_text_released() -> None:
     counted = TextOffsets(10)  # after an echoed prompt of 10 characters, in two chunks
     first, rest = text_logprobs(spans[:3], counted), text_logprobs(spans[3:], counted)
     assert first["text_offset"] + rest["text_offset"] == [10, 11, 12, 12, 13]
+
+
+def test_a_text_part_without_text_is_named_so(served: Served) -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    err = assert_openai_error(served.post("/v1/chat/completions", body), 400)
+    assert "needs its 'text'" in err["message"] and "only text parts" not in err["message"]
+

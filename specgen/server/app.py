@@ -182,7 +182,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(503, "Loading model", type_="unavailable_error", code="loading")
         return state.backend
 
-    @api.get("/health")
+    # HEAD too: health checkers and load balancers probe with it
+    @api.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if state.draining or state.backend is None:
             message = "the server is shutting down" if state.draining else "Loading model"

@@ -125,10 +125,14 @@ def messages_of(chat: Sequence[ChatMessage]) -> list[dict[str, str]]:
         else:
             for j, part in enumerate(m.content):
                 if part.type != "text" or part.text is None:
+                    why = (
+                        f"only text parts are served, got type {part.type!r}"
+                        if part.type != "text"
+                        else "a text part needs its 'text'"
+                    )
                     raise RequestError(
                         400,
-                        f"messages[{i}].content[{j}]: only text parts are served, got"
-                        f" type {part.type!r}",
+                        f"messages[{i}].content[{j}]: {why}",
                         param=f"messages[{i}].content[{j}]",
                     )
             text = "".join(p.text or "" for p in m.content)
