@@ -728,4 +728,3 @@ def test_a_text_part_without_text_is_named_so(served: Served) -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "text"}]}]}
     err = assert_openai_error(served.post("/v1/chat/completions", body), 400)
     assert "needs its 'text'" in err["message"] and "only text parts" not in err["message"]
-
