@@ -63,6 +63,14 @@ def test_temperature_must_be_a_number(capsys, tiny_target, value) -> None:
     assert code == 1 and "--temp" in line
 
 
+@pytest.mark.parametrize("value", ["21", "-1"])
+def test_logprobs_out_of_range_is_an_error_not_a_usage_box(capsys, tiny_target, value) -> None:
+    # exit 1 and one line, as every other range (it was Typer's exit 2 and usage box)
+    code = _main(["run", "-m", str(tiny_target), "-md", "none", "--json", "--logprobs", value])
+    line = _one_error_line(capsys)
+    assert code == 1 and "--logprobs must be 0 to 20" in line
+
+
 def test_an_empty_stop_string_is_refused(capsys, tiny_target) -> None:
     # it would match before the first token: nothing could ever be generated
     code = _main(["run", "-m", str(tiny_target), "-md", "none", "--stop", "ok", "--stop", ""])

@@ -278,3 +278,24 @@ def test_models_into_a_file_keeps_every_cell_whole(monkeypatch):
     for pair in load_registry().pairs.values():
         row = next(line for line in out.splitlines() if line.strip().startswith(pair.name + " "))
         assert pair.note in row
+
+
+def test_a_reader_that_went_away_is_not_an_error(tmp_path):
+    """`specgen models | head -1`: the reader closes the pipe before the listing is written;
+    what it read was what it wanted, so the exit status is 0 and stderr stays empty (it
+    was 1, with nothing said). The read end is closed before the process starts writing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECGEN_CACHE": str(tmp_path)}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "models"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0 and err == b"", err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,9 +22,23 @@ else:  # pragma: no cover - older Typer
 
     _USAGE_ERRORS = (click.ClickException,)
 
+
+class _Commands(help.Group):
+    """The app's group. A reader of stdout that went away (EPIPE: `| head`) ends a command
+    with status 0 and nothing on stderr: what the reader read was what it wanted (`run`,
+    which stops generating, handles the pipe itself). Click would exit 1, silently."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            output.discard_stdout()  # the interpreter's last flush has nowhere to complain
+            raise typer.Exit(0) from None
+
+
 app = typer.Typer(
     name="specgen",
-    cls=help.Group,
+    cls=_Commands,
     help="Fast local text generation with exact speculative decoding on llama.cpp.",
     no_args_is_help=True,
     add_completion=False,

@@ -361,8 +361,6 @@ LOGPROBS = Group(
         "--logprobs",
         help="With --json: each token's log-probability under the target's raw logits,"
         " with the N (0-20) most likely tokens there.",
-        min=0,
-        max=20,
     ),
 )
 #: what a command shows and writes

@@ -156,10 +156,14 @@ def verify_command(
         show_messages(opened)
         with stage_status(output.err_console(), "verifying") as say:
             report = Pair(opened).verify(sampling, progress=say, **options)
-    if out.json_out:
-        output.write_json(report.to_dict())
-        for note in report.notes:  # in the JSON too; said where a person reads
-            output.notice(note)
-    else:
-        output.show(*reports.render_verify_report(report))
-    return 0 if report.passed else 1
+    code = 0 if report.passed else 1
+    try:
+        if out.json_out:
+            output.write_json(report.to_dict())
+            for note in report.notes:  # in the JSON too; said where a person reads
+                output.notice(note)
+        else:
+            output.show(*reports.render_verify_report(report))
+    except BrokenPipeError:  # `| head`: the status is still the verdict
+        output.discard_stdout()
+    return code

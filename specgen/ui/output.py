@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 UNWRAPPED_WIDTH = 10_000
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head`): raised for the command line's one handler
+        (`specgen.cli.app`), which ends quietly; Rich's own exits with status 1."""
+        raise BrokenPipeError
+
+
 def console(*, stderr: bool = False, width: int | None = None, soft_wrap: bool = False) -> Console:
     """A Rich console on stdout, or on stderr for status and progress.
 
@@ -43,9 +50,9 @@ def console(*, stderr: bool = False, width: int | None = None, soft_wrap: bool =
             and lines are never wrapped or cropped.
         soft_wrap: let long lines run on instead of wrapping them.
     """
-    c = Console(stderr=stderr, width=width, soft_wrap=soft_wrap)
+    c = _Console(stderr=stderr, width=width, soft_wrap=soft_wrap)
     if width is None and not c.is_terminal:
-        c = Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+        c = _Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return c
 
 
