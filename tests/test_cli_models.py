@@ -299,3 +299,19 @@ def test_a_reader_that_went_away_is_not_an_error(tmp_path):
     p.stdout.close()
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and err == b"", err
+
+
+@pytest.mark.parametrize("content", [None, "models: [unclosed"])
+def test_a_models_file_is_read_even_for_the_demo_pair(tmp_path, content):
+    """`specgen run --models FILE` with no -m runs the embedded demo pair, which needs no
+    name from FILE: a missing or broken FILE is still refused, as with -m NAME (it was
+    never read)."""
+    from specgen.models.resolve import resolve_models
+
+    f = tmp_path / "reg.yaml"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(SpecgenError, match=str(f)):
+        resolve_models(None, None, None, f)
+    result = invoke("run", "--models", str(f), "-n", "1", "hi")
+    assert result.exit_code == 1 and str(f) in result.message

@@ -111,7 +111,8 @@ def resolve_models(
     With nothing given, the embedded demo pair (prepared once, offline).
 
     Raises:
-        ConfigError: unknown or not-downloaded names, or --pair mixed with --target.
+        ConfigError: unknown or not-downloaded names, --pair mixed with --target, or a
+            --models file that cannot be read (whether or not a name needs it).
     """
     if pair is not None:
         if target is not None:
@@ -119,6 +120,8 @@ def resolve_models(
         t, d, k = resolve_pair(load_registry(models), pair)
         return t, (draft if draft in (DRAFT_NONE, DRAFT_NGRAM) else d), k
     if target is None:
+        if models is not None:  # read where no name needs it too: a bad file is never ignored
+            load_registry(models)
         t, d = ensure_demo_pair(status=status)  # prepared once, then cached
         if draft is None:
             return t, d, None
