@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
-from specgen.apiargs import Prompt, argument_names, check_messages, sampling_flags
+from specgen.apiargs import Prompt, argument_names, check_messages, prompt_list, sampling_flags
 from specgen.apiengine import Engines, Models, generate_many, one_slot, warn_fit
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter, as_batch
@@ -156,7 +156,7 @@ class Pair(Generic[M]):
             As `generate`: ConfigError, GrammarError, PromptError (no prompts, an empty
             one, or one that with ``max_tokens`` does not fit the context).
         """
-        ids = [self._prompt_ids(p) for p in prompts]
+        ids = [self._prompt_ids(p) for p in prompt_list(prompts)]  # type: ignore[arg-type]
         if not ids:
             raise PromptError("no prompts")
         flags = sampling_flags(kwargs, settings)
@@ -299,7 +299,7 @@ class Pair(Generic[M]):
         for name in checks.UNUSED:
             if name in kwargs:
                 raise ConfigError(f"verify does not take {name}: the checks set it themselves")
-        flags = sampling_flags(kwargs, settings or checks.SAMPLING_FLAGS)
+        flags = sampling_flags(kwargs, settings or checks.SAMPLING_FLAGS, others=checks.ARGUMENTS)
         with argument_names() if settings is None else contextlib.nullcontext():
             config = checks.config_of(
                 flags, samples=samples, positions=positions, draft_max=draft_max, alpha=alpha,
@@ -413,7 +413,7 @@ class Pair(Generic[M]):
         ordinary: bool = False,
     ) -> Generation:
         """Check everything now (not at the first event), then the generation."""
-        flags = sampling_flags(settings, base)
+        flags = sampling_flags(settings, base, {"trace": trace, "ordinary": ordinary})
         return self._run(ids, flags, seed_or_random(flags.seed), words=base is None,
                          trace=trace, ordinary=ordinary)  # fmt: skip
 

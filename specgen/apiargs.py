@@ -23,16 +23,31 @@ def argument_names() -> Iterator[None]:
 
 
 def sampling_flags(
-    settings: Mapping[str, object], base: SamplingFlags | None = None
+    settings: Mapping[str, object],
+    base: SamplingFlags | None = None,
+    switches: Mapping[str, object] | None = None,
+    others: Sequence[str] = (),
 ) -> SamplingFlags:
     """A call's keyword settings as the CLI's `SamplingFlags` (``temperature`` is --temp's
     ``temp``; ``draft_max`` an int or "auto"), over `base` when given (its fields where
-    `settings` has none; the defaults otherwise), validated once.
+    `settings` has none; the defaults otherwise), validated once; `switches`: the call's
+    other arguments that must be True or False (``ordinary``, ``trace``); `others`: the
+    call's own keyword arguments, offered beside the settings for a misspelt name.
 
     Raises:
         ConfigError: an unknown setting (with the nearest known name), or a bad value,
-            named as the argument (``temperature must be a number, got 'hot'``).
+            named as the argument (``temperature must be a number, got 'hot'``); a `base`
+            that is not a `SamplingFlags` (``generate("hi", "x")``); a switch that is
+            not a bool.
     """
+    if base is not None and not isinstance(base, SamplingFlags):
+        raise ConfigError(
+            f"settings (the argument after the prompt) must be a SamplingFlags or None, got"
+            f" {base!r}: give the settings as keyword arguments (temperature=0, ...)"
+        )
+    for name, value in (switches or {}).items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}")
     given = dict(settings)
     if "temperature" in given:
         if "temp" in given:
@@ -41,7 +56,7 @@ def sampling_flags(
     known = [f.name for f in fields(SamplingFlags)]
     for name in given:
         if name not in known:
-            names = [*known, "temperature"]
+            names = [*known, "temperature", *others]
             near = difflib.get_close_matches(name, names, n=1)
             hint = (
                 f" (did you mean {near[0]}?)" if near else f": the settings are {', '.join(names)}"
@@ -84,3 +99,23 @@ def check_messages(messages: object) -> list[Message]:
             )
         out.append(dict(m))
     return out
+
+
+def prompt_list(prompts: object) -> list[object]:
+    """`Pair.generate_many`'s prompts as a list: one text or one list of token ids is not
+    a list of prompts (iterating it would give one prompt per character or per token).
+
+    Raises:
+        ConfigError: `prompts` is a str, bytes, or a sequence of ints, or not iterable.
+    """
+    if isinstance(prompts, (str, bytes)) or (
+        isinstance(prompts, Sequence) and prompts and all(isinstance(p, int) for p in prompts)
+    ):
+        raise ConfigError(
+            "prompts must be a list of prompts, got one prompt: for one, use generate() (or"
+            " pass [prompt])"
+        )
+    try:
+        return list(prompts)  # type: ignore[call-overload]
+    except TypeError:
+        raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}") from None

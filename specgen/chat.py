@@ -219,7 +219,13 @@ def build_prompt(
 
 
 class ContextFullError(PromptError):
-    """The conversation no longer fits the context: /reset, or restart with a larger -c."""
+    """The conversation no longer fits the context: `ChatSession.reset()` (``/reset`` in
+    `specgen chat`), or a larger context. The message is in the Python API's words; the
+    CLI says it in its own (`how`: the sizes, for that)."""
+
+    def __init__(self, n_tokens: int, n_ctx: int) -> None:
+        self.how = f"the conversation is {n_tokens} tokens and the context holds {n_ctx}"
+        super().__init__(f"{self.how}: reset() to start over, or load with a larger ctx_size")
 
 
 @dataclass
@@ -336,10 +342,7 @@ class ChatSession:
         msgs = [*self.conversation.messages(), {"role": "user", "content": user}]
         ids = self.formatter.tokens(msgs)
         if len(ids) >= self._n_ctx:
-            raise ContextFullError(
-                f"the conversation is {len(ids)} tokens and the context holds"
-                f" {self._n_ctx}: type /reset to start over (or restart with a larger -c)"
-            )
+            raise ContextFullError(len(ids), self._n_ctx)
         return self._generate(user, self._start(ids, self.replies))
 
     def _generate(self, user: str, events: Generation) -> Generator[Event, None, None]:

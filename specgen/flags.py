@@ -295,6 +295,11 @@ _ARGUMENT_OF_FLAG = {
     **{flag: name for name, flag in SAMPLING_FLAG.items()},
     "--temp": "temperature",
     "--chat-template": "chat_template",
+    # `specgen verify`'s own (`Pair.verify`'s arguments)
+    "--samples": "samples",
+    "--positions": "positions",
+    "--alpha": "alpha",
+    "--check": "check",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 _DRAFT_WORD = re.compile(rf"(?<![\w-])(?:-md|--draft) ({'|'.join(DRAFT_WORDS)})\b")

@@ -115,6 +115,10 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -
         specgen.load(flash_attn="yes")
     with pytest.raises(ConfigError, match="^prompt must be text"):
         pair.generate(["the cat"])
+    with pytest.raises(ConfigError, match="^settings .* must be a SamplingFlags or None"):
+        pair.generate("the cat", "x")  # a string where the settings go (was AttributeError)
+    with pytest.raises(ConfigError, match="^ordinary must be True or False, got 'yes'"):
+        pair.generate("the cat", ordinary="yes")  # was taken as True
     # close enough is taken as meant: an int temperature, one stop string
     one = pair.generate("the cat", temperature=0, max_tokens=6, stop="zzz", ignore_eos=True)
     assert len(one.tokens) == 6
@@ -305,6 +309,9 @@ def test_generate_many_refuses_what_it_cannot_do(many) -> None:
         many.generate_many(["the cat", "the cat"], max_tokens=400)  # beyond -c 256
     with pytest.raises(ConfigError, match="temperature"):
         many.generate_many(["the cat"], temperature="hot")
+    for one in ("abc", [5, 6, 7]):  # one prompt: it was one prompt per character or token
+        with pytest.raises(ConfigError, match="^prompts must be a list of prompts"):
+            many.generate_many(one)
     with pytest.raises(ConfigError, match="n_parallel"):
         specgen.load("none-such.gguf", n_parallel=0)
 

@@ -229,7 +229,7 @@ def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol):
         assert (t.speedup is not None) == (t.n_drafted > 0) == (drafter is not None)
         # a message that does not fit: refused in one line, the session goes on
         n_turns = len(s.conversation.turns)
-        with pytest.raises(chat.ContextFullError, match="/reset"):
+        with pytest.raises(chat.ContextFullError, match=r"reset\(\) to start over"):
             list(s.reply("sea " * target.n_ctx))
         assert len(s.conversation.turns) == n_turns
         s.reset()

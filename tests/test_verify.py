@@ -372,6 +372,8 @@ def test_pair_verify_runs_the_same_checks_and_keeps_their_power(tiny_engines, mo
         ({"temperature": 0}, "needs temperature > 0"),
         ({"draft_max": "auto"}, "must be an integer"),
         ({"temprature": 1}, "did you mean temperature"),
+        ({"sample": 30}, "did you mean samples"),  # verify's own arguments are offered
+        ({"samples": 10}, "^samples must be at least 20"),  # the argument, not --samples
     ],
 )
 def test_pair_verify_refuses_bad_settings_at_the_call(tiny_engines, call, message):

@@ -155,7 +155,7 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
         try:
             events = session.reply(line)
         except ContextFullError as e:
-            _note(str(e))
+            _note(f"{e.how}: type /reset to start over (or restart with a larger -c)")
             continue
         done = show(session, line, events) if show is not None else _plain_reply(events)
         if done is not None and session.context_full(done):

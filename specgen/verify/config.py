@@ -30,6 +30,8 @@ params, seed 0)."""
 CHECKS = ("all", "greedy", "sampling")
 UNUSED = ("max_tokens", "stop", "ignore_eos", "logprobs")
 """Settings the checks fix themselves (their lengths, no stop, every token's own test)."""
+ARGUMENTS = ("samples", "positions", "draft_max", "alpha", "check", "prompts", "progress")
+"""`Pair.verify`'s own keyword arguments (a misspelt one is matched against them too)."""
 
 GREEDY_PROMPTS: tuple[bytes, ...] = (
     b"The history of the Roman Empire begins",
