@@ -61,8 +61,8 @@ class ModelFlags:
             -t below 0, -ngl/-ngld below -1 (-1 = all layers), or a draft model (-md FILE)
             without -m (the draft must share the target's vocabulary; ``--draft none`` and
             ``--draft ngram`` alone run on the demo target, as they need no second model);
-            --draft-p-min outside [0, 1]; -fa not on/off/auto; --lookup not on/off/auto,
-            or given with --draft ngram or none.
+            --draft-p-min outside [0, 1]; -fa not on/off/auto; --lookup not on/off/auto;
+            --lookup or a --draft-p-min above 0 with --draft ngram or none.
     """
 
     target: str | None = None
@@ -116,6 +116,11 @@ class ModelFlags:
             raise ConfigError(f"--flash-attn must be on, off or auto, got {self.flash_attn!r}")
         if self.lookup is not None and self.lookup not in ON_OFF_AUTO:
             raise ConfigError(f"--lookup must be on, off or auto, got {self.lookup!r}")
+        if self.draft_p_min > 0 and self.draft in (DRAFT_NGRAM, DRAFT_NONE):
+            raise ConfigError(
+                f"--draft-p-min stops a draft model's block at an unlikely token: --draft"
+                f" {self.draft} has no draft model"
+            )
         if self.lookup is not None and self.draft in (DRAFT_NGRAM, DRAFT_NONE):
             raise ConfigError(
                 f"--lookup needs a draft model (-md FILE), not --draft {self.draft}"

@@ -97,7 +97,7 @@ def test_bad_settings_are_refused_before_generating(pair) -> None:
         specgen.load(draft="small.gguf")
 
 
-def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -> None:
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair, ordinary) -> None:
     """The Python API takes anything: a wrong type is said in one line naming the
     argument, as a bad value is, not a bare TypeError from deep in the sampler."""
     for settings, said in (
@@ -117,6 +117,8 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair) -
         pair.generate(["the cat"])
     with pytest.raises(ConfigError, match="^settings .* must be a SamplingFlags or None"):
         pair.generate("the cat", "x")  # a string where the settings go (was AttributeError)
+    with pytest.raises(ConfigError, match='^draft_max 4 needs a drafter: with draft="none"'):
+        ordinary.generate("the cat", draft_max=4)  # was ignored
     with pytest.raises(ConfigError, match="^ordinary must be True or False, got 'yes'"):
         pair.generate("the cat", ordinary="yes")  # was taken as True
     # close enough is taken as meant: an int temperature, one stop string

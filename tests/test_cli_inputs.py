@@ -447,6 +447,7 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
             "need a draft and --draft-max auto, not --draft none",
         ),
         (["--cache-ram", "-2"], "--cache-ram must be at least -1"),
+        (["-md", "none", "--draft-max", "4"], "--draft-max 4 needs a drafter"),  # was ignored
     ],
 )
 def test_serve_refuses_run_s_bad_model_and_sampling_flags_in_one_line(

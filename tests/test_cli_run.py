@@ -178,6 +178,8 @@ def test_vocab_mismatch_is_one_line_naming_the_token(tiny_target, vocab_mismatch
         ("long_prompt", "context holds"),
         ("bad_draft_max", "--draft-max"),
         ("bad_top_p", "--top-p"),
+        ("draft_max_alone", "--draft-max 4 needs a drafter"),  # was ignored
+        ("p_min_no_model", "--draft-p-min stops a draft model's block"),  # was ignored
     ],
 )
 def test_bad_input_is_one_clear_line(
@@ -193,6 +195,8 @@ def test_bad_input_is_one_clear_line(
         "long_prompt": ["-m", t, "-md", "none", "-c", "16", "the cat " * 300],
         "bad_draft_max": ["-m", t, "-md", "none", "--draft-max", "lots", "x"],
         "bad_top_p": ["-m", t, "-md", "none", "--top-p", "1.5", "x"],
+        "draft_max_alone": ["-m", t, "-md", "none", "--draft-max", "4", "x"],
+        "p_min_no_model": ["-m", t, "-md", "ngram", "--draft-p-min", "0.9", "x"],
     }[case]
     r = specgen("run", *args, stdin=b"")
     err = r.stderr.decode()

@@ -203,6 +203,11 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     set_verbose(server.verbose, output.log)
     defaults = shapes.Defaults.of(sampling, server.max_tokens)
     settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
+    if sampling.k and model.draft == DRAFT_NONE:
+        raise ConfigError(
+            f"--draft-max {sampling.draft_max} needs a drafter: with --draft none the target"
+            " decodes alone (leave --draft-max out)"
+        )
     slo = server.slo_ttft is not None or server.slo_tpot is not None
     if slo and (sampling.k is not None or model.draft == DRAFT_NONE):
         raise ConfigError(
