@@ -187,7 +187,7 @@ class OneSlot:
         if not self._timed and self.seq.stats.k_history:
             self._time_start_up()
         report = self.scheduler.step()
-        self._reasons.update(report.reasons[: len(report.k)])
+        self._reasons.update(report.reasons)  # "first" too: the round on the prefill
 
     def _time_start_up(self) -> None:
         """After the first round, before the second's choice of K: the timed passes (see

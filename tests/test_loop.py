@@ -487,6 +487,9 @@ def test_a_slower_draft_is_timed_before_the_second_round(monkeypatch: pytest.Mon
     assert summary is not None
     assert summary["draft_line_s"] == [0.0, pytest.approx(0.025)]  # one slot: one row
     assert events[-1].stats.k_history == [0] * 40
+    # a reason for every round, the first (ordinary, on the prefill) included (`--json`)
+    assert summary["reasons"]["first"] == 1
+    assert sum(summary["reasons"].values()) == len(summary["k_history"]) == 40
     # power: the same draft at 2 ms a decode speculates
     fast = FakeEngine(n_vocab=9, seed=0)
     slowed(fast, 0.002)
