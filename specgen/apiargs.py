@@ -65,6 +65,8 @@ def sampling_flags(
     draft_max = given.get("draft_max")
     if isinstance(draft_max, int) and not isinstance(draft_max, bool):
         given["draft_max"] = str(draft_max)
+    elif "draft_max" in given and not isinstance(draft_max, str):
+        raise ConfigError(f'draft_max must be an integer (1 to 64) or "auto", got {draft_max!r}')
     with argument_names():
         if base is not None:
             return replace(base, **given) if given else base  # type: ignore[arg-type]

@@ -105,6 +105,7 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair, o
         ({"top_k": 2.5}, "^top_k must be an integer"),
         ({"max_tokens": True}, "^max_tokens must be an integer"),
         ({"stop": 5}, "^stop must be a string or a list of strings"),
+        ({"draft_max": 4.0}, '^draft_max must be an integer \\(1 to 64\\) or "auto", got 4.0'),
         ({"temprature": 0}, "unknown setting 'temprature' \\(did you mean temperature\\?\\)"),
     ):
         with pytest.raises(ConfigError, match=said):
