@@ -186,6 +186,27 @@ def serve(
     raise typer.Exit(serve_command(model, sampling, server))
 
 
+def _check_drafting(model: ModelFlags, sampling: SamplingFlags, server: ServerFlags) -> None:
+    """Refuse what the drafting would ignore: a fixed --draft-max with --draft none, and
+    the latency targets without the controller that keeps them.
+
+    Raises:
+        ConfigError: naming the flags.
+    """
+    if sampling.k and model.draft == DRAFT_NONE:
+        raise ConfigError(
+            f"--draft-max {sampling.draft_max} needs a drafter: with --draft none the target"
+            " decodes alone (leave --draft-max out)"
+        )
+    slo = server.slo_ttft is not None or server.slo_tpot is not None
+    if slo and (sampling.k is not None or model.draft == DRAFT_NONE):
+        raise ConfigError(
+            "--slo-ttft and --slo-tpot shorten the steps the batch controller chooses:"
+            " they need a draft and --draft-max auto"
+            + (", not a fixed K" if sampling.k is not None else ", not --draft none")
+        )
+
+
 def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlags) -> int:
     """Bind, load in the background while /health answers 503, serve until a signal;
     returns the exit code (0, or 130 after a second Ctrl-C)."""
@@ -203,18 +224,7 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     set_verbose(server.verbose, output.log)
     defaults = shapes.Defaults.of(sampling, server.max_tokens)
     settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
-    if sampling.k and model.draft == DRAFT_NONE:
-        raise ConfigError(
-            f"--draft-max {sampling.draft_max} needs a drafter: with --draft none the target"
-            " decodes alone (leave --draft-max out)"
-        )
-    slo = server.slo_ttft is not None or server.slo_tpot is not None
-    if slo and (sampling.k is not None or model.draft == DRAFT_NONE):
-        raise ConfigError(
-            "--slo-ttft and --slo-tpot shorten the steps the batch controller chooses:"
-            " they need a draft and --draft-max auto"
-            + (", not a fixed K" if sampling.k is not None else ", not --draft none")
-        )
+    _check_drafting(model, sampling, server)
     args = backend.ServeArgs(
         model,
         sampling,
