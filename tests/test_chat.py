@@ -212,7 +212,9 @@ def test_chat_session_reuses_the_caches_and_refuses_what_does_not_fit(smol):
         None,
     ):
         target.truncate(0)
-        s = Pair.of(target, drafter).chat_session(system="Be brief.", **REPLIES)
+        # no drafter: no K to fix (a fixed K with none is refused, not ignored)
+        replies = REPLIES if drafter is not None else {**REPLIES, "draft_max": "auto"}
+        s = Pair.of(target, drafter).chat_session(system="Be brief.", **replies)
         cached = 0  # what the target holds after the previous turn
         for question in ("What is the capital of France?", "And of Italy?", "And of Spain?"):
             done = list(s.reply(question))[-1]
