@@ -113,7 +113,7 @@ def test_every_http_field_is_in_the_http_reference() -> None:
             elif model in (
                 "ChatMessage", "ContentPart", "StreamOptions", "ResponseFormat",
                 "JsonSchemaFormat", "FunctionCall", "ToolCall", "FunctionDef", "Tool",
-                "NamedFunction", "ToolChoiceNamed",
+                "NamedFunction", "ToolChoiceNamed", "StructuredOutputs",
             ):  # fmt: skip
                 found = f"`{field}`" in requests or f"`{field.rstrip('_')}`" in requests
             else:

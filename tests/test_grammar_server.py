@@ -8,6 +8,7 @@ itself served alone."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Literal
@@ -235,3 +236,42 @@ def test_tool_choice_auto_and_unknown_names_are_400(server: Server) -> None:
             model=server.model_id, messages=WHAT, tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "nope"}},
         )  # fmt: skip
+
+
+def test_vllm_s_structured_output_fields_constrain_the_output(server: Server) -> None:
+    """Clients written for vLLM send guided_json, guided_regex, guided_choice,
+    guided_grammar or structured_outputs in extra_body: each constrains the output (they
+    were accepted and ignored), and a second constraint beside one is a 400."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    choices = ["yes (sure)", "no.", "a+b"]  # regex meta characters are literal
+    c = server.client()
+
+    def text(extra: dict) -> str:
+        r = c.completions.create(
+            model=server.model_id, prompt="Is water wet? Answer: ", max_tokens=24,
+            temperature=0.8, seed=3, extra_body=extra,
+        )  # fmt: skip
+        return r.choices[0].text
+
+    assert json.loads(text({"guided_json": schema}))["ok"] in (True, False)
+    assert json.loads(text({"structured_outputs": {"json": schema}}))["ok"] in (True, False)
+    assert text({"guided_choice": choices}) in choices
+    assert text({"structured_outputs": {"choice": choices}}) in choices
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text({"guided_regex": "[0-9]{3}-[a-z]{2}"}))
+    assert text({"guided_grammar": 'root ::= "up" | "down"'}) in ("up", "down")
+    chat = c.chat.completions.create(
+        model=server.model_id, messages=ASK, max_tokens=24, temperature=0,
+        extra_body={"guided_choice": choices},
+    )  # fmt: skip
+    assert chat.choices[0].message.content in choices
+    for body in (
+        {"guided_choice": ["a"], "grammar": 'root ::= "a"'},
+        {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}},  # not served
+        {"guided_whitespace_pattern": " "},
+        {"guided_choice": []},
+    ):
+        r = httpx.post(
+            server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, **body},
+            timeout=120,
+        )  # fmt: skip
+        assert r.status_code == 400, (body, r.text)

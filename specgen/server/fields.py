@@ -21,8 +21,9 @@ entries are exactly the models' fields and that every field of OpenAI's request 
 
 Sources: OpenAI's ``CompletionCreateParams`` of ``/v1/chat/completions`` and
 ``/v1/completions`` (the ``openai`` package's types), and llama-server's
-``params_from_json_cmpl`` (``tools/server/server-common.cpp``, ``server-task.cpp``) for its
-extras.
+``params_from_json_cmpl`` (``tools/server/server-common.cpp``, ``server-task.cpp``) and
+vLLM's ``ChatCompletionRequest`` / ``CompletionRequest``
+(``vllm/entrypoints/openai/protocol.py``) for their extras.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Field:
         status: honoured, ignored (changes nothing generated) or refused.
         note: what is served instead, or why it changes nothing (one phrase, shown in
             the 400's message and in the docs' table).
-        origin: "openai" or "llama-server" (whose request defines it).
+        origin: "openai", "llama-server" or "vllm" (whose request defines it).
         routes: the routes that define it.
         inert: values of a refused field that ask for nothing and are accepted (compared
             with ``==`` and the same type, so ``0`` is not ``False``).
@@ -60,7 +61,7 @@ class Field:
 
     status: Status
     note: str
-    origin: Literal["openai", "llama-server"] = "openai"
+    origin: Literal["openai", "llama-server", "vllm"] = "openai"
     routes: frozenset[Route] = BOTH
     inert: tuple[Any, ...] = (None,)
 
@@ -71,6 +72,7 @@ _NO_TOOLS = "the legacy functions API: send tools and tool_choice"
 _CHAIN = "the samplers served are temperature, top_k, top_p and min_p"
 _CACHING = "prompt caching is automatic"
 _K_CHOSEN = "K is chosen per step; the output law is the same"
+_VLLM_TEXT = "special tokens are left out of the text"
 
 FIELDS: dict[str, Field] = {
     # -- OpenAI, both routes ----------------------------------------------------------
@@ -195,6 +197,46 @@ FIELDS: dict[str, Field] = {
     "speculative.n_max": Field(IG, _K_CHOSEN, "llama-server"),
     "speculative.n_min": Field(IG, _K_CHOSEN, "llama-server"),
     "speculative.p_min": Field(IG, _K_CHOSEN, "llama-server"),
+    # -- vLLM's extras (`vllm/entrypoints/openai/protocol.py`), which its clients send --------
+    "guided_json": Field(H, "a JSON Schema the output must follow", "vllm"),
+    "guided_regex": Field(H, "a regular expression the whole output must match", "vllm"),
+    "guided_choice": Field(H, "the output is exactly one of these strings", "vllm"),
+    "guided_grammar": Field(H, "a grammar the output must match (GBNF or Lark)", "vllm"),
+    "structured_outputs": Field(
+        H, "one of json, regex, choice, grammar, json_object (guided_*'s newer form)", "vllm"
+    ),
+    "guided_decoding_backend": Field(IG, "the grammars are llguidance's", "vllm"),
+    "guided_whitespace_pattern": Field(R, "JSON whitespace is fixed per schema", "vllm"),
+    "min_tokens": Field(R, "end-of-generation is never masked", "vllm", inert=(None, 0)),
+    "stop_token_ids": Field(R, "send stop strings", "vllm", inert=(None, [])),
+    "bad_words": Field(R, "send logit_bias", "vllm", inert=(None, [])),
+    "allowed_token_ids": Field(R, "send logit_bias", "vllm"),
+    "repetition_penalty": Field(R, "send repeat_penalty", "vllm", inert=(None, 1, 1.0)),
+    "length_penalty": Field(R, "no beam search", "vllm", inert=(None, 1, 1.0)),
+    "use_beam_search": Field(R, "no beam search", "vllm", inert=(None, False)),
+    "include_stop_str_in_output": Field(
+        R, "a stop string is left out of the text", "vllm", inert=(None, False)
+    ),
+    "skip_special_tokens": Field(
+        R, "control tokens are left out of the text", "vllm", inert=(None, True)
+    ),
+    "spaces_between_special_tokens": Field(R, _VLLM_TEXT, "vllm", inert=(None, True)),
+    "prompt_logprobs": Field(R, "send echo with logprobs (completions)", "vllm"),
+    "truncate_prompt_tokens": Field(R, "a prompt is never truncated", "vllm"),
+    "logits_processors": Field(R, "no custom logits processors", "vllm", inert=(None, [])),
+    "return_tokens_as_token_ids": Field(R, "send return_tokens", "vllm", inert=(None, False)),
+    "add_generation_prompt": Field(
+        R, "the assistant's turn is always opened", "vllm", routes=CHAT, inert=(None, True)
+    ),
+    "continue_final_message": Field(
+        R, "a reply always starts a new turn", "vllm", routes=CHAT, inert=(None, False)
+    ),
+    "chat_template": Field(R, "set --chat-template at start", "vllm", routes=CHAT),
+    "documents": Field(R, "no documents are rendered", "vllm", routes=CHAT, inert=(None, [])),
+    "vllm_xargs": Field(R, "no custom arguments", "vllm", inert=(None, {})),
+    "priority": Field(IG, "first come, first served: changes nothing generated", "vllm"),
+    "request_id": Field(IG, "the server's own ids: changes nothing generated", "vllm"),
+    "cache_salt": Field(IG, _CACHING, "vllm"),
 }
 """Field name -> its status on this server (`Field`)."""
 

@@ -111,6 +111,19 @@ class ResponseFormat(_Request):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` (`specgen.server.structured`): one of ``json``,
+    ``regex``, ``choice``, ``grammar``, ``json_object``; its other options (whitespace
+    patterns, structural tags, backend switches) are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 def refused(param: str, message: str) -> PydanticCustomError:
     """A field refused with `message`: `validation_error` answers it as the 400 naming
     `param` (not pydantic's wording)."""
@@ -144,6 +157,12 @@ class _Generation(_Request):
     response_format: ResponseFormat | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    # vLLM's (`specgen.server.structured`)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     route: ClassVar[Route]
 

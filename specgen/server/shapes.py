@@ -29,6 +29,7 @@ from specgen.server.schemas import (
     Usage,
     _Generation,
 )
+from specgen.server.structured import vllm_specs
 from specgen.server.tools import Choice, parse
 
 _V = TypeVar("_V")
@@ -216,7 +217,8 @@ def _given(value: _V | None, default: _V) -> _V:
 def grammar_of(req: _Generation) -> GrammarSpec | None:
     """What the request constrains its output to: ``response_format`` (json_object, or
     json_schema's schema), llama-server's ``json_schema`` or ``grammar`` (GBNF; a Lark
-    grammar is taken too), or None. Not compiled here (see `Backend.check_grammar`).
+    grammar is taken too), vLLM's ``guided_*`` or ``structured_outputs``
+    (`specgen.server.structured`), or None. Not compiled here (see `Backend.check_grammar`).
 
     Raises:
         RequestError: 400 when more than one is given, or a schema that is no JSON object.
@@ -243,6 +245,7 @@ def grammar_of(req: _Generation) -> GrammarSpec | None:
             specs.append(GrammarSpec.json_schema(req.json_schema, "json_schema"))
         if req.grammar:
             specs.append(GrammarSpec("gbnf", req.grammar, "grammar"))
+        specs += vllm_specs(req)
     except GrammarError as e:
         raise RequestError(
             400, str(e), param=str(e).split(":")[0], code="invalid_grammar"
