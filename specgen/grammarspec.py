@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from specgen.errors import ConfigError, GrammarError
 
@@ -85,6 +85,7 @@ class GrammarSpec:
             raise GrammarError(
                 f"{source}: a JSON Schema must be a JSON object, got {type(schema).__name__}"
             )
+        _refuse_unkept_bounds(schema, source)
         # keys keep their order: a schema's property order is the order fields are generated
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         return cls("json_schema", text, source)
@@ -93,6 +94,41 @@ class GrammarSpec:
     def label(self) -> str:
         """One word for the output: the kind, e.g. ``json_schema``."""
         return self.kind
+
+
+def _refuse_unkept_bounds(schema: Any, source: str) -> None:
+    """Refuse number ranges that llguidance (1.9) compiles wrong, rather than generate
+    outside them: an exclusiveMinimum E that is a whole number >= 0, with an upper bound
+    (maximum or exclusiveMaximum) below E + 1 and no minimum above E, lets E itself
+    through (``{"exclusiveMinimum": 2, "maximum": 2.5}`` accepts ``2``; found on
+    2026-12-06; wider ranges, negative and fractional bounds are kept exactly).
+
+    Raises:
+        GrammarError: naming `source` and the bounds.
+    """
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        if not isinstance(node, Mapping):
+            continue
+        stack.extend(node.values())
+        low, floor = node.get("exclusiveMinimum"), node.get("minimum")
+        highs = [node.get(k) for k in ("maximum", "exclusiveMaximum")]
+        high = min((h for h in highs if _number(h)), default=None)
+        if not (_number(low) and _number(high)) or low < 0 or not float(low).is_integer():
+            continue
+        if high < low + 1 and not (_number(floor) and floor > low):
+            raise GrammarError(
+                f"{source}: exclusiveMinimum {low} with an upper bound of {high} is refused:"
+                f" the grammar engine (llguidance) would let {low:g} itself through; give a"
+                f" minimum just above {low:g} instead"
+            )
+
+
+def _number(x: Any) -> TypeGuard[float]:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def spec_of(

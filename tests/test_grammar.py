@@ -3,6 +3,8 @@ forced tokens, rollback) on a fake vocabulary, and on SmolLM2's real one."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from fakes import TextEngine
@@ -170,3 +172,52 @@ def test_on_smollm2s_vocabulary_fixed_separators_force_the_scaffolding(smol_pair
         assert m.stopped
         assert singles >= 5
         assert set(np.flatnonzero(m.allowed())) == set(tok.eog)
+
+
+def test_a_choice_is_a_regex_of_literals() -> None:
+    """vLLM's guided_choice: every Rust-regex meta character is escaped, so a choice
+    matches itself only (checked with Python's re, whose escapes agree on these)."""
+    import re
+
+    from specgen.server.structured import choice_spec, literal_regex
+
+    odd = r"a.b*c+(d)|[e]{f}^$#&-~\g?"
+    assert re.fullmatch(literal_regex(odd), odd) and not re.fullmatch(literal_regex(odd), "axb")
+    spec = choice_spec(["yes", "no."], "guided_choice")
+    assert (
+        spec.kind == "regex"
+        and re.fullmatch(spec.text, "no.")
+        and not re.fullmatch(spec.text, "no!")
+    )
+    with pytest.raises(GrammarError, match="guided_choice"):
+        choice_spec([], "guided_choice")
+
+
+@pytest.mark.parametrize(
+    ("bounds", "refused"),
+    [
+        ({"exclusiveMinimum": 2, "maximum": 2.5}, True),  # llguidance 1.9 lets 2 through
+        ({"exclusiveMinimum": 2.0, "exclusiveMaximum": 2.5}, True),
+        ({"exclusiveMinimum": 0, "maximum": 0.5}, True),
+        ({"exclusiveMinimum": 2, "maximum": 3}, False),  # kept exactly: wider
+        ({"exclusiveMinimum": -3, "maximum": -2.5}, False),  # negative: kept
+        ({"exclusiveMinimum": 1.5, "maximum": 1.75}, False),  # fractional: kept
+        ({"exclusiveMinimum": 5, "minimum": 5.1, "maximum": 5.99}, False),  # 5 out anyway
+    ],
+)
+def test_number_ranges_llguidance_would_not_keep_are_refused(bounds, refused) -> None:
+    """The refused ones are exactly those whose grammar accepts the excluded bound (a
+    helper found {"b": 2} under exclusiveMinimum 2, maximum 2.5): the check below compiles
+    the same bounds with the guard bypassed and asks the matcher."""
+    nested = {"type": "object", "properties": {"b": {"type": "number", **bounds}}}
+    if refused:
+        with pytest.raises(GrammarError, match="exclusiveMinimum .* is refused"):
+            GrammarSpec.json_schema(nested, "response_format")
+    else:
+        GrammarSpec.json_schema(nested, "response_format")
+    # the guard is right: with it off, the bound itself is accepted exactly when refused
+    low = bounds["exclusiveMinimum"]
+    text = json.dumps({"b": int(low) if float(low).is_integer() else low}, separators=(", ", ": "))
+    spec = GrammarSpec("json_schema", json.dumps(nested), "x")  # built without the guard
+    m = _grammar(spec).matcher()
+    assert (m.sync([B(c) for c in text]) and m.accepting) == refused
