@@ -228,12 +228,23 @@ def test_a_broken_residual_in_the_batched_path_is_detected(monkeypatch, cut):
 
 
 def test_queue_full_and_does_not_fit():
+    """--queue counts the jobs that wait for a slot: one a free slot will take is not
+    waiting (with --queue 0 every job was refused, a free slot or not)."""
     sched, _, _ = make(n_parallel=1, queue_max=2)
     config = GenerateConfig(4, GREEDY)
-    submit(sched, [1, 2], config)
-    submit(sched, [1, 2], config)
+    for _ in range(3):  # one for the free slot, two waiting
+        submit(sched, [1, 2], config)
     with pytest.raises(QueueFull):
         submit(sched, [1, 2], config)
+    none, _, _ = make(n_parallel=2, queue_max=0)
+    submit(none, [1, 2], config)
+    submit(none, [3], config)  # both slots free: neither waits
+    with pytest.raises(QueueFull):
+        submit(none, [1, 2], config)
+    none.step()  # placed: the slots are busy, nothing waits, a new job is still refused
+    assert none.slots.busy == 2 and none.queue_depth == 0
+    with pytest.raises(QueueFull):
+        submit(none, [1, 2], config)
     with pytest.raises(DoesNotFit):
         submit(sched, [1] * 250, GenerateConfig(10, GREEDY))
     with pytest.raises(DoesNotFit):

@@ -212,8 +212,13 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._queue) >= self.queue_max:
-                raise QueueFull(f"{len(self._queue)} requests are already waiting")
+            # a job a free slot will take at the next step is not waiting: with --queue 0
+            # a free slot still serves (a count read across threads: a slot freed or
+            # taken meanwhile moves the limit by one step's worth, never past the slots)
+            free = len(self.slots.all) - self.slots.busy
+            if len(self._queue) >= self.queue_max + free:
+                waiting = max(0, len(self._queue) - free)
+                raise QueueFull(f"{waiting} requests are already waiting")
             self._queue.append(ticket)
             self._cond.notify()
         return ticket
