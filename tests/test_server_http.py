@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import fake_server as fake
@@ -432,6 +433,33 @@ def test_queue_full_is_503_with_retry_after_and_a_disconnect_frees_the_slot() ->
         assert waiting["r"].json()["choices"][0]["text"] == fake.REPLY
         assert len(s.sched.cancelled) == 1 and s.sched.cancelled[0].startswith("cmpl-")
         assert any("finish cancelled" in line for line in s.log)
+
+
+def test_a_stream_cancelled_after_its_first_token_counts_its_ttft() -> None:
+    """/metrics' TTFT histogram counts a request that ended by a client going away after
+    its first token (it ends without stats: the wall time to that token is counted)."""
+
+    def ttft_count(s: Served) -> float:
+        page = httpx.get(s.url + "/metrics", timeout=T).text
+        line = next(
+            x
+            for x in page.splitlines()
+            if x.startswith("specgen_time_to_first_token_seconds_count")
+        )
+        return float(line.split()[-1])
+
+    with serving(backend=fake.fake_backend(fake.FakeScheduler(n_parallel=1, queue_max=1))) as s:
+        client, held = open_stream(s, "HOLD the slot")
+        lines = held.iter_lines()  # kept: a dropped iterator closes the stream
+        assert next(lines).startswith("data: ")  # its first token arrived
+        before = ttft_count(s)
+        held.close()
+        client.close()
+        s.sched.wait(lambda f: len(f.cancelled) == 1)
+        deadline = time.monotonic() + 10
+        while ttft_count(s) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ttft_count(s) == before + 1
 
 
 def test_a_client_leaving_a_non_streaming_request_cancels_its_job(served: Served) -> None:

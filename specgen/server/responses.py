@@ -102,11 +102,18 @@ class Run:
         self.steps: list[list[Step]] = [[] for _ in jobs]
         self.outcomes: list[Outcome | None] = [None for _ in jobs]
         self.t0 = time.perf_counter()
+        # the first token's wall time, for a request that ends without its stats (cancelled)
+        self.first_token_s: float | None = None
         self.ended = False
         state.in_flight += 1
 
     async def next_event(self) -> tuple[int, Prefilled | Step | Done | Failed]:
         return await self.events.queue.get()
+
+    def _step(self, index: int, step: Step) -> None:
+        self.steps[index].append(step)
+        if self.first_token_s is None and step.spans:
+            self.first_token_s = time.perf_counter() - self.t0
 
     def _finish(self, outcomes: list[Outcome]) -> None:
         """Count and log a request that ended (once)."""
@@ -128,7 +135,7 @@ class Run:
             self.shape.n_prompt,
             n_gen,
             all_steps,
-            first.stats.ttft_s if first.stats is not None else None,
+            first.stats.ttft_s if first.stats is not None else self.first_token_s,
             time.perf_counter() - self.t0,
             sum(o.stats.n_prefill for o in outcomes if o.stats is not None),
         )
@@ -165,7 +172,7 @@ class Run:
             if isinstance(ev, Prefilled):
                 self._prefilled(i, ev)
             elif isinstance(ev, Step):
-                self.steps[i].append(ev)
+                self._step(i, ev)
             elif isinstance(ev, Done):
                 self.outcomes[i] = Outcome.of_done(ev)
                 if all(o is not None for o in self.outcomes):
@@ -203,7 +210,7 @@ class Run:
                     echoed[i] = True
                     yield _sse(self.shape.echo_chunk(i))
                 if isinstance(ev, Step):
-                    self.steps[i].append(ev)
+                    self._step(i, ev)
                     gate = gates[i]
                     if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
                         content = gate.feed(ev.text)
