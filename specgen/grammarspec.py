@@ -24,6 +24,7 @@ the default.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class GrammarSpec:
                 f"{source}: a JSON Schema must be a JSON object, got {type(schema).__name__}"
             )
         _refuse_unkept_bounds(schema, source)
+        _refuse_misspelt_keywords(schema, source)
         # keys keep their order: a schema's property order is the order fields are generated
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         return cls("json_schema", text, source)
@@ -125,6 +127,67 @@ def _refuse_unkept_bounds(schema: Any, source: str) -> None:
                 f" the grammar engine (llguidance) would let {low:g} itself through; give a"
                 f" minimum just above {low:g} instead"
             )
+
+
+#: keywords that constrain what a schema matches (JSON Schema 2020-12 and draft 7): a key
+#: a letter or two from one of these is taken for a typo of it, not for an annotation
+_CONSTRAINING = (
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "properties", "patternProperties", "additionalProperties",
+    "propertyNames", "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf",
+    "oneOf", "not", "format", "$ref", "$defs", "definitions",
+)  # fmt: skip
+#: every keyword JSON Schema (2020-12, draft 7) and OpenAPI define, annotations included
+_KNOWN = frozenset(_CONSTRAINING) | {
+    "$schema", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "$comment",
+    "dependencies", "dependentSchemas", "unevaluatedItems", "unevaluatedProperties", "if",
+    "then", "else", "contentEncoding", "contentMediaType", "contentSchema", "title",
+    "description", "default", "deprecated", "readOnly", "writeOnly", "examples", "nullable",
+    "discriminator", "example", "strict", "name",
+}  # fmt: skip
+_LOWER = [k.lower() for k in _CONSTRAINING]
+#: keywords whose value is a schema, a list of schemas, or a map of names to schemas
+_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then",
+        "else", "additionalItems", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
+_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _refuse_misspelt_keywords(schema: Any, source: str) -> None:
+    """Refuse a key that is a near miss of a constraining keyword (``patern``,
+    ``minLenght``, ``requried``): JSON Schema ignores keywords it does not define, so a
+    typo would silently constrain nothing. Keys that are names (of ``properties``, ``$defs``
+    ...) and values of ``enum``, ``const``, ``default`` and ``examples`` are not keywords
+    and are not looked at; ``x-`` keys are extensions.
+
+    Raises:
+        GrammarError: naming `source`, the key and the keyword it is close to.
+    """
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        for key in node:
+            if not isinstance(key, str) or key in _KNOWN or key.startswith("x-"):
+                continue
+            near = difflib.get_close_matches(key.lower(), _LOWER, 1, 0.8)
+            if near:
+                keyword = _CONSTRAINING[_LOWER.index(near[0])]
+                raise GrammarError(
+                    f"{source}: unknown keyword {key!r} (did you mean {keyword}?): it would"
+                    " constrain nothing"
+                )
+        for key in _ONE:
+            stack.append(node.get(key))
+        for key in _MANY:
+            if isinstance(node.get(key), list):
+                stack.extend(node[key])
+        for key in _NAMED:
+            if isinstance(node.get(key), Mapping):
+                stack.extend(node[key].values())
 
 
 def _number(x: Any) -> TypeGuard[float]:

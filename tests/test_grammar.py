@@ -221,3 +221,36 @@ def test_number_ranges_llguidance_would_not_keep_are_refused(bounds, refused) ->
     spec = GrammarSpec("json_schema", json.dumps(nested), "x")  # built without the guard
     m = _grammar(spec).matcher()
     assert (m.sync([B(c) for c in text]) and m.accepting) == refused
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "string", "patern": "^a$"}, "pattern"),  # a helper's: it constrained nothing
+        ({"type": "string", "minLenght": 3}, "minLength"),
+        ({"type": "object", "requried": ["a"]}, "required"),
+        ({"type": "integer", "maximun": 3}, "maximum"),
+        ({"anyOf": [{"type": "string", "maxlength": 3}]}, "maxLength"),  # nested, any case
+        ({"type": "object", "properties": {"a": {"typ": "string"}}}, "type"),
+        ({"type": "array", "items": {"type": "string", "pattren": "a"}}, "pattern"),
+    ],
+)
+def test_a_misspelt_constraining_keyword_is_refused(schema, keyword) -> None:
+    with pytest.raises(GrammarError, match=f"did you mean {keyword}\\?"):
+        GrammarSpec.json_schema(schema, "response_format")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # names are not keywords: a property or a definition may be called anything
+        {"type": "object", "properties": {"patern": {"type": "string"}, "requried": {}}},
+        {"$defs": {"typ": {"type": "string"}}, "$ref": "#/$defs/typ"},
+        # values are not keywords, nor are annotations and extensions
+        {"enum": [{"patern": 1}], "examples": [{"typ": 2}], "default": {"maximun": 3}},
+        {"type": "string", "title": "t", "description": "d", "$comment": "c", "units": "cm"},
+        {"type": "string", "x-guidance": {"whitespace_flexible": True}, "nullable": True},
+    ],
+)
+def test_names_values_annotations_and_extensions_are_not_taken_for_typos(schema) -> None:
+    assert GrammarSpec.json_schema(schema, "response_format").kind == "json_schema"
