@@ -320,6 +320,32 @@ def test_an_engine_failure_ends_the_jobs_in_that_decode_and_the_next_succeed():
     assert c.last.tokens == alone([1, 2], GenerateConfig(6, GREEDY)).tokens
 
 
+def test_a_job_being_placed_is_counted_by_the_queue_limit(monkeypatch):
+    """A job taken from the queue is counted as its slot's from that moment: a request
+    arriving while the worker places it (here held inside `_reuse`) finds neither the job
+    waiting nor the slot free. A helper's bursts got 3 requests served on -np 2 --queue 0
+    in 2 of 8 tries."""
+    sched, _, _ = make(n_parallel=1, queue_max=0)
+    placing, release = threading.Event(), threading.Event()
+
+    def held(slot, prefix):
+        placing.set()
+        release.wait(10)
+
+    monkeypatch.setattr(sched, "_reuse", held)
+    submit(sched, [1, 2], GenerateConfig(4, GREEDY))
+    worker = threading.Thread(target=sched.admit)
+    worker.start()
+    assert placing.wait(10)
+    try:
+        with pytest.raises(QueueFull):
+            submit(sched, [3, 4], GenerateConfig(4, GREEDY))
+    finally:
+        release.set()
+        worker.join(10)
+    assert sched.slots.busy == 1 and sched.queue_depth == 0
+
+
 def test_shutdown_interrupts_running_jobs_and_refuses_queued_ones():
     sched, _, _ = make(n_parallel=1)
     running, _ = submit(sched, [1, 2], GenerateConfig(100, GREEDY, ignore_eos=True))

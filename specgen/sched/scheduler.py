@@ -213,8 +213,8 @@ class Scheduler:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             # a job a free slot will take at the next step is not waiting: with --queue 0
-            # a free slot still serves (a count read across threads: a slot freed or
-            # taken meanwhile moves the limit by one step's worth, never past the slots)
+            # a free slot still serves. Under the lock `_admit` takes a job from the queue
+            # and reserves its slot in one move, so no job is counted twice or not at all
             free = len(self.slots.all) - self.slots.busy
             if len(self._queue) >= self.queue_max + free:
                 waiting = max(0, len(self._queue) - free)
@@ -412,24 +412,30 @@ class Scheduler:
 
     def _admit(self) -> None:
         while True:
-            free = [s for s in self.slots.all if s.ticket is None]
             with self._cond:
+                free = [s for s in self.slots.all if s.ticket is None]
                 if not free or not self._queue or self._stopping:
                     return
                 source = self._source_of(self._queue[0].job)
                 if source is False:  # its choice 0 is still evaluating the prompt
                     return
                 ticket = self._queue.popleft()
-            prompt = ticket.job.prompt
+                prompt = ticket.job.prompt
+                if source is not None:
+                    slot = min(free, key=lambda s: len(s.target.tokens))
+                else:
+                    # the slot holding the longest common prefix; among equals the
+                    # emptiest, which keeps the other slots' prefixes for the requests
+                    # that share them
+                    slot = max(free, key=lambda s: (
+                        common_prefix(s.target.tokens, prompt[:-1]), -len(s.target.tokens)
+                    ))  # fmt: skip
+                # reserved while it is placed: a request arriving meanwhile finds the job
+                # neither waiting nor its slot free (`submit` counts --queue from both)
+                slot.ticket = ticket
             if source is not None:
-                self.slots.place(min(free, key=lambda s: len(s.target.tokens)), ticket, source)
+                self.slots.place(slot, ticket, source)
                 continue
-            # the slot holding the longest common prefix; among equals the emptiest,
-            # which keeps the other slots' prefixes for the requests that share them
-            slot = max(
-                free,
-                key=lambda s: (common_prefix(s.target.tokens, prompt[:-1]), -len(s.target.tokens)),
-            )
             self._reuse(slot, prompt[:-1])
             self.slots.place(slot, ticket)
 
