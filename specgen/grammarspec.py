@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
@@ -86,8 +86,7 @@ class GrammarSpec:
             raise GrammarError(
                 f"{source}: a JSON Schema must be a JSON object, got {type(schema).__name__}"
             )
-        _refuse_unkept_bounds(schema, source)
-        _refuse_misspelt_keywords(schema, source)
+        _check_schema(schema, source)
         # keys keep their order: a schema's property order is the order fields are generated
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         return cls("json_schema", text, source)
@@ -98,35 +97,67 @@ class GrammarSpec:
         return self.kind
 
 
-def _refuse_unkept_bounds(schema: Any, source: str) -> None:
-    """Refuse number ranges that llguidance (1.9) compiles wrong, rather than generate
-    outside them: an exclusiveMinimum E that is a whole number >= 0, with an upper bound
-    (maximum or exclusiveMaximum) below E + 1 and no minimum above E, lets E itself
-    through (``{"exclusiveMinimum": 2, "maximum": 2.5}`` accepts ``2``; found on
-    2026-12-06; wider ranges, negative and fractional bounds are kept exactly).
+def _check_schema(schema: Any, source: str) -> None:
+    """Refuse what the schema asks and llguidance would not keep: checked at every
+    subschema (`_subschemas`), a near miss of a keyword (`_misspelt`) and a number range
+    llguidance compiles wrong (`_unkept_bounds`).
 
     Raises:
-        GrammarError: naming `source` and the bounds.
+        GrammarError: naming `source` and what was found.
     """
+    for node in _subschemas(schema):
+        problem = _misspelt(node) or _unkept_bounds(node)
+        if problem is not None:
+            raise GrammarError(f"{source}: {problem}")
+
+
+#: keywords whose value is a schema, a list of schemas, or a map of names to schemas
+#: (a draft-7 ``dependencies`` entry may be a list of names instead: not a mapping, skipped)
+_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then",
+        "else", "additionalItems", "unevaluatedItems", "unevaluatedProperties",
+        "contentSchema")  # fmt: skip
+_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+          "dependencies")  # fmt: skip
+
+
+def _subschemas(schema: Any) -> Iterator[Mapping[str, Any]]:
+    """`schema` and every schema inside it, at the keyword positions that hold schemas:
+    never the values of ``enum``, ``const``, ``default`` or ``examples``, which are data."""
     stack = [schema]
     while stack:
         node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
         if not isinstance(node, Mapping):
             continue
-        stack.extend(node.values())
-        low, floor = node.get("exclusiveMinimum"), node.get("minimum")
-        highs = [node.get(k) for k in ("maximum", "exclusiveMaximum")]
-        high = min((h for h in highs if _number(h)), default=None)
-        if not (_number(low) and _number(high)) or low < 0 or not float(low).is_integer():
-            continue
-        if high < low + 1 and not (_number(floor) and floor > low):
-            raise GrammarError(
-                f"{source}: exclusiveMinimum {low} with an upper bound of {high} is refused:"
-                f" the grammar engine (llguidance) would let {low:g} itself through; give a"
-                f" minimum just above {low:g} instead"
-            )
+        yield node
+        for key in _ONE:
+            stack.append(node.get(key))
+        for key in _MANY:
+            if isinstance(node.get(key), list):
+                stack.extend(node[key])
+        for key in _NAMED:
+            if isinstance(node.get(key), Mapping):
+                stack.extend(node[key].values())
+
+
+def _unkept_bounds(node: Mapping[str, Any]) -> str | None:
+    """A number range llguidance (1.9) compiles wrong, said, or None: an exclusiveMinimum
+    E that is a whole number >= 0, with an upper bound (maximum or exclusiveMaximum) below
+    E + 1 and no minimum above E, lets E itself through (``{"exclusiveMinimum": 2,
+    "maximum": 2.5}`` accepts ``2``; found on 2026-12-06; wider ranges, negative and
+    fractional bounds are kept exactly)."""
+    low, floor = node.get("exclusiveMinimum"), node.get("minimum")
+    highs = [node.get(k) for k in ("maximum", "exclusiveMaximum")]
+    high = min((h for h in highs if _number(h)), default=None)
+    if not (_number(low) and _number(high)) or low < 0 or not float(low).is_integer():
+        return None
+    if high >= low + 1 or (_number(floor) and floor > low):
+        return None
+    return (
+        f"exclusiveMinimum {low} with an upper bound of {high} is refused: the grammar"
+        f" engine (llguidance) would let {low:g} itself through; give a minimum just above"
+        f" {low:g} instead"
+    )
 
 
 #: keywords that constrain what a schema matches (JSON Schema 2020-12 and draft 7): a key
@@ -148,46 +179,22 @@ _KNOWN = frozenset(_CONSTRAINING) | {
     "discriminator", "example", "strict", "name",
 }  # fmt: skip
 _LOWER = [k.lower() for k in _CONSTRAINING]
-#: keywords whose value is a schema, a list of schemas, or a map of names to schemas
-_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then",
-        "else", "additionalItems", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
-_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def _refuse_misspelt_keywords(schema: Any, source: str) -> None:
-    """Refuse a key that is a near miss of a constraining keyword (``patern``,
-    ``minLenght``, ``requried``): JSON Schema ignores keywords it does not define, so a
-    typo would silently constrain nothing. Keys that are names (of ``properties``, ``$defs``
-    ...) and values of ``enum``, ``const``, ``default`` and ``examples`` are not keywords
-    and are not looked at; ``x-`` keys are extensions.
-
-    Raises:
-        GrammarError: naming `source`, the key and the keyword it is close to.
-    """
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, Mapping):
+def _misspelt(node: Mapping[str, Any]) -> str | None:
+    """A key of `node` that is a near miss of a constraining keyword (``patern``,
+    ``minLenght``, ``requried``), said, or None: JSON Schema ignores keywords it does not
+    define, so a typo would silently constrain nothing. Known keywords, annotations and
+    ``x-`` extensions are not typos (and names of properties or definitions are keys of
+    their maps, never of a subschema)."""
+    for key in node:
+        if not isinstance(key, str) or key in _KNOWN or key.startswith("x-"):
             continue
-        for key in node:
-            if not isinstance(key, str) or key in _KNOWN or key.startswith("x-"):
-                continue
-            near = difflib.get_close_matches(key.lower(), _LOWER, 1, 0.8)
-            if near:
-                keyword = _CONSTRAINING[_LOWER.index(near[0])]
-                raise GrammarError(
-                    f"{source}: unknown keyword {key!r} (did you mean {keyword}?): it would"
-                    " constrain nothing"
-                )
-        for key in _ONE:
-            stack.append(node.get(key))
-        for key in _MANY:
-            if isinstance(node.get(key), list):
-                stack.extend(node[key])
-        for key in _NAMED:
-            if isinstance(node.get(key), Mapping):
-                stack.extend(node[key].values())
+        near = difflib.get_close_matches(key.lower(), _LOWER, 1, 0.8)
+        if near:
+            keyword = _CONSTRAINING[_LOWER.index(near[0])]
+            return f"unknown keyword {key!r} (did you mean {keyword}?): it would constrain nothing"
+    return None
 
 
 def _number(x: Any) -> TypeGuard[float]:
