@@ -15,7 +15,7 @@ from typing import Protocol
 from specgen import session as _session
 from specgen.chat import TemplateModel
 from specgen.engine import Drafter, as_batch
-from specgen.errors import ConfigError, EngineError, PromptError
+from specgen.errors import EngineError, PromptError
 from specgen.flags import SamplingFlags, in_python_words
 from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.generation import Result, result_from
@@ -115,11 +115,8 @@ def one_slot(
             fixed --draft-max with no drafter (not `ordinary`: the pair has none).
     """
     drafter = None if ordinary else opened.drafter
-    if drafter is None and not ordinary and sampling.k:
-        raise ConfigError(
-            f"--draft-max {sampling.draft_max} needs a drafter: with --draft none the target"
-            " decodes alone (leave --draft-max out)"
-        )
+    if not ordinary:
+        sampling.check_drafter(drafter is not None)
     # the baseline for the speedup and the controller's choices
     measure = 3 if drafter is not None else 0
     config = GenerateConfig.of(

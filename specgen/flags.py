@@ -224,6 +224,19 @@ class SamplingFlags:
         """--draft-max as a block size, or None for ``auto``."""
         return parse_draft_max(self.draft_max)
 
+    def check_drafter(self, has_drafter: bool) -> None:
+        """Refuse a fixed --draft-max where nothing drafts (--draft none): it would be
+        ignored.
+
+        Raises:
+            ConfigError: naming --draft-max and its value.
+        """
+        if self.k and not has_drafter:
+            raise ConfigError(
+                f"--draft-max {self.draft_max} needs a drafter: with --draft none the target"
+                " decodes alone (leave --draft-max out)"
+            )
+
     @property
     def seed_given(self) -> bool:
         """Whether a seed was asked for (not None nor -1)."""

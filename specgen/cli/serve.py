@@ -193,11 +193,7 @@ def _check_drafting(model: ModelFlags, sampling: SamplingFlags, server: ServerFl
     Raises:
         ConfigError: naming the flags.
     """
-    if sampling.k and model.draft == DRAFT_NONE:
-        raise ConfigError(
-            f"--draft-max {sampling.draft_max} needs a drafter: with --draft none the target"
-            " decodes alone (leave --draft-max out)"
-        )
+    sampling.check_drafter(model.draft != DRAFT_NONE)
     slo = server.slo_ttft is not None or server.slo_tpot is not None
     if slo and (sampling.k is not None or model.draft == DRAFT_NONE):
         raise ConfigError(
