@@ -43,10 +43,9 @@ The answer (`parse`): the text before the first ``<tool_call>`` is the message's
 arguments as JSON text, finish reason ``tool_calls`` (``length`` where max_tokens cut
 the answer: a last call cut short is dropped, the complete ones before it stand); an
 answer without a complete call (text only, or its first call cut by max_tokens) is content
-as written. Streaming
-(`ContentGate`): content goes out as generated, held back only while it might be the start
-of ``<tool_call>`` (and trailing whitespace, which the content drops before a call); the
-calls go out whole in the final chunk as ``delta.tool_calls``.
+as written. Streaming (`ContentGate`): content goes out as generated, held back only while
+it might be the start of ``<tool_call>`` (and trailing whitespace, which the content drops
+before a call); the calls go out whole in the final chunk as ``delta.tool_calls``.
 """
 
 from __future__ import annotations
