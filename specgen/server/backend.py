@@ -136,9 +136,13 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     card = model_card(opened, template.to_dict() if template is not None else None, a)
     card["n_ctx_slot"] = scheduler.n_ctx_slot
     scheduler.start()
+
+    def tokenize(text: str) -> list[int]:  # a prompt's ids: BOS where the model adds one
+        return prompt_tokens(target, text.encode("utf-8"))
+
     return Backend(
         scheduler=scheduler,
-        tokenize=lambda text: prompt_tokens(target, text.encode("utf-8")),
+        tokenize=tokenize,
         render_chat=formatter.tokens if formatter is not None else None,
         n_vocab=target.n_vocab,
         model_id=a.alias or target.path.name,
@@ -147,9 +151,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
         vocabulary=Vocabulary(
             tokenize=lambda text, add: (
-                prompt_tokens(target, text.encode("utf-8"))
-                if add
-                else target.tokenize(text.encode("utf-8"), add_special=False)
+                tokenize(text) if add else target.tokenize(text.encode("utf-8"), add_special=False)
             ),
             # control tokens render as b"" in output text; here as their text
             token_bytes=lambda t: target.token_bytes(t) or target.token_text(t).encode(),
