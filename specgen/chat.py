@@ -89,15 +89,19 @@ def load_template(target: TemplateModel, path: Path | None = None) -> ChatTempla
     return ChatTemplate(embedded, f"{target.name} ({EMBEDDED_KEY})")
 
 
-def prompt_tokens(target: Engine, text: bytes) -> list[int]:
+def prompt_tokens(target: Engine, text: bytes, add_special: bool = True) -> list[int]:
     """Token ids of a prompt: special tokens parsed, BOS added when the model adds one,
     but never a second BOS when the text already starts with the BOS text.
 
     Works for raw prompts too (``<bos>Hello`` on Gemma gives one BOS, as ``Hello`` does).
+    With `add_special` False no BOS is added: the ids are the text's own (vLLM's
+    ``add_special_tokens: false``), its special-token text still parsed.
 
     Returns:
         The ids, a list of ints (empty for empty text on a model that adds no BOS).
     """
+    if not add_special:
+        return target.tokenize(text, add_special=False)
     ids = target.tokenize(text, add_special=True)
     bos = target.vocab.bos
     if target.vocab.add_bos and bos >= 0 and len(ids) >= 2 and ids[0] == ids[1] == bos:
@@ -145,9 +149,12 @@ class ChatFormatter:
         messages: Sequence[Message],
         tools: Sequence[object] | None = None,
         variables: Mapping[str, object] | None = None,
+        add_special: bool = True,
     ) -> list[int]:
-        """`text` tokenized by `prompt_tokens` (special tokens parsed, one BOS at most)."""
-        return prompt_tokens(self._target, self.text(messages, tools, variables).encode("utf-8"))
+        """`text` tokenized by `prompt_tokens` (special tokens parsed, one BOS at most; with
+        `add_special` False, none beyond the template's own)."""
+        text = self.text(messages, tools, variables).encode("utf-8")
+        return prompt_tokens(self._target, text, add_special)
 
 
 @contextlib.contextmanager

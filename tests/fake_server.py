@@ -41,12 +41,15 @@ ROUND_S = 0.01
 PREFILL_S = 0.002
 
 
-def tokenize(text: str) -> list[int]:
+def tokenize(text: str, add: bool = True) -> list[int]:  # no BOS in this vocabulary
     return list(text.encode("utf-8"))
 
 
 def render_chat(
-    messages: list[dict[str, str]], tools: list | None = None, variables: dict | None = None
+    messages: list[dict[str, str]],
+    tools: list | None = None,
+    variables: dict | None = None,
+    add: bool = True,
 ) -> list[int]:
     head = "".join(f"<{k}={v}>" for k, v in sorted((variables or {}).items()))
     return tokenize(
@@ -246,9 +249,7 @@ def fake_backend(scheduler: FakeScheduler | None = None, chat: bool = True) -> B
         n_vocab=N_VOCAB,
         model_id="fake-model",
         card={"target": {"file": "fake.gguf", "sha256": "0" * 64}},
-        vocabulary=Vocabulary(
-            lambda text, add: tokenize(text), token_bytes, None, None, None, N_VOCAB
-        ),
+        vocabulary=Vocabulary(tokenize, token_bytes, None, None, None, N_VOCAB),
     )
 
 

@@ -92,6 +92,9 @@ def test_raw_prompt_starting_with_the_bos_text_gets_one_bos(demo_pair):
         assert plain == explicit and plain[0] == bos and plain[1] != bos
         # the tokenizer alone would double it: the case prompt_tokens exists for
         assert gemma.tokenize(b"<bos>Hello")[:2] == [bos, bos]
+        # add_special_tokens: false (vLLM's): the text's own ids, its BOS text still a BOS
+        assert chat.prompt_tokens(gemma, b"Hello", add_special=False) == plain[1:]
+        assert chat.prompt_tokens(gemma, b"<bos>Hello", add_special=False) == plain
 
 
 def test_template_file_overrides_and_errors_name_the_source(smol, tmp_path: Path):

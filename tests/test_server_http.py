@@ -118,6 +118,33 @@ def test_completions_take_text_or_token_ids(served: Served) -> None:
         assert served.post("/v1/completions", {"prompt": many}).status_code == 400
 
 
+def test_add_special_tokens_reaches_the_tokenizer_on_both_routes() -> None:
+    """vLLM's ``add_special_tokens``: false asks for the prompt without an added BOS (the
+    tokenizer's flag, `specgen.chat.prompt_tokens`); unsaid or true, with one."""
+    backend = fake.fake_backend()
+    seen: list[tuple[str, bool]] = []
+
+    def tokenize(text, add=True):
+        seen.append(("text", add))
+        return [66] * add + fake.tokenize(text)  # a "BOS" of its own, to count
+
+    def render_chat(messages, tools=None, variables=None, add=True):
+        seen.append(("chat", add))
+        return [66] * add + fake.render_chat(messages, tools, variables)
+
+    backend.tokenize, backend.render_chat = tokenize, render_chat
+    with serving(backend=backend) as s:
+        for flag, added in ((None, True), (True, True), (False, False)):
+            extra = {} if flag is None else {"add_special_tokens": flag}
+            text = s.post("/v1/completions", {"prompt": "Once", **extra}).json()
+            chat = s.post("/v1/chat/completions", {"messages": USER, **extra}).json()
+            assert seen[-2:] == [("text", added), ("chat", added)]
+            assert text["usage"]["prompt_tokens"] == len("Once") + added
+            assert chat["usage"]["prompt_tokens"] == len(fake.render_chat(USER)) + added
+        bad = s.post("/v1/completions", {"prompt": "Once", "add_special_tokens": "no"})
+        assert_openai_error(bad, 400, "add_special_tokens")
+
+
 def test_the_routes_answer_without_v1_too_as_llama_servers_do(served: Served) -> None:
     # a base URL given without /v1 (llama-server serves both forms)
     assert httpx.get(served.url + "/models", timeout=T).json()["data"][0]["object"] == "model"
@@ -276,7 +303,7 @@ def test_chat_without_a_template_and_a_failing_template_are_400() -> None:
         assert err["code"] == "no_chat_template" and "/v1/completions" in err["message"]
     backend = fake.fake_backend()
 
-    def broken(messages, tools=None, variables=None):
+    def broken(messages, tools=None, variables=None, add=True):
         raise ChatTemplateError("line 1: Conversation roles must alternate")
 
     backend.render_chat = broken

@@ -82,10 +82,11 @@ class Backend:
 
     Attributes:
         scheduler: started; owns the models.
-        tokenize: a raw prompt's text -> token ids (special tokens parsed, one BOS).
-        render_chat: (messages, tools or None, more template variables or None) -> token
-            ids through the target's chat template, or None when the target has none (the
-            chat route then refuses with 400).
+        tokenize: (a raw prompt's text, add BOS) -> token ids (special tokens parsed; one
+            BOS where the model adds one, none when the flag is false).
+        render_chat: (messages, tools or None, more template variables or None, add BOS)
+            -> token ids through the target's chat template (BOS as `tokenize`), or None
+            when the target has none (the chat route then refuses with 400).
         n_vocab: the vocabulary size (token-id prompts are checked against it).
         model_id: the id in /v1/models and every response (--alias, else the file name).
         card: the model's entry in /v1/models under ``meta`` (files, SHA-256s, draft, build).
@@ -104,10 +105,11 @@ class Backend:
     """
 
     scheduler: SchedulerLike
-    tokenize: Callable[[str], list[int]]
+    tokenize: Callable[[str, bool], list[int]]
     render_chat: (
         Callable[
-            [list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None], list[int]
+            [list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None, bool],
+            list[int],
         ]
         | None
     )
@@ -241,7 +243,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         )  # fmt: skip
         given = tools.tool_dicts(listed) if listed and tt.native else None
         try:
-            prompt = await run_in_threadpool(b.render_chat, msgs, given, req.chat_template_kwargs)
+            prompt = await run_in_threadpool(
+                b.render_chat, msgs, given, req.chat_template_kwargs, req.adds_bos
+            )
         except ChatTemplateError as e:
             raise RequestError(400, str(e), param="messages", code="template_error") from None
         calls = choice if choice is not None and choice.calls else None
@@ -257,7 +261,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             prompt = check_ids(list(req.prompt), b.n_vocab, "prompt")
         else:
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            prompt = await run_in_threadpool(b.tokenize, text)
+            prompt = await run_in_threadpool(b.tokenize, text, req.adds_bos)
         echo = None
         if req.echo and prompt:  # (an empty prompt is refused below)
             if b.vocabulary is None:

@@ -137,8 +137,8 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     card["n_ctx_slot"] = scheduler.n_ctx_slot
     scheduler.start()
 
-    def tokenize(text: str) -> list[int]:  # a prompt's ids: BOS where the model adds one
-        return prompt_tokens(target, text.encode("utf-8"))
+    def tokenize(text: str, add: bool = True) -> list[int]:  # BOS where the model adds one
+        return prompt_tokens(target, text.encode("utf-8"), add)
 
     return Backend(
         scheduler=scheduler,
@@ -150,9 +150,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
         vocabulary=Vocabulary(
-            tokenize=lambda text, add: (
-                tokenize(text) if add else target.tokenize(text.encode("utf-8"), add_special=False)
-            ),
+            tokenize=tokenize,
             # control tokens render as b"" in output text; here as their text
             token_bytes=lambda t: target.token_bytes(t) or target.token_text(t).encode(),
             bos=target.token_text(target.vocab.bos) if target.vocab.bos >= 0 else None,

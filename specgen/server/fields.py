@@ -205,6 +205,12 @@ FIELDS: dict[str, Field] = {
     "structured_outputs": Field(
         H, "one of json, regex, choice, grammar, json_object (guided_*'s newer form)", "vllm"
     ),
+    "add_special_tokens": Field(
+        H,
+        "false: no BOS beyond the prompt's or chat template's own text (unsaid or true: a"
+        " BOS where the model adds one, never a second)",
+        "vllm",
+    ),
     "guided_decoding_backend": Field(IG, "the grammars are llguidance's", "vllm"),
     "guided_whitespace_pattern": Field(R, "JSON whitespace is fixed per schema", "vllm"),
     "min_tokens": Field(R, "end-of-generation is never masked", "vllm", inert=(None, 0)),

@@ -146,6 +146,8 @@ class _Generation(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     return_tokens: bool | None = None  # llama-server's: the generated token ids too
+    # vLLM's; false: no BOS beyond the prompt's (or the chat template's) own text
+    add_special_tokens: bool | None = None
     # logits processing before the warpers, on p and q alike (specgen.constraints)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a string) -> bias
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -220,6 +222,14 @@ class _Generation(_Request):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the prompt gets a BOS where the model adds one (unless its text starts
+        with one): vLLM's ``add_special_tokens``, true unless said false. On the chat
+        route vLLM's default is false, and the two agree wherever the chat template writes
+        the BOS itself (Gemma's, Llama's, Mistral's)."""
+        return self.add_special_tokens is not False
 
     @property
     def n_logprobs(self) -> int | None:
