@@ -5,6 +5,7 @@ the real routes)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,3 +215,23 @@ def test_a_real_template_reads_the_variables_given() -> None:
     said = [{"role": "user", "content": "hi"}]
     assert render(said) == "hi"
     assert render(said, None, {"enable_thinking": False}) == "/no_think hi"
+
+
+def test_usage_in_every_chunk_is_refused_and_usage_once_is_served(served: Served) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` asks for a usage in every chunk;
+    the server sends it once, last, so the request is refused rather than answered
+    without it."""
+    body: dict[str, Any] = {"messages": USER, "stream": True, "max_tokens": 4}
+    every = {"include_usage": True, "continuous_usage_stats": True}
+    r = served.post("/v1/chat/completions", {**body, "stream_options": every})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "stream_options" and "continuous_usage_stats" in err["message"]
+    once = {"include_usage": True, "continuous_usage_stats": False}
+    r = served.post("/v1/chat/completions", {**body, "stream_options": once})
+    assert r.status_code == 200
+    data = [
+        line[len("data:") :].strip() for line in r.text.splitlines() if line.startswith("data:")
+    ]
+    chunks = [json.loads(d) for d in data if d != "[DONE]"]
+    assert [c["usage"] is not None for c in chunks if "usage" in c][-1:] == [True]

@@ -238,6 +238,17 @@ FIELDS: dict[str, Field] = {
         R, "a reply always starts a new turn", "vllm", routes=CHAT, inert=(None, False)
     ),
     "chat_template": Field(R, "set --chat-template at start", "vllm", routes=CHAT),
+    "include_reasoning": Field(
+        R,
+        "the model's reasoning is not parsed out of the answer",
+        "vllm",
+        routes=CHAT,
+        inert=(None, True),
+    ),
+    "structural_tag": Field(R, "send a grammar or a JSON Schema", "vllm", routes=CHAT),
+    "prompt_embeds": Field(R, "send text or token ids", "vllm", routes=COMPLETIONS),
+    "mm_processor_kwargs": Field(IG, "text only: changes nothing generated", "vllm"),
+    "kv_transfer_params": Field(IG, "one server: changes nothing generated", "vllm"),
     "documents": Field(R, "no documents are rendered", "vllm", routes=CHAT, inert=(None, [])),
     "vllm_xargs": Field(R, "no custom arguments", "vllm", inert=(None, {})),
     "priority": Field(IG, "first come, first served: changes nothing generated", "vllm"),

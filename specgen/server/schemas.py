@@ -90,6 +90,18 @@ class ToolChoiceNamed(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (refused)
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _one_usage(cls, every: bool) -> bool:
+        if every:
+            raise refused(
+                "stream_options",
+                "stream_options.continuous_usage_stats is not supported by this server: the"
+                " usage comes once, in the last chunk (include_usage)",
+            )
+        return every
 
 
 class JsonSchemaFormat(_Request):
