@@ -84,7 +84,7 @@ FIELDS: dict[str, Field] = {
     "stop": Field(H, "up to 16 stop strings"),
     "n": Field(H, "1 up to the server's slots (--parallel); choice i is seeded seed + i"),
     "stream": Field(H, "server-sent events"),
-    "stream_options": Field(H, "include_usage"),
+    "stream_options": Field(H, "include_usage (vLLM's continuous_usage_stats is refused)"),
     "user": Field(IG, "an end-user id for abuse monitoring: changes nothing generated"),
     "frequency_penalty": Field(H, "-2 to 2, per occurrence in the last repeat_last_n tokens"),
     "presence_penalty": Field(H, "-2 to 2, once for a token in the last repeat_last_n"),
