@@ -130,6 +130,52 @@ def test_choices_and_their_refusals() -> None:
             {"type": "function", "function": {"name": "nope"}}), q)  # fmt: skip
     with pytest.raises(ValueError, match="needs tools"):
         choice_of(None, "required", q)
+    # a named function is called once, parallel calls or not; required may call several
+    assert choice_of([WEATHER], named_weather(), q).parallel is False
+    assert choice_of([WEATHER], "required", q).parallel is True
+
+
+def named_weather() -> ToolChoiceNamed:
+    return ToolChoiceNamed.model_validate({"type": "function", "function": {"name": "get_weather"}})
+
+
+# parameters with local references, as pydantic writes a nested model ($defs) and a
+# recursive one ("#": the parameters themselves)
+PERSON = Tool.model_validate({"type": "function", "function": {"name": "person", "parameters": {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "address": {"$ref": "#/$defs/Addr"},
+        "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1},
+    },
+    "required": ["name", "address"],
+    "additionalProperties": False,
+    "$defs": {"Addr": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False,
+    }},
+}}})  # fmt: skip
+ADDR = '"address": {"city": "Paris"}'
+
+
+@pytest.mark.parametrize("with_time", [False, True], ids=["one-tool", "any-of-two"])
+def test_local_references_in_parameters_resolve_within_them(with_time: bool) -> None:
+    """A ``$ref`` in a tool's parameters points into the parameters, not into the call's
+    wrapper schema around them (nor, with several tools, into the ``anyOf``): a nested
+    model's ``#/$defs/...`` compiles and holds, a recursive ``#`` is the parameters again
+    (a call's ``{"name", "arguments"}`` there is refused), as the schema alone would."""
+    eng = TextEngine()
+    tools = [PERSON, TIME] if with_time else [PERSON]
+    g = compile_grammar(call_grammar(tools, Choice("required")), tokenizer_for(eng))  # type: ignore[arg-type]
+    call = '{"name": "person", "arguments": {"name": "Al", ' + ADDR
+    assert g.matcher().sync(B(call + "}}"))
+    assert not g.matcher().sync(
+        B('{"name": "person", "arguments": {"name": "Al", "address": {"city": "Oslo"')
+    )
+    kid = '{"name": "Bo", ' + ADDR + "}"
+    assert g.matcher().sync(B(call + ', "kids": [' + kid + "]}}"))
+    wrapper = '{"name": "person", "arguments": {"name": "Bo", ' + ADDR + "}}"
+    assert not g.matcher().sync(B(call + ', "kids": [' + wrapper))
 
 
 def B(text: str) -> list[int]:

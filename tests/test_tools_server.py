@@ -153,3 +153,29 @@ def test_calls_cut_by_max_tokens_keep_the_complete_ones(server: Server, stream: 
     for call in calls:
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments or "") == {"city": "Paris"}
+
+
+def test_a_named_function_with_defs_is_called_once_as_instructor_asks(server: Server) -> None:
+    """instructor's TOOLS mode: a pydantic model with a nested one (``$defs``) as the
+    function, named in tool_choice, parallel calls not said: one call (it was two, or a
+    400 "Pointer '/$defs/Addr' does not exist"), whose arguments follow the nested model."""
+    person = {"type": "function", "function": {"name": "Person", "parameters": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12},
+                       "address": {"$ref": "#/$defs/Addr"}},
+        "required": ["name", "address"], "additionalProperties": False,
+        "$defs": {"Addr": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                           "required": ["city"], "additionalProperties": False}},
+    }}}  # fmt: skip
+    r = server.client().chat.completions.create(
+        model=server.model_id,
+        messages=[{"role": "user", "content": "John lives in Paris. Extract the person."}],
+        tools=[person],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "Person"}},
+        temperature=0,
+        max_tokens=120,
+    )
+    calls = r.choices[0].message.tool_calls
+    assert calls is not None and len(calls) == 1 and r.choices[0].finish_reason == "tool_calls"
+    args = json.loads(calls[0].function.arguments)
+    assert set(args) == {"name", "address"} and args["address"]["city"] in ("Paris", "Rome")

@@ -118,7 +118,8 @@ FIELDS: dict[str, Field] = {
     "function_call": Field(R, _NO_TOOLS, routes=CHAT, inert=(None, "none")),
     "parallel_tool_calls": Field(
         H,
-        "false: one call at most (Hermes/Qwen templates; other templates make one)",
+        "false: one call at most (Hermes/Qwen templates; other templates, and a named"
+        " function, make one)",
         routes=CHAT,
     ),
     "audio": Field(R, _TEXT, routes=CHAT),

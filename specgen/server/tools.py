@@ -25,8 +25,9 @@ What each ``tool_choice`` generates (`Choice`, `call_grammar`):
 - ``"none"``: plain text; the tools are still rendered (the model knows them).
 - ``"required"`` or a named function: the whole answer is a call (of the named function, or
   of any tool), its arguments following the function's ``parameters`` schema (JSON Schema;
-  any object when it has none): in the Hermes syntax one or more tagged calls (one with
-  ``parallel_tool_calls: false``), else one bare JSON object.
+  any object when it has none): in the Hermes syntax one tagged call of a named function,
+  one or more for ``"required"`` (one with ``parallel_tool_calls: false``), else one bare
+  JSON object.
 - ``"auto"`` (OpenAI's default when tools are given), Hermes syntax only: the model writes
   freely; from the first ``<tool_call>`` it writes, the rest is held to the calls' grammar
   (the call's JSON, the closing tag, then another call or the end). One llguidance grammar
@@ -190,15 +191,47 @@ def choice_of(
             f"tool_choice names {choice.function.name!r}, which is not among the tools"
             f" ({', '.join(names)})"
         )
-    return Choice("named", choice.function.name, syntax, multi)
+    # a named function is called once: the client forced that call, and asked for no other
+    # (OpenAI answers it with one; the grammar's repeats let a small model call it again)
+    return Choice("named", choice.function.name, syntax, False)
 
 
-def call_schema(tool: Tool) -> dict[str, Any]:
-    """The JSON Schema of one call of `tool`: ``{"name": NAME, "arguments": {...}}``."""
+_DATA_KEYS = frozenset({"const", "enum", "default", "examples"})
+"""Keys whose values are JSON data, not schemas: a ``$ref`` inside them is not a reference."""
+
+
+def _rebased(node: Any, root: str) -> Any:
+    """`node` (a schema) with every local ``$ref`` (``#``, ``#/...``) moved under the JSON
+    pointer `root`, where the schema now stands inside a larger one: a pointer resolves
+    against the whole document's root (JSON Schema 2020-12, section 8.2.3.1), so a tool's
+    ``#/$defs/Address`` names ``root/$defs/Address`` once its parameters are wrapped in
+    the call's schema (else "Pointer does not exist", or ``#`` meaning the wrapper)."""
+    if isinstance(node, list):
+        return [_rebased(v, root) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = root + value[1:]
+        elif key in _DATA_KEYS:
+            out[key] = value
+        else:
+            out[key] = _rebased(value, root)
+    return out
+
+
+def call_schema(tool: Tool, at: str = "#") -> dict[str, Any]:
+    """The JSON Schema of one call of `tool`: ``{"name": NAME, "arguments": {...}}``, the
+    parameters' local references rebased for a call schema standing at the pointer `at`
+    of the grammar's schema (`_rebased`)."""
     params = tool.function.parameters or {"type": "object"}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.function.name}, "arguments": params},
+        "properties": {
+            "name": {"const": tool.function.name},
+            "arguments": _rebased(params, f"{at}/properties/arguments"),
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -206,8 +239,9 @@ def call_schema(tool: Tool) -> dict[str, Any]:
 
 def _calls_schema(tools: list[Tool], name: str) -> dict[str, Any]:
     chosen = [t for t in tools if name in ("", t.function.name)]
-    schemas = [call_schema(t) for t in chosen]
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if len(chosen) == 1:
+        return call_schema(chosen[0])
+    return {"anyOf": [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(chosen)]}
 
 
 def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
