@@ -73,6 +73,7 @@ _CHAIN = "the samplers served are temperature, top_k, top_p and min_p"
 _CACHING = "prompt caching is automatic"
 _K_CHOSEN = "K is chosen per step; the output law is the same"
 _VLLM_TEXT = "special tokens are left out of the text"
+_DRAFTING = "the drafting is the server's (--draft, --lookup); the output law is the same"
 
 FIELDS: dict[str, Field] = {
     # -- OpenAI, both routes ----------------------------------------------------------
@@ -198,6 +199,41 @@ FIELDS: dict[str, Field] = {
     "speculative.n_max": Field(IG, _K_CHOSEN, "llama-server"),
     "speculative.n_min": Field(IG, _K_CHOSEN, "llama-server"),
     "speculative.p_min": Field(IG, _K_CHOSEN, "llama-server"),
+    "speculative.type": Field(IG, _DRAFTING, "llama-server"),
+    "speculative.ngram_size_n": Field(IG, _DRAFTING, "llama-server"),
+    "speculative.ngram_size_m": Field(IG, _DRAFTING, "llama-server"),
+    "speculative.ngram_m_hits": Field(IG, _DRAFTING, "llama-server"),
+    "backend_sampling": Field(IG, "the sampling is exact wherever it runs", "llama-server"),
+    "n_cache_reuse": Field(IG, "prompt caching is automatic and exact", "llama-server"),
+    "t_max_prompt_ms": Field(IG, "no time limit (llama-server reads none either)", "llama-server"),
+    "n_cmpl": Field(R, "send n", "llama-server", inert=(None, 1)),
+    "n_indent": Field(R, "no indentation rule", "llama-server", inert=(None, 0)),
+    "n_discard": Field(R, "the context is never shifted", "llama-server", inert=(None, 0)),
+    "response_fields": Field(R, "every field is sent", "llama-server", inert=(None, [])),
+    "return_progress": Field(
+        R, "no prompt-progress chunks are sent", "llama-server", inert=(None, False)
+    ),
+    "tfs_z": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
+    "adaptive_target": Field(R, _CHAIN, "llama-server"),
+    "adaptive_decay": Field(R, _CHAIN, "llama-server"),
+    "grammar_lazy": Field(
+        R, "a lazy grammar is not served: send grammar", "llama-server", inert=(None, False)
+    ),
+    "grammar_triggers": Field(
+        R, "a lazy grammar is not served: send grammar", "llama-server", inert=(None, [])
+    ),
+    "preserved_tokens": Field(
+        R, "a lazy grammar is not served: send grammar", "llama-server", inert=(None, [])
+    ),
+    "reasoning_format": Field(
+        R,
+        "the model's reasoning is not parsed out of the answer",
+        "llama-server",
+        inert=(None, "none"),
+    ),  # fmt: skip
+    "reasoning_budget_tokens": Field(
+        R, "the model's reasoning is not budgeted", "llama-server", inert=(None, -1)
+    ),
     # -- vLLM's extras (`vllm/entrypoints/openai/protocol.py`), which its clients send --------
     "guided_json": Field(H, "a JSON Schema the output must follow", "vllm"),
     "guided_regex": Field(H, "a regular expression the whole output must match", "vllm"),
@@ -232,6 +268,7 @@ FIELDS: dict[str, Field] = {
     "truncate_prompt_tokens": Field(R, "a prompt is never truncated", "vllm"),
     "logits_processors": Field(R, "no custom logits processors", "vllm", inert=(None, [])),
     "return_tokens_as_token_ids": Field(R, "send return_tokens", "vllm", inert=(None, False)),
+    "return_token_ids": Field(R, "send return_tokens", "vllm", inert=(None, False)),
     "add_generation_prompt": Field(
         R, "the assistant's turn is always opened", "vllm", routes=CHAT, inert=(None, True)
     ),
