@@ -320,7 +320,11 @@ SAMPLING = Group(
         help="Stop string (repeatable): the text ends where it begins.",
     ),
     ignore_eos=opt(
-        bool, False, "--ignore-eos", help="Do not stop at end of generation (EOS, end of turn)."
+        bool,
+        False,
+        "--ignore-eos",
+        help="Do not stop at end of generation (EOS, end of turn): an end token drawn is"
+        " kept, as empty text (llama.cpp bans end tokens instead).",
     ),
     verify=opt(
         str | None,

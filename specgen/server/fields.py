@@ -147,7 +147,12 @@ FIELDS: dict[str, Field] = {
     # -- llama-server's extras -------------------------------------------------------------
     "top_k": Field(H, "top-k sampling; 0 keeps all", "llama-server"),
     "min_p": Field(H, "min-p sampling", "llama-server"),
-    "ignore_eos": Field(H, "generate past end-of-generation", "llama-server"),
+    "ignore_eos": Field(
+        H,
+        "generate past end-of-generation: an end token drawn is kept (empty text) and"
+        " generation goes on, as vLLM's; llama-server bans the end tokens instead",
+        "llama-server",
+    ),
     "return_tokens": Field(H, "the generated token ids in the response", "llama-server"),
     "repeat_penalty": Field(H, "llama.cpp's repeat penalty (1 = off)", "llama-server"),
     "repeat_last_n": Field(H, "tokens the penalties see (0 off, -1 all)", "llama-server"),
