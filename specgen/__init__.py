@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specgen.errors import (
+    BusyError,
     ChatTemplateError,
     ConfigError,
     EngineError,
@@ -51,6 +52,7 @@ _LAZY = {
 __all__ = [
     "ACCEPTANCE_HOW",
     "BatchReport",
+    "BusyError",
     "ChatTemplateError",
     "ConfigError",
     "EngineError",

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
 from specgen.apiargs import Prompt, argument_names, check_messages, prompt_list, sampling_flags
-from specgen.apiengine import Engines, Models, generate_many, one_slot, warn_fit
+from specgen.apiengine import Engines, Models, generate_many, make_scheduler, one_slot, warn_fit
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
-from specgen.engine import Drafter, as_batch
+from specgen.engine import Drafter
 from specgen.errors import ConfigError, PromptError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.genconfig import grammar_spec
-from specgen.generation import Event, Generation, Result, result_of
+from specgen.generation import Busy, Event, Generation, Result, result_of
 
 if TYPE_CHECKING:
     from specgen.sched.jobs import BatchReport, Deliver
@@ -56,6 +56,7 @@ class Pair(Generic[M]):
     def __init__(self, opened: M) -> None:
         self.session = opened
         self._formatters: dict[str | None, ChatFormatter] = {}
+        self._busy = Busy()  # one generation at a time (`specgen.BusyError`)
 
     @classmethod
     def of(
@@ -108,7 +109,8 @@ class Pair(Generic[M]):
             ConfigError: an unknown setting or a bad value (the message names the
                 argument: ``temperature must be a number, got 'hot'``), a grammar or
                 schema that does not compile (GrammarError); PromptError: an empty prompt
-                or one that does not fit the context.
+                or one that does not fit the context; BusyError: a stream of this Pair is
+                not finished, or another thread's call is running.
         """
         ids = self._prompt_ids(prompt)
         return result_of(self._start(ids, settings, kwargs, False, ordinary))
@@ -160,7 +162,7 @@ class Pair(Generic[M]):
         if not ids:
             raise PromptError("no prompts")
         flags = sampling_flags(kwargs, settings)
-        with argument_names() if settings is None else contextlib.nullcontext():
+        with self._busy.held(), argument_names() if settings is None else contextlib.nullcontext():
             return generate_many(self.session, ids, flags, seed_or_random(flags.seed))
 
     def chat(
@@ -306,8 +308,8 @@ class Pair(Generic[M]):
                 check=check, prompts=prompts,
             )  # fmt: skip
             make = checks.drafter_factory(self.session.drafter)
-        opened = self.session
-        return verify(opened.target, make, config, opened.draft_name, progress)
+        with self._busy.held():
+            return verify(self.session.target, make, config, self.session.draft_name, progress)
 
     def scheduler(
         self,
@@ -341,23 +343,10 @@ class Pair(Generic[M]):
             ValueError: more slots than the models hold sequences, or a drafter that
                 cannot draft for several slots.
         """
-        from specgen.sched.promptcache import PromptCache
-        from specgen.sched.scheduler import Scheduler
-
-        if slo_ttft_s is not None and not slo_ttft_s > 0:
-            raise ConfigError(f"slo_ttft_s must be more than 0 seconds, got {slo_ttft_s!r}")
-        if slo_tpot_s is not None and not slo_tpot_s >= 0:
-            raise ConfigError(f"slo_tpot_s must be 0 or more seconds, got {slo_tpot_s!r}")
-
-        target = as_batch(self.session.target)
-        n = target.n_seq if n_parallel is None else n_parallel
-        cache = None
-        if prompt_cache_mib != 0:
-            cache = PromptCache(None if prompt_cache_mib < 0 else prompt_cache_mib << 20)
-        return Scheduler(
-            target, self.session.drafter, n_parallel=n, queue_max=queue_max, draft_max=draft_max,
-            observer=observer, deliver=deliver, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
-            prompt_cache=cache,
+        return make_scheduler(
+            self.session, n_parallel=n_parallel, queue_max=queue_max, draft_max=draft_max,
+            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, prompt_cache_mib=prompt_cache_mib,
+            observer=observer, deliver=deliver,
         )  # fmt: skip
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -430,11 +419,16 @@ class Pair(Generic[M]):
     ) -> Generation:
         """The generation of `ids` under validated `flags`; `words`: errors named as
         keyword arguments (else as the flags of a `SamplingFlags` the caller gave)."""
-        with argument_names() if words else contextlib.nullcontext():
-            run = one_slot(self.session, ids, flags, seed, trace, ordinary, reuse_cache)
+        self._busy.take()
+        try:
+            with argument_names() if words else contextlib.nullcontext():
+                run = one_slot(self.session, ids, flags, seed, trace, ordinary, reuse_cache)
+        except BaseException:
+            self._busy.release()
+            raise
         if words:  # the CLI says it as a note (`specgen.cli.run`)
             warn_fit(len(ids), flags.max_tokens, self.session.target.n_ctx)
-        return Generation(run, seed, flags, len(ids))
+        return Generation(run, seed, flags, len(ids), self._busy.release)
 
     def close(self) -> None:
         self.session.close()

@@ -8,18 +8,18 @@ several prompts are the engine with N slots (`generate_many`, behind
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from specgen import session as _session
 from specgen.chat import TemplateModel
 from specgen.engine import Drafter, as_batch
-from specgen.errors import EngineError, PromptError
+from specgen.errors import ConfigError, EngineError, PromptError
 from specgen.flags import SamplingFlags, in_python_words
 from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
 from specgen.generation import Result, result_from
-from specgen.sched.jobs import DoesNotFit, Failed, Job, JobEvent
+from specgen.sched.jobs import BatchReport, Deliver, DoesNotFit, Failed, Job, JobEvent
 from specgen.sched.scheduler import Scheduler
 
 __all__ = ["Engines", "Models", "generate_many", "one_slot"]
@@ -170,3 +170,39 @@ def generate_many(
             raise EngineError(failed.message)
     asked = flags.logprobs is not None
     return [result_from(got, seed + i, asked) for i, got in enumerate(events)]
+
+
+def make_scheduler(
+    opened: Models,
+    *,
+    n_parallel: int | None,
+    queue_max: int,
+    draft_max: int | None,
+    slo_ttft_s: float | None,
+    slo_tpot_s: float | None,
+    prompt_cache_mib: int,
+    observer: Callable[[BatchReport], None] | None,
+    deliver: Deliver | None,
+) -> Scheduler:
+    """`Pair.scheduler`'s batch engine over the open models (arguments as there).
+
+    Raises:
+        ConfigError: slo_ttft_s not above 0, or slo_tpot_s below 0.
+        ValueError: as `Scheduler`.
+    """
+    from specgen.sched.promptcache import PromptCache
+
+    if slo_ttft_s is not None and not slo_ttft_s > 0:
+        raise ConfigError(f"slo_ttft_s must be more than 0 seconds, got {slo_ttft_s!r}")
+    if slo_tpot_s is not None and not slo_tpot_s >= 0:
+        raise ConfigError(f"slo_tpot_s must be 0 or more seconds, got {slo_tpot_s!r}")
+    target = as_batch(opened.target)
+    n = target.n_seq if n_parallel is None else n_parallel
+    cache = None
+    if prompt_cache_mib != 0:
+        cache = PromptCache(None if prompt_cache_mib < 0 else prompt_cache_mib << 20)
+    return Scheduler(
+        target, opened.drafter, n_parallel=n, queue_max=queue_max, draft_max=draft_max,
+        observer=observer, deliver=deliver, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+        prompt_cache=cache,
+    )  # fmt: skip

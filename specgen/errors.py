@@ -51,6 +51,13 @@ class EngineError(SpecgenError):
     recurrent model): report it with SPECGEN_DEBUG=1 output, or use --draft none."""
 
 
+class BusyError(SpecgenError):
+    """A `Pair` is generating already (an unfinished stream, or a call from another
+    thread): finish or close that generation first. One Pair runs one generation at a
+    time, as its models hold one context; for concurrent requests use `specgen serve` or
+    ``Pair.scheduler()``, or load a Pair per thread."""
+
+
 class ConfigError(SpecgenError):
     """A command-line value or registry entry is invalid: the message names the flag,
     file or key."""

@@ -3,10 +3,13 @@ finished `Result`."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specgen.errors import BusyError
 from specgen.events import Done, FinishReason, Prefilled, Stats, Step
 
 if TYPE_CHECKING:
@@ -53,12 +56,48 @@ class Result:
         return self.stats.acceptance_rate
 
 
+class Busy:
+    """One generation at a time on a `Pair`'s models: `take` before a call touches them
+    (its caches, its drafter's record), `release` once it has ended. A second call while
+    one is open, from this thread (a stream not finished) or another, is refused, never
+    run: it would truncate the caches under the first (wrong text with no error, or
+    llama.cpp's ``GGML_ASSERT``), and waiting could wait for ever on a stream nobody
+    finishes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        """Raises:
+        BusyError: a generation of this Pair is open."""
+        if not self._lock.acquire(blocking=False):
+            raise BusyError(
+                "this Pair is generating already (an unfinished stream, or a call from"
+                " another thread): finish or close that generation first; one Pair runs one"
+                " generation at a time (for concurrent requests use specgen serve or"
+                " Pair.scheduler(), or a Pair per thread)"
+            )
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """`take`, then `release` when the block ends, however it ends."""
+        self.take()
+        try:
+            yield
+        finally:
+            self.release()
+
+
 class Generation:
     """One generation under way (`Pair.stream`, `Pair.stream_chat`): an iterator over its
     events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
     stops generating and leaves the models ready for the next call;
     ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
-    finish reason "interrupted").
+    finish reason "interrupted"). Until it has ended (its `Done`, ``close()``, or the
+    object dropped), the Pair's other calls raise `specgen.BusyError`.
 
     Attributes:
         seed: the seed used (a random one when none was given).
@@ -66,12 +105,26 @@ class Generation:
         n_prompt: prompt tokens (after the chat template, for a chat).
     """
 
-    def __init__(self, run: OneSlot, seed: int, settings: SamplingFlags, n_prompt: int) -> None:
+    def __init__(
+        self,
+        run: OneSlot,
+        seed: int,
+        settings: SamplingFlags,
+        n_prompt: int,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         self._run = run
-        self._events = run.events()
+        # once, whichever comes first: the last event, close(), or the object's end (the
+        # events hold the callback, not this object: a cycle would keep a dropped stream
+        # alive, and its Pair busy, until the garbage collector ran)
+        self._ended = _Once(release)
+        self._events = _ending(run.events(), self._ended)
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
+
+    def __del__(self) -> None:
+        self._ended()  # a stream dropped before its first event never ran `_ending`
 
     def __iter__(self) -> Generation:
         return self
@@ -81,6 +134,7 @@ class Generation:
 
     def close(self) -> None:
         self._events.close()
+        self._ended()
 
     def throw(self, exc: BaseException) -> Event:
         """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""
@@ -91,6 +145,23 @@ class Generation:
         """With ``draft_max="auto"`` and a drafter, the block-size controller's decisions
         so far (`run --json`'s ``controller`` object); None otherwise."""
         return self._run.summary()
+
+
+class _Once:
+    def __init__(self, call: Callable[[], None] | None) -> None:
+        self._call = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call()
+
+
+def _ending(events: Iterator[Event], ended: _Once) -> Generator[Event, None, None]:
+    try:
+        yield from events
+    finally:
+        ended()
 
 
 def result_of(gen: Generation) -> Result:

@@ -206,9 +206,15 @@ class HybridDrafter:
         return self.model.behind(context)
 
     def prefill(self, context: list[int], evaluate: bool = True) -> None:
-        """Index the prompt, and `ModelDrafter.prefill` the model's cache."""
+        """A generation starts: index its prompt, start the record afresh, and
+        `ModelDrafter.prefill` the model's cache. The record is the generation's own (the
+        pool, if any, keeps what requests share): its scores decide which tokens are
+        proposed, so a record kept from an earlier call on the same drafter made a seeded
+        call's text depend on the calls before it (`specgen.Pair`'s first call after
+        `load` differed from the same call made again)."""
         self.index.reset()
         self.index.lookup(context, 0)
+        self.record = LookupRecord.for_params(self.model.params)
         self._pending = None
         self.model.prefill(context, evaluate)
 

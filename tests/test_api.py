@@ -343,3 +343,56 @@ def test_the_scheduler_serve_drives_is_the_apis(many, ordinary) -> None:
     )
     with pytest.raises(specgen.DoesNotFit):
         sched.submit(specgen.Job("b", [], config), got.append)
+
+
+def test_one_generation_at_a_time_and_never_a_silent_mix(pair) -> None:
+    """A second generation while one is open would truncate the caches under the first
+    (wrong text with no error, or llama.cpp's GGML_ASSERT and a hang from another thread):
+    it is refused with BusyError, from this thread (an unfinished stream) and from another,
+    and the Pair is free again once the first has ended however it ends."""
+    import threading
+
+    args = {"max_tokens": 8, "temperature": 0, "draft_max": 3, "ignore_eos": True}
+    alone = pair.generate("the cat", **args)
+    it = pair.stream("the cat", **args)
+    next(it)
+    for call in (
+        lambda: pair.generate("a dog", **args),
+        lambda: pair.stream("a dog", **args),
+        lambda: pair.generate_many(["a dog"], **args),
+    ):
+        with pytest.raises(specgen.BusyError, match="generating already"):
+            call()
+    other: list[BaseException] = []
+    t = threading.Thread(target=lambda: _catch(other, lambda: pair.generate("a dog", **args)))
+    t.start()
+    t.join()
+    assert len(other) == 1 and isinstance(other[0], specgen.BusyError)
+    rest = [e for e in it]  # the first goes on undisturbed
+    assert isinstance(rest[-1], Done) and rest[-1].tokens == alone.tokens
+    assert pair.generate("the cat", **args).tokens == alone.tokens  # free after the Done
+    it = pair.stream("the cat", **args)
+    next(it)
+    it.close()
+    assert pair.generate("the cat", **args).tokens == alone.tokens  # free after close()
+    dropped = pair.stream("the cat", **args)  # never started, then dropped
+    del dropped
+    assert pair.generate("the cat", **args).tokens == alone.tokens
+
+
+def _catch(into: list[BaseException], call) -> None:
+    try:
+        call()
+    except BaseException as e:  # noqa: BLE001 - the test looks at it
+        into.append(e)
+
+
+def test_a_hybrid_pairs_first_call_is_the_same_call_made_again(demo_pair) -> None:
+    """Prompt lookup's record is each generation's own: kept from an earlier call it
+    changed which tokens were proposed, and so a seeded sampled text (the first call
+    after `load` differed from the same call made again, while `run` gives the first)."""
+    args = {"max_tokens": 40, "temperature": 0.8, "seed": 7, "draft_max": 4}
+    with specgen.load(*demo_pair, lookup="on", ctx_size=512) as hybrid:
+        texts = [hybrid.generate("Once upon a time", **args) for _ in range(3)]
+    assert texts[0].stats.n_drafted_by.get("lookup", 0) > 0  # the lookup took part
+    assert texts[0].tokens == texts[1].tokens == texts[2].tokens

@@ -190,6 +190,17 @@ def test_a_rounded_context_is_said_once(capsys, tiny_target: Path) -> None:
     assert err == []
 
 
+def test_a_tiny_context_still_takes_a_whole_block(capsys, tiny_target: Path, tiny_draft) -> None:
+    """-c 16 is padded to 256 cells; the batch follows the padded context, not the 16
+    asked (a block of K = 16 was "17 tokens exceed one batch of 16" mid-generation)."""
+    code = _main(["run", "--json", "-m", str(tiny_target), "-md", str(tiny_draft), "-c", "16",
+                  "--draft-max", "16", "-n", "40", "--temp", "0", "--ignore-eos", "the cat"])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    stats = json.loads(out.out)["stats"]
+    assert stats["n_generated"] == 40 and max(stats["k_history"]) == 16, stats
+
+
 def test_a_full_context_is_its_own_finish_reason_and_warned_at_the_start(
     capsys, tiny_target: Path
 ) -> None:

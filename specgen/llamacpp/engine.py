@@ -42,6 +42,9 @@ from specgen.llamacpp.signals import (
 from specgen.llamacpp.vocab import VocabularyMixin
 
 #: llama.cpp's ``-fa`` values (`EngineConfig.flash_attn`)
+_CTX_PAD = 256
+"""llama.cpp pads a context to a multiple of this many cells (`llama_context`'s constructor)."""
+
 _FLASH_ATTN = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -98,7 +101,10 @@ class LlamaEngine(VocabularyMixin):
 
         cparams = llama_cpp.llama_context_default_params()
         n_seq = max(1, config.n_seq_max)
-        cparams.n_ctx = config.n_ctx
+        # llama.cpp clamps n_batch to the n_ctx asked, then pads n_ctx to a multiple of
+        # 256: padded here first, so that -c 16 gets a batch that holds a block (a 16-row
+        # batch in a 256-cell context failed at the first block of K = 16)
+        cparams.n_ctx = -(-config.n_ctx // _CTX_PAD) * _CTX_PAD if config.n_ctx > 0 else 0
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = n_seq
