@@ -41,10 +41,10 @@ from specgen.llamacpp.signals import (
 )
 from specgen.llamacpp.vocab import VocabularyMixin
 
-#: llama.cpp's ``-fa`` values (`EngineConfig.flash_attn`)
 _CTX_PAD = 256
 """llama.cpp pads a context to a multiple of this many cells (`llama_context`'s constructor)."""
 
+#: llama.cpp's ``-fa`` values (`EngineConfig.flash_attn`)
 _FLASH_ATTN = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
