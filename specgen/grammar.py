@@ -74,8 +74,18 @@ def _llg_grammar(spec: GrammarSpec) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
+_MESSAGE_MAX = 300
+"""Characters of llguidance's message kept in an error: its messages may quote the whole
+grammar and dump the parser's state (a 500 KB grammar gave a 1.5 MB message, sent to the
+client and written to the server's log)."""
+
+
 def _one_line(e: object) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    """llguidance's message on one line, without its ``<state>`` dump, cut to
+    `_MESSAGE_MAX` characters."""
+    text = str(e).split("<state>", 1)[0]
+    line = " ".join(text.split()) or type(e).__name__
+    return line if len(line) <= _MESSAGE_MAX else line[: _MESSAGE_MAX - 1] + "…"
 
 
 # -- the tokenizer (per model, cached) ------------------------------------------------
@@ -276,7 +286,7 @@ class Matcher:
             return False
         ok = self._m.consume_token(token)
         if not ok:  # validated: cannot happen, but an error state must never pass silently
-            raise GrammarError(f"{self.grammar.spec.source}: {self._m.get_error()}")
+            raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self._m.get_error())}")
         self.tokens.append(token)
         self._bits_at = -1
         return True

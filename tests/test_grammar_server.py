@@ -155,6 +155,47 @@ def test_constrained_and_unconstrained_requests_share_a_batch(server: Server) ->
     assert out["free"]
 
 
+def test_a_grammar_failing_mid_generation_fails_its_own_request_only(server: Server) -> None:
+    """A regex that compiles but whose lexer llguidance gives up on at its first token
+    (``(a{1000}){1000}``), sent again and again beside other requests: each of its
+    requests gets a 400 invalid_grammar in one short line, and the requests beside it are
+    served whole (they got its error, its grammar and llguidance's state dump in a 500,
+    every time: the failure escaped the step and ended every slot)."""
+    bad = {"prompt": "hi", "max_tokens": 4, "guided_regex": "(a{1000}){1000}"}
+    done = threading.Event()
+    refused: list[httpx.Response] = []
+
+    def attacker() -> None:
+        while not done.is_set():
+            refused.append(httpx.post(server.url + "/v1/completions", json=bad, timeout=120))
+
+    t = threading.Thread(target=attacker)
+    t.start()
+    try:
+        served = [
+            httpx.post(
+                server.url + "/v1/completions",
+                timeout=120,
+                json={
+                    "prompt": "Once upon a time",
+                    "max_tokens": 32,
+                    "temperature": 0.8,
+                    "seed": i,
+                },
+            )  # fmt: skip
+            for i in range(3)
+        ]
+    finally:
+        done.set()
+        t.join()
+    assert [r.status_code for r in served] == [200] * 3, served[0].text
+    assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in served)
+    assert refused and {r.status_code for r in refused} == {400}
+    err = refused[0].json()["error"]
+    assert err["code"] == "invalid_grammar" and "<state>" not in err["message"]
+    assert len(err["message"]) < 400 and "\n" not in err["message"]
+
+
 # -- tool calls ----------------------------------------------------------------------------
 
 WEATHER = {

@@ -16,7 +16,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from specgen.control.batch import BatchController
 from specgen.drafters import Stepwise
-from specgen.engine import BatchEngine, SeqDecode
+from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
 from specgen.proposal import Proposal
 from specgen.round import Clock
@@ -48,6 +48,9 @@ class Drafting:
     """This step's blocks were cut short by an arrival (`_draft_depths`)."""
     undrafted_s: float = field(default=0.0, init=False)
     """Seconds of steps since the draft's cost was last measured."""
+    failed: dict[int, Exception] = field(default_factory=dict, init=False)
+    """Slots (by index) whose own drafting failed in `_draft_depths` (their grammar): the
+    others' blocks go on, and `propose` fails these alone."""
 
     def count_runs(self, active: list[Slot], chosen: list[int], ks: list[int]) -> None:
         """Count each model-drafting slot's consecutive speculative rounds and report a run
@@ -130,11 +133,12 @@ class Drafting:
                     together.append((slot, k, w))
                 else:
                     proposals.append((slot, seq.propose(k)))
-            except EngineError as exc:
+            except Exception as exc:  # noqa: BLE001 - this job fails (its grammar...), the others go on
                 self.fail(slot, exc, "engine")
         if not together:
             return proposals
         t0, inside0 = self.clock(), self.draft.decode_s if self.draft is not None else 0.0
+        self.failed.clear()
         try:
             self._draft_depths([(s.index, w) for s, _, w in together])
         except EngineError as exc:
@@ -145,6 +149,9 @@ class Drafting:
         inside_s = (self.draft.decode_s if self.draft is not None else 0.0) - inside0
         for slot, k, w in together:
             assert slot.seq is not None
+            if slot.index in self.failed:
+                self.fail(slot, self.failed[slot.index], "engine")
+                continue
             block = w.block()
             # a block cut short is a round at the K it reached (what its acceptance tests)
             k_run = min(k, len(block.tokens) - len(block.sole)) if self.cut else k
@@ -217,14 +224,14 @@ class Drafting:
                 n_rows = len(group)  # each slot's last pending token: its next q row
                 if len(group) == 1 and len(group[0][1].pending) > n_batch:
                     seq, d = group[0]  # a long catch-up: the engine splits it itself
-                    d.feed(draft.sequence(seq).decode(d.pending)[-1])
+                    self._feed(seq, d, draft.sequence(seq).decode(d.pending)[-1])
                 else:
                     parts = [SeqDecode(seq, d.pending, 1) for seq, d in group]
                     # views, not a copy of the rows: each feed warps and draws from its
                     # row at once and never decodes, so no row outlives the buffer
                     rows = draft.decode_batch(parts, copy=False)
-                    for (_, d), r in zip(group, rows, strict=True):
-                        d.feed(r[-1])
+                    for (seq, d), r in zip(group, rows, strict=True):
+                        self._feed(seq, d, r[-1])
                 # every decode's cost by its tokens, a first depth's catch-up included:
                 # the controller charges a slot's catch-up by the same line
                 if self.controller is not None:
@@ -236,6 +243,18 @@ class Drafting:
                     d.stop()
                 self.cut = True
                 return
+
+    def _feed(self, seq: int, d: Stepwise, row: Logits) -> None:
+        """`d.feed(row)`; a failure of the slot's own (its grammar's matcher) ends its block
+        and is kept in `failed`, so that one request's grammar never fails the others in
+        the batch (a regex whose lexer llguidance gave up on mid-generation did)."""
+        try:
+            d.feed(row)
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this job fails, the others go on
+            self.failed[seq] = exc
+            d.stop()
 
 
 def _groups(live: list[tuple[int, Stepwise]], n_batch: int) -> list[list[tuple[int, Stepwise]]]:

@@ -33,7 +33,8 @@ class Job:
 @dataclass(frozen=True)
 class Failed:
     """The request ended by an error inside a round, a cancel or a shutdown before it
-    started; `kind` is "engine", "shutdown" or "cancelled"."""
+    started; `kind` is "engine", "grammar" (the request's own grammar failed
+    mid-generation), "shutdown" or "cancelled"."""
 
     message: str
     kind: str

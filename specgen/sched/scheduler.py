@@ -346,9 +346,11 @@ class Scheduler:
             try:
                 self.step()
             except Exception as exc:  # noqa: BLE001 - a bug must not hang every client
+                # the exception's name only: its text may quote one request's prompt or
+                # grammar, and every request in flight gets this message
                 for slot in self.slots.all:
                     if slot.ticket is not None:
-                        self.slots.fail(slot, f"internal error: {exc}", "engine")
+                        self.slots.fail(slot, f"internal error ({type(exc).__name__})", "engine")
                 self.flush()
         self._finish_all()
 

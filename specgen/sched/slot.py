@@ -24,7 +24,7 @@ from specgen.control.acceptance import Acceptance
 from specgen.control.batch import BatchController, recent_entry
 from specgen.drafters import ModelDrafter, Stepwise, common_prefix
 from specgen.engine import BatchEngine, Drafter, Engine, under
-from specgen.errors import EngineError
+from specgen.errors import EngineError, GrammarError
 from specgen.hybrid import HybridDrafter, LookupRecord
 from specgen.ngram import NgramDrafter
 from specgen.round import Clock, Sequence
@@ -270,6 +270,8 @@ class Slots:
                 except Exception:  # noqa: BLE001 - the cache may be broken: start it afresh
                     _clear(slot)
             raise exc
+        if isinstance(exc, GrammarError):  # the request's own grammar, not the engine
+            kind = "grammar"
         self.end(slot, Failed(str(exc), kind))
 
 

@@ -248,4 +248,6 @@ class Run:
 def _failure(ev: Failed) -> RequestError:
     if ev.kind == "shutdown":
         return RequestError(503, ev.message, type_="unavailable_error", code="shutdown")
+    if ev.kind == "grammar":  # the request's grammar failed mid-generation: its own error
+        return RequestError(400, ev.message, param="grammar", code="invalid_grammar")
     return RequestError(500, ev.message, type_="server_error", code=ev.kind)
