@@ -317,6 +317,38 @@ def test_unknown_routes_and_methods_answer_in_the_openai_shape(served: Served) -
     assert_openai_error(httpx.get(served.url + "/v1/chat/completions", timeout=T), 405)
 
 
+def test_a_silent_connection_is_closed_and_a_trickled_body_is_a_408() -> None:
+    """A connection that sends no request head within the head timeout is closed (such
+    connections were kept for ever: 20,000 of them took every file descriptor, no key
+    needed), on a fresh connection and on a kept-alive one between requests; a body that
+    has not come whole within the body timeout is a 408. The test waits for the server's
+    answer, bounded far above the timeouts (no timing is asserted)."""
+    from specgen.server import wire
+
+    http = wire.uvicorn_options(head_timeout_s=0.2)
+    with serving(Settings(body_timeout_s=0.2), http=http) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            assert raw.recv(4096) == b""  # closed by the server, nothing sent
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # a head never ended
+            assert raw.recv(4096) == b""
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+            raw.sendall(b"GET /health HTTP/1.1\r\n")  # the next request, its head unended
+            assert raw.recv(4096) == b""
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100\r\n\r\n{"prompt"'
+            )
+            answer = raw.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+        assert s.sched.submitted == []
+        assert s.post("/v1/completions", {"prompt": "Hi"}).status_code == 200
+
+
 def test_the_body_limit_refuses_before_parsing() -> None:
     with serving(Settings(max_body_bytes=1000)) as s:
         big = {"messages": [{"role": "user", "content": "x" * 2000}]}

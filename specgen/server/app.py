@@ -43,7 +43,7 @@ from specgen import (
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
-from specgen.server.guard import DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
+from specgen.server.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
 from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.responses import Events, Run
@@ -130,6 +130,7 @@ class Settings:
     api_key: str | None = None
     cors: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
 
 @dataclass
@@ -354,7 +355,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         state.metrics.observe_refusal(status)
         state.log(f"{scope.get('method', '')} {scope.get('path', '')}: {status} {why}")
 
-    app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused)
+    app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused, settings.body_timeout_s)
     if settings.api_key:
         app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
     if settings.cors:

@@ -6,6 +6,7 @@ parsed, so nothing behind them sees an unauthenticated request or an oversized b
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Callable, Iterable
@@ -18,6 +19,10 @@ server's refusal metric and log (`specgen.server.app`), as the routes' refusals 
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DRAIN_FACTOR = 8
+DEFAULT_BODY_TIMEOUT_S = 60.0
+"""Seconds a request's body may take to arrive whole, else a 408: a client trickling a
+body a byte at a time held its connection for as long as it liked (nginx's
+``client_body_timeout`` is 60 s between reads)."""
 """Bodies up to this many times the limit are read to their end before the 413."""
 
 
@@ -121,11 +126,16 @@ class BodyLimit:
     """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES, refused: Refused | None = None
+        self,
+        app: ASGIApp,
+        max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        refused: Refused | None = None,
+        timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self._refused = refused
+        self.timeout_s = timeout_s
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, left: bool) -> None:
         if left:  # `left`: the body may still be arriving
@@ -153,9 +163,16 @@ class BodyLimit:
                     await self._refuse(scope, receive, send, drain)
                     return
         try:
-            body = await self._read(receive)
+            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except _TooLarge as e:
             await self._refuse(scope, receive, send, e.more)
+            return
+        except asyncio.TimeoutError:  # (TimeoutError itself only from Python 3.11)
+            message = f"the request body did not arrive within {self.timeout_s:g} s"
+            if self._refused is not None:
+                self._refused(scope, 408, message)
+            body = error_json(message, "invalid_request_error", "request_timeout")
+            await send_error(send, 408, body, [(b"connection", b"close")])
             return
         if body is None:  # the client left before sending its body
             return

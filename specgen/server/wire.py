@@ -21,6 +21,13 @@ DEFAULT_MAX_HEAD_BYTES = 64 * 1024
 """Request line plus headers, bytes (Node.js allows 16 KiB, nginx 4 x 8 KiB lines)."""
 LINGER_S = 2.0
 """How long a refused connection's further bytes are read and dropped before closing."""
+DEFAULT_HEAD_TIMEOUT_S = 30.0
+"""Seconds a connection may take to send a request's line and headers (from when it
+opened, or from its request's first byte), else it is closed: uvicorn starts no timer
+before a connection's first request, so connections that never send one were kept for
+ever, and 20,000 of them (no API key needed: the key is read from the head) took every
+file descriptor the server had. nginx's ``client_header_timeout`` is 60 s, cpp-httplib's
+(llama-server's) read timeout 5 s."""
 
 
 def error_body(message: str, code: str) -> bytes:
@@ -38,10 +45,13 @@ def _parser_message(error: BaseException | None) -> str:
     return f"invalid HTTP request: {reason}" if reason else "invalid HTTP request"
 
 
-def protocol(max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> type[Any]:
+def protocol(
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES, head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+) -> type[Any]:
     """uvicorn's HTTP protocol class (pass it as ``uvicorn.Config(http=...)``) that
     answers a request the parser refuses, or one whose head is over `max_head_bytes`,
-    with a 400 and OpenAI's error JSON.
+    with a 400 and OpenAI's error JSON, and closes a connection whose request head has
+    not come whole within `head_timeout_s` (`DEFAULT_HEAD_TIMEOUT_S`).
 
     Returns:
         a subclass of uvicorn's ``HttpToolsProtocol`` when httptools imports (uvicorn's
@@ -56,10 +66,38 @@ def protocol(max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> type[Any]:
     class Protocol(HttpToolsProtocol):
         _head = 0
         _refusal: tuple[str, str] | None = None
+        _head_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._time_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._untime_head()
+            super().connection_lost(exc)
+
+        def _time_head(self) -> None:
+            self._untime_head()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timed_out)
+
+        def _untime_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head = 0
+            self._time_head()  # a keep-alive connection's next request: its own time
+
+        def on_headers_complete(self) -> None:
+            self._untime_head()
+            super().on_headers_complete()
 
         def _count(self, n: int) -> None:
             self._head += n
@@ -140,7 +178,12 @@ def _h11_protocol() -> type[Any]:
     return Protocol
 
 
-def uvicorn_options(max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> dict[str, Any]:
+def uvicorn_options(
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES, head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+) -> dict[str, Any]:
     """The keyword arguments of ``uvicorn.Config`` for the parser: `protocol` and h11's
     head limit (used when httptools is missing)."""
-    return {"http": protocol(max_head_bytes), "h11_max_incomplete_event_size": max_head_bytes}
+    return {
+        "http": protocol(max_head_bytes, head_timeout_s),
+        "h11_max_incomplete_event_size": max_head_bytes,
+    }
