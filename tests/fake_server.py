@@ -11,7 +11,8 @@ counts cycling through `ACCEPTS` (so the statistics are known exactly).
 
 Prompts steer it: a prompt containing ``HOLD`` stops its job after its first round until
 it is cancelled or shut down; ``FAIL`` ends it after its first round with
-``Failed("engine")``; ``STUCK`` is held like HOLD and ignored by shutdown (a hung job).
+``Failed("engine")``; ``STUCK`` is held like HOLD and ignored by shutdown (a hung job);
+``SLOW`` makes every step while it runs last `SLOW_S` (a job that keeps streaming).
 
 Run as a script, it serves a fake backend through `specgen.server.runner` (the signal
 tests): ``python tests/fake_server.py [--port N] [--api-key K] [--load-gate FILE]``.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ REPLY = "Hello from the fake model, one round at a time."
 K = 3
 ACCEPTS = (3, 1, 0, 2)
 ROUND_S = 0.01
+SLOW_S = 0.05
 PREFILL_S = 0.002
 
 
@@ -208,6 +211,10 @@ class FakeScheduler:
 
     def _run(self) -> None:
         while True:
+            with self._cv:
+                slow = any("SLOW" in s.text for s in self._active)
+            if slow:
+                time.sleep(SLOW_S)  # outside the lock: submits and cancels go on
             with self._cv:
                 self._cv.wait_for(
                     lambda: (

@@ -532,6 +532,24 @@ def test_a_client_leaving_a_non_streaming_request_cancels_its_job(served: Served
     served.sched.wait(lambda f: len(f.cancelled) == 1 and f.slots_busy == 0)
 
 
+def test_a_client_leaving_a_request_that_keeps_generating_frees_its_slot(served: Served) -> None:
+    """A non-streaming request whose job sends events all the time (a round every 50 ms):
+    the client's leaving is noticed within the poll interval all the same (it was looked
+    for only after half a second without an event, so such a job kept its slot to the
+    end: 443 and 949 tokens later in a helper's test)."""
+    body = json.dumps({"prompt": "SLOW", "max_tokens": 240, "ignore_eos": True}).encode()
+    port = int(served.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        served.sched.wait(lambda f: f.slots_busy == 1)
+    # 60 rounds of 50 ms: cancelled long before its end, which would not count here
+    served.sched.wait(lambda f: len(f.cancelled) == 1 and f.slots_busy == 0)
+
+
 def test_a_failure_inside_a_round_ends_only_that_request(served: Served) -> None:
     with httpx.stream(
         "POST", served.url + "/v1/completions", json={"prompt": "FAIL", "stream": True}

@@ -160,14 +160,22 @@ class Run:
             self._finish([o or Outcome("", "cancelled", None, None) for o in self.outcomes])
 
     async def whole(self, request: Request) -> Response:
-        """Wait for every choice's end; cancel the jobs if the client leaves first."""
+        """Wait for every choice's end; cancel the jobs if the client leaves first (looked
+        for every `_POLL_S`, between events too: a job that sends them all the time kept
+        its slot to its end when only a pause in them was checked)."""
+        checked = time.perf_counter()
         while True:
+            ev: Prefilled | Step | Done | Failed | None = None
             try:
                 i, ev = await asyncio.wait_for(self.next_event(), _POLL_S)
             except asyncio.TimeoutError:
+                pass
+            if ev is None or time.perf_counter() - checked >= _POLL_S:
+                checked = time.perf_counter()
                 if await request.is_disconnected():
                     self._cancel()
                     return Response(status_code=499)
+            if ev is None:
                 continue
             if isinstance(ev, Prefilled):
                 self._prefilled(i, ev)
