@@ -339,8 +339,20 @@ class Matcher:
 
     def mask(self, row: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """(n_vocab,) float32: a copy of `row` (raw logits, at least n_vocab wide) with
-        every token the grammar does not allow next at -inf."""
+        every token the grammar does not allow next at -inf.
+
+        Raises:
+            GrammarError: the grammar allows no token at all here (not even the end): a
+                grammar whose language is empty, such as a schema defined only by itself
+                (``{"$ref": "#"}``); a row of -inf has no law to sample from.
+        """
         keep = self.allowed()
+        if not keep.any():
+            raise GrammarError(
+                f"{self.grammar.spec.source}: the grammar allows no token after the output so"
+                " far, not even its end (does it describe an empty language, a schema defined"
+                " only by itself?)"
+            )
         width = row.shape[-1]
         if width > self.n_vocab:  # logits wider than the vocabulary: padding, never allowed
             keep = np.concatenate([keep, np.zeros(width - self.n_vocab, dtype=bool)])

@@ -254,3 +254,17 @@ def test_a_misspelt_constraining_keyword_is_refused(schema, keyword) -> None:
 )
 def test_names_values_annotations_and_extensions_are_not_taken_for_typos(schema) -> None:
     assert GrammarSpec.json_schema(schema, "response_format").kind == "json_schema"
+
+
+def test_a_state_that_allows_no_token_is_a_grammar_error_not_a_row_of_minus_inf() -> None:
+    """A matcher state with nothing allowed, not even the end, would leave a row of -inf,
+    which has no law to draw from (a numpy error deep in the sampler, a 500): it is the
+    request's GrammarError instead (llguidance itself answers an empty language with the
+    end alone, so the state is planted here)."""
+    eng = TextEngine()
+    m = compile_grammar(GrammarSpec("regex", "ab", "guided_regex"), tokenizer_for(eng)).matcher()
+    row = np.zeros(eng.n_vocab, dtype=np.float32)
+    assert np.isfinite(m.mask(row)).sum() == 1  # "a" alone
+    m.allowed = lambda: np.zeros(eng.n_vocab, dtype=bool)  # type: ignore[method-assign]
+    with pytest.raises(GrammarError, match="guided_regex: the grammar allows no token"):
+        m.mask(row)
