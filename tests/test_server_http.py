@@ -426,11 +426,22 @@ def test_the_api_key_guards_every_route_but_health() -> None:
         assert 'specgen_requests_refused_total{status="401"} 5.0' in text
 
 
-def test_no_cors_unless_asked() -> None:
+def test_no_cors_unless_asked_and_other_pages_refused() -> None:
+    """No CORS headers unless --cors; and a request from a web page of an origin not given
+    (its Origin header) is a 403, whatever its content type: a "simple" text/plain POST
+    from any page an operator opened was served (cross-site request forgery), the answer
+    hidden from the page but the generation run. Clients outside a browser send no
+    Origin and are served as before."""
     origin = {"Origin": "https://app.example"}
     with serving() as s:
         r = s.post("/v1/completions", {"prompt": "a"}, headers=origin)
+        err = assert_openai_error(r, 403)
+        assert err["code"] == "origin_not_allowed" and "--cors" in err["message"]
         assert "access-control-allow-origin" not in r.headers
+        forged = httpx.post(s.url + "/v1/completions", content=b'{"prompt": "a"}', timeout=T,
+                            headers={**origin, "Content-Type": "text/plain"})  # fmt: skip
+        assert forged.status_code == 403 and s.sched.submitted == []
+        assert s.post("/v1/completions", {"prompt": "a"}).status_code == 200
     with serving(Settings(cors=("https://app.example",), api_key="k")) as s:
         pre = httpx.options(
             s.url + "/v1/chat/completions",
@@ -445,7 +456,7 @@ def test_no_cors_unless_asked() -> None:
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         other = {"Origin": "https://evil.example", "Authorization": "Bearer k"}
         r = s.post("/v1/completions", {"prompt": "a"}, headers=other)
-        assert "access-control-allow-origin" not in r.headers
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
 
 
 def test_the_loopback_rule_for_the_open_server_warning() -> None:

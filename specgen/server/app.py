@@ -43,7 +43,13 @@ from specgen import (
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
 from specgen.server import tools
-from specgen.server.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, ApiKey, BodyLimit
+from specgen.server.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    ApiKey,
+    BodyLimit,
+    Origins,
+)
 from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.responses import Events, Run
@@ -358,6 +364,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused, settings.body_timeout_s)
     if settings.api_key:
         app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
+    # inside CORS: a preflight from an allowed origin is CORS's to answer
+    app = Origins(app, settings.cors, refused)
     if settings.cors:
         app = CORSMiddleware(
             app,

@@ -108,6 +108,43 @@ def bearer_token(authorization: bytes) -> bytes:
     return token.lstrip(b" ")
 
 
+class Origins:
+    """Refuse with 403 every request a browser page sends from an origin not given with
+    ``--cors``: its ``Origin`` header names it (browsers send it with every cross-origin
+    request, and with every POST), clients outside a browser (the SDKs, curl) send none.
+
+    CORS headers only keep a page from *reading* an answer; a "simple" cross-site POST
+    (``Content-Type: text/plain`` or a form, no preflight) is still served, so without this
+    any page an operator opens could drive the server's generation (cross-site request
+    forgery; OWASP's "Verifying Origin With Standard Headers").
+    """
+
+    def __init__(
+        self, app: ASGIApp, allowed: Iterable[str] = (), refused: Refused | None = None
+    ) -> None:
+        self.app = app
+        self._allowed = frozenset(o.encode("latin-1") for o in allowed)
+        self._refused = refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        if origin is None or origin in self._allowed:
+            await self.app(scope, receive, send)
+            return
+        shown = origin.decode("latin-1")[:200]
+        message = (
+            f"a request from the web page origin {shown!r} is refused: start the server with"
+            " --cors ORIGIN to serve that page"
+        )
+        if self._refused is not None:
+            self._refused(scope, 403, "a web page's origin not given with --cors")
+        body = error_json(message, "invalid_request_error", "origin_not_allowed")
+        await send_error(send, 403, body)
+
+
 class _TooLarge(Exception):
     def __init__(self, more: bool) -> None:
         super().__init__()
