@@ -842,3 +842,15 @@ def test_a_text_part_without_text_is_named_so(served: Served) -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "text"}]}]}
     err = assert_openai_error(served.post("/v1/chat/completions", body), 400)
     assert "needs its 'text'" in err["message"] and "only text parts" not in err["message"]
+
+
+def test_a_path_cannot_write_lines_into_the_log() -> None:
+    """The per-request log shows a refused request's path with control characters
+    escaped: ``%0A`` decoded to a newline forged a whole "specgen: serving ..." line, for
+    any client (the 401 is logged before any key is checked)."""
+    with serving(Settings(api_key="k")) as s:
+        r = httpx.get(s.url + "/x%0Aspecgen:%20serving%20evil%1b[31m", timeout=T)
+        assert r.status_code == 401
+        line = next(x for x in s.log if "401" in x)
+        assert "\n" not in line and "\x1b" not in line
+        assert "/x\\nspecgen: serving evil\\x1b[31m" in line

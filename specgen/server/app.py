@@ -165,15 +165,30 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         raise RequestError(400, message, param=param) from None
 
 
+_LOGGED_MAX = 300
+"""Characters of a request's path or error message in a log line."""
+
+
+def loggable(text: str) -> str:
+    """`text` for one log line: control characters escaped (a path's ``%0A`` decodes to a
+    newline, which wrote a forged line into the log, and ``%1b`` a terminal escape, for
+    any client, no key needed), cut to `_LOGGED_MAX` characters (an error may quote what
+    the request sent)."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return shown if len(shown) <= _LOGGED_MAX else shown[: _LOGGED_MAX - 1] + "…"
+
+
 def create_app(state: State, settings: Settings) -> ASGIApp:
-    """The ASGI application: routes, then (outermost first) CORS when asked, the API key
-    when set, and the body size limit."""
+    """The ASGI application: routes, then (outermost first) CORS when asked, the refusal
+    of other web pages' origins, the API key when set, and the body size limit."""
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @api.exception_handler(RequestError)
     async def _refused(request: Request, e: RequestError) -> JSONResponse:
         state.metrics.observe_refusal(e.status)
-        state.log(f"{request.method} {request.url.path}: {e.status} {e.message}")
+        state.log(
+            f"{request.method} {loggable(request.url.path)}: {e.status} {loggable(e.message)}"
+        )
         return _error_response(e)
 
     @api.exception_handler(StarletteHTTPException)
@@ -359,7 +374,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
 
     def refused(scope: Scope, status: int, why: str) -> None:
         state.metrics.observe_refusal(status)
-        state.log(f"{scope.get('method', '')} {scope.get('path', '')}: {status} {why}")
+        state.log(f"{scope.get('method', '')} {loggable(scope.get('path', ''))}: {status} {why}")
 
     app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused, settings.body_timeout_s)
     if settings.api_key:
