@@ -854,3 +854,9 @@ def test_a_path_cannot_write_lines_into_the_log() -> None:
         line = next(x for x in s.log if "401" in x)
         assert "\n" not in line and "\x1b" not in line
         assert "/x\\nspecgen: serving evil\\x1b[31m" in line
+
+
+def test_a_trailing_slash_is_not_redirected_to_the_host_the_client_named(served: Served) -> None:
+    r = httpx.get(served.url + "/v1/models/", headers={"Host": "evil.example"}, timeout=T)
+    assert r.status_code == 404 and "location" not in r.headers
+    assert_openai_error(r, 404)
