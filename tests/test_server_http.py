@@ -860,3 +860,25 @@ def test_a_trailing_slash_is_not_redirected_to_the_host_the_client_named(served:
     r = httpx.get(served.url + "/v1/models/", headers={"Host": "evil.example"}, timeout=T)
     assert r.status_code == 404 and "location" not in r.headers
     assert_openai_error(r, 404)
+
+
+def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized() -> None:
+    """Text over a slot's context times the longest token's text cannot fit whatever its
+    tokens: a 400 context_length_exceeded before tokenizing it (60 prompts of 1 MiB, each
+    tokenized whole only to be refused, held a small request up 7 s)."""
+    backend = fake.fake_backend()
+    backend.max_token_bytes = 2  # the fake's slot: 256 tokens, so 512 bytes at most
+    seen: list[str] = []
+
+    def tokenize(text, add=True):
+        seen.append(text)
+        return fake.tokenize(text)
+
+    backend.tokenize = tokenize
+    with serving(backend=backend) as s:
+        err = assert_openai_error(s.post("/v1/completions", {"prompt": "x" * 513}), 400, "prompt")
+        assert err["code"] == "context_length_exceeded" and "513 bytes" in err["message"]
+        chat = {"messages": [{"role": "user", "content": "y" * 600}]}
+        assert_openai_error(s.post("/v1/chat/completions", chat), 400, "messages")
+        assert seen == [] and s.sched.submitted == []
+        assert s.post("/v1/completions", {"prompt": "x" * 100}).status_code == 200

@@ -108,6 +108,11 @@ class Backend:
             grammar text, so the step loop finds it compiled), raising GrammarError naming
             the problem; called in a worker thread before the job is queued. None: no
             grammar is served.
+        max_token_bytes: the most bytes of text one token stands for (its piece, or its
+            special-token text): a prompt's text over a slot's context times this cannot
+            fit, and is refused before it is tokenized (60 prompts of 1 MiB, each
+            tokenized whole only to be refused, held a 4-token request up 7 s). None: no
+            such check.
     """
 
     scheduler: SchedulerLike
@@ -126,6 +131,20 @@ class Backend:
     check_grammar: Callable[[GrammarSpec], object] | None = None
     vocabulary: Vocabulary | None = None
     tool_template: tools.TemplateTools = field(default_factory=tools.TemplateTools)
+    max_token_bytes: int | None = None
+
+    def check_fits(self, text_bytes: int, param: str) -> None:
+        """Raises RequestError 400 ``context_length_exceeded`` when `text_bytes` of prompt
+        text cannot fit a slot's context whatever its tokens (`max_token_bytes`)."""
+        n_ctx = self.scheduler.n_ctx_slot
+        if self.max_token_bytes is not None and text_bytes > n_ctx * self.max_token_bytes:
+            raise RequestError(
+                400,
+                f"the prompt's {text_bytes} bytes are more than the {n_ctx} tokens of a slot's"
+                f" context can hold (at most {self.max_token_bytes} bytes a token)",
+                param=param,
+                code="context_length_exceeded",
+            )
 
 
 @dataclass(frozen=True)
@@ -260,8 +279,12 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         except ValueError as e:
             raise RequestError(400, str(e), param="tool_choice") from None
         listed = req.tools if choice is not None else None  # "none" too: rendered
+        plain = messages_of(req.messages)
+        b.check_fits(
+            sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in plain), "messages"
+        )
         msgs = tools.render_messages(
-            messages_of(req.messages), req.messages, listed, tt,
+            plain, req.messages, listed, tt,
             instruct=choice is not None and choice.calls,
         )  # fmt: skip
         given = tools.tool_dicts(listed) if listed and tt.native else None
@@ -284,6 +307,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             prompt = check_ids(list(req.prompt), b.n_vocab, "prompt")
         else:
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+            b.check_fits(len(text.encode("utf-8", "surrogatepass")), "prompt")
             prompt = await run_in_threadpool(b.tokenize, text, req.adds_bos)
         echo = None
         if req.echo and prompt:  # (an empty prompt is refused below)

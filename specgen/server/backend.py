@@ -137,6 +137,12 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     card["n_ctx_slot"] = scheduler.n_ctx_slot
     scheduler.start()
 
+    # the longest text a token stands for: what no prompt's tokens can hold more of
+    longest = max(
+        max(len(target.token_bytes(t)), len(target.token_text(t).encode()))
+        for t in range(target.n_vocab)
+    )
+
     def tokenize(text: str, add: bool = True) -> list[int]:  # BOS where the model adds one
         return prompt_tokens(target, text.encode("utf-8"), add)
 
@@ -149,6 +155,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
+        max_token_bytes=longest,
         vocabulary=Vocabulary(
             tokenize=tokenize,
             # control tokens render as b"" in output text; here as their text
