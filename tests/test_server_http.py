@@ -467,6 +467,25 @@ def test_the_loopback_rule_for_the_open_server_warning() -> None:
     warning = runner.open_warning("0.0.0.0", None)
     assert warning is not None and "anyone" in warning and "--api-key" in warning
     assert runner.open_warning("example.com", None) is not None
+    assert runner.open_warning("127.1", None) is None  # the resolver's shorthand for 127.0.0.1
+
+
+def test_a_loopback_server_serves_only_requests_naming_a_loopback_host() -> None:
+    """DNS rebinding: a page whose own domain name now points at 127.0.0.1 reads the
+    loopback server's answers as same-origin ones, its requests naming that domain in
+    Host: refused (403) on a server bound to loopback, served on one bound for others."""
+    with serving(Settings(loopback_only=True)) as s:
+        port = s.url.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "app.localhost"):
+            r = httpx.get(s.url + "/v1/models", headers={"Host": host}, timeout=T)
+            assert r.status_code == 200, host
+        r = httpx.get(s.url + "/v1/models", headers={"Host": f"rebound.example:{port}"}, timeout=T)
+        err = assert_openai_error(r, 403)
+        assert err["code"] == "host_not_allowed" and "rebound.example" in err["message"]
+        assert s.post("/v1/completions", {"prompt": "a"}).status_code == 200
+    with serving(Settings(loopback_only=False)) as s:
+        r = httpx.get(s.url + "/v1/models", headers={"Host": "lan-name.example"}, timeout=T)
+        assert r.status_code == 200
 
 
 # -- slots, queue, disconnects, failures ---------------------------------------------------

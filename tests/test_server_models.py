@@ -441,3 +441,11 @@ def test_n_choices_share_one_prefill_stream_by_index_and_stop_at_the_slots(serve
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3 * 16
     with pytest.raises(openai.BadRequestError, match="--parallel"):
         client.completions.create(model=server.model_id, prompt="x", n=5)
+
+
+def test_the_loopback_server_refuses_a_rebound_host(server: Server) -> None:
+    """`serve` on its default 127.0.0.1 refuses a request naming another host (DNS
+    rebinding), and serves its own clients, which name the address they connect to."""
+    r = httpx.get(server.url + "/v1/models", headers={"Host": "rebound.example"}, timeout=60)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+    assert httpx.get(server.url + "/v1/models", timeout=60).status_code == 200

@@ -219,7 +219,12 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
 
     set_verbose(server.verbose, output.log)
     defaults = shapes.Defaults.of(sampling, server.max_tokens)
-    settings = Settings(defaults=defaults, api_key=server.api_key, cors=server.cors)
+    settings = Settings(
+        defaults=defaults,
+        api_key=server.api_key,
+        cors=server.cors,
+        loopback_only=runner.is_loopback(server.host),
+    )
     _check_drafting(model, sampling, server)
     args = backend.ServeArgs(
         model,

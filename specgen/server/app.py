@@ -48,6 +48,7 @@ from specgen.server.guard import (
     DEFAULT_MAX_BODY_BYTES,
     ApiKey,
     BodyLimit,
+    LoopbackHosts,
     Origins,
 )
 from specgen.server.logprobs import Echo
@@ -156,6 +157,8 @@ class Settings:
     cors: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    # bound to the loopback interface: requests must name a loopback host (`LoopbackHosts`)
+    loopback_only: bool = False
 
 
 @dataclass
@@ -406,6 +409,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
     # inside CORS: a preflight from an allowed origin is CORS's to answer
     app = Origins(app, settings.cors, refused)
+    if settings.loopback_only:
+        app = LoopbackHosts(app, refused)
     if settings.cors:
         app = CORSMiddleware(
             app,

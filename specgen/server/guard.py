@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
+import socket
 from collections.abc import Callable, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -106,6 +108,61 @@ def bearer_token(authorization: bytes) -> bytes:
     if scheme.lower() != b"bearer":
         return b""
     return token.lstrip(b" ")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost (and names under ``.localhost``, which browsers resolve to the
+    loopback interface themselves, RFC 6761 section 6.3) and loopback addresses
+    (127.0.0.0/8, ::1)."""
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:  # the shorthands the resolver takes too: 127.1, 2130706433
+        return ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(name))).is_loopback
+    except OSError:
+        return False
+
+
+def _host_name(value: bytes) -> str:
+    """The host of a Host header value, without its port (``[::1]:8080`` -> ``[::1]``)."""
+    text = value.decode("latin-1").strip()
+    if text.startswith("["):
+        return text[: text.find("]") + 1] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+class LoopbackHosts:
+    """On a server bound to the loopback interface, refuse with 403 a request whose
+    ``Host`` header names another host: a web page can rebind its own domain name to
+    127.0.0.1 (DNS rebinding) and then read the server's answers as same-origin ones; its
+    requests still name that domain in Host. Clients of the loopback server name
+    localhost or a loopback address. A request without a Host header (HTTP/1.0) passes."""
+
+    def __init__(self, app: ASGIApp, refused: Refused | None = None) -> None:
+        self.app = app
+        self._refused = refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = next((v for k, v in scope["headers"] if k == b"host"), None)
+        if host is None or is_loopback(_host_name(host)):
+            await self.app(scope, receive, send)
+            return
+        shown = host.decode("latin-1")[:200]
+        message = (
+            f"the Host {shown!r} is not this loopback server's: connect to localhost or"
+            " 127.0.0.1 (a server for other hosts is started with --host)"
+        )
+        if self._refused is not None:
+            self._refused(scope, 403, "a Host that is not a loopback name")
+        body = error_json(message, "invalid_request_error", "host_not_allowed")
+        await send_error(send, 403, body)
 
 
 class Origins:

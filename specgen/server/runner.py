@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from sse_starlette.sse import AppStatus
 from specgen import ConfigError, eventloop
 from specgen.server import wire
 from specgen.server.app import Backend, Settings, State, create_app
+from specgen.server.guard import is_loopback
 
 EXIT_INTERRUPTED = 130
 GRACEFUL_S = 10  # uvicorn's wait for open responses after the streams have ended
@@ -37,16 +37,6 @@ class _Server(uvicorn.Server):
 
     def install_signal_handlers(self) -> None:  # uvicorn before 0.29
         pass
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def open_warning(host: str, api_key: str | None) -> str | None:
