@@ -457,6 +457,11 @@ def test_no_cors_unless_asked_and_other_pages_refused() -> None:
         other = {"Origin": "https://evil.example", "Authorization": "Bearer k"}
         r = s.post("/v1/completions", {"prompt": "a"}, headers=other)
         assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        pre = httpx.options(
+            s.url + "/v1/chat/completions",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+        )  # another origin's preflight: the same 403, in OpenAI's shape
+        assert assert_openai_error(pre, 403)["code"] == "origin_not_allowed"
 
 
 def test_the_loopback_rule_for_the_open_server_warning() -> None:

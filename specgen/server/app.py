@@ -407,10 +407,6 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused, settings.body_timeout_s)
     if settings.api_key:
         app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
-    # inside CORS: a preflight from an allowed origin is CORS's to answer
-    app = Origins(app, settings.cors, refused)
-    if settings.loopback_only:
-        app = LoopbackHosts(app, refused)
     if settings.cors:
         app = CORSMiddleware(
             app,
@@ -418,4 +414,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    # outside CORS: another origin's preflight too gets the 403 in OpenAI's shape (CORS's
+    # own answer to it is a 400 in plain text); an allowed origin's is CORS's to answer
+    app = Origins(app, settings.cors, refused)
+    if settings.loopback_only:
+        app = LoopbackHosts(app, refused)
     return app
