@@ -274,11 +274,14 @@ def run_bench(
         # left out of every figure by the pairing)
         partial = BenchResult(settings=settings, prompts=list(prompts), runs=results)
         summarize(partial)
-        n_main = total - (2 if settings.warmup else 0)
+        n_warm = 2 if settings.warmup else 0
+        # the progress counter counts the warm-ups too: say so, or "[16/50]" on screen
+        # reads as a different count from "14 of 48" here
+        warm = f" (after {n_warm} warm-up generations)" if n_warm else ""
         partial.warnings.insert(
             0,
-            f"interrupted (Ctrl-C) after {len(results)} of {n_main} generations: incomplete"
-            " figures, from the configurations measured so far",
+            f"interrupted (Ctrl-C) after {len(results)} of {total - n_warm} measured"
+            f" generations{warm}: incomplete figures, from the configurations measured so far",
         )
         raise BenchInterrupted(partial) from None
     tick("done")
