@@ -201,8 +201,9 @@ def loggable(text: str) -> str:
 
 
 def create_app(state: State, settings: Settings) -> ASGIApp:
-    """The ASGI application: routes, then (outermost first) CORS when asked, the refusal
-    of other web pages' origins, the API key when set, and the body size limit."""
+    """The ASGI application: routes, then (outermost first) the refusal of a Host that
+    is not loopback on a loopback server, the refusal of other web pages' origins, CORS
+    when asked, the API key when set, and the body size limit."""
     # no redirect for a trailing slash: Starlette's 307 names the Host header the client sent
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
 
