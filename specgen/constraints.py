@@ -54,6 +54,9 @@ Logits = npt.NDArray[np.float32]
 BIAS_MAX = 100.0
 """OpenAI's `logit_bias` range is [-100, 100]; -inf (llama.cpp's ``-l 15043-inf``) bans."""
 PENALTY_MAX = 2.0
+REPEAT_PENALTY_MIN, REPEAT_PENALTY_MAX = 0.01, 100.0
+"""`repeat_penalty`'s range: a float32 logit (|z| < 1e3 in practice) divided or multiplied
+by it stays finite; common values are 1.0-1.5."""
 """OpenAI's `presence_penalty` and `frequency_penalty` range is [-2, 2]."""
 
 
@@ -102,9 +105,12 @@ class Constraints:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
-        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
+        # bounded: a logit divided by 1e-300 is inf, and a row holding inf has no law (the
+        # request failed deep in the sampler); llama.cpp sets no bound
+        if not (REPEAT_PENALTY_MIN <= self.repeat_penalty <= REPEAT_PENALTY_MAX):
             raise ConfigError(
-                f"--repeat-penalty must be above 0 (1.0 = off), got {self.repeat_penalty}"
+                f"--repeat-penalty must be in [{REPEAT_PENALTY_MIN:g}, {REPEAT_PENALTY_MAX:g}]"
+                f" (1.0 = off), got {self.repeat_penalty}"
             )
         if self.repeat_last_n < -1:
             raise ConfigError(

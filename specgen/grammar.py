@@ -25,7 +25,10 @@ full-vocabulary mask in 0.01-0.02 ms, a rollback in 0.01 ms.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import re
 import threading
 import warnings
 import weakref
@@ -235,11 +238,51 @@ def compile_grammar(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
     if is_error:
         raise GrammarError(f"{spec.source}: {_one_line(messages[0] if messages else 'invalid')}")
     grammar = Grammar(spec, tokenizer, llg)
+    _probe_patterns(spec, tokenizer)
     with _COMPILED_LOCK:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = grammar
     return grammar
+
+
+_PATTERN = re.compile(r'"pattern"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _probe_patterns(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> None:
+    """Refuse a regular expression llguidance's lexer gives up on: alone (``regex``) it
+    fails at the first token (a 400 mid-generation), but as a JSON Schema's ``pattern``
+    it was dropped without a word (``"pattern": "(a{1000}){1000}"`` let ``"528.0..."``
+    through). Each one, the schema's and the tools' ``pattern`` strings included, is tried
+    alone on its first allowed token.
+
+    Raises:
+        GrammarError: naming the pattern and llguidance's message.
+    """
+    if spec.kind == "regex":
+        patterns = [spec.text]
+    else:
+        patterns = []
+        for literal in _PATTERN.findall(spec.text):
+            with contextlib.suppress(ValueError):
+                patterns.append(json.loads(literal))
+    for rx in dict.fromkeys(patterns):
+        try:
+            m = llguidance.LLMatcher(
+                tokenizer.llt, llguidance.LLMatcher.grammar_from_regex(rx), log_level=0
+            )
+        except ValueError:
+            continue  # not this probe's to judge: the grammar compiled as a whole
+        bits = np.zeros((1, (tokenizer.n_vocab + 31) // 32), dtype=np.int32)
+        m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        allowed = np.unpackbits(bits[0].view(np.uint8), bitorder="little")[: tokenizer.n_vocab]
+        first = next((int(t) for t in np.flatnonzero(allowed) if t not in tokenizer.eog), None)
+        if first is not None and not m.consume_token(first) or m.is_error():
+            shown = rx if len(rx) <= 60 else rx[:59] + "…"
+            raise GrammarError(
+                f"{spec.source}: the pattern {shown!r} is too complex for the grammar engine"
+                f" ({_one_line(m.get_error())})"
+            )
 
 
 class Matcher:

@@ -104,6 +104,8 @@ def test_nothing_set_is_no_processor_and_the_settings_are_validated():
     assert hash(SamplingParams(constraints=ALL)) == hash(SamplingParams(constraints=ALL))
     for kwargs, flag in [
         ({"repeat_penalty": 0.0}, "--repeat-penalty"),
+        ({"repeat_penalty": 1e-300}, "--repeat-penalty must be in \\[0.01, 100\\]"),
+        ({"repeat_penalty": 1e308}, "--repeat-penalty"),
         ({"repeat_last_n": -2}, "--repeat-last-n"),
         ({"presence_penalty": 2.5}, "--presence-penalty"),
         ({"frequency_penalty": -3.0}, "--frequency-penalty"),

@@ -268,3 +268,28 @@ def test_a_state_that_allows_no_token_is_a_grammar_error_not_a_row_of_minus_inf(
     m.allowed = lambda: np.zeros(eng.n_vocab, dtype=bool)  # type: ignore[method-assign]
     with pytest.raises(GrammarError, match="guided_regex: the grammar allows no token"):
         m.mask(row)
+
+
+def test_a_pattern_too_complex_for_the_lexer_is_refused_not_dropped() -> None:
+    """llguidance gives up on ``(a{1000}){1000}``: alone it failed at the first token (a
+    400 mid-generation), and as a JSON Schema's ``pattern`` it was dropped without a word
+    (the server returned ``{"a": "528.0.0..."}``). Both are refused at compile time, naming
+    the pattern; ordinary patterns, large character classes included, still compile."""
+    tok = tokenizer_for(TextEngine())
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a{1000}){1000}"}}}
+    for spec in (
+        GrammarSpec.json_schema(bad, "response_format"),
+        GrammarSpec("regex", "(a{1000}){1000}", "guided_regex"),
+    ):
+        with pytest.raises(
+            GrammarError, match=r"the pattern '\(a\{1000\}\)\{1000\}' is too complex"
+        ):
+            compile_grammar(spec, tok)
+    fine = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^b{5}$"}}}
+    for spec in (
+        GrammarSpec.json_schema(fine, "ok"),
+        GrammarSpec("regex", "[a-z]{1,60000}", "big"),
+        GrammarSpec("regex", "(a+)+$", "nested"),
+        GrammarSpec.json_schema({"properties": {"pattern": {"type": "string"}}}, "a key"),
+    ):
+        compile_grammar(spec, tok)

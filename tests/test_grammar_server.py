@@ -155,13 +155,15 @@ def test_constrained_and_unconstrained_requests_share_a_batch(server: Server) ->
     assert out["free"]
 
 
-def test_a_grammar_failing_mid_generation_fails_its_own_request_only(server: Server) -> None:
-    """A regex that compiles but whose lexer llguidance gives up on at its first token
-    (``(a{1000}){1000}``), sent again and again beside other requests: each of its
-    requests gets a 400 invalid_grammar in one short line, and the requests beside it are
-    served whole (they got its error, its grammar and llguidance's state dump in a 500,
-    every time: the failure escaped the step and ended every slot)."""
-    bad = {"prompt": "hi", "max_tokens": 4, "guided_regex": "(a{1000}){1000}"}
+def test_a_regex_the_lexer_gives_up_on_fails_its_own_request_only(server: Server) -> None:
+    """A regex llguidance's lexer gives up on (``b(a{1000}){1000}``), sent again and again
+    beside other requests: each of its requests gets a 400 invalid_grammar in one short
+    line (now at admission, `specgen.grammar._probe_patterns`), and the requests beside it
+    are served whole. Before, it failed mid-generation and the failure escaped the step:
+    every request in flight got a 500 carrying its grammar and llguidance's state dump.
+    (A failure that still comes mid-generation fails its request alone:
+    test_scheduler's test_one_requests_drafting_failure_fails_it_alone.)"""
+    bad = {"prompt": "hi", "max_tokens": 4, "guided_regex": "b(a{1000}){1000}"}
     done = threading.Event()
     refused: list[httpx.Response] = []
 

@@ -320,6 +320,45 @@ def test_an_engine_failure_ends_the_jobs_in_that_decode_and_the_next_succeed():
     assert c.last.tokens == alone([1, 2], GenerateConfig(6, GREEDY)).tokens
 
 
+@pytest.mark.parametrize("where", ["begin", "feed"])
+def test_one_requests_drafting_failure_fails_it_alone(monkeypatch, where):
+    """A request's own drafting failing (its grammar's matcher giving up on a regex, as
+    llguidance's lexer did mid-generation) as its block begins or as a row is fed: that
+    request ends with Failed "grammar", the other slot's request goes on to the text it
+    gives alone (the failure escaped the step, and the worker failed every slot)."""
+    from specgen.drafters import Drafting
+    from specgen.errors import GrammarError
+
+    sched, _, _ = make(n_parallel=2)
+    cfg = GenerateConfig(30, GREEDY, ignore_eos=True)
+    a, _ = submit(sched, [1, 2], cfg, "a")
+    b, _ = submit(sched, [4], cfg, "b")
+    sched.step()  # placed, first (ordinary) rounds
+    bad = next(s.drafter for s in sched.slots.all if s.ticket and s.ticket.job.id == "a")
+    boom = GrammarError("guided_regex: lexer error: too many expressions constructed")
+    if where == "begin":
+        begin = ModelDrafter.begin
+
+        def failing_begin(self, *args, **kw):
+            if self is bad:
+                raise boom
+            return begin(self, *args, **kw)
+
+        monkeypatch.setattr(ModelDrafter, "begin", failing_begin)
+    else:
+        feed = Drafting.feed
+
+        def failing_feed(self, row):
+            if self.drafter is bad:
+                raise boom
+            return feed(self, row)
+
+        monkeypatch.setattr(Drafting, "feed", failing_feed)
+    sched.run_until_idle()
+    assert isinstance(a.last, Failed) and a.last.kind == "grammar" and "lexer" in a.last.message
+    assert isinstance(b.last, Done) and b.last.tokens == alone([4], cfg).tokens
+
+
 def test_a_job_being_placed_is_counted_by_the_queue_limit(monkeypatch):
     """A job taken from the queue is counted as its slot's from that moment: a request
     arriving while the worker places it (here held inside `_reuse`) finds neither the job
