@@ -290,7 +290,8 @@ SAMPLING = Group(
         float,
         1.0,
         "--repeat-penalty",
-        help="Penalize tokens seen in the last --repeat-last-n (1.0 = off, as in llama.cpp; 0.01 to 100).",
+        help="Penalize tokens seen in the last --repeat-last-n (1.0 = off, as in llama.cpp;"
+        " 0.01 to 100).",
     ),
     repeat_last_n=opt(
         int,
