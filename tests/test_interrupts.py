@@ -219,7 +219,7 @@ def test_ctrl_c_mid_bench_prints_what_was_finished_and_writes_no_file(
     no_files_but(out_dir)
     assert out.startswith("incomplete: interrupted (Ctrl-C)"), out
     assert "speculative vs ordinary decoding" in out  # the table of what was finished
-    assert re.search(r"interrupted \(Ctrl-C\) after \d+ of \d+ generations", err), err
+    assert re.search(r"interrupted \(Ctrl-C\) after \d+ of \d+ measured generations", err), err
 
 
 def test_ctrl_c_mid_verify_exits_130(tiny_target, tiny_draft):
