@@ -135,37 +135,56 @@ def _host_name(value: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
-class LoopbackHosts:
-    """On a server bound to the loopback interface, refuse with 403 a request whose
-    ``Host`` header names another host: a web page can rebind its own domain name to
-    127.0.0.1 (DNS rebinding) and then read the server's answers as same-origin ones; its
-    requests still name that domain in Host. Clients of the loopback server name
-    localhost or a loopback address. A request without a Host header (HTTP/1.0) passes."""
+class _HeaderGuard:
+    """Refuse with 403 a request whose `header` `_refusal` objects to, before the routes;
+    a request without that header passes (clients outside a browser send no Origin, an
+    HTTP/1.0 request no Host)."""
+
+    header = b""
 
     def __init__(self, app: ASGIApp, refused: Refused | None = None) -> None:
         self.app = app
         self._refused = refused
 
+    def _refusal(self, value: bytes) -> tuple[str, str, str] | None:
+        """(why for the log, message, code), or None to serve the request."""
+        raise NotImplementedError
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        value = None
+        if scope["type"] == "http":
+            value = next((v for k, v in scope["headers"] if k == self.header), None)
+        refusal = self._refusal(value) if value is not None else None
+        if refusal is None:
             await self.app(scope, receive, send)
             return
-        host = next((v for k, v in scope["headers"] if k == b"host"), None)
-        if host is None or is_loopback(_host_name(host)):
-            await self.app(scope, receive, send)
-            return
-        shown = host.decode("latin-1")[:200]
-        message = (
-            f"the Host {shown!r} is not this loopback server's: connect to localhost or"
-            " 127.0.0.1 (a server for other hosts is started with --host)"
-        )
+        why, message, code = refusal
         if self._refused is not None:
-            self._refused(scope, 403, "a Host that is not a loopback name")
-        body = error_json(message, "invalid_request_error", "host_not_allowed")
-        await send_error(send, 403, body)
+            self._refused(scope, 403, why)
+        await send_error(send, 403, error_json(message, "invalid_request_error", code))
 
 
-class Origins:
+class LoopbackHosts(_HeaderGuard):
+    """On a server bound to the loopback interface, refuse with 403 a request whose
+    ``Host`` header names another host: a web page can rebind its own domain name to
+    127.0.0.1 (DNS rebinding) and then read the server's answers as same-origin ones; its
+    requests still name that domain in Host. Clients of the loopback server name
+    localhost or a loopback address."""
+
+    header = b"host"
+
+    def _refusal(self, value: bytes) -> tuple[str, str, str] | None:
+        if is_loopback(_host_name(value)):
+            return None
+        message = (
+            f"the Host {value.decode('latin-1')[:200]!r} is not this loopback server's:"
+            " connect to localhost or 127.0.0.1 (a server for other hosts is started with"
+            " --host)"
+        )
+        return "a Host that is not a loopback name", message, "host_not_allowed"
+
+
+class Origins(_HeaderGuard):
     """Refuse with 403 every request a browser page sends from an origin not given with
     ``--cors``: its ``Origin`` header names it (browsers send it with every cross-origin
     request, and with every POST), clients outside a browser (the SDKs, curl) send none.
@@ -176,30 +195,22 @@ class Origins:
     forgery; OWASP's "Verifying Origin With Standard Headers").
     """
 
+    header = b"origin"
+
     def __init__(
         self, app: ASGIApp, allowed: Iterable[str] = (), refused: Refused | None = None
     ) -> None:
-        self.app = app
+        super().__init__(app, refused)
         self._allowed = frozenset(o.encode("latin-1") for o in allowed)
-        self._refused = refused
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
-        if origin is None or origin in self._allowed:
-            await self.app(scope, receive, send)
-            return
-        shown = origin.decode("latin-1")[:200]
+    def _refusal(self, value: bytes) -> tuple[str, str, str] | None:
+        if value in self._allowed:
+            return None
         message = (
-            f"a request from the web page origin {shown!r} is refused: start the server with"
-            " --cors ORIGIN to serve that page"
+            f"a request from the web page origin {value.decode('latin-1')[:200]!r} is"
+            " refused: start the server with --cors ORIGIN to serve that page"
         )
-        if self._refused is not None:
-            self._refused(scope, 403, "a web page's origin not given with --cors")
-        body = error_json(message, "invalid_request_error", "origin_not_allowed")
-        await send_error(send, 403, body)
+        return "a web page's origin not given with --cors", message, "origin_not_allowed"
 
 
 class _TooLarge(Exception):
