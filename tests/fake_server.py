@@ -12,7 +12,9 @@ counts cycling through `ACCEPTS` (so the statistics are known exactly).
 Prompts steer it: a prompt containing ``HOLD`` stops its job after its first round until
 it is cancelled or shut down; ``FAIL`` ends it after its first round with
 ``Failed("engine")``; ``STUCK`` is held like HOLD and ignored by shutdown (a hung job);
-``SLOW`` makes every step while it runs last `SLOW_S` (a job that keeps streaming).
+``SLOW`` never ends by itself: once its reply is out it sends an empty round every step,
+and every step while it runs lasts `SLOW_S` (a job that keeps streaming until cancelled,
+paced so as not to flood the server with events).
 
 Run as a script, it serves a fake backend through `specgen.server.runner` (the signal
 tests): ``python tests/fake_server.py [--port N] [--api-key K] [--load-gate FILE]``.
@@ -41,6 +43,10 @@ K = 3
 ACCEPTS = (3, 1, 0, 2)
 ROUND_S = 0.01
 SLOW_S = 0.05
+_EMPTY_ROUND = Step(
+    k=0, n_proposed=0, n_drafted=0, n_accepted=0, spans=(), rejected_text=None, draft_s=0.0,
+    verify_s=ROUND_S, sample_s=0.0, round_s=ROUND_S, n_rows=1,
+)  # fmt: skip
 PREFILL_S = 0.002
 
 
@@ -231,8 +237,11 @@ class FakeScheduler:
                     s.stats.prefill_s = PREFILL_S
                     self._active.append(s)
                 for s in [s for s in self._active if not s.held]:
+                    if "SLOW" in s.text and s.emitter.finish is not None:
+                        s.sink(_EMPTY_ROUND)  # it goes on until cancelled
+                        continue
                     s.sink(self._round(s))
-                    if s.emitter.finish is not None:
+                    if s.emitter.finish is not None and "SLOW" not in s.text:
                         self._active.remove(s)
                         s.sink(self._done(s))
                     elif "FAIL" in s.text:
