@@ -225,8 +225,9 @@ def compile_grammar(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
     call from any thread (the server compiles in its request handlers, off the step loop).
 
     Raises:
-        GrammarError: the schema or grammar does not compile or uses what llguidance does
-            not support; the message names `spec.source` and the problem.
+        GrammarError: the schema or grammar does not compile, uses what llguidance does
+            not support, or matches no text at all (``{"$ref": "#"}``); the message names
+            `spec.source` and the problem.
     """
     key = (id(tokenizer), spec)
     with _COMPILED_LOCK:
@@ -239,6 +240,7 @@ def compile_grammar(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
         raise GrammarError(f"{spec.source}: {_one_line(messages[0] if messages else 'invalid')}")
     grammar = Grammar(spec, tokenizer, llg)
     _probe_patterns(spec, tokenizer)
+    grammar.matcher().n_allowed()  # an empty language is refused now, not mid-generation
     with _COMPILED_LOCK:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
@@ -349,6 +351,15 @@ class Matcher:
     def _bitmask(self) -> npt.NDArray[np.int32]:
         if self._bits_at != len(self.tokens):
             self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            if self._m.is_error():
+                # llguidance answers a state with no way on (an empty language such as
+                # ``{"$ref": "#"}``) with a mask of the end alone: drawn, it ended the
+                # generation as a "stop" with text the grammar does not match
+                raise GrammarError(
+                    f"{self.grammar.spec.source}: the grammar allows no text from here"
+                    " (does it describe an empty language, such as a schema defined only by"
+                    " itself?)"
+                )
             self._bits_at = len(self.tokens)
         return self._bits[0]
 
@@ -385,9 +396,9 @@ class Matcher:
         every token the grammar does not allow next at -inf.
 
         Raises:
-            GrammarError: the grammar allows no token at all here (not even the end): a
-                grammar whose language is empty, such as a schema defined only by itself
-                (``{"$ref": "#"}``); a row of -inf has no law to sample from.
+            GrammarError: the grammar allows no token at all here (not even the end; a
+                row of -inf has no law to sample from), or no text from here on (an
+                empty language, which llguidance answers with the end alone).
         """
         keep = self.allowed()
         if not keep.any():

@@ -270,6 +270,36 @@ def test_a_state_that_allows_no_token_is_a_grammar_error_not_a_row_of_minus_inf(
         m.mask(row)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.json_schema({"$ref": "#"}, "response_format"),
+        GrammarSpec.json_schema({"anyOf": [{"$ref": "#"}]}, "response_format"),
+        GrammarSpec.json_schema({"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}),
+        GrammarSpec("lark", 'start: a\na: a "x"', "grammar"),
+    ],
+)
+def test_a_grammar_that_matches_no_text_is_refused_at_compile_time(spec) -> None:
+    """llguidance compiles a language with no string in it and then allows the end alone:
+    drawn, it ended the generation at once, an empty 200 whose text the schema does not
+    match. It is the call's GrammarError instead, before any generation."""
+    with pytest.raises(GrammarError, match=f"{spec.source}: the grammar allows no text"):
+        _grammar(spec)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.json_schema({"type": "object", "properties": {"a": {"$ref": "#"}}}),
+        GrammarSpec("regex", ""),  # the empty string is a text: an empty language is not
+        GrammarSpec("lark", 'start: ""'),
+    ],
+)
+def test_recursive_schemas_and_the_empty_string_still_compile(spec) -> None:
+    m = _grammar(spec).matcher()
+    assert m.n_allowed() >= 1
+
+
 def test_a_pattern_too_complex_for_the_lexer_is_refused_not_dropped() -> None:
     """llguidance gives up on ``(a{1000}){1000}``: alone it failed at the first token (a
     400 mid-generation), and as a JSON Schema's ``pattern`` it was dropped without a word

@@ -92,6 +92,8 @@ def test_json_mode_and_llama_servers_fields(server: Server) -> None:
         ("json_schema", {"type": "strin"}, "json_schema"),
         ("grammar", 'root ::= "yes', "grammar"),
         ("grammar", "start: foo", "grammar"),
+        # compiles, but matches no text: llguidance allowed the end alone (an empty 200)
+        ("json_schema", {"$ref": "#"}, "json_schema"),
     ],
 )
 def test_bad_schema_or_grammar_is_400_and_the_next_request_succeeds(
@@ -318,3 +320,16 @@ def test_vllm_s_structured_output_fields_constrain_the_output(server: Server) ->
             timeout=120,
         )  # fmt: skip
         assert r.status_code == 400, (body, r.text)
+
+
+def test_a_tool_whose_parameters_match_no_text_is_a_400(server: Server) -> None:
+    """Parameters defined only by themselves (``{"$ref": "#"}``, rebased into the
+    parameters) match no arguments: a 400, not an empty or failed call."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+    for choice in ({"type": "function", "function": {"name": "f"}}, "required"):
+        with pytest.raises(openai.BadRequestError, match="allows no text") as e:
+            server.client().chat.completions.create(
+                model=server.model_id, messages=WHAT, tools=[tool], tool_choice=choice,
+                max_tokens=20,
+            )  # fmt: skip
+        assert e.value.status_code == 400
