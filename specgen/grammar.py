@@ -351,10 +351,7 @@ class Matcher:
     def _bitmask(self) -> npt.NDArray[np.int32]:
         if self._bits_at != len(self.tokens):
             self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-            if self._m.is_error():
-                # llguidance answers a state with no way on (an empty language such as
-                # ``{"$ref": "#"}``) with a mask of the end alone: drawn, it ended the
-                # generation as a "stop" with text the grammar does not match
+            if self._m.is_error():  # no way on: llguidance allows the end alone
                 raise GrammarError(
                     f"{self.grammar.spec.source}: the grammar allows no text from here"
                     " (does it describe an empty language, such as a schema defined only by"

@@ -95,12 +95,8 @@ class SamplingParams:
 
     def whole_vocabulary(self, n_vocab: int) -> bool:
         """True when no truncation applies: the support is every token with a finite logit."""
-        return (
-            not self.greedy
-            and not 0 < self.top_k < n_vocab
-            and self.top_p >= 1.0
-            and self.min_p <= 0.0
-        )
+        truncated = 0 < self.top_k < n_vocab or self.top_p < 1.0 or self.min_p > 0.0
+        return not self.greedy and not truncated
 
 
 @lru_cache(maxsize=4)

@@ -1,8 +1,8 @@
 """The directions of the imports (DESIGN.md, "Rules of direction" and its table of places),
 read from the source with `ast`: each third-party library enters through one place, the math
 imports nothing heavy, each place imports only the places below it in the table, no specgen
-module imports one that imports it back, only the sink writes to the terminal, and no
-function in cli/ is longer than a screen."""
+module imports one that imports it back, only the sink writes to the terminal, no
+function in cli/ is longer than a screen, and no module longer than 500 lines."""
 
 from __future__ import annotations
 
@@ -473,6 +473,19 @@ def test_no_cli_function_is_longer_than_a_screen() -> None:
                 n = node.body[-1].end_lineno - node.body[0].lineno + 1  # type: ignore[operator]
                 if n > CLI_BODY_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+#: the most lines a module may have: one that reads in one sitting (issue 33's goal)
+MODULE_LINES = 500
+
+
+def test_no_module_is_longer_than_a_sitting() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in MODULES.values()
+        if (n := len(path.read_text("utf-8").splitlines())) > MODULE_LINES
+    ]
     assert not long, "\n".join(long)
 
 
