@@ -23,6 +23,8 @@ class Emitter:
         stop: stop strings.
         ignore_eos: keep going through end-of-generation tokens.
         max_tokens: emit at most this many tokens.
+        stop_ids: tokens that end generation once emitted (their text kept), as vLLM's
+            ``stop_token_ids``.
     """
 
     def __init__(
@@ -32,12 +34,14 @@ class Emitter:
         stop: tuple[str, ...] = (),
         ignore_eos: bool = False,
         max_tokens: int = 256,
+        stop_ids: tuple[int, ...] = (),
     ) -> None:
         self._bytes = token_bytes
         self._is_eog = is_eog
         self._stop = tuple(s for s in stop if s)
         self._ignore_eos = ignore_eos
         self.max_tokens = max_tokens
+        self._stop_ids = frozenset(stop_ids)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held = ""  # decoded text that might still become a stop string
         self.tokens: list[int] = []
@@ -65,6 +69,9 @@ class Emitter:
         if cut is not None:
             text = text[:cut]
             self.finish = "stop"
+        elif token in self._stop_ids:
+            self.finish = "stop"
+            text += self._flush()
         else:
             hold = self._stop_prefix_len(text)
             if hold:

@@ -39,6 +39,9 @@ class GenerateConfig:
         params: sampling settings for both p and q.
         stop: stop strings (cut exactly).
         ignore_eos: do not stop at end-of-generation tokens.
+        stop_token_ids: token ids that end the generation when emitted, finish "stop",
+            the token kept in the output (vLLM's ``stop_token_ids``); with `ignore_eos`
+            too. The law of the tokens before it is unchanged.
         seed: seeds both random streams (draft sampling, acceptance); None = random.
         measure_ordinary: single-token target passes timed after the prompt to measure the
             ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
@@ -69,6 +72,7 @@ class GenerateConfig:
     params: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     measure_ordinary: int = 0
     trace: bool = False

@@ -93,7 +93,12 @@ class Sequence:
             np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(2)
         )
         self.emitter = Emitter(
-            target.token_bytes, target.is_eog, config.stop, config.ignore_eos, config.max_tokens
+            target.token_bytes,
+            target.is_eog,
+            config.stop,
+            config.ignore_eos,
+            config.max_tokens,
+            config.stop_token_ids,
         )
         self.stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
         self.committed = list(prompt)

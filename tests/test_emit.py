@@ -85,3 +85,25 @@ def test_close_flushes_held_text():
     feed(e, [1, 2])
     assert e.close("length") == "lo"
     assert e.text == "Hello" and e.finish == "length"
+
+
+def test_a_stop_token_id_ends_generation_and_is_kept():
+    """vLLM's stop_token_ids: the token is emitted (its text and its count), then "stop"."""
+    e = make(max_tokens=10, stop_ids=(3,))
+    assert feed(e, [1, 2, 3]) == ["Hel", "lo", " wor"]
+    assert e.finish == "stop" and e.tokens == [1, 2, 3] and e.text == "Hello wor"
+
+
+def test_a_stop_token_id_releases_text_held_for_a_stop_string():
+    e = make(max_tokens=10, stop=("lo!",), stop_ids=(2,))
+    assert "".join(feed(e, [1, 2])) == "Hello"  # "lo" was a stop string's prefix
+    assert e.finish == "stop"
+
+
+def test_a_stop_token_id_ends_generation_under_ignore_eos_and_eos_still_wins_without():
+    e = make(max_tokens=10, ignore_eos=True, stop_ids=(9,))
+    feed(e, [1, 9])
+    assert e.finish == "stop" and e.tokens == [1, 9]
+    e = make(max_tokens=10, stop_ids=(9,))
+    feed(e, [1, 9])
+    assert e.finish == "eos" and e.tokens == [1]

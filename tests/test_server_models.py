@@ -449,3 +449,26 @@ def test_the_loopback_server_refuses_a_rebound_host(server: Server) -> None:
     r = httpx.get(server.url + "/v1/models", headers={"Host": "rebound.example"}, timeout=60)
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
     assert httpx.get(server.url + "/v1/models", timeout=60).status_code == 200
+
+
+def test_stop_token_ids_end_the_output_at_the_first_one_kept(server: Server) -> None:
+    """vLLM's stop_token_ids on the speculating server (greedy, K = 4): the output is the
+    unconstrained output cut just after the first occurrence of the token, whichever
+    round's block held it; an id outside the vocabulary is a 400."""
+    prompt = PROMPTS[0]
+    full = completion(server, prompt)
+    tokens = full["tokens"]
+    stop_id = tokens[5]
+    absent = next(t for t in range(100, 300) if t not in tokens)
+    cut = completion(server, prompt, stop_token_ids=[absent, stop_id])
+    expect = tokens[: tokens.index(stop_id) + 1]
+    assert cut["tokens"] == expect, (cut["tokens"], tokens)
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] == len(expect)
+    assert full["choices"][0]["text"].startswith(cut["choices"][0]["text"])
+    bad = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 4, "stop_token_ids": [-1]},
+        timeout=120,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"

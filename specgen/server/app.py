@@ -341,6 +341,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                     param="tool_choice",
                 )  # fmt: skip
             config = dataclasses.replace(config, grammar=call)
+        check_ids(list(config.stop_token_ids), b.n_vocab, "stop_token_ids")
         try:
             check_vocab(config.params.constraints, b.n_vocab)
         except ConfigError as e:

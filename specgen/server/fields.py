@@ -256,7 +256,9 @@ FIELDS: dict[str, Field] = {
     "guided_decoding_backend": Field(IG, "the grammars are llguidance's", "vllm"),
     "guided_whitespace_pattern": Field(R, "JSON whitespace is fixed per schema", "vllm"),
     "min_tokens": Field(R, "end-of-generation is never masked", "vllm", inert=(None, 0)),
-    "stop_token_ids": Field(R, "send stop strings", "vllm", inert=(None, [])),
+    "stop_token_ids": Field(
+        H, "the output ends at any of these token ids, the token kept (as vLLM's)", "vllm"
+    ),
     "bad_words": Field(R, "send logit_bias", "vllm", inert=(None, [])),
     "allowed_token_ids": Field(R, "send logit_bias", "vllm"),
     "repetition_penalty": Field(R, "send repeat_penalty", "vllm", inert=(None, 1, 1.0)),
