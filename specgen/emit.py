@@ -25,6 +25,8 @@ class Emitter:
         max_tokens: emit at most this many tokens.
         stop_ids: tokens that end generation once emitted (their text kept), as vLLM's
             ``stop_token_ids``.
+        keep_stop: keep the stop string itself in the text (vLLM's
+            ``include_stop_str_in_output``); what follows it is still cut.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class Emitter:
         ignore_eos: bool = False,
         max_tokens: int = 256,
         stop_ids: tuple[int, ...] = (),
+        keep_stop: bool = False,
     ) -> None:
         self._bytes = token_bytes
         self._is_eog = is_eog
@@ -42,6 +45,7 @@ class Emitter:
         self._ignore_eos = ignore_eos
         self.max_tokens = max_tokens
         self._stop_ids = frozenset(stop_ids)
+        self._keep_stop = keep_stop
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held = ""  # decoded text that might still become a stop string
         self.tokens: list[int] = []
@@ -67,7 +71,7 @@ class Emitter:
         self._held = ""
         cut = self._find_stop(text)
         if cut is not None:
-            text = text[:cut]
+            text = text[: cut[1] if self._keep_stop else cut[0]]
             self.finish = "stop"
         elif token in self._stop_ids:
             self.finish = "stop"
@@ -99,9 +103,14 @@ class Emitter:
         self._held = ""
         return tail
 
-    def _find_stop(self, text: str) -> int | None:
-        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
-        return min(hits) if hits else None
+    def _find_stop(self, text: str) -> tuple[int, int] | None:
+        """(start, end) of the earliest stop string in `text` (the first given among
+        those starting there), or None."""
+        hits = [(i, k) for k, i in enumerate(text.find(s) for s in self._stop) if i >= 0]
+        if not hits:
+            return None
+        i, k = min(hits)
+        return i, i + len(self._stop[k])
 
     def _stop_prefix_len(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of a stop string."""

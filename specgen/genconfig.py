@@ -42,6 +42,8 @@ class GenerateConfig:
         stop_token_ids: token ids that end the generation when emitted, finish "stop",
             the token kept in the output (vLLM's ``stop_token_ids``); with `ignore_eos`
             too. The law of the tokens before it is unchanged.
+        include_stop: keep the stop string that ended the output in its text (vLLM's
+            ``include_stop_str_in_output``).
         seed: seeds both random streams (draft sampling, acceptance); None = random.
         measure_ordinary: single-token target passes timed after the prompt to measure the
             ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
@@ -73,6 +75,7 @@ class GenerateConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    include_stop: bool = False
     seed: int | None = None
     measure_ordinary: int = 0
     trace: bool = False

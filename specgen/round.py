@@ -99,6 +99,7 @@ class Sequence:
             config.ignore_eos,
             config.max_tokens,
             config.stop_token_ids,
+            config.include_stop,
         )
         self.stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
         self.committed = list(prompt)

@@ -107,3 +107,16 @@ def test_a_stop_token_id_ends_generation_under_ignore_eos_and_eos_still_wins_wit
     e = make(max_tokens=10, stop_ids=(9,))
     feed(e, [1, 9])
     assert e.finish == "eos" and e.tokens == [1]
+
+
+def test_keep_stop_keeps_the_stop_string_and_cuts_what_follows():
+    """vLLM's include_stop_str_in_output: the text ends with the stop string itself (the
+    earliest one; among those starting there, the first given)."""
+    e = make(max_tokens=10, stop=("lo wo",), keep_stop=True)
+    assert "".join(feed(e, [1, 2, 3])) == "Hello wo" and e.finish == "stop"
+    e = make(max_tokens=10, stop=("wor", "w", "lo"), keep_stop=True)
+    assert "".join(feed(e, [1, 2])) == "Hello" and e.finish == "stop"
+    e = make(max_tokens=10, stop=("wo", "wor"), keep_stop=True)
+    assert "".join(feed(e, [3])) == " wo"
+    e = make(max_tokens=10, stop=("wor", "wo"), keep_stop=True)
+    assert "".join(feed(e, [3])) == " wor"

@@ -161,6 +161,10 @@ def test_stop_strings_cut_exactly_and_say_stop(served: Served) -> None:
     assert r["speculative"]["finish"] == "stop"
     one = served.post("/v1/completions", {"prompt": "a", "stop": "from"}).json()
     assert one["choices"][0]["text"] == "Hello "
+    kept = {"prompt": "a", "stop": ["fake", "zzz"], "include_stop_str_in_output": True}
+    assert (
+        served.post("/v1/completions", kept).json()["choices"][0]["text"] == "Hello from the fake"
+    )
 
 
 def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:

@@ -264,9 +264,7 @@ FIELDS: dict[str, Field] = {
     "repetition_penalty": Field(R, "send repeat_penalty", "vllm", inert=(None, 1, 1.0)),
     "length_penalty": Field(R, "no beam search", "vllm", inert=(None, 1, 1.0)),
     "use_beam_search": Field(R, "no beam search", "vllm", inert=(None, False)),
-    "include_stop_str_in_output": Field(
-        R, "a stop string is left out of the text", "vllm", inert=(None, False)
-    ),
+    "include_stop_str_in_output": Field(H, "true: the stop string kept in the text", "vllm"),
     "skip_special_tokens": Field(
         R, "control tokens are left out of the text", "vllm", inert=(None, True)
     ),

@@ -159,6 +159,7 @@ class _Generation(_Request):
     ignore_eos: bool | None = None
     return_tokens: bool | None = None  # llama-server's: the generated token ids too
     stop_token_ids: list[int] | None = None  # vLLM's: end at any of these, kept in the text
+    include_stop_str_in_output: bool | None = None  # vLLM's: the stop string kept too
     # vLLM's; false: no BOS beyond the prompt's (or the chat template's) own text
     add_special_tokens: bool | None = None
     # logits processing before the warpers, on p and q alike (specgen.constraints)

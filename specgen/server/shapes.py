@@ -203,7 +203,11 @@ def generate_config(
         # echo with logprobs: the prompt's own too (`specgen.server.logprobs`)
         scored = req.n_logprobs if getattr(req, "echo", None) else None
         config = GenerateConfig.of(sampling, seed, grammar=grammar_of(req), prompt_logprobs=scored)
-        config = replace(config, stop_token_ids=tuple(req.stop_token_ids or ()))
+        config = replace(
+            config,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            include_stop=bool(req.include_stop_str_in_output),
+        )
         return replace(config, max_tokens=0) if limit == 0 else config
     except ConfigError as e:  # a value the schema lets through, said in the request's words
         message = in_python_words(str(e))
