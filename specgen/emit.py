@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from specgen.events import FinishReason, Source, Span
+
+if TYPE_CHECKING:
+    from specgen.genconfig import GenerateConfig
 
 
 class Emitter:
@@ -51,6 +55,20 @@ class Emitter:
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.finish: FinishReason | None = None
+
+    @classmethod
+    def of(
+        cls,
+        config: GenerateConfig,
+        token_bytes: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
+    ) -> Emitter:
+        """The emitter of a generation's settings: its stop strings and token ids, whether
+        the stop string is kept, `ignore_eos` and -n."""
+        return cls(
+            token_bytes, is_eog, config.stop, config.ignore_eos, config.max_tokens,
+            config.stop_token_ids, config.include_stop,
+        )  # fmt: skip
 
     @property
     def remaining(self) -> int:

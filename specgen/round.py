@@ -92,15 +92,7 @@ class Sequence:
         self.draft_rng, self.target_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(2)
         )
-        self.emitter = Emitter(
-            target.token_bytes,
-            target.is_eog,
-            config.stop,
-            config.ignore_eos,
-            config.max_tokens,
-            config.stop_token_ids,
-            config.include_stop,
-        )
+        self.emitter = Emitter.of(config, target.token_bytes, target.is_eog)
         self.stats = Stats(n_prompt=len(prompt), verify_rule=config.verify_rule)
         self.committed = list(prompt)
         # the target side's constraints (the drafter holds its own, from the same settings)

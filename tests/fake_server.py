@@ -115,11 +115,7 @@ class FakeScheduler:
                 raise QueueFull("shutting down")
             if len(self._queue) >= self.queue_max and len(self._active) >= self.n_parallel:
                 raise QueueFull(f"{len(self._queue)} waiting")
-            c = job.config
-            emitter = Emitter(
-                token_bytes, lambda t: t == EOS, c.stop, c.ignore_eos, c.max_tokens,
-                c.stop_token_ids, c.include_stop,
-            )  # fmt: skip
+            emitter = Emitter.of(job.config, token_bytes, lambda t: t == EOS)
             text = bytes(t for t in job.prompt if t < 256).decode("utf-8", "replace")
             self._queue.append(
                 _Slot(
