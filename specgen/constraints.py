@@ -54,10 +54,10 @@ Logits = npt.NDArray[np.float32]
 BIAS_MAX = 100.0
 """OpenAI's `logit_bias` range is [-100, 100]; -inf (llama.cpp's ``-l 15043-inf``) bans."""
 PENALTY_MAX = 2.0
+"""OpenAI's `presence_penalty` and `frequency_penalty` range is [-2, 2]."""
 REPEAT_PENALTY_MIN, REPEAT_PENALTY_MAX = 0.01, 100.0
 """`repeat_penalty`'s range: a float32 logit (|z| < 1e3 in practice) divided or multiplied
 by it stays finite; common values are 1.0-1.5."""
-"""OpenAI's `presence_penalty` and `frequency_penalty` range is [-2, 2]."""
 
 
 def _bias_pairs(

@@ -21,11 +21,11 @@ server's refusal metric and log (`specgen.server.app`), as the routes' refusals 
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DRAIN_FACTOR = 8
+"""Bodies up to this many times the limit are read to their end before the 413."""
 DEFAULT_BODY_TIMEOUT_S = 60.0
 """Seconds a request's body may take to arrive whole, else a 408: a client trickling a
 body a byte at a time held its connection for as long as it liked (nginx's
 ``client_body_timeout`` is 60 s between reads)."""
-"""Bodies up to this many times the limit are read to their end before the 413."""
 
 
 def error_json(message: str, type_: str, code: str | int | None = None) -> bytes:
