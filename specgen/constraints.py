@@ -39,9 +39,11 @@ biased and penalised columns only.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -288,3 +290,79 @@ def processor_for(constraints: Constraints, n_vocab: int) -> Processor | None:
 def check_vocab(constraints: Constraints, n_vocab: int) -> None:
     """Raises ConfigError when a biased token id is outside a vocabulary of n_vocab."""
     processor_for(constraints, n_vocab)
+
+
+class MinTokens:
+    """`Processor` for vLLM's ``min_tokens``: at the first `min_tokens` generated positions
+    every end-of-generation token and the request's ``stop_token_ids`` are held back
+    (logit -inf), so the output cannot end there; after them rows pass unchanged. vLLM's
+    `MinTokensLogitsProcessor` (vllm/v1/sample/logits_processor) does the same to the
+    target's logits; here the draft's rows get it too (`specgen.drafters.attach_min_tokens`),
+    so q proposes what p can accept. A -inf logit commutes with the grammar's mask, the
+    bias and the penalties, so the order in a `Chain` does not matter.
+
+    Args:
+        ids: the token ids held back (`eog_ids` and the stop token ids), each below the
+            row width.
+        n_prompt: the prompt's length: row i of a call scores generated position
+            len(context) + i - n_prompt (0-based), as the grammar counts its text from it.
+        min_tokens: positions held, >= 1.
+    """
+
+    def __init__(self, ids: Iterable[int], n_prompt: int, min_tokens: int) -> None:
+        self.ids = np.array(sorted(set(ids)), dtype=np.int64)
+        self.n_prompt = n_prompt
+        self.min_tokens = min_tokens
+
+    def _held(self, first: int, n: int) -> int:
+        """How many of n rows, the first at generated position `first`, are held."""
+        return max(0, min(n, self.min_tokens - first))
+
+    def rows(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits:
+        held = self._held(len(context) - self.n_prompt, logits.shape[0])
+        if not held:
+            return logits  # past min_tokens: the rows themselves, as with no processor
+        z = np.array(logits, dtype=np.float32)
+        z[np.ix_(np.arange(held), self.ids)] = -np.inf
+        return z
+
+    def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits:
+        if not self._held(len(context) + len(block) - self.n_prompt, 1):
+            return logits
+        z = np.array(logits, dtype=np.float32)
+        z[self.ids] = -np.inf
+        return z
+
+
+class Vocabulary(Protocol):
+    """What `eog_ids` reads of a model (an `specgen.engine.Engine` has it)."""
+
+    n_vocab: int
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+_EOG: weakref.WeakKeyDictionary[object, tuple[int, ...]] = weakref.WeakKeyDictionary()
+_EOG_LOCK = threading.Lock()
+
+
+def vocab_owner(vocab: Any) -> Any:
+    """The object that owns `vocab`'s vocabulary: a llama.cpp sequence view's is its
+    engine's (what per-model caches are keyed by)."""
+    inner = getattr(vocab, "engine", None)
+    if inner is not None and hasattr(inner, "llama_vocab"):
+        return inner
+    return vocab
+
+
+def eog_ids(vocab: Vocabulary) -> tuple[int, ...]:
+    """Every end-of-generation token id of `vocab`'s model (`is_eog`, llama.cpp's
+    `llama_vocab_is_eog`, over the whole vocabulary), ascending; scanned once per model and
+    kept as long as it (about 0.7 s for 262,144 tokens)."""
+    owner = vocab_owner(vocab)
+    with _EOG_LOCK:
+        ids = _EOG.get(owner)
+        if ids is None:
+            ids = tuple(t for t in range(int(owner.n_vocab)) if owner.is_eog(t))
+            _EOG[owner] = ids
+        return ids

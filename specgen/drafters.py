@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from specgen.constraints import processor_for
+from specgen.constraints import Processor, processor_for
 from specgen.cutoff import should_stop, top_probability
 from specgen.engine import Block, Engine, Logits
 from specgen.events import Source
@@ -77,6 +77,8 @@ class ModelDrafter:
         # the request's grammar on this drafter's rows, set per generation by
         # `attach_grammar` (a matcher of its own, advanced over the block's proposals)
         self.grammar: GrammarRows | None = None
+        # the request's min_tokens on this drafter's rows (`attach_min_tokens`)
+        self.min_tokens: Processor | None = None
 
     def with_params(self, params: SamplingParams) -> ModelDrafter:
         """The same draft engine (and cache) under other sampling settings: q must come
@@ -215,6 +217,16 @@ def attach_grammar(drafter: object, grammar: GrammarRows | None) -> None:
         model.grammar = grammar
 
 
+def attach_min_tokens(drafter: object, held: Processor | None) -> None:
+    """Give a model drafter (alone or inside a hybrid one) the generation's ``min_tokens``
+    (`specgen.constraints.MinTokens`), or take the last one's away (None): q then never
+    proposes an end the target's p holds back. Model-free drafters keep none (their
+    one-hot proposals of a held token have p = 0 and are rejected)."""
+    model = getattr(drafter, "model", drafter)
+    if isinstance(model, ModelDrafter):
+        model.min_tokens = held
+
+
 class Stepwise(Protocol):
     """A block drafted one row at a time: `Drafting`, or `specgen.hybrid.HybridDrafting`
     (lookup tokens, then a `Drafting`)."""
@@ -338,6 +350,8 @@ class Drafting:
         row = d._align(row)
         if d.grammar is not None:  # the mask first: -inf commutes with bias and penalties
             row = d.grammar.row(row, self.context, self.tokens)
+        if d.min_tokens is not None:
+            row = d.min_tokens.row(row, self.context, self.tokens)
         if d.processor is not None:
             row = d.processor.row(row, self.context, self.tokens)
         q_i = warp_rows(row[None, :], d.params)

@@ -31,6 +31,9 @@ class Emitter:
             ``stop_token_ids``.
         keep_stop: keep the stop string itself in the text (vLLM's
             ``include_stop_str_in_output``); what follows it is still cut.
+        min_tokens: a stop string ends the output only where it ends in a token after
+            the first `min_tokens` (vLLM's ``min_tokens``, whose detokenizer checks stop
+            strings only from then on); text that might start one is still held.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class Emitter:
         max_tokens: int = 256,
         stop_ids: tuple[int, ...] = (),
         keep_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self._bytes = token_bytes
         self._is_eog = is_eog
@@ -50,6 +54,7 @@ class Emitter:
         self.max_tokens = max_tokens
         self._stop_ids = frozenset(stop_ids)
         self._keep_stop = keep_stop
+        self._min_tokens = min_tokens
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held = ""  # decoded text that might still become a stop string
         self.tokens: list[int] = []
@@ -64,10 +69,10 @@ class Emitter:
         is_eog: Callable[[int], bool],
     ) -> Emitter:
         """The emitter of a generation's settings: its stop strings and token ids, whether
-        the stop string is kept, `ignore_eos` and -n."""
+        the stop string is kept, `ignore_eos`, -n and ``min_tokens``."""
         return cls(
             token_bytes, is_eog, config.stop, config.ignore_eos, config.max_tokens,
-            config.stop_token_ids, config.include_stop,
+            config.stop_token_ids, config.include_stop, config.min_tokens,
         )  # fmt: skip
 
     @property
@@ -85,9 +90,10 @@ class Emitter:
             tail = self._flush()
             return Span(tail, token, from_draft, source) if tail else None
         self.tokens.append(token)
+        new_from = len(self._held)  # where this token's own text starts in `text`
         text = self._held + self._decoder.decode(self._bytes(token))
         self._held = ""
-        cut = self._find_stop(text)
+        cut = self._find_stop(text, new_from) if len(self.tokens) > self._min_tokens else None
         if cut is not None:
             text = text[: cut[1] if self._keep_stop else cut[0]]
             self.finish = "stop"
@@ -121,10 +127,12 @@ class Emitter:
         self._held = ""
         return tail
 
-    def _find_stop(self, text: str) -> tuple[int, int] | None:
-        """(start, end) of the earliest stop string in `text` (the first given among
-        those starting there), or None."""
-        hits = [(i, k) for k, i in enumerate(text.find(s) for s in self._stop) if i >= 0]
+    def _find_stop(self, text: str, after: int) -> tuple[int, int] | None:
+        """(start, end) of the earliest stop string in `text` that ends after `after` (in
+        the newest token's text: one that ended earlier was passed over under
+        `min_tokens`), the first given among those starting there; or None."""
+        found = (text.find(s, max(0, after - len(s) + 1)) for s in self._stop)
+        hits = [(i, k) for k, i in enumerate(found) if i >= 0]
         if not hits:
             return None
         i, k = min(hits)

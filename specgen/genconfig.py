@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -44,6 +45,12 @@ class GenerateConfig:
             too. The law of the tokens before it is unchanged.
         include_stop: keep the stop string that ended the output in its text (vLLM's
             ``include_stop_str_in_output``).
+        min_tokens: the output cannot end before this many tokens (vLLM's ``min_tokens``):
+            at those positions the end-of-generation tokens and `stop_token_ids` are held
+            back in the target's rows and the draft's alike (`specgen.constraints.MinTokens`:
+            the target's law is that of the rows so processed), and a stop string ends the
+            output only where it ends in a later token. 0 = off; at most `max_tokens`;
+            not with a grammar (ConfigError, raised when the settings are built).
         seed: seeds both random streams (draft sampling, acceptance); None = random.
         measure_ordinary: single-token target passes timed after the prompt to measure the
             ordinary-decoding baseline (0 = skip); each is rolled back. With an adaptive
@@ -76,6 +83,7 @@ class GenerateConfig:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     include_stop: bool = False
+    min_tokens: int = 0
     seed: int | None = None
     measure_ordinary: int = 0
     trace: bool = False
@@ -130,6 +138,23 @@ class GenerateConfig:
             logprobs=sampling.logprobs,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def __post_init__(self) -> None:
+        m = self.min_tokens
+        if m < 0:
+            raise ConfigError(f"min_tokens must be 0 or more, got {m}")
+        if m > self.max_tokens:
+            raise ConfigError(
+                f"min_tokens {m} is more than the {self.max_tokens} tokens this output may"
+                " have (max_tokens, or else the server's -n and the context's room)"
+            )
+        if m and self.grammar is not None:
+            # the grammar decides where the output may end: a complete text allows nothing
+            # but an end, which min_tokens would hold back (a row with no law)
+            raise ConfigError(
+                f"min_tokens cannot be used with a grammar ({self.grammar.source}): the"
+                " grammar decides where the output ends"
+            )
 
     @property
     def wants_logprobs(self) -> bool:

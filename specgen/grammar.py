@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from llguidance.gbnf_to_lark import any_to_lark
 
+from specgen.constraints import eog_ids, vocab_owner
 from specgen.errors import GrammarError
 from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
 
@@ -134,7 +135,7 @@ def tokenizer_for(vocab: Vocabulary) -> GrammarTokenizer:
 
     Costs about 1.4 s for a 262,144-token vocabulary (FIELD.md), 0.3 s for SmolLM2's 49,152.
     """
-    owner = _owner(vocab)
+    owner = vocab_owner(vocab)
     with _TOKENIZERS_LOCK:
         tok = _TOKENIZERS.get(owner)
         if tok is None:
@@ -143,17 +144,9 @@ def tokenizer_for(vocab: Vocabulary) -> GrammarTokenizer:
         return tok
 
 
-def _owner(vocab: Vocabulary) -> Any:
-    # a llama.cpp sequence view's vocabulary is its engine's
-    inner = getattr(vocab, "engine", None)
-    if inner is not None and hasattr(inner, "llama_vocab"):
-        return inner
-    return vocab
-
-
 def _build_tokenizer(vocab: Any) -> GrammarTokenizer:
     n = int(vocab.n_vocab)
-    eog = tuple(t for t in range(n) if vocab.is_eog(t))
+    eog = eog_ids(vocab)
     if hasattr(vocab, "llama_vocab"):
         # imports llama_cpp: only for a llama.cpp vocabulary
         from llguidance.llamacpp import lltokenizer_from_vocab

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specgen.constraints import Chain, processor_for
-from specgen.drafters import attach_grammar
+from specgen.constraints import Chain, MinTokens, eog_ids, processor_for
+from specgen.drafters import attach_grammar, attach_min_tokens
 from specgen.emit import Emitter
 from specgen.engine import Block, Drafter, Engine, Logits
 from specgen.events import Done, FinishReason, Prefilled, Span, Stats, Step
@@ -98,6 +98,7 @@ class Sequence:
         # the target side's constraints (the drafter holds its own, from the same settings)
         self.processor = processor_for(config.params.constraints, target.n_vocab)
         self.grammar = self._attach_grammar(config, target, drafter, len(prompt))
+        self._attach_min_tokens(config, target, drafter, len(prompt))
         self.baseline = Baseline()
         self._t_decode = self.clock()
         self._t_last: float | None = None  # when the last round ended (`commit`)
@@ -127,6 +128,19 @@ class Sequence:
         self.processor = grammar if self.processor is None else Chain([grammar, self.processor])
         attach_grammar(drafter, GrammarProcessor(g, n_prompt))
         return grammar
+
+    def _attach_min_tokens(
+        self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
+    ) -> None:
+        """``min_tokens``' processors (`MinTokens`): one in `processor`, one for the
+        drafter's rows; a drafter used before keeps no earlier generation's."""
+        attach_min_tokens(drafter, None)
+        if config.min_tokens <= 0:
+            return
+        ids = (*eog_ids(target), *config.stop_token_ids)
+        held = MinTokens(ids, n_prompt, config.min_tokens)
+        self.processor = held if self.processor is None else Chain([held, self.processor])
+        attach_min_tokens(drafter, MinTokens(ids, n_prompt, config.min_tokens))
 
     @property
     def _draft_engine(self) -> Engine | None:

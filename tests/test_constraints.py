@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from fakes import FakeBatchEngine, FakeEngine
 from reference import probs
-from scipy import stats
+from support.laws import chi2_pvalue
 from support.planted import CommittedOnly
 
 from specgen import drafters, round
@@ -136,21 +136,6 @@ def law_of_first(n, target, prompt, params):
             ctx.append(x)
         law[seq] = pr
     return law
-
-
-def chi2_pvalue(counts: Counter, law: dict) -> float:
-    keys = sorted(law)
-    n = sum(counts.values())
-    exp = np.array([law[k] for k in keys]) * n
-    obs = np.array([counts[k] for k in keys], dtype=float)
-    assert sum(counts.values()) == obs.sum(), "a sequence outside the law's cells"
-    if obs[exp == 0].sum() > 0:
-        return 0.0  # a sequence of probability 0 was emitted
-    big = exp >= 5  # pool small cells so the chi-square approximation holds
-    small = (exp > 0) & ~big
-    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
-    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
-    return float(stats.chisquare(obs_p, exp_p).pvalue)
 
 
 # as many runs as the planted bugs below fail on (committed-only, once-per-step, q not the

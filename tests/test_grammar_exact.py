@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fakes import FakeBatchEngine, TextEngine
 from reference import probs
-from scipy import stats
+from support.laws import chi2_pvalue
 from support.planted import q_unmasked
 
 from specgen import drafters, round
@@ -86,20 +86,6 @@ def law_of_first(n, model, prompt, params, spec=SPEC):
 
     walk([], 1.0)
     return law
-
-
-def chi2_pvalue(counts: Counter, law: dict) -> float:
-    if any(k not in law or law[k] == 0 for k in counts):
-        return 0.0  # a sequence the constrained target never emits
-    keys = sorted(law)
-    n = sum(counts.values())
-    exp = np.array([law[k] for k in keys]) * n
-    obs = np.array([counts[k] for k in keys], dtype=float)
-    big = exp >= 5
-    small = (exp > 0) & ~big
-    obs_p = np.append(obs[big], obs[small].sum()) if small.any() else obs[big]
-    exp_p = np.append(exp[big], exp[small].sum()) if small.any() else exp[big]
-    return float(stats.chisquare(obs_p, exp_p).pvalue)
 
 
 def output_pvalue(params, k=2, n=N_SAMPLES, spec=SPEC, check_accepted=True):

@@ -908,3 +908,25 @@ def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized() -> Non
         assert_openai_error(s.post("/v1/chat/completions", chat), 400, "messages")
         assert seen == [] and s.sched.submitted == []
         assert s.post("/v1/completions", {"prompt": "x" * 100}).status_code == 200
+
+
+def test_min_tokens_out_of_reach_or_with_a_grammar_is_a_400_naming_it(served: Served) -> None:
+    """vLLM's min_tokens: more than the output's limit, negative, or beside a grammar (which
+    decides where the output ends) is a 400 naming it; within the limit it is served, and a
+    stop string inside the first min_tokens tokens does not end the output."""
+    for extra in (
+        {"max_tokens": 3, "min_tokens": 4},
+        {"min_tokens": -1},
+        {"min_tokens": 2, "response_format": {"type": "json_object"}},
+    ):
+        r = served.post("/v1/completions", {"prompt": "a", **extra})
+        assert_openai_error(r, 400, "min_tokens")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    r = served.post(
+        "/v1/chat/completions",
+        {"messages": USER, "tools": tools, "tool_choice": "required", "min_tokens": 2},
+    )
+    assert_openai_error(r, 400, "min_tokens")
+    late = {"prompt": "a", "stop": ["e", "zzz"], "min_tokens": 3}
+    assert served.post("/v1/completions", late).json()["choices"][0]["text"] == "Hello from th"
+    assert served.post("/v1/completions", {"prompt": "a", "min_tokens": 3}).status_code == 200

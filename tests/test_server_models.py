@@ -472,3 +472,23 @@ def test_stop_token_ids_end_the_output_at_the_first_one_kept(server: Server) -> 
         timeout=120,
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"
+
+
+def test_min_tokens_holds_the_end_back_and_changes_nothing_before_it(server: Server) -> None:
+    """vLLM's min_tokens on the speculating server (greedy, K = 4): a chat answer that ends
+    by itself after n tokens goes on to at least n + 6 with min_tokens n + 6, its first n
+    tokens unchanged (the held-back end changes only where the end was the argmax); the
+    same request without it ends where it did."""
+    body = {
+        "messages": [{"role": "user", "content": "Reply with one word: is water wet?"}],
+        "max_tokens": 48,
+        "return_tokens": True,
+    }
+    url = server.url + "/v1/chat/completions"
+    free = httpx.post(url, json=body, timeout=120).json()
+    n = len(free["tokens"])
+    assert free["choices"][0]["finish_reason"] == "stop" and n < 30, free
+    held = httpx.post(url, json={**body, "min_tokens": n + 6}, timeout=120).json()
+    assert held["tokens"][:n] == free["tokens"], (held["tokens"], free["tokens"])
+    assert len(held["tokens"]) >= n + 6 and held["usage"]["completion_tokens"] >= n + 6
+    assert httpx.post(url, json=body, timeout=120).json()["tokens"] == free["tokens"]

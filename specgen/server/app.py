@@ -340,6 +340,11 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                     400, f"tool_choice and {config.grammar.source} both constrain the output",
                     param="tool_choice",
                 )  # fmt: skip
+            if config.min_tokens:
+                raise RequestError(
+                    400, "min_tokens cannot be used with tool_choice: the tool call's grammar"
+                    " decides where the output ends", param="min_tokens",
+                )  # fmt: skip
             config = dataclasses.replace(config, grammar=call)
         check_ids(list(config.stop_token_ids), b.n_vocab, "stop_token_ids")
         try:

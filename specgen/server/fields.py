@@ -255,7 +255,13 @@ FIELDS: dict[str, Field] = {
     ),
     "guided_decoding_backend": Field(IG, "the grammars are llguidance's", "vllm"),
     "guided_whitespace_pattern": Field(R, "JSON whitespace is fixed per schema", "vllm"),
-    "min_tokens": Field(R, "end-of-generation is never masked", "vllm", inert=(None, 0)),
+    "min_tokens": Field(
+        H,
+        "the output cannot end before this many tokens: end-of-generation and stop_token_ids"
+        " are held back until then, and a stop string counts only from then on (as vLLM's);"
+        " not with a grammar",
+        "vllm",
+    ),
     "stop_token_ids": Field(
         H, "the output ends at any of these token ids, the token kept (as vLLM's)", "vllm"
     ),

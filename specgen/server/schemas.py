@@ -160,6 +160,7 @@ class _Generation(_Request):
     return_tokens: bool | None = None  # llama-server's: the generated token ids too
     stop_token_ids: list[int] | None = None  # vLLM's: end at any of these, kept in the text
     include_stop_str_in_output: bool | None = None  # vLLM's: the stop string kept too
+    min_tokens: int | None = Field(default=None, ge=0)  # vLLM's: no end before this many
     # vLLM's; false: no BOS beyond the prompt's (or the chat template's) own text
     add_special_tokens: bool | None = None
     # logits processing before the warpers, on p and q alike (specgen.constraints)

@@ -207,6 +207,7 @@ def generate_config(
             config,
             stop_token_ids=tuple(req.stop_token_ids or ()),
             include_stop=bool(req.include_stop_str_in_output),
+            min_tokens=req.min_tokens or 0,
         )
         return replace(config, max_tokens=0) if limit == 0 else config
     except ConfigError as e:  # a value the schema lets through, said in the request's words
