@@ -143,7 +143,7 @@ class GenerateConfig:
         m = self.min_tokens
         if m < 0:
             raise ConfigError(f"min_tokens must be 0 or more, got {m}")
-        if m > self.max_tokens:
+        if m and m > self.max_tokens:
             raise ConfigError(
                 f"min_tokens {m} is more than the {self.max_tokens} tokens this output may"
                 " have (max_tokens, or else the server's -n and the context's room)"
