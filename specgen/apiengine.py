@@ -81,7 +81,8 @@ def fit_note(n_prompt: int, max_tokens: int, n_ctx: int) -> str | None:
     if n_prompt >= n_ctx or max_tokens <= room:
         return None  # a prompt that fills the context is refused with its own error
     return (
-        f"the prompt ({n_prompt} tokens) plus -n {max_tokens} do not fit the context of"
+        f"the prompt ({n_prompt} token{'s' * (n_prompt != 1)}) plus -n {max_tokens} do not"
+        f" fit the context of"
         f" {n_ctx}: generation stops after at most {room} tokens (raise -c to go further)"
     )
 

@@ -324,12 +324,20 @@ def test_vllm_s_structured_output_fields_constrain_the_output(server: Server) ->
 
 def test_a_tool_whose_parameters_match_no_text_is_a_400(server: Server) -> None:
     """Parameters defined only by themselves (``{"$ref": "#"}``, rebased into the
-    parameters) match no arguments: a 400, not an empty or failed call."""
+    parameters) match no arguments: a 400, not an empty or failed call, naming the tool
+    where one may be called (``tools[1]``: the named one), all of them where several may."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
-    for choice in ({"type": "function", "function": {"name": "f"}}, "required"):
+    other = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
+    for tools, choice, param in (
+        ([other, tool], {"type": "function", "function": {"name": "f"}}, "tools[1]"),
+        ([tool], "required", "tools[0]"),
+        ([tool, other], "required", "tools[]"),
+    ):
         with pytest.raises(openai.BadRequestError, match="allows no text") as e:
             server.client().chat.completions.create(
-                model=server.model_id, messages=WHAT, tools=[tool], tool_choice=choice,
+                model=server.model_id, messages=WHAT, tools=tools, tool_choice=choice,
                 max_tokens=20,
             )  # fmt: skip
         assert e.value.status_code == 400
+        assert isinstance(e.value.body, dict)
+        assert e.value.body["param"] == f"{param}.function.parameters", e.value.body

@@ -12,8 +12,9 @@ import pytest
 
 import specgen
 from specgen.chat import prompt_tokens
-from specgen.events import Step
-from specgen.logprobs import log_softmax_at, token_logprobs, top_ids
+from specgen.events import Span, Step
+from specgen.logprobs import TokenLogprob, log_softmax_at, token_logprobs, top_ids
+from specgen.server.logprobs import legacy_token, text_logprobs
 
 # tiny F32 models: a batched and a single pass differ by float rounding only (FIELD.md:
 # 0.016 logits on the F32 demo target, up to 1 on Q4_K_M); the bound is far below any real
@@ -36,6 +37,23 @@ def test_log_softmax_and_top_ids_match_plain_numpy() -> None:
         assert lp.token == 5 and lp.logprob == pytest.approx(ref[5])
         assert [t.token for t in lp.top] == [7, 11, int(expect[2])]
         assert lp.top[0].logprob == pytest.approx(ref[7]) and lp.top[0].top == ()
+
+
+def test_legacy_logprobs_name_part_characters_by_their_bytes() -> None:
+    """Tokens that hold part of a UTF-8 character each keep their own ``top_logprobs`` key
+    (``bytes:\\xe6\\x97``, OpenAI's legacy naming): shown as U+FFFD they overwrote
+    each other, and the chosen token's entry was another token's value."""
+    ja = "日本".encode()  # two 3-byte characters
+    top = (
+        TokenLogprob(5, -0.2, ja[:2]),
+        TokenLogprob(6, -1.0, ja[3:5]),
+        TokenLogprob(7, -2.0, b"a"),
+    )
+    chosen = TokenLogprob(6, -1.0, ja[3:5], top)
+    out = text_logprobs([Span("", 6, False, logprob=chosen)])
+    assert out["tokens"] == ["bytes:\\xe6\\x9c"]
+    assert out["top_logprobs"] == [{"bytes:\\xe6\\x97": -0.2, "bytes:\\xe6\\x9c": -1.0, "a": -2.0}]
+    assert legacy_token("é".encode()) == "é" and legacy_token(b"") == ""
 
 
 def test_a_wrong_row_is_detected() -> None:

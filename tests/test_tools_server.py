@@ -179,3 +179,32 @@ def test_a_named_function_with_defs_is_called_once_as_instructor_asks(server: Se
     assert calls is not None and len(calls) == 1 and r.choices[0].finish_reason == "tool_calls"
     args = json.loads(calls[0].function.arguments)
     assert set(args) == {"name", "address"} and args["address"]["city"] in ("Paris", "Rome")
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["as-it-comes", "a-call"])
+def test_a_stream_lists_the_logprobs_the_whole_answer_lists(server: Server, bias: bool) -> None:
+    """Under tool_choice auto the stream's content passes a gate that holds back what may
+    start ``<tool_call>`` (all of it, once a call is written): the held rounds' tokens go
+    out with the chunk that releases their text, or with the final chunk with the calls,
+    so the stream lists every token the whole answer lists (it had dropped them)."""
+    c = server.client()
+    kw: dict = dict(
+        model=server.model_id, messages=WHAT, tools=[WEATHER], temperature=0, max_tokens=40,
+        parallel_tool_calls=False, logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    if bias:
+        kw["logit_bias"] = TAG_BIAS
+    whole = c.chat.completions.create(**kw)
+    assert whole.choices[0].logprobs is not None and whole.usage is not None
+    tokens = [(e.token, e.logprob) for e in whole.choices[0].logprobs.content or []]
+    assert len(tokens) == whole.usage.completion_tokens
+    streamed = []
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            if ch.logprobs is not None:
+                streamed += [(e.token, e.logprob) for e in ch.logprobs.content or []]
+    assert [t for t, _ in streamed] == [t for t, _ in tokens]
+    # two requests: rows from decodes of other shapes (a cached prefix, other blocks) differ
+    # by float rounding (FIELD.md: up to about 0.02 on an F32 model), never by whole nats
+    assert all(abs(a - b) < 0.02 for (_, a), (_, b) in zip(streamed, tokens, strict=True))
+    assert (whole.choices[0].message.tool_calls is not None) == bias

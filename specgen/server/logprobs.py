@@ -26,12 +26,23 @@ from specgen.logprobs import TokenLogprob
 __all__ = ["Echo", "TextOffsets", "chat_logprobs", "text_logprobs"]
 
 
+def legacy_token(piece: bytes) -> str:
+    """A token as the legacy completions' ``logprobs`` name it: its text, or where its bytes
+    are no UTF-8 text by themselves (part of a character) ``bytes:`` and their escapes
+    (``bytes:\\xe6\\x97``), as OpenAI's legacy API writes them: two such tokens shown as
+    U+FFFD would share one ``top_logprobs`` key, the later overwriting the earlier."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
+
+
 def _legacy_top(lp: TokenLogprob) -> dict[str, float]:
-    """A legacy ``top_logprobs`` object: the most likely tokens' text to their logprob,
-    and the chosen token's too, as OpenAI's legacy API ("up to logprobs + 1 elements")
-    and vLLM give it (so ``logprobs: 0`` still names the chosen token)."""
-    top = {t.text: t.logprob for t in lp.top}
-    top.setdefault(lp.text, lp.logprob)
+    """A legacy ``top_logprobs`` object: the most likely tokens (`legacy_token`) to their
+    logprob, and the chosen token's too, as OpenAI's legacy API ("up to logprobs + 1
+    elements") and vLLM give it (so ``logprobs: 0`` still names the chosen token)."""
+    top = {legacy_token(t.piece): t.logprob for t in lp.top}
+    top.setdefault(legacy_token(lp.piece), lp.logprob)
     return top
 
 
@@ -73,7 +84,8 @@ def text_logprobs(
     spans: Sequence[Span], offsets: TextOffsets | None = None, eos: TokenLogprob | None = None
 ) -> dict[str, Any]:
     """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens``,
-    ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token) and
+    ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token; tokens
+    named by `legacy_token`) and
     ``text_offset`` (each token's first character in the completion's text, from
     `offsets`, which it advances: a stream's chunks share one; from 0 when None), then the
     end-of-generation token that ended them (`eos`, `Step.eos_logprob`) as OpenAI and
@@ -85,7 +97,7 @@ def text_logprobs(
     offsets = offsets or TextOffsets()
     for lp in [s.logprob for s in spans] + [eos]:
         if lp is not None:
-            out["tokens"].append(lp.text)
+            out["tokens"].append(legacy_token(lp.piece))
             out["token_logprobs"].append(lp.logprob)
             out["top_logprobs"].append(_legacy_top(lp))
             out["text_offset"].append(offsets.advance(lp.piece if lp is not eos else b""))
@@ -134,7 +146,7 @@ class Echo:
         have come."""
         lps = [None, *(self.logprobs or ())]
         return {
-            "tokens": [p.decode("utf-8", "replace") for p in self.pieces[: len(lps)]],
+            "tokens": [legacy_token(p) for p in self.pieces[: len(lps)]],
             "token_logprobs": [lp.logprob if lp else None for lp in lps],
             "top_logprobs": [_legacy_top(lp) if lp else None for lp in lps],
             "text_offset": self.offsets[: len(lps)],

@@ -190,7 +190,7 @@ class Run:
             else:
                 self.outcomes[i] = Outcome("", "failed", None, None)
                 self._cancel()
-                raise _failure(ev)
+                raise _failure(ev, self.jobs[i])
 
     async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
         """Server-sent events: the role, one chunk per round of a choice (its ``index``),
@@ -203,6 +203,7 @@ class Run:
             tools.ContentGate(calls.kind == "auto") if calls is not None else None
             for _ in self.jobs
         ]
+        held: list[list[Step]] = [[] for _ in self.jobs]  # rounds whose text the gate kept
         try:
             for i in range(len(self.jobs)):
                 first = self.shape.first_chunk(i)
@@ -223,7 +224,10 @@ class Run:
                     if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
                         content = gate.feed(ev.text)
                         if content:
-                            yield _sse(self.shape.step_chunk(ev, content, index=i))
+                            yield _sse(self.shape.step_chunk(ev, content, i, held[i]))
+                            held[i] = []
+                        else:
+                            held[i].append(ev)
                         continue
                     written[i] += len(ev.text)
                     yield _sse(self.shape.step_chunk(ev, index=i))
@@ -232,13 +236,15 @@ class Run:
                     outcome = Outcome.of_done(ev)
                     rest = ev.text[written[i] :]
                 else:
-                    info = _failure(ev).info()
+                    info = _failure(ev, self.jobs[i]).info()
                     outcome = Outcome("", "failed", None, info)
                     rest = ""
                 self.outcomes[i] = outcome
                 gate = gates[i]
                 released = gate.released if gate is not None else 0
-                yield _sse(self.shape.final_chunk(self.steps[i], outcome, rest, released, index=i))
+                yield _sse(
+                    self.shape.final_chunk(self.steps[i], outcome, rest, released, i, held[i])
+                )
                 if any(o is None for o in self.outcomes):
                     continue
                 outcomes = [o for o in self.outcomes if o is not None]
@@ -253,9 +259,11 @@ class Run:
             self._cancel()
 
 
-def _failure(ev: Failed) -> RequestError:
+def _failure(ev: Failed, job: Job) -> RequestError:
     if ev.kind == "shutdown":
         return RequestError(503, ev.message, type_="unavailable_error", code="shutdown")
     if ev.kind == "grammar":  # the request's grammar failed mid-generation: its own error
-        return RequestError(400, ev.message, param="grammar", code="invalid_grammar")
+        g = job.config.grammar  # named by the field it came from, as a compile error is
+        param = g.source if g is not None else "grammar"
+        return RequestError(400, ev.message, param=param, code="invalid_grammar")
     return RequestError(500, ev.message, type_="server_error", code=ev.kind)

@@ -197,7 +197,7 @@ class _Generation(_Request):
     def _choices(cls, n: int | None) -> int | None:
         # the bound above is the server's slots (--parallel), checked by the route
         if n is not None and n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
+            raise ValueError(f"must be at least 1, got {n}")
         return n
 
     @field_validator("logit_bias")
@@ -453,5 +453,6 @@ def validation_error(e: ValidationError) -> tuple[str, str | None]:
 def _is_type_tag(part: object) -> bool:
     # pydantic names the union member it tried (`str`, `list[int]`): not part of the path
     return isinstance(part, str) and (
-        part in ("str", "int", "float", "bool") or part.startswith(("list[", "function-"))
+        part in ("str", "int", "float", "bool")
+        or part.startswith(("list[", "dict[", "literal[", "function-"))
     )

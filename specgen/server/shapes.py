@@ -438,10 +438,14 @@ class Shape:
         lps = self.echo.legacy_logprobs() if self.logprobs else None
         return self._chunk(self.echo.text, None, lps, index)
 
-    def step_chunk(self, step: Step, text: str | None = None, index: int = 0) -> dict[str, Any]:
-        """One round's committed text of choice `index` (or `text`: the content of it that
-        may go out, with tool calls), with its tokens' log-probabilities when asked."""
-        lps = self._logprobs([step], self._offsets.setdefault(index, TextOffsets()))
+    def step_chunk(
+        self, step: Step, text: str | None = None, index: int = 0, held: Sequence[Step] = ()
+    ) -> dict[str, Any]:
+        """One round's committed text of choice `index` (or `text`: the content that may go
+        out now, with tool calls), with its tokens' log-probabilities when asked, after
+        those of the `held` rounds before it (rounds whose text the tool-call gate held
+        back: their tokens go out with the chunk that releases their text)."""
+        lps = self._logprobs([*held, step], self._offsets.setdefault(index, TextOffsets()))
         return self._chunk(step.text if text is None else text, None, lps, index)
 
     def final_chunk(
@@ -451,14 +455,18 @@ class Shape:
         rest: str,
         released: int = 0,
         index: int = 0,
+        held: Sequence[Step] = (),
     ) -> dict[str, Any]:
         """The chunk carrying choice `index`'s finish_reason, the statistics and, when it
         ended badly, the error; `rest` is text the rounds had not released yet (held UTF-8
         bytes). With
         tools, `rest` is ignored: the answer is parsed whole, its content not yet sent
         (after the `released` characters streamed, `specgen.server.tools.ContentGate`)
-        and its calls go out here, as ``delta.tool_calls``."""
+        and its calls go out here, as ``delta.tool_calls``, with the log-probabilities of
+        the `held` rounds' tokens when asked (the rounds whose text the gate kept back),
+        so that a stream lists every token the whole response lists."""
         meta = self._meta(steps, outcome)
+        lps = self._logprobs(held) if held else None
         if self.tools is not None and self.chat:
             content, calls = self.parsed(outcome.text)
             if calls is not None:
@@ -468,10 +476,10 @@ class Shape:
                 if content and content[released:]:
                     delta["content"] = content[released:]
                 finish = _calls_finish(openai_finish(outcome.finish))
-                choice = ChunkChoice(index=index, delta=delta, finish_reason=finish)
+                choice = ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=finish)
                 return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
             rest = outcome.text[released:]
-        return self._chunk(rest or None, openai_finish(outcome.finish), None, index, **meta)
+        return self._chunk(rest or None, openai_finish(outcome.finish), lps, index, **meta)
 
     def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         """stream_options.include_usage: the last chunk, with no choices."""

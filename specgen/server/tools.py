@@ -237,11 +237,15 @@ def call_schema(tool: Tool, at: str = "#") -> dict[str, Any]:
     }
 
 
-def _calls_schema(tools: list[Tool], name: str) -> dict[str, Any]:
+def _calls_schema(tools: list[Tool], name: str) -> tuple[dict[str, Any], str]:
+    """The calls' schema, and the field an error in it is named by: the one tool's
+    ``tools[i].function.parameters``, or ``tools[].function.parameters`` for several."""
     chosen = [t for t in tools if name in ("", t.function.name)]
     if len(chosen) == 1:
-        return call_schema(chosen[0])
-    return {"anyOf": [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(chosen)]}
+        at = next(i for i, t in enumerate(tools) if t is chosen[0])
+        return call_schema(chosen[0]), f"tools[{at}].function.parameters"
+    calls = [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(chosen)]
+    return {"anyOf": calls}, "tools[].function.parameters"
 
 
 def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
@@ -254,9 +258,9 @@ def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
     """
     if choice.kind == "none":
         return None
-    schema = _calls_schema(tools, choice.name)
+    schema, source = _calls_schema(tools, choice.name)
     if choice.syntax == "json":
-        return GrammarSpec.json_schema(schema, "tools[].function.parameters")
+        return GrammarSpec.json_schema(schema, source)
     inline = json.dumps({**schema, "x-guidance": JSON_DEFAULTS}, ensure_ascii=False)
     more = f' ("\\n" "{OPEN}" call_body)*' if choice.parallel else ""
     lines = ["%llguidance {}"]
@@ -270,7 +274,7 @@ def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
     else:
         lines += ["start: calls", f'calls: "{OPEN}" call_body{more}']
     lines.append(f'call_body: "\\n" %json {inline} "\\n{CLOSE}"')
-    return GrammarSpec("lark", "\n".join(lines) + "\n", "tools[].function.parameters")
+    return GrammarSpec("lark", "\n".join(lines) + "\n", source)
 
 
 def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
