@@ -145,6 +145,14 @@ def test_add_special_tokens_reaches_the_tokenizer_on_both_routes() -> None:
         assert_openai_error(bad, 400, "add_special_tokens")
 
 
+def test_a_model_is_retrieved_by_its_id_and_another_id_is_a_404(served: Served) -> None:
+    client = served.client()
+    listed = client.models.list().data[0]
+    assert client.models.retrieve(listed.id).id == listed.id
+    r = httpx.get(served.url + "/v1/models/other-model", timeout=T)
+    assert assert_openai_error(r, 404, "model")["code"] == "model_not_found"
+
+
 def test_the_routes_answer_without_v1_too_as_llama_servers_do(served: Served) -> None:
     # a base URL given without /v1 (llama-server serves both forms)
     assert httpx.get(served.url + "/models", timeout=T).json()["data"][0]["object"] == "model"

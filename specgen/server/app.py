@@ -243,18 +243,30 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @api.get("/v1/models")
-    @api.get("/models")  # llama-server serves both: a base URL given without /v1
-    async def models() -> Response:
-        b = ready()
-        entry = {
+    def model_entry(b: Backend) -> dict[str, Any]:
+        return {
             "id": b.model_id,
             "object": "model",
             "created": state.created,
             "owned_by": "specgen",
             "meta": b.card,
         }
-        return JSONResponse({"object": "list", "data": [entry]})
+
+    @api.get("/v1/models")
+    @api.get("/models")  # llama-server serves both: a base URL given without /v1
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [model_entry(ready())]})
+
+    @api.get("/v1/models/{model_id:path}")
+    @api.get("/models/{model_id:path}")
+    async def model(model_id: str) -> Response:  # OpenAI's models.retrieve
+        b = ready()
+        if model_id != b.model_id:
+            raise RequestError(
+                404, f"this server serves {b.model_id!r}, not {model_id!r}",
+                type_="not_found_error", param="model", code="model_not_found",
+            )  # fmt: skip
+        return JSONResponse(model_entry(b))
 
     def vocabulary() -> Vocabulary:
         b = ready()
