@@ -411,3 +411,87 @@ def test_hybrid_blocks_cut_short_keep_every_request_s_output():
     assert any(s.k_reason == "cut" for s in steps)
     assert all(s.n_drafted_by.get("draft", 0) <= 1 for s in steps)
     assert sum(s.n_drafted_by.get("lookup", 0) for s in steps) > 0
+
+
+def logged(engine: FakeBatchEngine, name: str, log: list) -> None:
+    """Record each batched decode of `engine` in `log` as (name, ((seq, tokens, rows),...))."""
+    real = engine.decode_batch
+
+    def decode(parts, copy=True):
+        log.append((name, tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
+        return real(parts, copy)
+
+    engine.decode_batch = decode  # type: ignore[method-assign]
+
+
+def test_a_request_arriving_as_a_step_begins_waits_for_no_draft_decode():
+    """It came after the step's first admission, before its blocks: no catch-up and no
+    depth is drafted (the long-behind slot stays at K = 0, "waiting"; the other's block
+    is cut before its first depth), and its prompt is in that step's target decode."""
+    target, draft = pair()
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=4, queue_max=8, draft_max=4
+    )
+    log: list = []
+    logged(target, "target", log)
+    logged(draft, "draft", log)
+    events: list[tuple[str, int, object]] = []
+
+    def sink(name: str):
+        return lambda e: events.append((name, len(log), e))
+
+    late = [2, 5, 1, 3]
+    steps = {"n": 0}
+    real_catch_up = sched.drafting.catch_up
+
+    def catch_up(active, ks):
+        steps["n"] += 1
+        if steps["n"] == 3:  # the third step: both slots were chosen K = 4
+            log.append(("submit", ()))
+            sched.submit(Job("late", late, GenerateConfig(4, GREEDY)), sink("late"))
+        return real_catch_up(active, ks)
+
+    sched.drafting.catch_up = catch_up  # type: ignore[method-assign]
+    long_prompt = [1 + i % 5 for i in range(100)]  # its draft lacks 100 tokens: a catch-up
+    jobs = [([1, 2, 3], GenerateConfig(20, GREEDY)), (long_prompt, GenerateConfig(20, GREEDY))]
+    for i, (prompt, config) in enumerate(jobs):
+        sched.submit(Job(f"j{i}", prompt, config), sink(f"j{i}"))
+    sched.run_until_idle()
+    at = log.index(("submit", ()))
+    kind, parts = log[at + 1]
+    assert kind == "target", "a draft decode came between the arrival and the target's"
+    assert {seq: (n, rows) for seq, n, rows in parts} == {0: (1, 1), 1: (1, 1), 2: (len(late), 1)}
+    this = {n: e for n, i, e in events if i == at + 2 and isinstance(e, Step)}
+    assert {n: (e.k, e.k_reason) for n, e in this.items()} == {
+        "j0": (0, "cut"), "j1": (0, "waiting"), "late": (0, "first"),
+    }  # fmt: skip
+    expected = outputs_alone([*jobs, (late, GenerateConfig(4, GREEDY))])
+    done = {n: e.tokens for n, _, e in events if isinstance(e, Done)}
+    assert [done["j0"], done["j1"], done["late"]] == expected
+
+
+@pytest.mark.parametrize("n_parallel", [1, 4])
+def test_a_long_catch_up_goes_by_short_chunks_while_a_slot_is_free(n_parallel: int):
+    """A draft 150 tokens behind (its prompt): with slots free for arrivals it catches up
+    by at most LATENCY_CHUNK tokens a decode, so an arrival would wait for no longer
+    one; with every slot busy (one slot, one request) the whole catch-up is one decode."""
+    from specgen.sched.drafting import LATENCY_CHUNK
+
+    target = FakeBatchEngine(n_parallel, 512, n_vocab=V, seed=0, n_ctx=512)
+    draft = FakeBatchEngine(n_parallel, 512, n_vocab=V, seed=0, noise=0.3, n_ctx=512)
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=n_parallel, queue_max=8, draft_max=4
+    )
+    log: list = []
+    logged(draft, "draft", log)
+    prompt = [1 + i % 5 for i in range(150)]
+    events: list = []
+    sched.submit(Job("j", prompt, GenerateConfig(12, GREEDY)), events.append)
+    sched.run_until_idle()
+    sizes = [n for _, parts in log for _, n, _ in parts]
+    assert sum(n for n in sizes if n > 1) >= 150  # the prompt was caught up on
+    if n_parallel == 1:
+        assert max(sizes) >= 150
+    else:
+        assert max(sizes) <= LATENCY_CHUNK + 1
+    assert events[-1].tokens == outputs_alone([(prompt, GenerateConfig(12, GREEDY))])[0]

@@ -177,9 +177,18 @@ def sample_pairs(cut=False, n=N_PER_SETTING):
     seeds; returns counts[setting] of (second, third) token pairs: after the ordinary
     first step, a block of K = 2 (4 tokens asked for: room for x_1, x_2 and the bonus);
     with `cut`, every block is cut after its first depth as by an arrival (K = 1)."""
-    sched, target, _ = make(k=3)
-    if cut:
-        sched.drafting.arrival_waits = lambda: True
+    sched, target, draft = make(k=3)
+    if cut:  # an arrival as every block's first depth ends: its draft decode came last
+        last = ["target"]
+        for name, engine in (("target", target), ("draft", draft)):
+            decode = engine.decode_batch
+
+            def noted(parts, copy=True, name=name, decode=decode):
+                last[0] = name
+                return decode(parts, copy)
+
+            engine.decode_batch = noted
+        sched.drafting.arrival_waits = lambda: last[0] == "draft"
     counts = np.zeros((len(SETTINGS), V, V))
     sinks = []
     for i in range(n * len(SETTINGS)):

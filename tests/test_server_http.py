@@ -83,7 +83,9 @@ def test_chat_stream_sends_a_chunk_per_round_then_finish_usage_and_done(served: 
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in [*rounds, final])
     assert text == fake.REPLY
     assert final["choices"][0]["finish_reason"] == "stop"
-    assert len(rounds) == final["speculative"]["num_steps"]  # one chunk per round
+    # one chunk per round with text: the last round holds the end token alone (no chunk)
+    assert all(c["choices"][0]["delta"]["content"] for c in rounds)
+    assert len(rounds) == final["speculative"]["num_steps"] - 1
     assert final["timings"]["predicted_n"] == len(fake.REPLY)
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(fake.REPLY)
     assert len({c["id"] for c in chunks}) == 1

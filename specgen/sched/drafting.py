@@ -4,8 +4,8 @@ for all slots too), each slot sampling its own row with its own settings and ran
 stream (`ModelDrafter.begin`); a model-free drafter drafts per slot.
 
 A slot's draft is prefilled only once it is chosen to speculate (under load it may never
-be): its prompt is then a catch-up, in the block's first depth, or by `prefill_chunk`
-chunks at K = 0 while longer (`Drafting.catch_up`). While no slot drafts, the draft's
+be): its prompt is then a catch-up, in the block's first depth, or by chunks at K = 0
+while longer (`Drafting.catch_up`, `Drafting.chunk`). While no slot drafts, the draft's
 cost is re-timed now and then (`Drafting.retime_draft`).
 """
 
@@ -22,6 +22,14 @@ from specgen.proposal import Proposal
 from specgen.round import Clock
 from specgen.sched.slot import Slot, batched
 
+LATENCY_CHUNK = 64
+"""Most committed tokens a draft catches up on in one decode while a slot is free for a new
+request (`Drafting.chunk`), whose admission waits for that decode: 64 tokens, about
+110 ms on the 2-vCPU AMD EPYC of issue 37 (1.7 ms a token without a row). At
+`prefill_chunk` (256, about 435 ms there) such a decode was most of the slowest first
+tokens at two sampled streams: a request arriving as the other slot's first block began
+waited for its whole catch-up, then its own prefill (600 ms against a 150 ms median)."""
+
 
 @dataclass(eq=False)
 class Drafting:
@@ -31,10 +39,13 @@ class Drafting:
         draft: the draft engine (None: a model-free drafter or none).
         controller: the batch controller, told the draft's measured costs (None: fixed K).
         clock: seconds.
-        prefill_chunk: most draft tokens one slot catches up on in a step.
+        prefill_chunk: most draft tokens one slot catches up on in a step while no slot is
+            free (`chunk`).
         fail: ends a slot's job with `Failed` (`Slots.fail`).
         arrival_waits: whether a queued request could take a free slot now
             (`Scheduler._arrival_waits`): the blocks are then cut short.
+        slot_free: whether a slot is free (a request arriving now would be admitted
+            after the decode under way): catch-ups then go by `LATENCY_CHUNK`.
     """
 
     draft: BatchEngine | None
@@ -44,6 +55,7 @@ class Drafting:
     prefill_chunk: int
     fail: Callable[[Slot, Exception | str, str], None]
     arrival_waits: Callable[[], bool]
+    slot_free: Callable[[], bool] = lambda: False
     cut: bool = field(default=False, init=False)
     """This step's blocks were cut short by an arrival (`_draft_depths`)."""
     undrafted_s: float = field(default=0.0, init=False)
@@ -68,17 +80,27 @@ class Drafting:
                 ctl.observe_run(slot.run)
                 slot.run = 0
 
+    def chunk(self) -> int:
+        """Most committed tokens one decode catches a draft up on now: `prefill_chunk`, or
+        `LATENCY_CHUNK` while a slot is free, so that a request arriving during the
+        catch-up waits for at most that many draft tokens before its admission (a single
+        stream, one slot and busy, keeps the whole chunk)."""
+        return min(self.prefill_chunk, LATENCY_CHUNK) if self.slot_free() else self.prefill_chunk
+
     def catch_up(self, active: list[Slot], ks: list[int]) -> list[int]:
         """Bring long-behind draft caches forward by a chunk: a slot chosen to speculate
-        whose draft lacks more than `prefill_chunk` committed tokens (its prompt, never
-        drafted for, or a long stretch at K = 0) evaluates `prefill_chunk` of them (no
-        logits rows) in one draft decode with the others' chunks, and stays at K = 0 this
-        step; so a long prompt stalls the other slots by one chunk in the draft as in the
-        target. Shorter catch-ups go in the block's first depth (`_draft_depths`). A hybrid
-        slot held to prompt lookup (`lookup_first`) is left alone: it drafts no model block.
+        whose draft lacks more than `chunk()` committed tokens (its prompt, never drafted
+        for, or a long stretch at K = 0) evaluates that many of them (no logits rows) in
+        one draft decode with the others' chunks, and stays at K = 0 this step; so a long
+        prompt stalls the other slots by one chunk in the draft as in the target. Shorter
+        catch-ups go in the block's first depth (`_draft_depths`). A hybrid slot held to
+        prompt lookup (`lookup_first`) is left alone: it drafts no model block. With a
+        request waiting for a free slot (it arrived as the step began) no catch-up is
+        made and those slots stay at K = 0 ("waiting"): the request is admitted before
+        the target decode, which a catch-up would delay.
 
         Returns:
-            ks with 0 for every slot that caught up this step.
+            ks with 0 for every slot that caught up (or would have) this step.
 
         Raises nothing: a failed draft decode fails those slots' jobs.
         """
@@ -86,22 +108,24 @@ class Drafting:
             return ks
         chunks: list[tuple[Slot, SeqDecode]] = []
         out = list(ks)
+        size, waiting = self.chunk(), self.arrival_waits()
         for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
             d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
             # a slot held to its lookup tokens drafts no model block this step, so its
             # catch-up waits too (`_lookup_first`)
             if k == 0 or d is None or cache is None or slot.reason == "lookup_first":
                 continue
-            if slot.catch_up <= self.prefill_chunk:  # set by `Stepper._choose_ks`
+            if slot.catch_up <= size:  # set by `Stepper._choose_ks`
+                continue
+            out[i] = 0
+            if waiting:
+                slot.reason = "waiting"
                 continue
             assert seq is not None
             context = seq.committed
             d.model.rollback(context)
             have = len(cache.tokens)
-            chunks.append(
-                (slot, SeqDecode(slot.index, context[have : have + self.prefill_chunk], 0))
-            )
-            out[i] = 0
+            chunks.append((slot, SeqDecode(slot.index, context[have : have + size], 0)))
             slot.reason = "catch_up"
         if chunks:
             parts = [part for _, part in chunks]
@@ -204,12 +228,13 @@ class Drafting:
         committed; a decode beyond n_batch tokens is split into several.
 
         A request that arrives while the blocks are drafted, with a slot free for it,
-        cuts every block short after the depth under way (`Stepwise.stop`, setting
-        `cut`): the step goes on to its target decode, which then holds the request's
-        first prompt chunk (`Stepper.run` admits again before it), so a new request waits one
-        draft depth instead of all of them (see `specgen.sched.step`: admission). Exact:
-        where a block ends depends on the clock and the queue, never on the tokens drawn,
-        and a round's law does not depend on its K (Leviathan et al. 2023, Theorem 3.5).
+        cuts every block short after the depth under way, or before the first one
+        (`Stepwise.stop`, setting `cut`): the step goes on to its target decode, which
+        then holds the request's first prompt chunk (`Stepper.run` admits again before
+        it), so a new request waits one draft depth instead of all of them (see
+        `specgen.sched.step`: admission). Exact: where a block ends depends on the clock
+        and the queue, never on the tokens drawn, and a round's law does not depend on its
+        K (Leviathan et al. 2023, Theorem 3.5).
 
         Raises:
             EngineError: a draft decode failed (the caller fails every drafting slot).
@@ -218,6 +243,11 @@ class Drafting:
         draft, n_batch = self.draft, self.draft.n_batch
         live = [(seq, d) for seq, d in work if d.pending]
         while live:
+            if self.arrival_waits():  # before any depth too: it came as the step began
+                for _, d in live:
+                    d.stop()
+                self.cut = True
+                return
             for group in _groups(live, n_batch):
                 t0 = self.clock()
                 n_tokens = sum(len(d.pending) for _, d in group)
@@ -238,11 +268,6 @@ class Drafting:
                     self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows)
                     self.undrafted_s = 0.0
             live = [(seq, d) for seq, d in live if d.pending]
-            if live and self.arrival_waits():
-                for _, d in live:
-                    d.stop()
-                self.cut = True
-                return
 
     def _feed(self, seq: int, d: Stepwise, row: Logits) -> None:
         """`d.feed(row)`; a failure of the slot's own (its grammar's matcher) ends its block

@@ -163,6 +163,7 @@ class Scheduler:
             prefill_chunk=self.prefill_chunk,
             fail=self.slots.fail,
             arrival_waits=self._arrival_waits,
+            slot_free=lambda: not self._stopping and self.slots_busy < self.n_parallel,
         )
         self._stepper = Stepper(
             target,

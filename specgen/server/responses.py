@@ -230,7 +230,9 @@ class Run:
                             held[i].append(ev)
                         continue
                     written[i] += len(ev.text)
-                    yield _sse(self.shape.step_chunk(ev, index=i))
+                    if ev.text or self.shape.logprobs:  # a round that released no text
+                        # (a character's first bytes) has nothing to send, but its logprobs
+                        yield _sse(self.shape.step_chunk(ev, index=i))
                     continue
                 if isinstance(ev, Done):
                     outcome = Outcome.of_done(ev)
