@@ -474,7 +474,9 @@ def test_a_request_arriving_as_a_step_begins_waits_for_no_draft_decode():
 def test_a_long_catch_up_goes_by_short_chunks_while_a_slot_is_free(n_parallel: int):
     """A draft 150 tokens behind (its prompt): with slots free for arrivals it catches up
     by at most LATENCY_CHUNK tokens a decode, so an arrival would wait for no longer
-    one; with every slot busy (one slot, one request) the whole catch-up is one decode."""
+    one; with every slot busy (one slot, one request) the whole catch-up is one decode.
+    Either way it is made in the step that first drafts, at the K chosen (no step at
+    K = 0 for it: a catch-up under `prefill_chunk` costs no round)."""
     from specgen.sched.drafting import LATENCY_CHUNK
 
     target = FakeBatchEngine(n_parallel, 512, n_vocab=V, seed=0, n_ctx=512)
@@ -495,3 +497,45 @@ def test_a_long_catch_up_goes_by_short_chunks_while_a_slot_is_free(n_parallel: i
     else:
         assert max(sizes) <= LATENCY_CHUNK + 1
     assert events[-1].tokens == outputs_alone([(prompt, GenerateConfig(12, GREEDY))])[0]
+    reasons = [e.k_reason for e in events if isinstance(e, Step)]
+    assert reasons[:2] == ["first", "fixed"] and "catch_up" not in reasons
+
+
+def test_an_arrival_between_two_pieces_of_a_catch_up_ends_it():
+    """A draft 150 tokens behind catches up by pieces while a slot is free; a request
+    arriving during the first piece ends the catch-up after it (the blocks are cut before
+    their first depth) and has its prompt in the step's target decode; no output
+    changes."""
+    from specgen.sched.drafting import LATENCY_CHUNK
+
+    target = FakeBatchEngine(4, 512, n_vocab=V, seed=0, n_ctx=512)
+    draft = FakeBatchEngine(4, 512, n_vocab=V, seed=0, noise=0.3, n_ctx=512)
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=4, queue_max=8, draft_max=4
+    )
+    log: list = []
+    logged(target, "target", log)
+    real = draft.decode_batch
+    events: list = []
+    late = [2, 5, 1, 3]
+
+    def decode(parts, copy=True):
+        log.append(("draft", tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
+        if len(parts[0].tokens) == LATENCY_CHUNK and ("submit", ()) not in log:
+            log.append(("submit", ()))
+            sched.submit(Job("late", late, GenerateConfig(4, GREEDY)), events.append)
+        return real(parts, copy)
+
+    draft.decode_batch = decode  # type: ignore[method-assign]
+    prompt = [1 + i % 5 for i in range(150)]
+    sched.submit(Job("j", prompt, GenerateConfig(12, GREEDY)), events.append)
+    sched.run_until_idle()
+    at = log.index(("submit", ()))
+    assert log[at - 1] == ("draft", ((0, LATENCY_CHUNK, 0),))
+    kind, parts = log[at + 1]
+    assert kind == "target", "the catch-up went on after the arrival"
+    assert {seq: (n, rows) for seq, n, rows in parts} == {0: (1, 1), 1: (len(late), 1)}
+    done = [e for e in events if isinstance(e, Done)]
+    assert [d.tokens for d in done] == outputs_alone(
+        [(late, GenerateConfig(4, GREEDY)), (prompt, GenerateConfig(12, GREEDY))]
+    )

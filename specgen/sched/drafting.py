@@ -4,9 +4,9 @@ for all slots too), each slot sampling its own row with its own settings and ran
 stream (`ModelDrafter.begin`); a model-free drafter drafts per slot.
 
 A slot's draft is prefilled only once it is chosen to speculate (under load it may never
-be): its prompt is then a catch-up, in the block's first depth, or by chunks at K = 0
-while longer (`Drafting.catch_up`, `Drafting.chunk`). While no slot drafts, the draft's
-cost is re-timed now and then (`Drafting.retime_draft`).
+be): its prompt is then a catch-up, made before the block's first depth or in it, and by
+`prefill_chunk` chunks at K = 0 while longer (`Drafting.catch_up`). While no slot drafts,
+the draft's cost is re-timed now and then (`Drafting.retime_draft`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from specgen.round import Clock
 from specgen.sched.slot import Slot, batched
 
 LATENCY_CHUNK = 64
-"""Most committed tokens a draft catches up on in one decode while a slot is free for a new
-request (`Drafting.chunk`), whose admission waits for that decode: 64 tokens, about
-110 ms on the 2-vCPU AMD EPYC of issue 37 (1.7 ms a token without a row). At
-`prefill_chunk` (256, about 435 ms there) such a decode was most of the slowest first
-tokens at two sampled streams: a request arriving as the other slot's first block began
-waited for its whole catch-up, then its own prefill (600 ms against a 150 ms median)."""
+"""Draft tokens of a catch-up one decode evaluates while a slot is free for a new request
+(`Drafting.catch_up`), whose admission waits for the decode under way: 64 tokens, about
+110 ms on the 2-vCPU AMD EPYC of issue 37 (1.7 ms a token without a row). A catch-up made
+whole in a block's first depth (up to `prefill_chunk`, 256 tokens, about 435 ms there) was
+most of the slowest first tokens at two sampled streams: a request arriving as the other
+slot's first block began waited for its whole catch-up, then its own prefill (600 ms
+against a 150 ms median)."""
 
 
 @dataclass(eq=False)
@@ -39,13 +40,12 @@ class Drafting:
         draft: the draft engine (None: a model-free drafter or none).
         controller: the batch controller, told the draft's measured costs (None: fixed K).
         clock: seconds.
-        prefill_chunk: most draft tokens one slot catches up on in a step while no slot is
-            free (`chunk`).
+        prefill_chunk: most draft tokens one slot catches up on in a step.
         fail: ends a slot's job with `Failed` (`Slots.fail`).
         arrival_waits: whether a queued request could take a free slot now
             (`Scheduler._arrival_waits`): the blocks are then cut short.
         slot_free: whether a slot is free (a request arriving now would be admitted
-            after the decode under way): catch-ups then go by `LATENCY_CHUNK`.
+            after the decode under way): catch-ups then go by `LATENCY_CHUNK` pieces.
     """
 
     draft: BatchEngine | None
@@ -80,65 +80,74 @@ class Drafting:
                 ctl.observe_run(slot.run)
                 slot.run = 0
 
-    def chunk(self) -> int:
-        """Most committed tokens one decode catches a draft up on now: `prefill_chunk`, or
-        `LATENCY_CHUNK` while a slot is free, so that a request arriving during the
-        catch-up waits for at most that many draft tokens before its admission (a single
-        stream, one slot and busy, keeps the whole chunk)."""
-        return min(self.prefill_chunk, LATENCY_CHUNK) if self.slot_free() else self.prefill_chunk
-
     def catch_up(self, active: list[Slot], ks: list[int]) -> list[int]:
-        """Bring long-behind draft caches forward by a chunk: a slot chosen to speculate
-        whose draft lacks more than `chunk()` committed tokens (its prompt, never drafted
-        for, or a long stretch at K = 0) evaluates that many of them (no logits rows) in
-        one draft decode with the others' chunks, and stays at K = 0 this step; so a long
-        prompt stalls the other slots by one chunk in the draft as in the target. Shorter
-        catch-ups go in the block's first depth (`_draft_depths`). A hybrid slot held to
-        prompt lookup (`lookup_first`) is left alone: it drafts no model block. With a
-        request waiting for a free slot (it arrived as the step began) no catch-up is
-        made and those slots stay at K = 0 ("waiting"): the request is admitted before
-        the target decode, which a catch-up would delay.
+        """Bring draft caches that are behind forward before the blocks are drafted, by
+        decodes without logits rows holding every such slot's tokens:
+
+        - a slot chosen to speculate whose draft lacks more than `prefill_chunk` committed
+          tokens (its prompt, never drafted for, or a long stretch at K = 0) evaluates
+          `prefill_chunk` of them and stays at K = 0 this step, so a long prompt stalls the
+          other slots by one chunk in the draft as in the target;
+        - while a slot is free for a new request (`slot_free`), a catch-up longer than
+          `LATENCY_CHUNK` is made here too, the slot keeping its K (its first depth then
+          holds only the token its row comes from);
+        - else a catch-up goes in the block's first depth (`_draft_depths`).
+
+        While a slot is free the tokens go by pieces of `LATENCY_CHUNK`, and a request that
+        arrives between two pieces ends the catch-up there (the blocks are then cut before
+        their first depth): an arrival waits for one piece at most. With a request already
+        waiting no catch-up is made and those slots stay at K = 0 ("waiting"). A hybrid
+        slot held to prompt lookup (`lookup_first`) is left alone: it drafts no model
+        block. Exact: what is caught up when depends on the clock and the queue only.
 
         Returns:
-            ks with 0 for every slot that caught up (or would have) this step.
+            ks with 0 for every slot held to a chunk or by a waiting request.
 
         Raises nothing: a failed draft decode fails those slots' jobs.
         """
         if self.draft is None:
             return ks
-        chunks: list[tuple[Slot, SeqDecode]] = []
         out = list(ks)
-        size, waiting = self.chunk(), self.arrival_waits()
+        free, waiting = self.slot_free(), self.arrival_waits()
+        todo: list[tuple[Slot, list[int]]] = []  # each slot's tokens to evaluate
         for i, (slot, k) in enumerate(zip(active, ks, strict=True)):
             d, seq, cache = batched(slot.drafter), slot.seq, slot.draft
             # a slot held to its lookup tokens drafts no model block this step, so its
             # catch-up waits too (`_lookup_first`)
             if k == 0 or d is None or cache is None or slot.reason == "lookup_first":
                 continue
-            if slot.catch_up <= size:  # set by `Stepper._choose_ks`
+            long = slot.catch_up > self.prefill_chunk  # set by `Stepper._choose_ks`
+            if not long and not (free and slot.catch_up > LATENCY_CHUNK):
                 continue
-            out[i] = 0
             if waiting:
-                slot.reason = "waiting"
+                out[i], slot.reason = 0, "waiting"
                 continue
             assert seq is not None
             context = seq.committed
             d.model.rollback(context)
             have = len(cache.tokens)
-            chunks.append((slot, SeqDecode(slot.index, context[have : have + size], 0)))
-            slot.reason = "catch_up"
-        if chunks:
-            parts = [part for _, part in chunks]
+            n = self.prefill_chunk if long else slot.catch_up  # the last token left: its row
+            todo.append((slot, context[have : have + n]))
+            if long:
+                out[i], slot.reason = 0, "catch_up"
+        piece = LATENCY_CHUNK if free else max((len(t) for _, t in todo), default=0)
+        at = 0
+        while todo and not (at and self.arrival_waits()):
+            todo = [(slot, toks) for slot, toks in todo if len(toks) > at]
+            if not todo:
+                break
+            parts = [SeqDecode(slot.index, toks[at : at + piece], 0) for slot, toks in todo]
             t0 = self.clock()
             try:
                 self.draft.decode_batch(parts)
             except EngineError as exc:
-                for slot, _ in chunks:
+                for slot, _ in todo:
                     self.fail(slot, exc, "engine")
-            else:
-                if self.controller is not None:  # tokens without rows: the catch-up's cost
-                    n_tokens = sum(len(part.tokens) for part in parts)
-                    self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows=0)
+                return out
+            if self.controller is not None:  # tokens without rows: the catch-up's cost
+                n_tokens = sum(len(part.tokens) for part in parts)
+                self.controller.observe_draft(n_tokens, self.clock() - t0, n_rows=0)
+            at += piece
         return out
 
     def propose(self, active: list[Slot], ks: list[int]) -> list[tuple[Slot, Proposal]]:
