@@ -89,8 +89,9 @@ class Drafting:
           `prefill_chunk` of them and stays at K = 0 this step, so a long prompt stalls the
           other slots by one chunk in the draft as in the target;
         - while a slot is free for a new request (`slot_free`), a catch-up longer than
-          `LATENCY_CHUNK` is made here too, the slot keeping its K (its first depth then
-          holds only the token its row comes from);
+          `LATENCY_CHUNK` is made here too where the model is to draft (K beyond the
+          prompt-lookup tokens offered, `Slot.offer`), the slot keeping its K (its first
+          depth then holds only the token its row comes from);
         - else a catch-up goes in the block's first depth (`_draft_depths`).
 
         While a slot is free the tokens go by pieces of `LATENCY_CHUNK`, and a request that
@@ -117,7 +118,10 @@ class Drafting:
             if k == 0 or d is None or cache is None or slot.reason == "lookup_first":
                 continue
             long = slot.catch_up > self.prefill_chunk  # set by `Stepper._choose_ks`
-            if not long and not (free and slot.catch_up > LATENCY_CHUNK):
+            # a block prompt lookup fills (K within its offer) needs no draft decode:
+            # no catch-up for it here, as none in a first depth
+            ahead = free and slot.catch_up > LATENCY_CHUNK and k > slot.offer
+            if not long and not ahead:
                 continue
             if waiting:
                 out[i], slot.reason = 0, "waiting"

@@ -77,6 +77,7 @@ class Slot:
         self.fresh = False  # its request has not had a step that could speculate yet
         self.first = False  # its request has not had a step yet: that one is ordinary
         self.catch_up = 0  # draft tokens it lacks before its next block (as last chosen)
+        self.offer = 0  # block positions its prompt lookup offers this step (a hybrid's)
         self.run = 0  # consecutive speculative rounds so far (`BatchController.observe_run`)
         self.lookup_misses = 0  # held steps its lookup gained nothing (`_lookup_first`)
         self.lookup_held = False  # held to its lookup since a step's catch-up cost said so

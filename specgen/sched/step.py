@@ -393,6 +393,7 @@ class Stepper:
             if isinstance(d, HybridDrafter):
                 d.model_held = held  # before the offer: the hold changes what it proposes
                 free, free_alpha = d.lookup_offer(seq.committed, cap)
+            slot.offer = free
             if held:
                 # K within the lookup's tokens: no draft pass, so no catch-up yet
                 caps[i] = cap = free
