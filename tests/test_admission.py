@@ -539,3 +539,33 @@ def test_an_arrival_between_two_pieces_of_a_catch_up_ends_it():
     assert [d.tokens for d in done] == outputs_alone(
         [(late, GenerateConfig(4, GREEDY)), (prompt, GenerateConfig(12, GREEDY))]
     )
+
+
+def test_no_catch_up_before_a_block_prompt_lookup_offers_whole(monkeypatch):
+    """With a slot free, a catch-up is made before the blocks only where the model is to
+    draft: a hybrid slot whose K is within its prompt lookup's offer needs no draft decode
+    (catching up for it cost 0.92-0.94x at one stream), so its draft stays behind."""
+    from specgen.sched import step
+    from specgen.sched.drafting import LATENCY_CHUNK
+
+    def offered(self, committed, cap):
+        return cap, 0.99
+
+    monkeypatch.setattr(HybridDrafter, "lookup_offer", offered)
+    monkeypatch.setattr(step, "_lookup_first", lambda slot, cap, controller: False)
+    target = FakeBatchEngine(4, 512, n_vocab=V, seed=0, n_ctx=512)
+    draft = FakeBatchEngine(4, 512, n_vocab=V, seed=0, noise=0.3, n_ctx=512)
+    sched = Scheduler(
+        target, HybridDrafter(ModelDrafter(draft, GREEDY, V)), n_parallel=4, queue_max=8,
+        draft_max=None, controller=costly_controller(),
+    )  # fmt: skip
+    log: list = []
+    logged(draft, "draft", log)
+    events: list = []
+    prompt = [1 + i % 5 for i in range(150)]
+    sched.submit(Job("j", prompt, GenerateConfig(16, GREEDY)), events.append)
+    sched.run_until_idle()
+    steps = [e for e in events if isinstance(e, Step)]
+    assert any(e.k > 0 for e in steps)  # blocks were chosen: the rule had a case
+    pieces = [n for _, parts in log for _, n, rows in parts if rows == 0 and n == LATENCY_CHUNK]
+    assert pieces == []
