@@ -132,15 +132,16 @@ class Sequence:
     def _attach_min_tokens(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
     ) -> None:
-        """``min_tokens``' processors (`MinTokens`): one in `processor`, one for the
-        drafter's rows; a drafter used before keeps no earlier generation's."""
+        """``min_tokens``' processor (`MinTokens`, stateless: one serves both sides) in
+        `processor` and on the drafter's rows; a drafter used before keeps no earlier
+        generation's."""
         attach_min_tokens(drafter, None)
         if config.min_tokens <= 0:
             return
         ids = (*eog_ids(target), *config.stop_token_ids)
         held = MinTokens(ids, n_prompt, config.min_tokens)
         self.processor = held if self.processor is None else Chain([held, self.processor])
-        attach_min_tokens(drafter, MinTokens(ids, n_prompt, config.min_tokens))
+        attach_min_tokens(drafter, held)
 
     @property
     def _draft_engine(self) -> Engine | None:

@@ -12,6 +12,7 @@ draft depths (`specgen.control.batch.BatchController`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 from fakes import FakeBatchEngine
@@ -56,33 +57,43 @@ def outputs_alone(jobs: list[tuple[list[int], GenerateConfig]]) -> list[list[int
     return out
 
 
+def logged(
+    engine: FakeBatchEngine, name: str, log: list, then: Callable[[list], None] | None = None
+) -> None:
+    """Record each batched decode of `engine` in `log` as (name, ((seq, tokens, rows),...)),
+    then call `then(parts)` (before the decode runs) when given."""
+    real = engine.decode_batch
+
+    def decode(parts, copy=True):
+        log.append((name, tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
+        if then is not None:
+            then(parts)
+        return real(parts, copy)
+
+    engine.decode_batch = decode  # type: ignore[method-assign]
+
+
 def test_a_request_arriving_mid_draft_cuts_the_blocks_and_gets_its_first_token_from_that_decode():
     target, draft = pair()
     sched = Scheduler(
         target, ModelDrafter(draft, GREEDY, V), n_parallel=4, queue_max=8, draft_max=4
     )
     log: list[tuple[str, tuple[tuple[int, int, int], ...]]] = []
-    real_target, real_draft = target.decode_batch, draft.decode_batch
     late_prompt = [3, 1, 4, 1, 5, 2, 2, 3]
     events: dict[str, list[tuple[int, object]]] = {"j0": [], "j1": [], "late": []}
 
     def sink(name: str):
         return lambda ev: events[name].append((len(log), ev))
 
-    def target_decode(parts, copy=True):
-        log.append(("target", tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
-        return real_target(parts, copy)
-
-    def draft_decode(parts, copy=True):
-        log.append(("draft", tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
+    def arrive(parts):
         # the second depth of the third speculative step (step 1 prefilled both prompts
         # and made their first rounds; each later step drafts 4 depths)
         if sum(kind == "draft" for kind, _ in log) == 10:
             log.append(("submit", ()))
             sched.submit(Job("late", late_prompt, GenerateConfig(6, GREEDY)), sink("late"))
-        return real_draft(parts, copy)
 
-    target.decode_batch, draft.decode_batch = target_decode, draft_decode  # type: ignore[method-assign]
+    logged(target, "target", log)
+    logged(draft, "draft", log, arrive)
     jobs = [([1 + i, 2, 3], GenerateConfig(40, GREEDY)) for i in range(2)]
     for i, (prompt, config) in enumerate(jobs):
         sched.submit(Job(f"j{i}", prompt, config), sink(f"j{i}"))
@@ -413,17 +424,6 @@ def test_hybrid_blocks_cut_short_keep_every_request_s_output():
     assert sum(s.n_drafted_by.get("lookup", 0) for s in steps) > 0
 
 
-def logged(engine: FakeBatchEngine, name: str, log: list) -> None:
-    """Record each batched decode of `engine` in `log` as (name, ((seq, tokens, rows),...))."""
-    real = engine.decode_batch
-
-    def decode(parts, copy=True):
-        log.append((name, tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
-        return real(parts, copy)
-
-    engine.decode_batch = decode  # type: ignore[method-assign]
-
-
 def test_a_request_arriving_as_a_step_begins_waits_for_no_draft_decode():
     """It came after the step's first admission, before its blocks: no catch-up and no
     depth is drafted (the long-behind slot stays at K = 0, "waiting"; the other's block
@@ -514,19 +514,16 @@ def test_an_arrival_between_two_pieces_of_a_catch_up_ends_it():
         target, ModelDrafter(draft, GREEDY, V), n_parallel=4, queue_max=8, draft_max=4
     )
     log: list = []
-    logged(target, "target", log)
-    real = draft.decode_batch
     events: list = []
     late = [2, 5, 1, 3]
 
-    def decode(parts, copy=True):
-        log.append(("draft", tuple((p.seq, len(p.tokens), p.n_rows) for p in parts)))
+    def arrive(parts):
         if len(parts[0].tokens) == LATENCY_CHUNK and ("submit", ()) not in log:
             log.append(("submit", ()))
             sched.submit(Job("late", late, GenerateConfig(4, GREEDY)), events.append)
-        return real(parts, copy)
 
-    draft.decode_batch = decode  # type: ignore[method-assign]
+    logged(target, "target", log)
+    logged(draft, "draft", log, arrive)
     prompt = [1 + i % 5 for i in range(150)]
     sched.submit(Job("j", prompt, GenerateConfig(12, GREEDY)), events.append)
     sched.run_until_idle()

@@ -116,6 +116,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
     # start-up time: the API and the chat module load numpy
     from specgen import Pair
     from specgen.chat import ChatFormatter, load_template, prompt_tokens
+    from specgen.constraints import eog_ids
     from specgen.grammar import compile_grammar, tokenizer_for
     from specgen.server.tools import TemplateTools
     from specgen.server.vocabulary import Vocabulary
@@ -155,6 +156,7 @@ def _serving(a: ServeArgs, opened: Session, metrics: Metrics) -> Backend:
         card=card,
         close=opened.close,
         check_grammar=lambda spec: compile_grammar(spec, tokenizer_for(target)),
+        end_tokens=lambda: eog_ids(target),
         max_token_bytes=longest,
         vocabulary=Vocabulary(
             tokenize=tokenize,

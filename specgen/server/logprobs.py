@@ -83,10 +83,9 @@ class TextOffsets:
 def text_logprobs(
     spans: Sequence[Span], offsets: TextOffsets | None = None, eos: TokenLogprob | None = None
 ) -> dict[str, Any]:
-    """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens``,
-    ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object per token; tokens
-    named by `legacy_token`) and
-    ``text_offset`` (each token's first character in the completion's text, from
+    """OpenAI's legacy completions ``logprobs``: parallel lists ``tokens`` (named by
+    `legacy_token`), ``token_logprobs``, ``top_logprobs`` (one ``{token: logprob}`` object
+    per token) and ``text_offset`` (each token's first character in the completion's text, from
     `offsets`, which it advances: a stream's chunks share one; from 0 when None), then the
     end-of-generation token that ended them (`eos`, `Step.eos_logprob`) as OpenAI and
     vLLM list it. Tokens past a stop string are listed, as vLLM lists them (their
