@@ -78,3 +78,28 @@ def test_a_grouped_command_sees_each_group_as_its_options_and_gets_one_object() 
     }
     with pytest.raises(ConfigError, match="-c/--ctx-size must be 0"):
         command(n=1, target=None, ctx_size=-1, temp=0.0, seed=None)
+
+
+def test_an_options_type_and_default_are_its_fields_and_a_cli_shape_declares_its_own() -> None:
+    from dataclasses import dataclass, fields
+
+    from specgen.cli.options import Group, flag, opt
+
+    @dataclass(frozen=True)
+    class Shape:
+        count: int = 7
+        names: tuple[str, ...] = flag("--name", default=(), kind=list[str] | None,
+                                      cli_default=None, help="Repeatable.")  # fmt: skip
+        label: str | None = flag("--label", "-L", default="x", help="A label.")
+
+    group = Group(Shape, count=opt("--count", help="How many."))
+    params = {p.name: p for p in group.parameters()}
+    assert params["count"].default == 7 and params["count"].annotation.__origin__ is int
+    assert group.but(count=3).parameters()[0].default == 3
+    declared = {p.name: p for p in Group.of(Shape).parameters()}
+    assert list(declared) == ["names", "label"]  # the fields that declare an option
+    assert declared["names"].default is None  # Typer's default for a repeated option
+    assert Group.of(Shape).options["label"].names == ("--label", "-L")
+    assert [f.default for f in fields(Shape)] == [7, (), "x"]  # the shape's own defaults
+    built = Group.of(Shape).build({"names": ["a"], "label": None})
+    assert built == Shape(names=["a"], label=None)  # type: ignore[arg-type]

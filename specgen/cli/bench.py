@@ -20,8 +20,8 @@ from specgen.cli.options import (
     OutputFlags,
     SamplingFlags,
     check_output_path,
+    flag,
     grouped,
-    opt,
     seed_or_random,
 )
 from specgen.events import Prefilled
@@ -49,63 +49,45 @@ class LoadFlags:
     """`bench --url` (a server under load): these options only apply there; checked by
     `specgen.cli.bench_load` when --url is given."""
 
-    url: list[str] | None = None
-    label: list[str] | None = None
-    concurrency: str | None = None
-    request_rate: str | None = None
-    burstiness: float = 1.0
-    num_prompts: int = 16
-    warmup: int = 1
-    endpoint: str | None = None
-    slo: str | None = None
-    kind: str | None = None
-    timeout: float = 600.0
-    api_key: str | None = None
-
-
-LOAD = Group(
-    LoadFlags,
-    url=opt(
-        list[str] | None,
-        None,
-        "--url",
-        help="Measure an OpenAI-compatible server (repeat for side by side).",
-    ),
-    label=opt(list[str] | None, None, "--label", help="A name for each --url in the tables."),
-    concurrency=opt(
-        str | None,
-        None,
+    url: list[str] | None = flag(
+        "--url", default=None, help="Measure an OpenAI-compatible server (repeat for side by side)."
+    )
+    label: list[str] | None = flag(
+        "--label", default=None, help="A name for each --url in the tables."
+    )
+    concurrency: str | None = flag(
         "--concurrency",
+        default=None,
         help="--url: requests in flight, a sweep like 1,2,4,8 (the default).",
-    ),
-    request_rate=opt(
-        str | None,
-        None,
+    )
+    request_rate: str | None = flag(
         "--request-rate",
+        default=None,
         help="--url: open-loop arrivals per second, e.g. 0.5,1,inf (Poisson).",
-    ),
-    burstiness=opt(
-        float, 1.0, "--burstiness", help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."
-    ),
-    num_prompts=opt(int, 16, "--num-prompts", help="--url: requests per level and server."),
-    warmup=opt(int, 1, "--warmup", help="--url: requests per server before measuring."),
-    endpoint=opt(
-        str | None,
-        None,
-        "--endpoint",
-        help="--url: chat or completions (default: chat for messages).",
-    ),
-    slo=opt(
-        str | None, None, "--slo", help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."
-    ),
-    kind=opt(
-        str | None, None, "--kind", help="--url: only prompts of these kinds, e.g. code,chat."
-    ),
-    timeout=opt(float, 600.0, "--timeout", help="--url: seconds per request."),
-    api_key=opt(
-        str | None, None, "--api-key", envvar="SPECGEN_API_KEY", help="--url: the servers' API key."
-    ),
-)
+    )
+    burstiness: float = flag(
+        "--burstiness", default=1.0, help="--url: gamma shape of arrivals (1 Poisson, <1 burstier)."
+    )
+    num_prompts: int = flag(
+        "--num-prompts", default=16, help="--url: requests per level and server."
+    )
+    warmup: int = flag("--warmup", default=1, help="--url: requests per server before measuring.")
+    endpoint: str | None = flag(
+        "--endpoint", default=None, help="--url: chat or completions (default: chat for messages)."
+    )
+    slo: str | None = flag(
+        "--slo", default=None, help="--url: SLO goodput bounds in ms, e.g. ttft=500,tpot=50."
+    )
+    kind: str | None = flag(
+        "--kind", default=None, help="--url: only prompts of these kinds, e.g. code,chat."
+    )
+    timeout: float = flag("--timeout", default=600.0, help="--url: seconds per request.")
+    api_key: str | None = flag(
+        "--api-key", default=None, envvar="SPECGEN_API_KEY", help="--url: the servers' API key."
+    )
+
+
+LOAD = Group.of(LoadFlags)
 
 
 @dataclass(frozen=True)
@@ -117,23 +99,37 @@ class BenchFlags:
             (checked now: a wrong one must not cost a benchmark of minutes).
     """
 
-    prompts: Path | None = None
-    draft_max: str = "4,8,auto"
-    temp: str = "0"
-    runs: int = 3
-    max_tokens: int = 128
-    seed: int = 1234
-    json_path: Path | None = None
-    markdown_path: Path | None = None
-    plot_path: Path | None = None
-    compare: Path | None = None
+    prompts: Path | None = flag(
+        "--prompts",
+        default=None,
+        help="Your prompts: JSONL with a 'prompt' field, or one per line.",
+    )
+    draft_max: str = flag(
+        "--draft-max", default="4,8,auto", help="Block sizes to compare, e.g. 4,8,auto."
+    )
+    temp: str = flag("--temp", default="0", help="Temperatures, e.g. 0,0.8 (0 or below = greedy).")
+    runs: int = flag("--runs", default=3, help="Repetitions of each prompt.")
+    max_tokens: int = flag(
+        "--max-tokens", "-n", default=128, help="Tokens per generation (EOS ignored)."
+    )
+    seed: int = flag(
+        "--seed", default=1234, help="Base random seed (-1 = random, as in llama.cpp)."
+    )
+    json_path: Path | None = flag("--json", default=None, help="Write every figure and the record.")
+    markdown_path: Path | None = flag("--markdown", default=None, help="Write README-ready tables.")
+    plot_path: Path | None = flag(
+        "--plot", default=None, help="Write a PNG (needs matplotlib: pip install -e '.\\[plot]')."
+    )
+    compare: Path | None = flag(
+        "--compare", default=None, help="An earlier --json result to compare with."
+    )
 
     def __post_init__(self) -> None:
         at_least("--runs", self.runs, 1)
-        for flag, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
+        for name, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
                            ("--plot", self.plot_path)):  # fmt: skip
             if path is not None:
-                check_output_path(flag, path)
+                check_output_path(name, path)
 
     def write(self, report: Any, result: Any) -> None:
         """Write `result` to the files asked for (--json, --markdown, --plot) with the
@@ -145,29 +141,7 @@ class BenchFlags:
                 write(result, path)
 
 
-BENCH = Group(
-    BenchFlags,
-    prompts=opt(
-        Path | None,
-        None,
-        "--prompts",
-        help="Your prompts: JSONL with a 'prompt' field, or one per line.",
-    ),
-    draft_max=opt(str, "4,8,auto", "--draft-max", help="Block sizes to compare, e.g. 4,8,auto."),
-    temp=opt(str, "0", "--temp", help="Temperatures, e.g. 0,0.8 (0 or below = greedy)."),
-    runs=opt(int, 3, "--runs", help="Repetitions of each prompt."),
-    max_tokens=opt(int, 128, "--max-tokens", "-n", help="Tokens per generation (EOS ignored)."),
-    seed=opt(int, 1234, "--seed", help="Base random seed (-1 = random, as in llama.cpp)."),
-    json_path=opt(Path | None, None, "--json", help="Write every figure and the record."),
-    markdown_path=opt(Path | None, None, "--markdown", help="Write README-ready tables."),
-    plot_path=opt(
-        Path | None,
-        None,
-        "--plot",
-        help="Write a PNG (needs matplotlib: pip install -e '.\\[plot]').",
-    ),
-    compare=opt(Path | None, None, "--compare", help="An earlier --json result to compare with."),
-)
+BENCH = Group.of(BenchFlags)
 
 
 @grouped

@@ -53,7 +53,7 @@ EPILOG = (
 
 
 #: -n in chat: per reply
-REPLY_TOKENS = opt(int, 1024, "--max-tokens", "-n", help="Tokens per reply at most.")
+REPLY_TOKENS = opt("--max-tokens", "-n", default=1024, help="Tokens per reply at most.")
 
 
 @grouped

@@ -9,15 +9,21 @@ the command the shape built from their values: each shape is validated when buil
 message naming the flag. A command that shows an option with another default or help, or
 lacks some, says so with `Group.but` and `Group.without`.
 
+Each option's type and default are written once, in its shape's field: an `opt` gives only
+its flag names and help (the library's shapes, which know nothing of flags), and a shape
+the CLI alone builds declares each field with its option (`flag`, read back by `Group.of`).
+
 A leaf: imports Typer, `specgen.errors` and `specgen.flags` (both cheap), so every command
 module can import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ __all__ = [
     "SAMPLING",
     "Group",
     "ModelFlags",
+    "FROM_SHAPE",
     "Opt",
     "OutputFlags",
     "PromptFlags",
@@ -46,12 +53,6 @@ __all__ = [
     "opt",
     "seed_or_random",
 ]
-
-ModelsOpt = Annotated[
-    Path | None,
-    typer.Option("--models", help="Extra models.yaml merged over the packaged and user ones."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
 def check_output_path(flag: str, path: Path) -> None:
@@ -70,64 +71,88 @@ def check_output_path(flag: str, path: Path) -> None:
         raise ConfigError(f"{flag}: cannot write {path}: permission denied")
 
 
-@dataclass(frozen=True)
-class OutputFlags:
-    """What a command shows and writes (--json, --no-live, --show-rejected, --trace,
-    --verbose).
-
-    Raises:
-        ConfigError: a --trace path that cannot be written (checked when built, before any
-            model is loaded or the prompt read).
-    """
-
-    json_out: bool = False
-    no_live: bool = False
-    show_rejected: bool = False
-    trace: Path | None = None
-    verbose: bool = False
-
-    def __post_init__(self) -> None:
-        if self.trace is not None:
-            check_output_path("--trace", self.trace)
-
-
-@dataclass(frozen=True)
-class PromptFlags:
-    """How the prompt becomes tokens (--raw, --system, --chat-template): see
-    `specgen.chat.build_prompt`."""
-
-    raw: bool = False
-    system: str | None = None
-    chat_template: Path | None = None
-
-
 _Shape = TypeVar("_Shape")
 
 
+class _FromShape:
+    def __repr__(self) -> str:
+        return "<the shape's>"
+
+
+#: an `Opt`'s type or default not given: the shape's field's (its annotation, its default)
+FROM_SHAPE: Any = _FromShape()
+
+
 class Opt(NamedTuple):
-    """One option of a group: its type annotated with its ``typer.Option`` (names, help),
-    as Typer reads a parameter, and its default."""
+    """One option of a group: its flag names, ``typer.Option``'s other arguments (help,
+    envvar, ...), and its type (as Typer reads it) and default, each `FROM_SHAPE` unless
+    the option differs from its field (a tuple field read as a repeated option, another
+    default for one command)."""
 
-    annotation: Any
-    default: Any
+    names: tuple[str, ...]
+    option: dict[str, Any]
+    kind: Any = FROM_SHAPE
+    default: Any = FROM_SHAPE
+
+    def annotation(self) -> Any:
+        """The type annotated with its ``typer.Option``, as Typer reads a parameter."""
+        return Annotated[self.kind, typer.Option(*self.names, **self.option)]
 
 
-def opt(kind: Any, default: Any, *names: str, **option: Any) -> Opt:
-    """An option of type `kind` (as Typer reads it), with its default, flag names and
-    ``typer.Option``'s other arguments (``help=...``)."""
-    return Opt(Annotated[kind, typer.Option(*names, **option)], default)
+def flag(
+    *names: str,
+    default: Any,
+    kind: Any = FROM_SHAPE,
+    cli_default: Any = FROM_SHAPE,
+    **option: Any,
+) -> Any:
+    """A field of a shape the CLI alone builds, declared with its option (see `opt`):
+    ``trace: Path | None = flag("--trace", default=None, help=...)``; `Group.of` reads
+    the options back. `cli_default`: the option's default where it is not the field's (a
+    repeated option's None for a tuple field). Returns a ``dataclasses.field``."""
+    o = opt(*names, kind=kind, default=cli_default, **option)
+    return dataclasses.field(default=default, metadata={"opt": o})
+
+
+def opt(*names: str, kind: Any = FROM_SHAPE, default: Any = FROM_SHAPE, **option: Any) -> Opt:
+    """An option with its flag names and ``typer.Option``'s other arguments (``help=...``);
+    its type and default are its field's in the group's shape unless given here."""
+    return Opt(names, option, kind, default)
+
+
+#: options of groups that some commands take alone (`specgen models`)
+MODELS_OPT = opt("--models", help="Extra models.yaml merged over the packaged and user ones.")
+ModelsOpt = Annotated[Path | None, typer.Option(*MODELS_OPT.names, **MODELS_OPT.option)]
 
 
 class Group(Generic[_Shape]):
     """Options declared once that build one frozen shape (a dataclass whose fields are
     the options' parameter names): the values Typer parses become ``shape(**values)``.
+    An option's type and default are its field's (written once, in the shape) unless the
+    `Opt` says otherwise.
 
     Immutable: `but`, `without`, `only` and ``+`` make new groups.
     """
 
     def __init__(self, shape: type[_Shape], **options: Opt) -> None:
         self.shape = shape
-        self.options = options
+        hints = typing.get_type_hints(shape)
+        fields = {f.name: f for f in dataclasses.fields(shape)}  # type: ignore[arg-type]
+        self.options = {
+            name: o._replace(
+                kind=hints[name] if o.kind is FROM_SHAPE else o.kind,
+                default=fields[name].default if o.default is FROM_SHAPE else o.default,
+            )
+            for name, o in options.items()
+        }
+        missing = [n for n, o in self.options.items() if o.default is dataclasses.MISSING]
+        assert not missing, f"give these options a default: {missing}"
+
+    @classmethod
+    def of(cls, shape: type[_Shape]) -> Group[_Shape]:
+        """The options a shape declares in its fields (`flag`), in their order."""
+        fields = dataclasses.fields(shape)  # type: ignore[arg-type]
+        return cls(shape, **{f.name: f.metadata["opt"] for f in fields if "opt" in f.metadata})
 
     def but(self, **changes: Any) -> Group[_Shape]:
         """The same options with other defaults (a value) or another option in the same
@@ -161,7 +186,7 @@ class Group(Generic[_Shape]):
         """The options as keyword parameters, as Typer reads them from a signature."""
         kind = inspect.Parameter.KEYWORD_ONLY
         return [
-            inspect.Parameter(name, kind, default=o.default, annotation=o.annotation)
+            inspect.Parameter(name, kind, default=o.default, annotation=o.annotation())
             for name, o in self.options.items()
         ]
 
@@ -213,58 +238,42 @@ def _group_of(annotation: Any) -> Group[Any] | None:
 #: the models and how llama.cpp runs them
 MODEL = Group(
     ModelFlags,
-    target=opt(
-        str | None, None, "--target", "-m", help="Target model: a GGUF path or a registry name."
-    ),
+    target=opt("--target", "-m", help="Target model: a GGUF path or a registry name."),
     draft=opt(
-        str | None,
-        None,
         "--draft",
         "-md",
         help="Draft model: a GGUF path, a registry name, 'ngram' (prompt lookup, no model),"
         " 'none' (ordinary decoding) or 'auto' (the smallest GGUF on disk with the target's"
         " tokenizer, see `specgen models --local`).",
     ),
-    pair=opt(str | None, None, "--pair", help="A registry pair name."),
-    models=Opt(ModelsOpt, None),
-    n_gpu_layers=opt(int, 0, "--n-gpu-layers", "-ngl", help="Target layers on GPU."),
-    n_gpu_layers_draft=opt(int, 0, "--n-gpu-layers-draft", "-ngld", help="Draft layers on GPU."),
+    pair=opt("--pair", help="A registry pair name."),
+    models=MODELS_OPT,
+    n_gpu_layers=opt("--n-gpu-layers", "-ngl", help="Target layers on GPU."),
+    n_gpu_layers_draft=opt("--n-gpu-layers-draft", "-ngld", help="Draft layers on GPU."),
     rpc=opt(
-        str | None,
-        None,
         "--rpc",
         help="ggml-rpc-server hosts, HOST:PORT[,HOST:PORT...]: -ngl puts target layers on"
         " them; the draft stays local. No authentication: trusted networks only.",
     ),
-    threads=opt(int, 0, "--threads", "-t", help="CPU threads (0 = the CPUs available)."),
+    threads=opt("--threads", "-t", help="CPU threads (0 = the CPUs available)."),
     ctx_size=opt(
-        int,
-        4096,
         "--ctx-size",
         "-c",
         help="Context size in tokens (0 = the model's own; llama.cpp rounds up to 256).",
     ),
     swa_full=opt(
-        bool,
-        False,
         "--swa-full",
         help="Full-size cache for sliding-window layers (Gemma 3): more memory, and no"
         " re-evaluation after rollbacks deeper than the window.",
     ),
     flash_attn=opt(
-        str,
-        "auto",
         "--flash-attn",
         "-fa",
         help="llama.cpp's flash attention, both models: 'on', 'off' or 'auto' (its default)."
         " 'off' makes logits independent of how a context is split into decodes (scoring).",
     ),
-    draft_p_min=opt(
-        float, 0.0, "--draft-p-min", help="Stop a block when the draft's top p < P (0 to 1)."
-    ),
+    draft_p_min=opt("--draft-p-min", help="Stop a block when the draft's top p < P (0 to 1)."),
     lookup=opt(
-        str | None,
-        None,
         "--lookup",
         help="With a draft model: propose tokens by prompt lookup where the text copies"
         " its context and the model elsewhere: 'on', 'off' or 'auto' (default: on).",
@@ -273,63 +282,49 @@ MODEL = Group(
 #: how to sample (both models, under the same settings), draft and stop
 SAMPLING = Group(
     SamplingFlags,
-    max_tokens=opt(int, 256, "--max-tokens", "-n", help="Tokens to generate."),
-    temp=opt(float, 0.8, "--temp", help="Temperature; 0 or below = greedy (as in llama.cpp)."),
-    top_k=opt(int, 40, "--top-k", help="Top-k (0 or negative = off, as in llama.cpp)."),
-    top_p=opt(float, 0.95, "--top-p", help="Top-p (1 = off)."),
-    min_p=opt(float, 0.05, "--min-p", help="Min-p (0 = off)."),
+    max_tokens=opt("--max-tokens", "-n", help="Tokens to generate."),
+    temp=opt("--temp", help="Temperature; 0 or below = greedy (as in llama.cpp)."),
+    top_k=opt("--top-k", help="Top-k (0 or negative = off, as in llama.cpp)."),
+    top_p=opt("--top-p", help="Top-p (1 = off)."),
+    min_p=opt("--min-p", help="Min-p (0 = off)."),
     logit_bias=opt(
-        list[str] | None,
-        None,
         "--logit-bias",
         "-l",
+        kind=list[str] | None,
+        default=None,
         help="TOKEN_ID(+|-)BIAS added to that token's logit, e.g. 15043+1 or 15043-inf to"
         " ban it (repeatable; as in llama.cpp).",
     ),
     repeat_penalty=opt(
-        float,
-        1.0,
         "--repeat-penalty",
         help="Penalize tokens seen in the last --repeat-last-n (1.0 = off, as in llama.cpp;"
         " 0.01 to 100).",
     ),
     repeat_last_n=opt(
-        int,
-        64,
         "--repeat-last-n",
         help="Tokens the penalties look back, prompt included (0 = off, -1 = the context).",
     ),
     presence_penalty=opt(
-        float, 0.0, "--presence-penalty", help="Subtracted from a token seen (-2 to 2; 0 = off)."
+        "--presence-penalty", help="Subtracted from a token seen (-2 to 2; 0 = off)."
     ),
     frequency_penalty=opt(
-        float,
-        0.0,
         "--frequency-penalty",
         help="Subtracted per time a token was seen (-2 to 2; 0 = off).",
     ),
-    seed=opt(
-        int | None, None, "--seed", help="Random seed; -1 or omitted = random (as in llama.cpp)."
-    ),
-    draft_max=opt(
-        str, "auto", "--draft-max", help="Block size K, or 'auto' to adapt it each round."
-    ),
+    seed=opt("--seed", help="Random seed; -1 or omitted = random (as in llama.cpp)."),
+    draft_max=opt("--draft-max", help="Block size K, or 'auto' to adapt it each round."),
     stop=opt(
-        list[str] | None,
-        None,
         "--stop",
+        kind=list[str] | None,
+        default=None,
         help="Stop string (repeatable): the text ends where it begins.",
     ),
     ignore_eos=opt(
-        bool,
-        False,
         "--ignore-eos",
         help="Do not stop at end of generation (EOS, end of turn): an end token drawn is"
         " kept, as empty text (llama.cpp bans end tokens instead).",
     ),
     verify=opt(
-        str | None,
-        None,
         "--verify",
         help="Acceptance rule: 'block' (block verification), 'token' (token by token) or"
         " 'auto' (default: block at --temp > 0, where it accepts more; the two are equal"
@@ -340,54 +335,74 @@ SAMPLING = Group(
 GRAMMAR = Group(
     SamplingFlags,
     grammar=opt(
-        str | None,
-        None,
         "--grammar",
         help="A GBNF grammar the output must match (as in llama-cli; a Lark grammar is taken too).",
     ),
-    grammar_file=opt(Path | None, None, "--grammar-file", help="Read the --grammar from FILE."),
+    grammar_file=opt("--grammar-file", help="Read the --grammar from FILE."),
     json_schema=opt(
-        str | None,
-        None,
         "--json-schema",
         "-j",
+        kind=str | None,
         help='A JSON Schema the output must follow, e.g. \'{"type": "object"}\' for any'
         " JSON object ('{}' allows any JSON value).",
     ),
-    json_schema_file=opt(
-        Path | None, None, "--json-schema-file", help="Read the --json-schema from FILE."
-    ),
+    json_schema_file=opt("--json-schema-file", help="Read the --json-schema from FILE."),
 )
 LOGPROBS = Group(
     SamplingFlags,
     logprobs=opt(
-        int | None,
-        None,
         "--logprobs",
         help="With --json: each token's log-probability under the target's raw logits,"
         " with the N (0-20) most likely tokens there.",
     ),
 )
-#: what a command shows and writes
-OUTPUT = Group(
-    OutputFlags,
-    json_out=Opt(JsonOpt, False),
-    no_live=opt(bool, False, "--no-live", help="Plain text even on a TTY."),
-    show_rejected=opt(
-        bool, False, "--show-rejected", help="Show rejected proposals struck through."
-    ),
-    trace=opt(Path | None, None, "--trace", help="Write one JSON object per round to FILE.jsonl."),
-    verbose=opt(bool, False, "--verbose", help="Show llama.cpp's log lines."),
-)
-#: how the prompt becomes tokens
-PROMPT = Group(
-    PromptFlags,
-    raw=opt(bool, False, "--raw", help="Send the prompt as it is, without the chat template."),
-    system=opt(str | None, None, "--system", help="System message (needs a chat template)."),
-    chat_template=opt(
-        Path | None,
-        None,
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """What a command shows and writes (--json, --no-live, --show-rejected, --trace,
+    --verbose).
+
+    Raises:
+        ConfigError: a --trace path that cannot be written (checked when built, before any
+            model is loaded or the prompt read).
+    """
+
+    json_out: bool = flag("--json", default=False, help="Print one JSON object.")
+    no_live: bool = flag("--no-live", default=False, help="Plain text even on a TTY.")
+    show_rejected: bool = flag(
+        "--show-rejected", default=False, help="Show rejected proposals struck through."
+    )
+    trace: Path | None = flag(
+        "--trace", default=None, help="Write one JSON object per round to FILE.jsonl."
+    )
+    verbose: bool = flag("--verbose", default=False, help="Show llama.cpp's log lines.")
+
+    def __post_init__(self) -> None:
+        if self.trace is not None:
+            check_output_path("--trace", self.trace)
+
+
+@dataclass(frozen=True)
+class PromptFlags:
+    """How the prompt becomes tokens (--raw, --system, --chat-template): see
+    `specgen.chat.build_prompt`."""
+
+    raw: bool = flag(
+        "--raw", default=False, help="Send the prompt as it is, without the chat template."
+    )
+    system: str | None = flag(
+        "--system", default=None, help="System message (needs a chat template)."
+    )
+    chat_template: Path | None = flag(
         "--chat-template",
+        default=None,
         help="Jinja2 chat template FILE instead of the one in the target's GGUF.",
-    ),
-)
+    )
+
+
+#: what a command shows and writes
+OUTPUT = Group.of(OutputFlags)
+#: how the prompt becomes tokens
+PROMPT = Group.of(PromptFlags)
+JsonOpt = OUTPUT.options["json_out"].annotation()

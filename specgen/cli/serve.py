@@ -110,35 +110,32 @@ class ServerFlags:
 
 SERVER = Group(
     ServerFlags,
-    host=opt(str, "127.0.0.1", "--host", help="Address to listen on."),
-    port=opt(int, 8080, "--port", help="Port (0 = any free port)."),
-    parallel=opt(int, 4, "--parallel", "-np", help="Requests served at once (slots of -c each)."),
-    queue=opt(int, 64, "--queue", help="Requests that may wait for a slot (then 503)."),
+    host=opt("--host", help="Address to listen on."),
+    port=opt("--port", help="Port (0 = any free port)."),
+    parallel=opt("--parallel", "-np", help="Requests served at once (slots of -c each)."),
+    queue=opt("--queue", help="Requests that may wait for a slot (then 503)."),
     alias=opt(
-        str | None,
-        None,
         "--alias",
         help="Model id in /v1/models (default: the target's file name).",
     ),
     api_key=opt(
-        str | None,
-        None,
         "--api-key",
         envvar="SPECGEN_API_KEY",
         show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on every route but /health.",
     ),
     cors=opt(
-        list[str] | None, None, "--cors", help="Allow browser requests from ORIGIN (repeatable)."
+        "--cors",
+        kind=list[str] | None,
+        default=None,
+        help="Allow browser requests from ORIGIN (repeatable).",
     ),
     max_tokens=opt(
-        int, -1, "--max-tokens", "-n", help="Default max_tokens (-1 = until the slot's context)."
+        "--max-tokens", "-n", help="Default max_tokens (-1 = until the slot's context)."
     ),
     chat_template=PROMPT.options["chat_template"],
     verbose=OUTPUT.options["verbose"],
     slo_ttft=opt(
-        float | None,
-        None,
         "--slo-ttft",
         metavar="MS",
         help="Time-to-first-token target: while requests wait for their first token,"
@@ -146,8 +143,6 @@ SERVER = Group(
         " auto. Default: none.",
     ),
     slo_tpot=opt(
-        float | None,
-        None,
         "--slo-tpot",
         metavar="MS",
         help="Time-per-output-token target: no request's TPOT (its mean per token since"
@@ -156,8 +151,6 @@ SERVER = Group(
         " without speculation). Needs --draft-max auto. Default: none.",
     ),
     cache_ram=opt(
-        int,
-        8192,
         "--cache-ram",
         "-cram",
         metavar="MIB",

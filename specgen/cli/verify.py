@@ -21,6 +21,7 @@ from specgen.cli.options import (
     ModelFlags,
     OutputFlags,
     SamplingFlags,
+    flag,
     grouped,
     opt,
 )
@@ -52,12 +53,18 @@ class VerifyFlags:
         ConfigError: --check not all, greedy or sampling; --draft-max outside 1 to 64.
     """
 
-    samples: int = 400
-    positions: int = 3
-    draft_max: int = 3
-    alpha: float = 1e-3
-    check: str = "all"
-    prompt: tuple[str, ...] = ()
+    samples: int = flag("--samples", default=400, help="Speculative samples per sampling prompt.")
+    positions: int = flag("--positions", default=3, help="Generated positions tested per sample.")
+    draft_max: int = flag("--draft-max", default=3, help="Block size K of the sampling check.")
+    alpha: float = flag("--alpha", default=1e-3, help="Significance level after Holm correction.")
+    check: str = flag("--check", default="all", help="Which checks: all, greedy or sampling.")
+    prompt: tuple[str, ...] = flag(
+        "--prompt",
+        default=(),
+        kind=list[str] | None,
+        cli_default=None,
+        help="Prompt to use instead of the built-in ones (repeatable).",
+    )
 
     def __post_init__(self) -> None:
         parse_draft_max(str(self.draft_max))
@@ -66,28 +73,15 @@ class VerifyFlags:
         object.__setattr__(self, "prompt", tuple(self.prompt or ()))  # Typer: a list or None
 
 
-VERIFY = Group(
-    VerifyFlags,
-    samples=opt(int, 400, "--samples", help="Speculative samples per sampling prompt."),
-    positions=opt(int, 3, "--positions", help="Generated positions tested per sample."),
-    draft_max=opt(int, 3, "--draft-max", help="Block size K of the sampling check."),
-    alpha=opt(float, 1e-3, "--alpha", help="Significance level after Holm correction."),
-    check=opt(str, "all", "--check", help="Which checks: all, greedy or sampling."),
-    prompt=opt(
-        list[str] | None,
-        None,
-        "--prompt",
-        help="Prompt to use instead of the built-in ones (repeatable).",
-    ),
-)
+VERIFY = Group.of(VerifyFlags)
 #: the sampling check's own defaults: the target's raw distribution at temperature 1 but
 #: for top-k
 SAMPLING_CHECKED = SAMPLING.without("max_tokens", "draft_max", "stop", "ignore_eos").but(
-    temp=opt(float, 1.0, "--temp", help="Sampling check temperature."),
-    top_k=opt(int, 40, "--top-k", help="Top-k (0 = off)."),
+    temp=opt("--temp", default=1.0, help="Sampling check temperature."),
+    top_k=opt("--top-k", help="Top-k (0 = off)."),
     top_p=1.0,
     min_p=0.0,
-    seed=opt(int, 0, "--seed", help="Random seed (-1 = random)."),
+    seed=opt("--seed", kind=int, default=0, help="Random seed (-1 = random)."),
 )
 
 
