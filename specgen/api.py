@@ -28,6 +28,7 @@ from specgen.errors import ConfigError, PromptError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.genconfig import grammar_spec
 from specgen.generation import Busy, Event, Generation, Result, result_of
+from specgen.verify.options import VerifyFlags
 
 if TYPE_CHECKING:
     from specgen.sched.jobs import BatchReport, Deliver
@@ -256,12 +257,12 @@ class Pair(Generic[M]):
         settings: SamplingFlags | None = None,
         /,
         *,
-        samples: int = 400,
-        positions: int = 3,
-        draft_max: int = 3,
-        alpha: float = 1e-3,
-        check: str = "all",
-        prompts: Sequence[str] = (),
+        samples: int = VerifyFlags.samples,
+        positions: int = VerifyFlags.positions,
+        draft_max: int = VerifyFlags.draft_max,
+        alpha: float = VerifyFlags.alpha,
+        check: str = VerifyFlags.check,
+        prompts: Sequence[str] = VerifyFlags.prompts,
         progress: Callable[[str], None] | None = None,
         **kwargs: object,
     ) -> VerifyReport:
@@ -303,10 +304,8 @@ class Pair(Generic[M]):
                 raise ConfigError(f"verify does not take {name}: the checks set it themselves")
         flags = sampling_flags(kwargs, settings or checks.SAMPLING_FLAGS, others=checks.ARGUMENTS)
         with argument_names() if settings is None else contextlib.nullcontext():
-            config = checks.config_of(
-                flags, samples=samples, positions=positions, draft_max=draft_max, alpha=alpha,
-                check=check, prompts=prompts,
-            )  # fmt: skip
+            options = VerifyFlags(samples, positions, draft_max, alpha, check, prompts)  # type: ignore[arg-type]
+            config = checks.config_of(flags, options)
             make = checks.drafter_factory(self.session.drafter)
         with self._busy.held():
             return verify(self.session.target, make, config, self.session.draft_name, progress)

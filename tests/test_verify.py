@@ -86,6 +86,25 @@ def test_config_validation():
         drafter_factory(None)
 
 
+def test_verify_options_are_checked_once_for_the_cli_and_the_api():
+    from specgen.flags import SamplingFlags
+    from specgen.verify.config import SAMPLING_FLAGS, config_of
+    from specgen.verify.options import VerifyFlags
+
+    assert VerifyFlags(prompts="one prompt").prompts == ("one prompt",)  # not its letters
+    assert VerifyFlags(prompts=None).prompts == ()  # type: ignore[arg-type]  # Typer's none
+    for bad, message in [({"check": "both"}, "--check must be all"),
+                         ({"draft_max": True}, "--draft-max must be an integer"),
+                         ({"draft_max": 65}, "--draft-max")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            VerifyFlags(**bad)
+    config = config_of(SAMPLING_FLAGS, VerifyFlags(draft_max=5, check="greedy", prompts=("x",)))
+    assert (config.k, config.greedy, config.sampling) == (5, True, False)
+    assert config.greedy_prompts == config.sampling_prompts == (b"x",)
+    with pytest.raises(ConfigError, match="--samples"):
+        config_of(SamplingFlags(temp=1.0), VerifyFlags(samples=5))
+
+
 # -- the greedy rule on scripted engines ----------------------------------------------------
 
 

@@ -4,9 +4,9 @@ rendered by `specgen.ui.reports`. The report goes to stdout, progress to stderr.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -21,13 +21,11 @@ from specgen.cli.options import (
     ModelFlags,
     OutputFlags,
     SamplingFlags,
-    flag,
     grouped,
     opt,
 )
-from specgen.errors import ConfigError
-from specgen.flags import parse_draft_max
 from specgen.ui import output
+from specgen.verify.options import VerifyFlags
 
 VERIFY_EPILOG = (
     "Examples:\n\n"
@@ -44,36 +42,21 @@ SUMMARIZE_EPILOG = (
 )
 
 
-@dataclass(frozen=True)
-class VerifyFlags:
-    """verify's own options (--samples, --positions, --draft-max, --alpha, --check,
-    --prompt).
-
-    Raises:
-        ConfigError: --check not all, greedy or sampling; --draft-max outside 1 to 64.
-    """
-
-    samples: int = flag("--samples", default=400, help="Speculative samples per sampling prompt.")
-    positions: int = flag("--positions", default=3, help="Generated positions tested per sample.")
-    draft_max: int = flag("--draft-max", default=3, help="Block size K of the sampling check.")
-    alpha: float = flag("--alpha", default=1e-3, help="Significance level after Holm correction.")
-    check: str = flag("--check", default="all", help="Which checks: all, greedy or sampling.")
-    prompt: tuple[str, ...] = flag(
+#: verify's own options (`specgen.verify.options.VerifyFlags`, also `Pair.verify`'s)
+VERIFY = Group(
+    VerifyFlags,
+    samples=opt("--samples", help="Speculative samples per sampling prompt."),
+    positions=opt("--positions", help="Generated positions tested per sample."),
+    draft_max=opt("--draft-max", help="Block size K of the sampling check."),
+    alpha=opt("--alpha", help="Significance level after Holm correction."),
+    check=opt("--check", help="Which checks: all, greedy or sampling."),
+    prompts=opt(
         "--prompt",
-        default=(),
         kind=list[str] | None,
-        cli_default=None,
+        default=None,
         help="Prompt to use instead of the built-in ones (repeatable).",
-    )
-
-    def __post_init__(self) -> None:
-        parse_draft_max(str(self.draft_max))
-        if self.check not in ("all", "greedy", "sampling"):
-            raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
-        object.__setattr__(self, "prompt", tuple(self.prompt or ()))  # Typer: a list or None
-
-
-VERIFY = Group.of(VerifyFlags)
+    ),
+)
 #: the sampling check's own defaults: the target's raw distribution at temperature 1 but
 #: for top-k
 SAMPLING_CHECKED = SAMPLING.without("max_tokens", "draft_max", "stop", "ignore_eos").but(
@@ -140,16 +123,12 @@ def verify_command(
     # start-up time: verify loads numpy
     from specgen.verify.config import config_of, drafter_factory
 
-    options: dict[str, Any] = dict(
-        samples=v.samples, positions=v.positions, draft_max=v.draft_max, alpha=v.alpha,
-        check=v.check, prompts=v.prompt,
-    )  # fmt: skip
-    config_of(sampling, **options)  # a usage error before the models load
+    config_of(sampling, v)  # a usage error before the models load
     with open_session(model, out, sampling.params()) as opened:
         drafter_factory(opened.drafter)  # no draft: refused before the models' messages
         show_messages(opened)
         with stage_status(output.err_console(), "verifying") as say:
-            report = Pair(opened).verify(sampling, progress=say, **options)
+            report = Pair(opened).verify(sampling, progress=say, **dataclasses.asdict(v))
     code = 0 if report.passed else 1
     try:
         if out.json_out:

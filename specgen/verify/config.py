@@ -3,16 +3,17 @@ drafter each sampling setting is checked with (`drafter_factory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specgen.engine import Drafter
 from specgen.errors import ConfigError
-from specgen.flags import SamplingFlags, at_least, parse_draft_max, seed_or_random
+from specgen.flags import SamplingFlags, at_least, seed_or_random
 from specgen.genconfig import grammar_spec
 from specgen.generate import VerifyRule
 from specgen.sampling import SamplingParams
+from specgen.verify.options import VerifyFlags
 
 if TYPE_CHECKING:
     from specgen.grammarspec import GrammarSpec
@@ -27,7 +28,6 @@ DEFAULT_SAMPLING_PARAMS = SamplingParams(temp=1.0, top_k=40, top_p=1.0, min_p=0.
 SAMPLING_FLAGS = SamplingFlags(temp=1.0, top_k=40, top_p=1.0, min_p=0.0, seed=0)
 """The sampling check's settings when none are given (`specgen verify`'s defaults: these
 params, seed 0)."""
-CHECKS = ("all", "greedy", "sampling")
 UNUSED = ("max_tokens", "stop", "ignore_eos", "logprobs")
 """Settings the checks fix themselves (their lengths, no stop, every token's own test)."""
 ARGUMENTS = ("samples", "positions", "draft_max", "alpha", "check", "prompts", "progress")
@@ -101,39 +101,25 @@ class VerifyConfig:
             raise ConfigError("nothing to verify: both checks are off")
 
 
-def config_of(
-    sampling: SamplingFlags,
-    *,
-    samples: int = 400,
-    positions: int = 3,
-    draft_max: int = 3,
-    alpha: float = 1e-3,
-    check: str = "all",
-    prompts: Sequence[str] = (),
-) -> VerifyConfig:
+def config_of(sampling: SamplingFlags, options: VerifyFlags) -> VerifyConfig:
     """What `specgen verify` and `specgen.Pair.verify` run: `sampling`'s params, seed
-    (None or -1: random), verification rule and grammar, and verify's own options (see
-    `VerifyConfig`; `check`: "all", "greedy" or "sampling"; `prompts`: both checks' prompts
-    instead of the built-in ones).
+    (None or -1: random), verification rule and grammar, and verify's own `options`
+    (`prompts`: both checks' prompts instead of the built-in ones).
 
     Raises:
-        ConfigError: a setting out of range (`VerifyConfig`), `check` not one of `CHECKS`,
-            `draft_max` outside 1 to 64; a grammar file that cannot be read.
+        ConfigError: a setting out of range (`VerifyConfig`); a grammar file that cannot be
+            read.
         GrammarError: a schema that is not JSON.
     """
-    if check not in CHECKS:
-        raise ConfigError(f"check must be all, greedy or sampling, got {check!r}")
-    if isinstance(draft_max, bool) or not isinstance(draft_max, int):
-        raise ConfigError(f"--draft-max must be an integer, got {draft_max!r}")
-    parse_draft_max(str(draft_max))
+    o = options
     extra: dict[str, Any] = {}
-    if prompts:
-        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in prompts)
+    if o.prompts:
+        encoded = tuple(p.encode("utf-8", "surrogateescape") for p in o.prompts)
         extra = {"greedy_prompts": encoded, "sampling_prompts": encoded}
     return VerifyConfig(
-        samples=samples, positions=positions, k=draft_max, params=sampling.params(),
-        seed=seed_or_random(sampling.seed), alpha=alpha, greedy=check in ("all", "greedy"),
-        sampling=check in ("all", "sampling"),
+        samples=o.samples, positions=o.positions, k=o.draft_max, params=sampling.params(),
+        seed=seed_or_random(sampling.seed), alpha=o.alpha, greedy=o.check in ("all", "greedy"),
+        sampling=o.check in ("all", "sampling"),
         verify_rule=sampling.verify_rule,  # type: ignore[arg-type]
         grammar=grammar_spec(sampling), **extra,
     )  # fmt: skip

@@ -25,38 +25,31 @@ Modules: `prompts` (the inputs), `results` (the data), `transport` (the connecti
 
 from __future__ import annotations
 
-from specgen.bench.load.client import CHAT, COMPLETIONS, StreamState, request_body, send_one
+# what the CLI, the scripts and the tests use; the rest from the modules themselves
+from specgen.bench.load.client import CHAT, COMPLETIONS, StreamState, send_one
 from specgen.bench.load.prompts import LoadPrompt, load_prompts
 from specgen.bench.load.results import (
-    LevelRun,
     LoadInterrupted,
     LoadProgress,
     LoadResult,
     LoadSettings,
-    Server,
-    ServerInfo,
     parse_servers,
 )
-from specgen.bench.load.sweep import endpoint_of, fetch_info, level_schedule, run_load
+from specgen.bench.load.sweep import endpoint_of, level_schedule, run_load
 
 __all__ = [
     "CHAT",
     "COMPLETIONS",
-    "LevelRun",
     "LoadInterrupted",
     "LoadProgress",
     "LoadPrompt",
     "LoadResult",
     "LoadSettings",
-    "Server",
-    "ServerInfo",
     "StreamState",
     "endpoint_of",
-    "fetch_info",
     "level_schedule",
     "load_prompts",
     "parse_servers",
-    "request_body",
     "run_load",
     "send_one",
 ]
