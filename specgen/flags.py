@@ -141,6 +141,8 @@ class SamplingFlags:
         max_tokens: -n, tokens to generate at most (>= 1).
         stop: stop strings, cut exactly.
         ignore_eos: do not stop at end-of-generation tokens.
+        min_tokens: no end before this many tokens (vLLM's ``min_tokens``; the Python
+            API's and the server's, no flag: `specgen.genconfig.GenerateConfig`).
         verify: --verify block|token|auto, the acceptance rule (None = auto: see
             `verify_rule`).
         logit_bias: -l/--logit-bias, (token id, bias) pairs; given as llama.cpp's
@@ -173,6 +175,7 @@ class SamplingFlags:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
     verify: str | None = None
     logit_bias: Any = ()  # normalised to tuple[tuple[int, float], ...]
     repeat_penalty: float = 1.0
@@ -292,6 +295,7 @@ SAMPLING_FLAG = {
     "max_tokens": "-n",
     "stop": "--stop",
     "ignore_eos": "--ignore-eos",
+    "min_tokens": "min_tokens",  # no flag: the Python API's and the server's
     "verify": "--verify",
     "logit_bias": "--logit-bias",
     "repeat_penalty": "--repeat-penalty",

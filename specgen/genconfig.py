@@ -129,6 +129,7 @@ class GenerateConfig:
             params=sampling.params(),
             stop=sampling.stop,
             ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
             seed=seed,
             measure_ordinary=measure_ordinary,
             trace=trace,

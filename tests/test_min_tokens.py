@@ -256,3 +256,25 @@ def test_greedy_speculative_equals_ordinary_decoding_with_min_tokens(k):
     spec = list(generate(target, ModelDrafter(draft, greedy, 9), prompt, config, FixedK(k)))
     assert spec[-1].tokens == base.tokens
     assert spec[-1].stats.n_accepted > 0
+
+
+def test_the_python_api_takes_min_tokens_for_the_call():
+    """`Pair.generate(min_tokens=...)` holds the end back as the server's field does, and
+    refuses what the setting cannot mean, naming it."""
+    from specgen import Pair
+
+    target = FakeEngine(n_vocab=9, seed=3, eos=EOS)
+    draft = FakeEngine(n_vocab=9, seed=3, noise=1.5, eos=EOS)
+    prompt = next(
+        [a, b] for a in range(1, 9) for b in range(1, 9)
+        if int(np.argmax(target.logits_after([a, b]))) == EOS
+    )  # fmt: skip
+    pair = Pair.of(target, ModelDrafter(draft, SamplingParams(temp=0.0), 9))
+    args = {"temperature": 0, "max_tokens": 30, "draft_max": 3}
+    assert pair.generate(prompt, **args).tokens == ()  # the target's argmax is its end
+    held = pair.generate(prompt, min_tokens=12, **args)
+    assert len(held.tokens) >= 12 and EOS not in held.tokens[:12]
+    with pytest.raises(ConfigError, match="^min_tokens 31 is more than the 30 tokens"):
+        pair.generate(prompt, min_tokens=31, **args)
+    with pytest.raises(ConfigError, match="^min_tokens must be an integer"):
+        pair.generate(prompt, min_tokens="many", **args)

@@ -192,6 +192,7 @@ def generate_config(
             max_tokens=max(limit, 1),  # 0 (echo's prompt alone) is set below: no -n 0 flag
             stop=req.stop_strings,
             ignore_eos=bool(req.ignore_eos),
+            min_tokens=req.min_tokens or 0,
             # a given logit_bias replaces the server's whole map
             logit_bias=_given(req.logit_bias, base.logit_bias),
             repeat_penalty=_given(req.repeat_penalty, base.repeat_penalty),
@@ -207,7 +208,6 @@ def generate_config(
             config,
             stop_token_ids=tuple(req.stop_token_ids or ()),
             include_stop=bool(req.include_stop_str_in_output),
-            min_tokens=req.min_tokens or 0,
         )
         return replace(config, max_tokens=0) if limit == 0 else config
     except ConfigError as e:  # a value the schema lets through, said in the request's words
