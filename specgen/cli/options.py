@@ -120,11 +120,6 @@ def opt(*names: str, kind: Any = FROM_SHAPE, default: Any = FROM_SHAPE, **option
     return Opt(names, option, kind, default)
 
 
-#: options of groups that some commands take alone (`specgen models`)
-MODELS_OPT = opt("--models", help="Extra models.yaml merged over the packaged and user ones.")
-ModelsOpt = Annotated[Path | None, typer.Option(*MODELS_OPT.names, **MODELS_OPT.option)]
-
-
 class Group(Generic[_Shape]):
     """Options declared once that build one frozen shape (a dataclass whose fields are
     the options' parameter names): the values Typer parses become ``shape(**values)``.
@@ -247,7 +242,7 @@ MODEL = Group(
         " tokenizer, see `specgen models --local`).",
     ),
     pair=opt("--pair", help="A registry pair name."),
-    models=MODELS_OPT,
+    models=opt("--models", help="Extra models.yaml merged over the packaged and user ones."),
     n_gpu_layers=opt("--n-gpu-layers", "-ngl", help="Target layers on GPU."),
     n_gpu_layers_draft=opt("--n-gpu-layers-draft", "-ngld", help="Draft layers on GPU."),
     rpc=opt(
@@ -405,4 +400,6 @@ class PromptFlags:
 OUTPUT = Group.of(OutputFlags)
 #: how the prompt becomes tokens
 PROMPT = Group.of(PromptFlags)
+#: options of groups that some commands take alone (`specgen models`, `verify --json`)
+ModelsOpt = MODEL.options["models"].annotation()
 JsonOpt = OUTPUT.options["json_out"].annotation()
