@@ -281,11 +281,43 @@ def test_a_draft_that_proposes_nothing_is_said_not_passed_off_as_tested(tiny_eng
     idle = verify(t, lambda p: NgramDrafter(272), config)
     assert idle.sampling is not None and idle.sampling.drafted == 0
     assert any("proposed nothing" in n for n in idle.notes)
+    assert (idle.verdict, idle.passed) == ("untested", False)  # exit code 1, not a pass
     out = idle.to_dict()
     assert out["sampling"]["drafted"] == 0 and any("proposed nothing" in n for n in out["notes"])
+    assert (out["verdict"], out["passed"]) == ("untested", False)
     busy = verify(t, _model(d), config)
     assert busy.sampling is not None and busy.sampling.drafted > 0
     assert not any("proposed nothing" in n for n in busy.notes)
+    assert busy.verdict == "pass" and busy.passed
+
+
+def test_a_sampling_check_that_tested_nothing_is_not_a_pass(tiny_engines):
+    """No chi-square test (too few samples for any cell: the demo pair's 262,144-token
+    vocabulary at --samples 20) is no pass, so the exit code is 1; a failure stays one;
+    positions no prefix group reached are named."""
+    from specgen.verify.report import VerifyReport
+    from specgen.verify.sampling import ChiSquareTest, SamplingResult
+
+    test = ChiSquareTest(0, 1, 20, 1, 1, 0.5, 0.5, 0.5)
+    result = SamplingResult((test,), 20, 3, 3, DEFAULT_PARAMS, 0, 1e-3, True, 0.7, 1.0, 80)
+    assert VerifyReport("t", "d", sampling=result).verdict == "pass"
+    empty = VerifyReport("t", "d", sampling=dataclasses.replace(result, tests=()))
+    assert (empty.verdict, empty.passed, empty.to_dict()["verdict"]) == (
+        "untested",
+        False,
+        "untested",
+    )
+    failed = dataclasses.replace(empty, sampling=dataclasses.replace(result, passed=False))
+    assert failed.verdict == "fail"
+    from specgen.ui.reports import render_verify_report
+
+    said = [str(x) for x in render_verify_report(empty)]
+    assert "NOT VERIFIED" in said[-1] and not any("PASS" in x for x in said)
+    t, d = tiny_engines
+    config = dataclasses.replace(TINY_SAMPLING, samples=300, min_group=200)
+    some = verify(t, _model(d), config)
+    assert some.sampling is not None and {x.position for x in some.sampling.tests} == {1}
+    assert some.verdict == "pass" and any("positions 2, 3 had no prefix" in n for n in some.notes)
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
@@ -576,10 +608,13 @@ def test_cli_verify_takes_the_grammar_flags(tiny_target, tiny_draft):
     args = ["verify", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1",
             "--samples", "300", "--grammar", gbnf, "--json"]  # fmt: skip
     res = CliRunner().invoke(app, args)
-    assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    # (on the tiny pair its positions' laws are too peaked for a chi-square test with 300
-    # samples: the sampling check under a grammar is tested on fakes above)
-    assert d["passed"] and d["grammar"] == "--grammar" and d["sampling"]["samples"] == 300
+    # on the tiny pair its positions' laws are too peaked for a chi-square test with 300
+    # samples (the sampling check under a grammar is tested on fakes above): not a pass
+    assert d["grammar"] == "--grammar" and d["sampling"]["samples"] == 300
+    assert (res.exit_code, d["verdict"], d["sampling"]["tests"]) == (1, "untested", [])
+    res = CliRunner().invoke(app, [*args, "--check", "greedy"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verdict"] == "pass"
     res = CliRunner().invoke(app, [*args[:-3], "-j", "[1]", "--json"])
     assert res.exit_code == 1 and "JSON object" in str(res.exception)

@@ -87,7 +87,7 @@ def verify(
     With --grammar or --json-schema both checks run under it: the output must equal
     ordinary constrained decoding, and follow the target's constrained distribution.
 
-    Exit code 0 = pass, 1 = fail.
+    Exit code 0 = pass, 1 = fail or not verified (nothing of speculation tested).
     """
     raise typer.Exit(verify_command(model, sampling, v, out))
 

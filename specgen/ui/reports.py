@@ -244,6 +244,11 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
             Text(f"PASS: the target's output is preserved{extra} [{report.seconds:.0f} s]",
                  style="bold green")
         )  # fmt: skip
+    elif report.verdict == "untested":
+        out.append(
+            Text("NOT VERIFIED: the sampling check tested no speculation (see above)",
+                 style="bold yellow")
+        )  # fmt: skip
     else:
         why = []
         if not report.greedy_passed:

@@ -17,7 +17,10 @@ HIGH_ACCEPTANCE = 0.9
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Everything `verify` found. `passed` decides the exit code (0 pass, 1 fail)."""
+    """Everything `verify` found. `verdict`: "fail" (a check failed), "untested" (nothing
+    failed, but the sampling check tested nothing of speculation: no position had enough
+    samples, or the draft proposed nothing), else "pass". `passed` (the verdict is a pass)
+    decides the exit code: 0, else 1."""
 
     target: str
     draft: str
@@ -33,14 +36,27 @@ class VerifyReport:
         return all(c.status != "fail" for c in self.greedy)
 
     @property
+    def untested(self) -> bool:
+        """The sampling check ran but tested nothing of speculation (see `notes`)."""
+        s = self.sampling
+        return s is not None and (not s.tests or s.drafted == 0)
+
+    @property
+    def verdict(self) -> str:
+        if not self.greedy_passed or (self.sampling is not None and not self.sampling.passed):
+            return "fail"
+        return "untested" if self.untested else "pass"
+
+    @property
     def passed(self) -> bool:
-        return self.greedy_passed and (self.sampling is None or self.sampling.passed)
+        return self.verdict == "pass"
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (for `verify --json`)."""
         s = self.sampling
         return {
             "passed": self.passed,
+            "verdict": self.verdict,
             "target": self.target,
             "draft": self.draft,
             "verify_rule": self.verify_rule,
@@ -88,6 +104,14 @@ def verify(
     notes = []
     if sampling is not None and not sampling.tests:
         notes.append("no sampling test had enough samples: raise --samples")
+    elif sampling is not None:
+        missing = sorted(set(range(1, config.positions + 1)) - {t.position for t in sampling.tests})
+        if missing:
+            where = ", ".join(str(j) for j in missing)
+            notes.append(
+                f"position{'s' * (len(missing) > 1)} {where} had no prefix shared by"
+                f" {config.min_group} samples: untested (raise --samples)"
+            )
     if sampling is not None and sampling.drafted == 0:
         notes.append(
             "the draft proposed nothing on the sampling prompts (prompt lookup finds no"
