@@ -289,8 +289,9 @@ class Pair(Generic[M]):
             progress: called with one-line status messages.
 
         Returns:
-            A `specgen.verify.report.VerifyReport` (``passed``, ``to_dict()``: `verify
-            --json`'s object); the target's cache is left empty.
+            A `specgen.verify.report.VerifyReport` (``passed``; ``verdict``: "pass",
+            "fail" or "untested"; ``to_dict()``: `verify --json`'s object); the target's
+            cache is left empty.
 
         Raises:
             ConfigError: a bad or refused setting, the sampling check at temperature 0, or
