@@ -51,6 +51,10 @@ def test_named_values_read_like_llama_cpp() -> None:
             if line.startswith("│ --")}  # fmt: skip
     assert rows["--temp"][2] == "T" and rows["--stop"][2] == "STR"
     assert rows["--draft-max"][2] == "K|auto" and rows["--ignore-eos"][2] == "Do"
+    for command, flag, name in [(["verify"], "--draft-max", "K"), (["verify"], "--check",
+                                "all|greedy|sampling"), (["bench"], "--draft-max", "K[,K...]")]:  # fmt: skip
+        row = next(line for line in _help(command).splitlines() if line.startswith(f"│ {flag} "))
+        assert row.split()[2] == name  # what the command takes: verify's K is no "auto"
     usage = next(line for line in _help(["run"]).splitlines() if "Usage:" in line)
     assert usage.rstrip().endswith("[PROMPT]")
 

@@ -105,9 +105,17 @@ class BenchFlags:
         help="Your prompts: JSONL with a 'prompt' field, or one per line.",
     )
     draft_max: str = flag(
-        "--draft-max", default="4,8,auto", help="Block sizes to compare, e.g. 4,8,auto."
+        "--draft-max",
+        default="4,8,auto",
+        metavar="K[,K...]",
+        help="Block sizes to compare, e.g. 4,8,auto.",
     )
-    temp: str = flag("--temp", default="0", help="Temperatures, e.g. 0,0.8 (0 or below = greedy).")
+    temp: str = flag(
+        "--temp",
+        default="0",
+        metavar="T[,T...]",
+        help="Temperatures, e.g. 0,0.8 (0 or below = greedy).",
+    )
     runs: int = flag("--runs", default=3, help="Repetitions of each prompt.")
     max_tokens: int = flag(
         "--max-tokens", "-n", default=128, help="Tokens per generation (EOS ignored)."

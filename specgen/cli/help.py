@@ -57,7 +57,7 @@ METAVARS = {
     "--samples": "N",
     "--positions": "N",
     "--alpha": "A",
-    "--check": "greedy|sampling",
+    "--check": "all|greedy|sampling",
     "--prompt": "TEXT",
     "--top": "N",
     # bench --url (the load client): vLLM's `bench serve` names where it has them
