@@ -322,6 +322,7 @@ _ARGUMENT_OF_FLAG = {
     "--positions": "positions",
     "--alpha": "alpha",
     "--check": "check",
+    "--prompt": "prompts",
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 _DRAFT_WORD = re.compile(rf"(?<![\w-])(?:-md|--draft) ({'|'.join(DRAFT_WORDS)})\b")

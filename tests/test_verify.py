@@ -92,6 +92,7 @@ def test_verify_options_are_checked_once_for_the_cli_and_the_api():
     from specgen.verify.options import VerifyFlags
 
     assert VerifyFlags(prompts="one prompt").prompts == ("one prompt",)  # not its letters
+    assert VerifyFlags(alpha=1).alpha == 1.0 and isinstance(VerifyFlags(alpha=1).alpha, float)
     assert VerifyFlags(prompts=None).prompts == ()  # type: ignore[arg-type]  # Typer's none
     for bad, message in [({"check": "both"}, "--check must be all"),
                          ({"draft_max": True}, "--draft-max must be an integer"),
@@ -425,6 +426,10 @@ def test_pair_verify_runs_the_same_checks_and_keeps_their_power(tiny_engines, mo
         ({"temprature": 1}, "did you mean temperature"),
         ({"sample": 30}, "did you mean samples"),  # verify's own arguments are offered
         ({"samples": 10}, "^samples must be at least 20"),  # the argument, not --samples
+        ({"samples": "x"}, "^samples must be an integer, got 'x'"),  # not a bare TypeError
+        ({"samples": 30.5}, "^samples must be an integer"),
+        ({"alpha": "x"}, "^alpha must be a number"),
+        ({"prompts": 3}, "^prompts must be a string or a list of strings"),
     ],
 )
 def test_pair_verify_refuses_bad_settings_at_the_call(tiny_engines, call, message):

@@ -6,9 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specgen.errors import ConfigError
-from specgen.flags import parse_draft_max
+from specgen.flags import check_types, parse_draft_max
 
 CHECKS = ("all", "greedy", "sampling")
+#: each field's flag, for messages (the Python API names them as its arguments)
+VERIFY_FLAG = {
+    "samples": "--samples",
+    "positions": "--positions",
+    "draft_max": "--draft-max",
+    "alpha": "--alpha",
+    "check": "--check",
+    "prompts": "--prompt",
+}
 
 
 @dataclass(frozen=True)
@@ -19,8 +28,9 @@ class VerifyFlags:
     `specgen.verify.config.VerifyConfig` for what each sets.
 
     Raises:
-        ConfigError: `check` not one of `CHECKS`; `draft_max` not an integer from 1 to 64
-            (the rest is checked by `VerifyConfig`).
+        ConfigError: naming the flag: a value of the wrong type (`check_types`: the Python
+            API's ``samples="x"``), `check` not one of `CHECKS`, `draft_max` outside 1 to 64
+            (the ranges of the rest: `VerifyConfig`).
     """
 
     samples: int = 400
@@ -31,13 +41,8 @@ class VerifyFlags:
     prompts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # also one string for the prompts (a prompt), or None (Typer's none)
+        check_types(self, VERIFY_FLAG)
         if self.check not in CHECKS:
             raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
-        if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int):
-            raise ConfigError(f"--draft-max must be an integer, got {self.draft_max!r}")
         parse_draft_max(str(self.draft_max))
-        prompts = self.prompts
-        # Typer gives a list or None; a caller may give one string
-        object.__setattr__(
-            self, "prompts", (prompts,) if isinstance(prompts, str) else tuple(prompts or ())
-        )
