@@ -77,9 +77,14 @@ def sampling_flags(
 Prompt = str | bytes | Sequence[int]
 
 
+#: the roles a message may have (OpenAI's, as the server's schema takes them)
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def check_messages(messages: object) -> list[Message]:
     """`messages` as the chat template takes them: a non-empty list of mappings, each with
-    a ``role`` and a ``content`` string (other keys, such as ``tool_calls``, pass through).
+    a ``role`` (one of `ROLES`) and a ``content`` string (other keys, such as
+    ``tool_calls``, pass through).
 
     Raises:
         PromptError: no messages. ConfigError: a message that is not so, naming its index.
@@ -98,6 +103,11 @@ def check_messages(messages: object) -> list[Message]:
         ):
             raise ConfigError(
                 f'messages[{i}] must be a dict with "role" and "content" strings, got {m!r}'
+            )
+        if m["role"] not in ROLES:
+            raise ConfigError(
+                f"messages[{i}]: role must be {', '.join(ROLES[:-1])} or {ROLES[-1]},"
+                f" got {m['role']!r}"
             )
         out.append(dict(m))
     return out

@@ -326,12 +326,15 @@ _ARGUMENT_OF_FLAG = {
 }
 _FLAG = re.compile(r"(?<![\w-])--?[a-z][a-z-]*")
 _DRAFT_WORD = re.compile(rf"(?<![\w-])(?:-md|--draft) ({'|'.join(DRAFT_WORDS)})\b")
+#: a flag's short and long names together (``-t/--threads``): one argument
+_FLAG_PAIR = re.compile(r"(?<![\w-])(-[a-z]+)/--[a-z][a-z-]*")
 
 
 def in_python_words(message: str) -> str:
     """A CLI error message with each flag named as the Python API's argument (``--top-p``
     -> ``top_p``, ``--temp`` -> ``temperature``); flags without one are left as they are."""
     message = _DRAFT_WORD.sub(lambda m: f'draft="{m[1]}"', message)
+    message = _FLAG_PAIR.sub(lambda m: m[1] if m[1] in _ARGUMENT_OF_FLAG else m[0], message)
     return _FLAG.sub(lambda m: _ARGUMENT_OF_FLAG.get(m[0], m[0]), message)
 
 

@@ -147,7 +147,7 @@ class GenerateConfig:
         if m and m > self.max_tokens:
             raise ConfigError(
                 f"min_tokens {m} is more than the {self.max_tokens} tokens this output may"
-                " have (max_tokens, or else the server's -n and the context's room)"
+                " have (its max_tokens)"
             )
         if m and self.grammar is not None:
             # the grammar decides where the output may end: a complete text allows nothing

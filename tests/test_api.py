@@ -194,10 +194,27 @@ def test_cli_words_become_the_arguments_names() -> None:
     assert in_python_words("--top-p must be in [0, 1], got 2") == "top_p must be in [0, 1], got 2"
     assert in_python_words("-md needs -m (the target)") == "draft needs target (the target)"
     assert in_python_words("--no-live is bad; see top-k") == "--no-live is bad; see top-k"
+    assert in_python_words("-t/--threads must be at least 1") == "threads must be at least 1"
+    assert in_python_words("-x/--xy is -c/--ctx-size's") == "-x/--xy is ctx_size's"
     assert (
         in_python_words("--target needs --draft too: -md auto uses x; not --draft none")
         == 'target needs draft too: draft="auto" uses x; not draft="none"'
     )
+
+
+def test_messages_are_checked_as_the_server_checks_them() -> None:
+    from typing import get_args
+
+    from specgen.apiargs import ROLES, check_messages
+    from specgen.server.schemas import ChatMessage
+
+    assert ROLES == get_args(ChatMessage.model_fields["role"].annotation)
+    ok = [{"role": r, "content": "x", "name": "n"} for r in ROLES]
+    assert check_messages(ok) == ok
+    with pytest.raises(
+        ConfigError, match=r"^messages\[1\]: role must be system, .* or tool, got 'bogus'"
+    ):
+        check_messages([ok[0], {"role": "bogus", "content": "x"}])
 
 
 def test_import_specgen_is_cheap() -> None:
