@@ -75,9 +75,9 @@ class Engines:
 
 def fit_note(n_prompt: int, max_tokens: int, n_ctx: int) -> str | None:
     """What to say when the prompt plus -n cannot fit the context (None when they do):
-    generation would stop early with finish reason "context". The context holds the prompt
-    and all generated tokens but the last (which is never evaluated), hence the + 1."""
-    room = n_ctx - n_prompt + 1
+    generation would stop early with finish reason "context": the prompt and the output
+    together fit the context, as llama-server and the server count it."""
+    room = n_ctx - n_prompt
     if n_prompt >= n_ctx or max_tokens <= room:
         return None  # a prompt that fills the context is refused with its own error
     return (

@@ -204,8 +204,11 @@ class Sequence:
         return e.finish is not None
 
     def _room(self) -> int:
-        # the target will hold len - 1 + 1 + K tokens
-        return self.target.n_ctx - len(self.committed)
+        # the largest K whose K + 1 tokens keep the prompt and the output within the
+        # context, as llama-server and OpenAI count it (the cache would hold one more: the
+        # output's last token is never evaluated; one rule for every door, as the server
+        # refuses a max_tokens beyond it)
+        return self.target.n_ctx - len(self.committed) - 1
 
     def k_room(self) -> int:
         """The largest K a round may have now: up to K + 1 tokens never run past -n or

@@ -208,9 +208,9 @@ def test_a_full_context_is_its_own_finish_reason_and_warned_at_the_start(
     out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "400", "--ignore-eos", prompt)
     n_prompt = out["stats"]["n_prompt"]
     assert out["finish_reason"] == "context"
-    assert len(out["tokens"]) == 256 - n_prompt + 1
+    assert len(out["tokens"]) == 256 - n_prompt
     assert len(err) == 1 and "do not fit the context of 256" in err[0]
-    assert f"at most {256 - n_prompt + 1} tokens" in err[0]
+    assert f"at most {256 - n_prompt} tokens" in err[0]
     # -n that fits: no warning, and the limit is -n's
     out, err = _tiny_run(capsys, tiny_target, "-c", "256", "-n", "3", "--ignore-eos", prompt)
     assert out["finish_reason"] == "length" and err == []

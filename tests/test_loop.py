@@ -218,14 +218,14 @@ def test_context_full_ends_with_context_and_no_overflow():
         -1
     ]
     assert done.finish_reason == "context"  # the context filled before -n
-    assert len(done.tokens) == 20 - 3 + 1  # the last token needs no cache slot
+    assert len(done.tokens) == 20 - 3  # the prompt and the output fit the context
     base = ordinary(
         FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=100, params=GREEDY
     )
     assert base.tokens == done.tokens and base.finish_reason == "context"
     # -n exactly what the context holds: -n is reached first, so "length"
     exact = ordinary(
-        FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=18, params=GREEDY
+        FakeEngine(n_vocab=9, seed=0, n_ctx=20), [1, 2, 3], max_tokens=17, params=GREEDY
     )
     assert exact.tokens == done.tokens and exact.finish_reason == "length"
 

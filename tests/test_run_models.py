@@ -167,7 +167,7 @@ def test_context_full_ends_with_context(tiny_target, tiny_draft):
         )
         assert done.finish_reason == "context"  # not "length": -n was not reached
         # llama.cpp rounds n_ctx up (to 256 here): the engine reports the real size
-        assert len(done.tokens) == t.n_ctx - len(ids) + 1
+        assert len(done.tokens) == t.n_ctx - len(ids)
 
 
 def test_stop_string_inside_a_block_is_cut_exactly(demo):
