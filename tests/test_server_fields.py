@@ -62,6 +62,18 @@ def test_inert_values_compare_by_type_as_well() -> None:
     assert refusal(["not", "a", "dict"], "chat") is None
 
 
+def test_an_unknown_field_near_one_that_changes_the_output_is_refused_naming_both() -> None:
+    for name, near in [("temprature", "temperature"), ("max_new_tokens", "max_tokens"),
+                       ("streaming", "stream"), ("top_a", "top_p")]:  # fmt: skip
+        found = refusal({"user": "u", name: 1}, "chat")
+        assert found is not None and found[0] == name, name
+        assert f"unknown field {name}: did you mean {near}?" in found[1]
+    # far from every field, or near one that changes nothing: a client's extra, ignored
+    assert refusal({"a_field_nobody_defined": 1, "metadata2": {}}, "completions") is None
+    # llama-server's parse_tool_calls is a field of its own, not a misspelt parallel_tool_calls
+    assert refusal({"parse_tool_calls": True}, "chat") is None
+
+
 # realistic values for the fields clients send most; the others get a bare 7
 ACTIVE: dict[str, Any] = {
     "logit_bias": {"7042": -100},
@@ -162,6 +174,14 @@ def test_a_field_of_the_other_route_is_refused_not_ignored(
     assert refusal({name: None}, route) is None  # type: ignore[arg-type]
     assert refusal({"user": "u"}, route) is None  # type: ignore[arg-type]
     assert _create(client, route, {}).choices[0].finish_reason is not None
+
+
+def test_a_misspelt_setting_is_a_400_over_http(served: Served) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(served.client(), "chat", {"temprature": 0})
+    err = caught.value.body
+    assert isinstance(err, dict) and err["param"] == "temprature"
+    assert "did you mean temperature?" in err["message"]
 
 
 def test_a_tool_call_answer_says_content_null_as_openai_does() -> None:

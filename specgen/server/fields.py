@@ -12,7 +12,10 @@ A field is
   such as ``logit_bias: {}`` or ``tools: []``) gets HTTP 400 naming the field, never a 200
   with output as if it had not been sent.
 
-Fields in no entry (a client's own extras) are accepted and ignored.
+Fields in no entry (a client's own extras) are accepted and ignored, except a name close
+to a field that changes the output (`NEAR`: ``temprature``, ``max_new_tokens``,
+``streaming``): a misspelt setting would otherwise be served as if never sent, so it is
+refused, naming the field it is near.
 
 To honour a refused field: add it to the request model in ``schemas.py`` and flip its
 entry here to ``HONOURED``; ``tests/test_server_fields.py`` checks that the honoured
@@ -28,6 +31,7 @@ vLLM's ``ChatCompletionRequest`` / ``CompletionRequest``
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -168,6 +172,13 @@ FIELDS: dict[str, Field] = {
         R, "post-sampling probabilities are not served", "llama-server", inert=(None, False)
     ),
     "n_predict": Field(R, "send max_tokens", "llama-server", inert=(None, -1)),
+    "parse_tool_calls": Field(
+        R,
+        "tool calls are parsed whenever tools are given",
+        "llama-server",
+        routes=CHAT,
+        inert=(None, True),
+    ),
     "typical_p": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
     "typ_p": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
     "min_keep": Field(R, _CHAIN, "llama-server", inert=(None, 0)),
@@ -307,12 +318,25 @@ FIELDS: dict[str, Field] = {
 """Field name -> its status on this server (`Field`)."""
 
 
+NEAR = 0.8
+"""How close (difflib's ratio) an unknown field's name must be to a known field that changes
+the output to be taken for a misspelling of it and refused."""
+
+
+def _near(name: str) -> str | None:
+    """The field that changes the output whose name `name` is a likely misspelling of."""
+    changing = [n for n, f in FIELDS.items() if f.status is not Status.IGNORED]
+    close = difflib.get_close_matches(name, changing, n=1, cutoff=NEAR)
+    return close[0] if close else None
+
+
 def _is_inert(value: Any, inert: tuple[Any, ...]) -> bool:
     return any(type(value) is type(v) and value == v for v in inert)
 
 
 def refusal(body: Any, route: Route) -> tuple[str, str] | None:
-    """The first refused field the body gives a value that asks for something.
+    """The first refused field the body gives a value that asks for something, or the
+    first unknown field whose name is near one that changes the output (`NEAR`).
 
     Args:
         body: the request's decoded JSON (anything; only a dict is looked at).
@@ -325,7 +349,16 @@ def refusal(body: Any, route: Route) -> tuple[str, str] | None:
         return None
     for name, value in body.items():
         f = FIELDS.get(name)
-        if f is None or _is_inert(value, f.inert):
+        if f is None:
+            near = _near(name)
+            if near is not None:
+                return name, (
+                    f"unknown field {name}: did you mean {near}? A misspelt setting would be"
+                    " served as if it had not been sent, so the request is refused (a field"
+                    " whose name is near none this server knows is ignored)"
+                )
+            continue
+        if _is_inert(value, f.inert):
             continue
         if route not in f.routes and f.status is not Status.IGNORED:
             # another route's field (tools, messages, prompt...): a client that sends it
