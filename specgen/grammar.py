@@ -480,6 +480,13 @@ class GrammarProcessor:
         """Whether the grammar is complete after `context` and allows nothing more."""
         return self.matcher.sync(self._generated(context, ())) and self.matcher.stopped
 
+    def only_ends(self, context: Sequence[int]) -> bool:
+        """Whether after `context` the grammar allows end-of-generation tokens alone."""
+        if not self.matcher.sync(self._generated(context, ())):
+            return False
+        allowed = self.matcher.allowed()
+        return bool(allowed.any()) and not np.delete(allowed, self.matcher.grammar.tokenizer.eog).any()
+
 
 def grammar_factory(
     spec: GrammarSpec,

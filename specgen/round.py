@@ -333,11 +333,11 @@ class Sequence:
             # token: end here, without a target pass for it
             self.emitter.close("stop")
         elif self.grammar is not None and self.emitter.finish == "eos":
-            # an end-of-generation token the grammar forced (the only token it allowed: a
-            # grammar of the empty text, which llguidance does not report stopped before
-            # its first token) ended the text, not the model
+            # an end-of-generation token the grammar forced (it allowed end tokens alone,
+            # one or several: a grammar of the empty text, which llguidance does not report
+            # stopped before its first token) ended the text, not the model
             at = self.grammar.n_prompt + len(self.emitter.tokens)
-            if self.grammar.single(self.committed[:at], ()) == self.committed[at]:
+            if self.grammar.only_ends(self.committed[:at]):
                 self.emitter.finish = "stop"
         rollback(self.target, self.drafter, self.committed)
         m = int(p.block.tokens.size)

@@ -97,3 +97,13 @@ def test_a_forced_end_is_the_grammars_stop_and_a_chosen_one_the_models_eos(
                     # "" under the last grammar could go on ("a"): the model's end
                     chosen = grammar.endswith('| ""') and r.text == ""
                     assert r.finish == ("eos" if chosen else "stop"), (grammar, draft, temp)
+
+
+def test_the_empty_grammar_stops_where_the_model_has_several_end_tokens(smol_pair) -> None:
+    """SmolLM2 ends with <|endoftext|> or <|im_end|>: the empty text's grammar allows both,
+    so no single token is forced, yet the end is the grammar's ("stop"; it said "eos")."""
+    with sg.load(*smol_pair, ctx_size=256) as pair:
+        for draft_max in (0, 4):
+            how = {"ordinary": True} if draft_max == 0 else {"draft_max": draft_max}
+            r = pair.generate("Hi", grammar="root ::= ", max_tokens=4, temperature=0, **how)
+            assert (r.text, r.finish) == ("", "stop"), (draft_max, r)
