@@ -167,7 +167,9 @@ def cumulative_ratios(x: npt.NDArray[np.int64], q: Rows, p: Rows) -> Probs:
     ratio = as_dists(p)[:k].at(x) / as_dists(q)[:k].at(x)
     big_p = np.ones(k + 1, dtype=np.float64)
     for i in range(k):
-        big_p[i + 1] = min(1.0, big_p[i] * ratio[i])
+        # once 0, P stays 0: a later ratio overflowed to inf (q_i(x_i) below 1e-308) would
+        # make 0 * inf NaN, which min() takes for 1.0
+        big_p[i + 1] = 0.0 if big_p[i] == 0.0 else min(1.0, big_p[i] * ratio[i])
     return big_p
 
 

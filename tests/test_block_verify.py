@@ -209,6 +209,17 @@ def test_one_hot_p_and_q_equal_token_wise_for_every_uniform():
         assert rejection.block_correct(n, float(big_p[n]), q, p, rng) == int(argmax[n])
 
 
+def test_a_zero_cumulative_ratio_stays_zero_past_an_overflowed_ratio():
+    """P_1 = 0 (p_1(x_1) = 0), then q_2(x_2) = 1e-320 so p_2/q_2 overflows to inf: 0 * inf
+    is NaN, which min(1, NaN) took for 1, so the block could pass a position that must
+    reject."""
+    x = np.array([0, 1])
+    q = Dists(None, np.array([[0.5, 0.5], [1 - 1e-320, 1e-320]]), 2)
+    p = Dists(None, np.array([[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]), 2)
+    with np.errstate(over="ignore", divide="ignore"):
+        assert rejection.cumulative_ratios(x, q, p).tolist() == [1.0, 0.0, 0.0]
+
+
 def test_one_hot_q_equals_token_wise_in_law():
     """Prompt-lookup rows: P(tau >= i | x) = 1 - prod_{j >= i} (1 - h_j) is token-wise's
     P(n >= i) = p_1(x_1)...p_i(x_i), and the correction is the same residual."""
