@@ -143,14 +143,18 @@ def law_with_end(target, prompt, params, min_tokens, n=N_TOKENS):
     return law
 
 
-def single_pvalue(min_tokens, n=N_SAMPLES):
+#: both acceptance rules: token-wise, and block verification (the default when sampling)
+RULES = ("token", "block")
+
+
+def single_pvalue(min_tokens, n=N_SAMPLES, rule="token"):
     target = FakeEngine(n_vocab=V, seed=0, scale=1.0, eos=EOS)
     draft = FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0, eos=EOS)
     drafter = ModelDrafter(draft, WHOLE, V)
     counts: Counter = Counter()
     accepted = 0
     for s in range(n):
-        config = GenerateConfig(N_TOKENS, WHOLE, seed=s, min_tokens=min_tokens)
+        config = GenerateConfig(N_TOKENS, WHOLE, seed=s, min_tokens=min_tokens, verify_rule=rule)
         done = list(generate(target, drafter, PROMPT, config, FixedK(2), ordinary_first=False))[-1]
         counts[tuple(done.tokens)] += 1
         accepted += done.stats.n_accepted
@@ -180,15 +184,17 @@ def plant(monkeypatch, bug):
         monkeypatch.setattr(MinTokens, "_held", off_by_one if bug == "off-by-one" else whole_call)
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("min_tokens", [0, 2, 3])
-def test_speculative_output_follows_the_targets_law_with_the_end_held_back(min_tokens):
-    assert single_pvalue(min_tokens) > ALPHA
+def test_speculative_output_follows_the_targets_law_with_the_end_held_back(min_tokens, rule):
+    assert single_pvalue(min_tokens, rule=rule) > ALPHA
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("bug", ["off-by-one", "whole-call", "target-unmasked"])
-def test_each_planted_bug_fails_the_law(monkeypatch, bug):
+def test_each_planted_bug_fails_the_law(monkeypatch, bug, rule):
     plant(monkeypatch, bug)
-    assert single_pvalue(2) < ALPHA
+    assert single_pvalue(2, rule=rule) < ALPHA
 
 
 #: a batch mixes (prompt, min_tokens) settings, each its own law
@@ -210,7 +216,8 @@ def batch_pvalues(n_per_setting=N_PER_SETTING):
     for i in range(n_per_setting * len(BATCH)):
         s = i % len(BATCH)
         prompt, m = BATCH[s]
-        config = GenerateConfig(N_TOKENS, WHOLE, seed=30_000 + i, min_tokens=m)
+        rule = RULES[i // len(BATCH) % 2]  # both rules in every setting and batch
+        config = GenerateConfig(N_TOKENS, WHOLE, seed=30_000 + i, min_tokens=m, verify_rule=rule)
         events: list = []
         sched.submit(Job("job", list(prompt), config), events.append)
         sinks.append((s, events))
