@@ -484,8 +484,8 @@ class GrammarProcessor:
         """Whether after `context` the grammar allows end-of-generation tokens alone."""
         if not self.matcher.sync(self._generated(context, ())):
             return False
-        allowed = self.matcher.allowed()
-        return bool(allowed.any()) and not np.delete(allowed, self.matcher.grammar.tokenizer.eog).any()
+        allowed, eog = self.matcher.allowed(), self.matcher.grammar.tokenizer.eog
+        return bool(allowed.any()) and not np.delete(allowed, eog).any()
 
 
 def grammar_factory(
