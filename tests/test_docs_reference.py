@@ -175,3 +175,12 @@ def test_every_measurement_page_states_machine_date_commit_and_command() -> None
         }
         bad += [f"{page.name}: no {what}" for what, ok in has.items() if not ok]
     assert not bad, "a measurement page states its machine, date, commit and command: " + str(bad)
+
+
+def test_the_generator_takes_help_for_no_docs_folder(tmp_path, monkeypatch, capsys) -> None:
+    # `python -m specgen.cli.reference --help` had written --help/reference/cli.md
+    from specgen.cli import reference
+
+    monkeypatch.chdir(tmp_path)
+    assert reference.main(["--help"]) == 0 and reference.main(["-x"]) == 2
+    assert "usage:" in capsys.readouterr().out and list(tmp_path.iterdir()) == []

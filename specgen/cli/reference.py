@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     """Write docs/reference/cli.md and the field table of docs/reference/http.md (under the
     docs folder given, default docs)."""
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0].startswith("-"):  # `--help` is no docs folder to write into
+        print("usage: python -m specgen.cli.reference [DOCS_FOLDER]  (default: docs)")
+        return 0 if args[0] in ("-h", "--help") else 2
     docs = Path(args[0] if args else "docs")
     if docs.suffix == ".md":  # the page's path, as earlier versions took it
         docs = docs.parent.parent

@@ -47,7 +47,11 @@ VERIFY = Group(
     VerifyFlags,
     samples=opt("--samples", help="Speculative samples per sampling prompt."),
     positions=opt("--positions", help="Generated positions tested per sample."),
-    draft_max=opt("--draft-max", metavar="K", help="Block size K of the sampling check."),
+    draft_max=opt(
+        "--draft-max",
+        metavar="K",
+        help="Block size K of the sampling check (at most --positions - 1).",
+    ),
     alpha=opt("--alpha", help="Significance level after Holm correction."),
     check=opt("--check", help="Which checks: all, greedy or sampling."),
     prompts=opt(

@@ -269,7 +269,7 @@ def check_sampling(
         tests=tuple(tests),
         samples=config.samples,
         positions=config.positions,
-        k=config.k,
+        k=min(config.k, config.positions - 1),  # the block size the rounds ran at
         params=config.params,
         seed=config.seed,
         alpha=config.alpha,
