@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     docs folder given, default docs)."""
     args = sys.argv[1:] if argv is None else argv
     if args and args[0].startswith("-"):  # `--help` is no docs folder to write into
-        print("usage: python -m specgen.cli.reference [DOCS_FOLDER]  (default: docs)")
+        from specgen.ui import output
+
+        output.write_line("usage: python -m specgen.cli.reference [DOCS_FOLDER]  (default: docs)")
         return 0 if args[0] in ("-h", "--help") else 2
     docs = Path(args[0] if args else "docs")
     if docs.suffix == ".md":  # the page's path, as earlier versions took it
