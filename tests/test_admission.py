@@ -73,6 +73,21 @@ def logged(
     engine.decode_batch = decode  # type: ignore[method-assign]
 
 
+def run_jobs(sched: Scheduler, jobs: list, sink: Callable[[str], Callable]) -> None:
+    """Submit `jobs` ((prompt, config) pairs) as j0, j1, ... to `sink(name)`, then run."""
+    for i, (prompt, config) in enumerate(jobs):
+        sched.submit(Job(f"j{i}", prompt, config), sink(f"j{i}"))
+    sched.run_until_idle()
+
+
+def after_arrival(log: list) -> tuple[int, str, dict[int, tuple[int, int]]]:
+    """Where the arrival (``("submit", ())``) stands in `log`, and the decode `logged`
+    next: its engine's name and {seq: (tokens, rows)}."""
+    at = log.index(("submit", ()))
+    kind, parts = log[at + 1]
+    return at, kind, {seq: (n, rows) for seq, n, rows in parts}
+
+
 def test_a_request_arriving_mid_draft_cuts_the_blocks_and_gets_its_first_token_from_that_decode():
     target, draft = pair()
     sched = Scheduler(
@@ -95,14 +110,9 @@ def test_a_request_arriving_mid_draft_cuts_the_blocks_and_gets_its_first_token_f
     logged(target, "target", log)
     logged(draft, "draft", log, arrive)
     jobs = [([1 + i, 2, 3], GenerateConfig(40, GREEDY)) for i in range(2)]
-    for i, (prompt, config) in enumerate(jobs):
-        sched.submit(Job(f"j{i}", prompt, config), sink(f"j{i}"))
-    sched.run_until_idle()
-
-    at = log.index(("submit", ()))
-    kind, parts = log[at + 1]
+    run_jobs(sched, jobs, sink)
+    at, kind, decode = after_arrival(log)
     assert kind == "target", "the blocks were drafted on after the arrival"
-    decode = {seq: (n, rows) for seq, n, rows in parts}
     # slots 0 and 1: [last, x_1, x_2], the blocks cut after their second depth; slot 2:
     # the whole prompt, its last token with the first round's one row
     assert decode == {0: (3, 3), 1: (3, 3), 2: (len(late_prompt), 1)}
@@ -454,13 +464,10 @@ def test_a_request_arriving_as_a_step_begins_waits_for_no_draft_decode():
     sched.drafting.catch_up = catch_up  # type: ignore[method-assign]
     long_prompt = [1 + i % 5 for i in range(100)]  # its draft lacks 100 tokens: a catch-up
     jobs = [([1, 2, 3], GenerateConfig(20, GREEDY)), (long_prompt, GenerateConfig(20, GREEDY))]
-    for i, (prompt, config) in enumerate(jobs):
-        sched.submit(Job(f"j{i}", prompt, config), sink(f"j{i}"))
-    sched.run_until_idle()
-    at = log.index(("submit", ()))
-    kind, parts = log[at + 1]
+    run_jobs(sched, jobs, sink)
+    at, kind, decode = after_arrival(log)
     assert kind == "target", "a draft decode came between the arrival and the target's"
-    assert {seq: (n, rows) for seq, n, rows in parts} == {0: (1, 1), 1: (1, 1), 2: (len(late), 1)}
+    assert decode == {0: (1, 1), 1: (1, 1), 2: (len(late), 1)}
     this = {n: e for n, i, e in events if i == at + 2 and isinstance(e, Step)}
     assert {n: (e.k, e.k_reason) for n, e in this.items()} == {
         "j0": (0, "cut"), "j1": (0, "waiting"), "late": (0, "first"),
@@ -527,11 +534,10 @@ def test_an_arrival_between_two_pieces_of_a_catch_up_ends_it():
     prompt = [1 + i % 5 for i in range(150)]
     sched.submit(Job("j", prompt, GenerateConfig(12, GREEDY)), events.append)
     sched.run_until_idle()
-    at = log.index(("submit", ()))
+    at, kind, decode = after_arrival(log)
     assert log[at - 1] == ("draft", ((0, LATENCY_CHUNK, 0),))
-    kind, parts = log[at + 1]
     assert kind == "target", "the catch-up went on after the arrival"
-    assert {seq: (n, rows) for seq, n, rows in parts} == {0: (1, 1), 1: (len(late), 1)}
+    assert decode == {0: (1, 1), 1: (len(late), 1)}
     done = [e for e in events if isinstance(e, Done)]
     assert [d.tokens for d in done] == outputs_alone(
         [(late, GenerateConfig(4, GREEDY)), (prompt, GenerateConfig(12, GREEDY))]
