@@ -306,7 +306,10 @@ class Pair(Generic[M]):
                 raise ConfigError(f"verify does not take {name}: the checks set it themselves")
         flags = sampling_flags(kwargs, settings or checks.SAMPLING_FLAGS, others=checks.ARGUMENTS)
         with argument_names() if settings is None else contextlib.nullcontext():
-            options = VerifyFlags(samples, positions, draft_max, alpha, check, prompts)  # type: ignore[arg-type]
+            options = VerifyFlags(
+                samples=samples, positions=positions, draft_max=draft_max, alpha=alpha,
+                check=check, prompts=prompts,  # type: ignore[arg-type]
+            )  # fmt: skip
             config = checks.config_of(flags, options)
             make = checks.drafter_factory(self.session.drafter)
         with self._busy.held():

@@ -131,8 +131,14 @@ class Group(Generic[_Shape]):
 
     def __init__(self, shape: type[_Shape], **options: Opt) -> None:
         self.shape = shape
-        hints = typing.get_type_hints(shape)
-        fields = {f.name: f for f in dataclasses.fields(shape)}  # type: ignore[arg-type]
+        # read the shape only for options not yet resolved: the groups made from others
+        # (`but`, `without`, `only`, ``+``) hold resolved ones, and every command's groups
+        # are built at start-up
+        hints: dict[str, Any] = {}
+        fields: dict[str, dataclasses.Field[Any]] = {}
+        if any(o.kind is FROM_SHAPE or o.default is FROM_SHAPE for o in options.values()):
+            hints = typing.get_type_hints(shape)
+            fields = {f.name: f for f in dataclasses.fields(shape)}  # type: ignore[arg-type]
         self.options = {
             name: o._replace(
                 kind=hints[name] if o.kind is FROM_SHAPE else o.kind,

@@ -325,10 +325,13 @@ NEAR = 0.8
 the output to be taken for a misspelling of it and refused."""
 
 
+_CHANGING = tuple(n for n, f in FIELDS.items() if f.status is not Status.IGNORED)
+"""The fields that change the output, which an unknown field's name is compared with."""
+
+
 def _near(name: str) -> str | None:
     """The field that changes the output whose name `name` is a likely misspelling of."""
-    changing = [n for n, f in FIELDS.items() if f.status is not Status.IGNORED]
-    close = difflib.get_close_matches(name, changing, n=1, cutoff=NEAR)
+    close = difflib.get_close_matches(name, _CHANGING, n=1, cutoff=NEAR)
     return close[0] if close else None
 
 
