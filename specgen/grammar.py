@@ -311,7 +311,8 @@ class Matcher:
         while n < limit and mine[n] == generated[n]:
             n += 1
         if n < len(mine):
-            self._m.rollback(len(mine) - n)
+            if not self._m.rollback(len(mine) - n):  # an error state must never pass silently
+                raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self._m.get_error())}")
             del mine[n:]
             self._bits_at = -1
         for t in generated[n:]:
@@ -322,8 +323,7 @@ class Matcher:
     def _consume(self, token: int) -> bool:
         if self._m.validate_tokens([token]) != 1:
             return False
-        ok = self._m.consume_token(token)
-        if not ok:  # validated: cannot happen, but an error state must never pass silently
+        if not self._m.consume_token(token):  # validated: cannot happen, but never silently
             raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self._m.get_error())}")
         self.tokens.append(token)
         self._bits_at = -1

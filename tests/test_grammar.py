@@ -50,6 +50,25 @@ def test_a_matcher_masks_consumes_and_rolls_back() -> None:
     assert m.tokens == []
 
 
+def test_a_refused_rollback_is_an_error_not_a_silent_drift() -> None:
+    m = _grammar(GrammarSpec("lark", LARK)).matcher()
+    assert m.sync([3, 4])
+
+    class Refusing:  # llguidance's matcher, but its rollback answers False (an error state)
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def rollback(self, n: int) -> bool:
+            return False
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    m._m = Refusing(m._m)
+    with pytest.raises(GrammarError):
+        m.sync([1])  # the matcher would stand after "abc" while the text is "a"
+
+
 def test_mask_sets_disallowed_tokens_to_minus_infinity() -> None:
     m = _grammar(GrammarSpec("lark", LARK)).matcher()
     row = np.arange(8, dtype=np.float32)

@@ -200,6 +200,9 @@ def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
         assert s.post("/v1/completions", {"prompt": "a", "top_p": -0.1}).status_code == 400
         s.post("/v1/completions", {"prompt": "a", "seed": -1})
         assert s.sched.submitted[-1].config.seed == 11  # -1: the default (llama.cpp's random)
+        # another negative seed is a fixed one, wrapped as llama-server's uint32 seed
+        s.post("/v1/completions", {"prompt": "a", "seed": -5})
+        assert s.sched.submitted[-1].config.seed == 2**32 - 5
         chat = {"messages": USER, "max_tokens": 9, "max_completion_tokens": 4}
         assert s.post("/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 4
 

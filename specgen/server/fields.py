@@ -85,9 +85,7 @@ FIELDS: dict[str, Field] = {
     "max_tokens": Field(H, "the most tokens to generate"),
     "temperature": Field(H, "0 samples greedily"),
     "top_p": Field(H, "nucleus sampling"),
-    "seed": Field(
-        H, "the request's random stream; a negative one or none: the server's --seed, if any"
-    ),
+    "seed": Field(H, "the request's random stream; -1 or none: the server's --seed, if any"),
     "stop": Field(H, "up to 16 stop strings"),
     "n": Field(H, "1 up to the server's slots (--parallel); choice i is seeded seed + i"),
     "stream": Field(H, "server-sent events"),

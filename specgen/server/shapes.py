@@ -178,8 +178,9 @@ def generate_config(
             param=name or "max_tokens",
             code="context_length_exceeded",
         )
-    # llama.cpp's -1 (and any negative seed) asks for a random one, as an omitted seed does
-    seed = req.seed if req.seed is not None and req.seed >= 0 else defaults.seed
+    # llama.cpp's -1 asks for a random one, as an omitted seed does; another negative seed
+    # is a fixed one, wrapped to llama-server's uint32 (a client's seed must reproduce)
+    seed = defaults.seed if req.seed is None or req.seed == -1 else req.seed % 2**32
     base = defaults.sampling
     try:
         sampling = replace(
