@@ -124,6 +124,28 @@ def test_a_seeded_request_is_the_same_alone_and_in_any_batch():
         assert a == b == alone(p, c).tokens
 
 
+def test_a_seeded_request_sent_again_alone_has_the_same_rounds_and_text():
+    """At a fixed K a request sent again finds its prompt in its slot's caches (the
+    target's and the draft's), where the first send's draft caught up on it by chunks:
+    the chunks' steps make no round for it, so the rounds (K per round) and the sampled
+    text are the same (an ordinary round per chunk shifted the first send's rounds and
+    its random streams)."""
+    target, draft = engines(n_seq=2)
+    drafter = ModelDrafter(draft, SETTINGS[0], V)
+    sched = Scheduler(target, drafter, n_parallel=2, queue_max=8, draft_max=3, prefill_chunk=16)
+    prompt = [1 + i % 5 for i in range(60)]
+    config = GenerateConfig(16, SETTINGS[0], seed=7, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        sink, _ = submit(sched, prompt, config)
+        sched.run_until_idle()
+        steps = [e for e in sink.events if isinstance(e, Step)]
+        runs.append(([e.k for e in steps], sink.last.tokens))
+    chunks = [p for b in draft.batches for p in b if p[1] == 16 and p[2] == 0]
+    assert len(chunks) >= 3  # the first send's draft caught up by chunks
+    assert runs[0] == runs[1] and runs[0][0][:2] == [0, 3]
+
+
 def test_a_random_stream_shared_between_slots_is_detected(monkeypatch):
     """The check above has power: slots drawing from one shared generator differ from
     the same requests served alone."""

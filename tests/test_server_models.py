@@ -115,10 +115,18 @@ def test_four_concurrent_greedy_requests_equal_each_served_alone(server: Server,
             assert_same_or_near_tie(target, prompt_tokens(target, p.encode()), a, b)
 
 
-def test_a_seed_reproduces_sampled_text_with_a_fixed_draft_max(server: Server) -> None:
+@pytest.mark.parametrize("repeat", [1, 40])
+def test_a_seed_reproduces_sampled_text_with_a_fixed_draft_max(server: Server, repeat) -> None:
+    # 40: a prompt of about 300 tokens, longer than a step's chunk, whose draft catches up
+    # by chunks on the first send only (the second finds it cached)
     fields = {"temperature": 0.8, "seed": 1234}
-    first = completion(server, PROMPTS[2], **fields)["tokens"]
-    assert completion(server, PROMPTS[2], **fields)["tokens"] == first
+    prompt = " ".join([PROMPTS[2]] * repeat)
+    first = completion(server, prompt, **fields)
+    again = completion(server, prompt, **fields)
+    if repeat > 1:  # the draft caught up by chunks the first time only
+        assert first["timings"]["cache_n"] < 16 and again["timings"]["cache_n"] > 256
+    assert again["speculative"]["k_per_step"] == first["speculative"]["k_per_step"]
+    assert again["tokens"] == first["tokens"]
 
 
 def test_a_bench_sweep_reports_the_speculative_counts_of_the_metrics(server: Server) -> None:

@@ -86,8 +86,9 @@ class Drafting:
 
         - a slot chosen to speculate whose draft lacks more than `prefill_chunk` committed
           tokens (its prompt, never drafted for, or a long stretch at K = 0) evaluates
-          `prefill_chunk` of them and stays at K = 0 this step, so a long prompt stalls the
-          other slots by one chunk in the draft as in the target;
+          `prefill_chunk` of them and stays at K = 0 this step (at a fixed K it makes no
+          round at all, `Stepper.run`), so a long prompt stalls the other slots by one
+          chunk in the draft as in the target;
         - while a slot is free for a new request (`slot_free`), a catch-up longer than
           `LATENCY_CHUNK` is made here too where the model is to draft (K beyond the
           prompt-lookup tokens offered, `Slot.offer`), the slot keeping its K (its first

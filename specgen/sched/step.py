@@ -186,7 +186,15 @@ class Stepper:
         t1 = self.clock()
         ks = self.drafting.catch_up(active, chosen)
         self.drafting.count_runs(active, chosen, ks)
-        proposals = self.drafting.propose(active, ks)
+        # at a fixed K a slot spending this step on a chunk of its draft's catch-up makes
+        # no round rather than an ordinary one: its rounds, and so a seeded request's text,
+        # are then the same whether its prompt's draft cells were cached or not (under
+        # the controller the ordinary round is a choice like any other: the clock's)
+        rounds = [
+            (s, k) for s, k in zip(active, ks, strict=True)
+            if self.controller is not None or s.reason != "catch_up"
+        ]  # fmt: skip
+        proposals = self.drafting.propose([s for s, _ in rounds], [k for _, k in rounds])
         retimed = not any(ks) and self.drafting.retime_draft(active)
         # a step the controller's residual may learn from: nothing in it but the rounds
         plain = ks == chosen and not retimed and not self.drafting.cut
