@@ -22,6 +22,7 @@ tests): ``python tests/fake_server.py [--port N] [--api-key K] [--load-gate FILE
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -140,7 +141,7 @@ class FakeScheduler:
                         s.sink(Failed("cancelled by the client", "cancelled"))
             self._cv.notify_all()
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> bool:
         with self._cv:
             self._stopped = True
             for s in list(self._active):
@@ -152,6 +153,8 @@ class FakeScheduler:
             while self._queue:
                 self._queue.popleft().sink(Failed("the server is shutting down", "shutdown"))
             self._cv.notify_all()
+            # a STUCK job stands for a decode that has not returned: the worker is busy
+            return not any("STUCK" in s.text for s in self._active)
 
     @property
     def queue_depth(self) -> int:
@@ -285,7 +288,8 @@ def _main(argv: list[str]) -> int:
         if a.load_gate is not None:
             while not a.load_gate.exists():
                 threading.Event().wait(0.02)
-        return fake_backend()
+        # the signal tests read when the models would have been freed
+        return dataclasses.replace(fake_backend(), close=lambda: output.write_line("closed"))
 
     sock = runner.bind("127.0.0.1", a.port)
     output.write_line(f"listening {runner.url_of(sock)}")

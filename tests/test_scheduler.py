@@ -429,6 +429,29 @@ def test_shutdown_interrupts_running_jobs_and_refuses_queued_ones():
         submit(sched, [1], GenerateConfig(3, GREEDY))
 
 
+def test_shutdown_says_the_worker_is_busy_until_its_decode_returns():
+    """A decode cannot be interrupted: `shutdown` reports the worker still running while
+    one is under way (the server then must not free the models: that was a segfault at
+    exit), and stopped once it has returned."""
+    sched, target, _ = make(n_parallel=1)
+    entered, release = threading.Event(), threading.Event()
+    decode = target.decode_batch
+
+    def slow_decode(parts, copy=True):
+        entered.set()
+        assert release.wait(30)
+        return decode(parts, copy)
+
+    target.decode_batch = slow_decode  # type: ignore[method-assign]
+    sched.start()
+    running, _ = submit(sched, [1, 2], GenerateConfig(100, GREEDY, ignore_eos=True))
+    assert entered.wait(30)
+    assert sched.shutdown(timeout_s=0.05) is False  # the decode has not returned
+    release.set()
+    assert sched.shutdown() is True
+    assert isinstance(running.last, Done) and running.last.finish_reason == "interrupted"
+
+
 def test_a_shared_prefix_goes_to_the_slot_that_holds_it_and_only_the_rest_is_evaluated():
     sched, target, _ = make(n_parallel=2)
     base = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4]

@@ -107,6 +107,7 @@ def test_a_signal_during_a_stream_ends_it_with_a_final_chunk_and_exits_0(child, 
     assert child.wait() == 0
     err = child.stderr()
     assert "stopping" in err and "Traceback" not in err
+    assert child.expect("closed") == ""  # the models freed once the worker had stopped
 
 
 def test_an_idle_server_exits_0_on_sigterm(child) -> None:
@@ -130,6 +131,10 @@ def test_a_second_signal_exits_130_at_once() -> None:
         assert "stopping" in c.proc.stderr.readline()  # type: ignore[union-attr]
         c.proc.send_signal(signal.SIGTERM)
         assert c.wait() == 130
+        # the hung job's worker never stopped: its models are not freed under it
+        err = c.stderr()
+        assert "a decode is still under way" in err and "Traceback" not in err
+        assert c.proc.stdout.read() == ""  # type: ignore[union-attr]
     finally:
         client.close()
         if c.proc.poll() is None:

@@ -231,16 +231,24 @@ class Scheduler:
             ticket.cancelled = True
             self._cond.notify()
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> bool:
         """Stop accepting; jobs in slots end with Done(finish="interrupted"), queued ones
-        with Failed(kind="shutdown"); joins the worker thread."""
+        with Failed(kind="shutdown"); joins the worker thread, which stops after the step
+        under way (a llama.cpp decode cannot be interrupted), for at most `timeout_s`
+        seconds (None: however long that step takes). Idempotent.
+
+        Returns:
+            whether the worker has stopped: only then may the engines be closed (a model
+            freed while a decode runs on it is a use-after-free in llama.cpp).
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        else:
+        if self._thread is None:
             self._finish_all()
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     @property
     def queue_depth(self) -> int:

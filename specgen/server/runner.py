@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -83,6 +84,10 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _not_cancelled(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
 class _Stopper:
     """The signal handlers: drain on the first signal, stop at once on the second."""
 
@@ -97,6 +102,9 @@ class _Stopper:
         self.signals += 1
         if self.signals > 1:
             self.code = EXIT_INTERRUPTED
+            # uvicorn cancels the responses under way: its log of each cancellation is a
+            # traceback, where the user asked to stop
+            logging.getLogger("uvicorn.error").addFilter(_not_cancelled)
             self.server.force_exit = True
             self.server.should_exit = True
             return
@@ -180,9 +188,12 @@ async def serve(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        # the models are freed only once the worker has stopped (a model freed while a
+        # decode runs on it was a segfault at exit); after a second signal no wait
         if backend is not None:
-            if not stopper.drained:  # loaded after a signal, or uvicorn stopped by itself
-                backend.scheduler.shutdown()
-            backend.close()
+            if backend.scheduler.shutdown(0.0 if stopper.signals > 1 else None):
+                backend.close()
+            else:
+                say("a decode is still under way: its models are freed by the process's exit")
         sock.close()
     return stopper.code
