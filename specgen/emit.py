@@ -88,6 +88,7 @@ class Emitter:
         if self._is_eog(token) and not self._ignore_eos:
             self.finish = "eos"
             tail = self._flush()
+            self.text_parts.append(tail)
             return Span(tail, token, from_draft, source) if tail else None
         self.tokens.append(token)
         new_from = len(self._held)  # where this token's own text starts in `text`

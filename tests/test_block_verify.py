@@ -193,6 +193,29 @@ def test_k1_equals_token_wise_for_every_seed(sparse):
         assert block == token
 
 
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_rounds_stages_draw_what_the_rule_draws_for_every_seed(k, sparse):
+    """`stages.verify_block`, what a round runs, is `rejection.verify_block`, what the
+    law tests here prove exact, seed by seed: the wiring of the rule into the round (the
+    residual scaled by P_tau, the rule used from K = 2 on) is tested exactly, not only by
+    the round's chi-square, which missed a residual scaled by P_0."""
+    from specgen.engine import Block
+    from specgen.stages import Verified, verify_block
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        q, p = random_rows(rng, 6, k, sparse_top=3 if sparse else None)
+        x = np.array([choose(rng, row) for row in q], dtype=np.int64)
+        qr, pr = (to_sparse(q), to_sparse(p)) if sparse else (q, p)
+        v = Verified(pr, None, np.zeros((k + 1, 6), dtype=np.float32))
+        got = verify_block(Block(x, qr), v, np.random.default_rng(trial), "block")
+        assert (got.n, got.x_next) == rejection.verify_block(
+            x, qr, pr, np.random.default_rng(trial)
+        )
+        assert got.h.size == k  # block verification ran (it records h_1..h_K)
+
+
 def test_one_hot_p_and_q_equal_token_wise_for_every_uniform():
     """Greedy rows: h_i is 1 up to the first mismatch, 0 after; the correction is the
     target's argmax, as in token-wise."""

@@ -16,6 +16,9 @@ PIECES = {
     9: b"",  # EOS
     10: "日".encode()[:2],
     11: "日".encode()[2:],
+    12: b"ab",
+    13: b"c",
+    14: b"x lo wor y",
 }
 
 
@@ -120,3 +123,32 @@ def test_keep_stop_keeps_the_stop_string_and_cuts_what_follows():
     assert "".join(feed(e, [3])) == " wo"
     e = make(max_tokens=10, stop=("wor", "wo"), keep_stop=True)
     assert "".join(feed(e, [3])) == " wor"
+
+
+def test_eos_releases_text_held_for_a_stop_string_in_the_spans_and_the_text():
+    # the non-streamed reply is the text, the stream is the spans: both hold "lo"
+    e = make(max_tokens=10, stop=("lo!",))
+    assert feed(e, [1, 2, 9]) == ["He", "l", "lo"]  # "l", then "lo", may start "lo!"
+    assert e.finish == "eos" and e.text == "Hello" and e.tokens == [1, 2]
+
+
+def test_the_longest_prefix_of_any_stop_string_is_held():
+    # "ab" may start "abc" ("b" alone may start "bx"): hold both letters, then cut
+    e = make(max_tokens=10, stop=("abc", "bx"))
+    assert "".join(feed(e, [12, 13])) == "" and e.finish == "stop" and e.text == ""
+
+
+def test_the_earliest_stop_string_in_a_token_cuts_whichever_was_given_first():
+    e = make(max_tokens=10, stop=("wor", "lo"))
+    assert "".join(feed(e, [14])) == "x " and e.finish == "stop"
+
+
+def test_an_empty_stop_string_stops_nothing():
+    e = make(max_tokens=2, stop=("",))
+    assert "".join(feed(e, [1, 2])) == "Hello" and e.finish == "length"
+
+
+def test_a_stop_token_id_ending_in_half_a_character_flushes_a_replacement():
+    e = make(max_tokens=10, stop_ids=(5,))
+    assert "".join(feed(e, [1, 5])) == "Hel\ufffd" and e.text == "Hel\ufffd"
+    assert e.finish == "stop"

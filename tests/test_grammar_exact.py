@@ -234,6 +234,19 @@ def test_greedy_speculative_equals_ordinary_constrained_decoding(k):
     assert matcher().sync(list(base.tokens))
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_an_end_the_grammar_forces_is_its_stop_not_the_models_eos(k):
+    """The empty text's grammar allows nothing but the end from its first position
+    (llguidance does not report it stopped before a token): the end is the grammar's
+    ("stop"), ordinary or speculative (the fast twin of `test_grammar_models`' test)."""
+    greedy = SamplingParams(temp=0.0)
+    target, draft = engines()
+    drafter = ModelDrafter(draft, greedy, 264) if k else None
+    config = GenerateConfig(max_tokens=8, params=greedy, grammar=GrammarSpec("gbnf", "root ::= "))
+    done = list(generate(target, drafter, PROMPT, config, FixedK(k)))[-1]
+    assert (done.text, done.tokens, done.finish_reason) == ("", (), "stop")
+
+
 # -- forced tokens: the grammar as a drafter -----------------------------------------------
 
 

@@ -39,6 +39,14 @@ def test_log_softmax_and_top_ids_match_plain_numpy() -> None:
         assert lp.top[0].logprob == pytest.approx(ref[7]) and lp.top[0].top == ()
 
 
+def test_top_ids_of_a_wide_row_of_ties_are_the_lowest_ids() -> None:
+    # the strided sample's n-th largest equals the entries tied with it: all of them count
+    assert top_ids(np.zeros(16_384, dtype=np.float32), 3).tolist() == [0, 1, 2]
+    masked = np.full(50_000, -np.inf, dtype=np.float32)  # a grammar's mask: few allowed
+    masked[[40_000, 3, 9_000]] = 0.5
+    assert top_ids(masked, 2).tolist() == [3, 9_000]
+
+
 def test_legacy_logprobs_name_part_characters_by_their_bytes() -> None:
     """Tokens that hold part of a UTF-8 character each keep their own ``top_logprobs`` key
     (``bytes:\\xe6\\x97``, OpenAI's legacy naming): shown as U+FFFD they overwrote

@@ -455,6 +455,27 @@ def test_host_time_is_the_round_outside_the_decodes(monkeypatch: pytest.MonkeyPa
         assert st.round_s - st.host_s == pytest.approx(0.02 * (1 + max(st.k, 0)), abs=1e-9)
 
 
+def test_an_end_inside_a_block_flushes_held_text_scores_only_tokens_and_commits_no_more():
+    """Greedy from [1, 2] is "c h i c b g..."; with "g" (token 6) the end of generation and
+    a stop string "b!" the "b" is held, then released by the end, which comes inside a
+    K = 8 block of a draft that goes on past it. The end's span carries the "b" but is no
+    token: no log-probability of its own; nothing after the end is committed."""
+    from specgen.generate import OneSlot
+
+    target = FakeEngine(n_vocab=9, seed=0, eos=6)
+    drafter = ModelDrafter(FakeEngine(n_vocab=9, seed=0), GREEDY, 9)
+    config = GenerateConfig(max_tokens=12, params=GREEDY, stop=("b!",), logprobs=2)
+    slot = OneSlot(target, drafter, [1, 2], config, FixedK(8))
+    events = list(slot.events())
+    done = events[-1]
+    assert (done.text, done.tokens, done.finish_reason) == ("chicb", (2, 7, 8, 2, 1), "eos")
+    spans = [sp for e in events if isinstance(e, Step) for sp in e.spans]
+    assert "".join(sp.text for sp in spans) == done.text
+    assert [sp.token for sp in spans if sp.logprob is not None] == list(done.tokens)
+    assert max(e.k for e in events if isinstance(e, Step)) == 8  # the end was in a block
+    assert slot.seq.committed == [1, 2, 2, 7, 8, 2, 1, 6]
+
+
 def test_a_slower_draft_is_timed_before_the_second_round(monkeypatch: pytest.MonkeyPatch) -> None:
     """The start-up times the draft's decodes after the first round (as it times the
     ordinary pass), so the controller knows a draft slower than its target before its

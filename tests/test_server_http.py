@@ -175,6 +175,11 @@ def test_stop_strings_cut_exactly_and_say_stop(served: Served) -> None:
     assert (
         served.post("/v1/completions", kept).json()["choices"][0]["text"] == "Hello from the fake"
     )
+    # the reply ends "time." then the end of generation: "time." was held as the start
+    # of "time.!", and the end releases it, in the whole text as in a stream
+    held = served.post("/v1/completions", {"prompt": "a", "stop": ["time.!"]}).json()
+    assert held["choices"][0]["text"] == fake.REPLY
+    assert held["choices"][0]["finish_reason"] == "stop"  # OpenAI's name for an end
 
 
 def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
