@@ -208,6 +208,8 @@ def test_omitted_fields_take_the_servers_defaults_and_given_ones_win() -> None:
         # another negative seed is a fixed one, wrapped as llama-server's uint32 seed
         s.post("/v1/completions", {"prompt": "a", "seed": -5})
         assert s.sched.submitted[-1].config.seed == 2**32 - 5
+        s.post("/v1/completions", {"prompt": "a", "seed": 2**40})
+        assert s.sched.submitted[-1].config.seed == 2**40  # a positive one as it is
         chat = {"messages": USER, "max_tokens": 9, "max_completion_tokens": 4}
         assert s.post("/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 4
 

@@ -96,7 +96,6 @@ class _Stopper:
         self.code = 0
         self.signals = 0
         self.task: asyncio.Task[None] | None = None
-        self.drained = False  # the scheduler was shut down by `drain`
 
     def __call__(self, name: str) -> None:
         self.signals += 1
@@ -117,7 +116,6 @@ class _Stopper:
         if b is not None:
             # the scheduler ends every job (Done "interrupted" or Failed "shutdown"); the
             # responses then write their final chunk
-            self.drained = True
             await asyncio.to_thread(b.scheduler.shutdown)
             while self.state.in_flight and not self.server.force_exit:
                 await asyncio.sleep(0.02)

@@ -179,8 +179,11 @@ def generate_config(
             code="context_length_exceeded",
         )
     # llama.cpp's -1 asks for a random one, as an omitted seed does; another negative seed
-    # is a fixed one, wrapped to llama-server's uint32 (a client's seed must reproduce)
-    seed = defaults.seed if req.seed is None or req.seed == -1 else req.seed % 2**32
+    # is a fixed one, wrapped to 32 bits as llama-server's (a client's seed must reproduce)
+    if req.seed is None or req.seed == -1:
+        seed = defaults.seed
+    else:
+        seed = req.seed if req.seed >= 0 else req.seed % 2**32
     base = defaults.sampling
     try:
         sampling = replace(
