@@ -36,6 +36,14 @@ def test_accept_exact_thresholds():
     assert rejection.accept(x, q, p, np.array([0.0, 0.999, 0.4])) == 3
 
 
+def test_block_verifications_test_is_strict_at_its_threshold():
+    # eta in [0, 1) passes with probability h exactly: an h of 0 never passes, even at 0
+    h = np.array([0.5, 0.0, 0.25])
+    assert rejection.last_passing(np.array([0.0, 0.0, 0.25]), h) == 1
+    assert rejection.last_passing(np.array([0.5, 0.0, 0.2499]), h) == 3
+    assert rejection.last_passing(np.zeros(3), np.zeros(3)) == 0
+
+
 def test_accept_p_zero_always_rejects_and_p_equal_q_always_accepts():
     q = np.array([[0.2, 0.8]])
     assert rejection.accept(np.array([0]), q, np.array([[0.0, 1.0]]), np.array([0.0])) == 0
