@@ -639,13 +639,13 @@ def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
     assert first.timed_ordinary_s is None and first.timed_draft_s is None
     second = next(events)
     assert isinstance(second, Step)
-    # before the second round: 3 timed target passes (for the controller also one of two
-    # rows, and its draft decodes where the draft's empty cache stands: 3 of one token,
+    # before the second round: 3 timed target passes (for the controller also one of a
+    # K = 4 block's five rows, and its draft decodes where the draft's empty cache stands: 3 of one token,
     # then one of a catch-up's 17), then the first block: its first depth evaluates every
     # committed token (the prompt and the first token) at once
     start = ["target:1"] * 3
     if policy == "auto":
-        start += ["target:2"] + ["draft:1"] * 3 + ["draft:17"]
+        start += ["target:5"] + ["draft:1"] * 3 + ["draft:17"]
     n = 1 + len(start)
     assert log[1:n] == start
     assert log[n] == "draft:6"

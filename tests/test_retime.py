@@ -88,7 +88,10 @@ def test_a_busy_start_does_not_hold_the_server_at_ordinary_decoding(monkeypatch,
     assert all(d.stats.n_drafted > 0 for d in late), [d.stats.n_drafted for d in done]
     assert all(d.stats.n_generated / d.stats.target_passes > 1.5 for d in late)
     assert sched.controller is not None
-    assert sched.controller.speed_changes == (1 if busy == "calibration" else 0)
+    # a busy calibration: rescaled once the machine is quiet; busy first rounds (their
+    # blocks within the five rows a single slot's calibration times): rescaled to the busy
+    # machine, then back
+    assert sched.controller.speed_changes == (1 if busy == "calibration" else 2)
 
 
 def test_a_steady_machine_never_rescales() -> None:

@@ -696,6 +696,31 @@ def test_calibrate_times_both_lines_at_one_and_every_slot_into_their_priors():
     assert target.decode_s == 0.0 and not any(target.sequence(i).tokens for i in range(2))
 
 
+def test_a_single_slots_calibration_reads_the_row_cost_at_a_blocks_rows():
+    """One row runs another kernel than several (on the demo target 38 ms for one row,
+    then about 37 ms + 4.5 ms a row): a single slot's line is timed at 1 and 5 rows, so
+    its slope is near a block's cost per row; through 1 and 2 rows it was 8 ms (16 ms
+    with a slow first two-row decode), which held a greedy stream at K = 0."""
+    now = [0.0]
+    target, draft = engines(n_seq=1)
+    decode = target.decode_batch
+
+    def timed(parts, copy=True):
+        rows = sum(p.n_rows for p in parts)
+        now[0] += 0.038 if rows == 1 else 0.037 + 0.0045 * rows
+        return decode(parts, copy)
+
+    target.decode_batch = timed  # type: ignore[method-assign]
+    sched = Scheduler(
+        target, ModelDrafter(draft, GREEDY, V), n_parallel=1, queue_max=8, draft_max=None,
+        controller=BatchController(), clock=lambda: now[0],
+    )  # fmt: skip
+    sched.calibrate(quick=True)
+    assert sched.controller is not None
+    line = sched.controller.target.line()
+    assert line.slope_s == pytest.approx((0.037 + 0.0045 * 5 - 0.038) / 4)
+
+
 def test_a_catch_up_is_one_observed_draft_decode_with_every_missing_token():
     # slot 0 speculates, slot 1 is held at K = 0 for 5 steps, then both draft: the first
     # draft decode then holds slot 1's 9 missing tokens (its prompt is never prefilled in

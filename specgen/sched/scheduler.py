@@ -45,6 +45,11 @@ from specgen.sched.step import Stepper
 #: tokens of the catch-up-shaped draft decode `Scheduler.calibrate` times (one row)
 _CALIBRATE_RUN = 16
 
+#: rows of the single stream's second timed target decode (a K = 4 block's): one row runs
+#: another kernel than several (demo target, 2 AMD cores: 1, 2, 3, 9 rows in 38, 46, 49, 75
+#: ms), and a line through 1 and 2 rows put a row at 8-16 ms, holding a stream at K = 0
+_CALIBRATE_ROWS = 5
+
 
 class Scheduler:
     """Serves jobs `n_parallel` at a time with one batched target decode per step.
@@ -266,11 +271,11 @@ class Scheduler:
     def calibrate(self, repeats: int = 3, quick: bool = False) -> list[float] | None:
         """Time the decodes the batch controller's cost lines stand on (as priors,
         `LineFit.set_prior`, `DraftFit.set_prior`): target decodes of one row and of one
-        row per slot; draft decodes of one token, of one token per slot, and of
-        `_CALIBRATE_RUN` + 1 tokens with one row (a catch-up's cost per token); `repeats`
-        times each after an untimed warm-up (medians). `quick` (the single stream, after
-        its first round warmed the target): no warm-ups, and the decodes of two rows and of
-        a catch-up timed once, so that its start-up costs about what the ordinary passes
+        row per slot (one slot: `_CALIBRATE_ROWS`); draft decodes of one token, of one per
+        slot, and of `_CALIBRATE_RUN` + 1 tokens with one row (a catch-up's cost per token);
+        `repeats` times each after an untimed warm-up (medians). `quick` (the single stream,
+        after its first round warmed the target): no warm-ups, and the decodes of several
+        rows and of a catch-up timed once, so that its start-up costs about what the ordinary passes
         and draft passes it times anyway cost. Each is appended where its sequences stand
         and removed again, so a cache holding a prompt keeps it.
         Priors, not observations: decodes at the start of empty caches were measured up to
@@ -321,11 +326,13 @@ class Scheduler:
         one = statistics.median(passes)
         if n > 1:
             many = median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
-        else:  # a single slot takes both tokens
-            many = median_s(self.target, [SeqDecode(0, [0, 0], 2)], once)
-        target = line(1, one, max(n, 2), many)
+        else:  # a single slot takes a block's rows (`_CALIBRATE_ROWS`)
+            rows = [0] * _CALIBRATE_ROWS
+            many = median_s(self.target, [SeqDecode(0, rows, len(rows))], once)
+        at = n if n > 1 else _CALIBRATE_ROWS
+        target = line(1, one, at, many)
         if self._draft is None:
-            ctl.calibrated(target, max(n, 2))
+            ctl.calibrated(target, at)
             return passes
         # the draft: a row per slot drafting a depth, and a catch-up's tokens without one
         one = median_s(self._draft, [SeqDecode(0, [0], 1)])
@@ -336,7 +343,7 @@ class Scheduler:
             draft = line(1, one, n, many)
         else:  # one slot: a depth is always one row
             draft = Line(0.0, one)
-        ctl.calibrated(target, max(n, 2), draft, token_s)
+        ctl.calibrated(target, at, draft, token_s)
         return passes
 
     def _run(self) -> None:
