@@ -640,9 +640,9 @@ def test_the_first_token_is_an_ordinary_pass_before_any_draft_decode(
     second = next(events)
     assert isinstance(second, Step)
     # before the second round: 3 timed target passes (for the controller also one of a
-    # K = 4 block's five rows, and its draft decodes where the draft's empty cache stands: 3 of one token,
-    # then one of a catch-up's 17), then the first block: its first depth evaluates every
-    # committed token (the prompt and the first token) at once
+    # K = 4 block's five rows, and its draft decodes where the draft's empty cache
+    # stands: 3 of one token, then one of a catch-up's 17), then the first block: its
+    # first depth evaluates every committed token (the prompt and the first token) at once
     start = ["target:1"] * 3
     if policy == "auto":
         start += ["target:5"] + ["draft:1"] * 3 + ["draft:17"]
