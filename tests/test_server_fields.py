@@ -223,6 +223,17 @@ def test_chat_template_kwargs_reach_the_template_as_llama_servers_do(served: Ser
     assert "messages: set by the server" in bad.json()["error"]["message"]
 
 
+def test_two_tools_of_one_name_are_refused(served: Served) -> None:
+    # a call names its tool: with two of a name the client could not tell which was meant
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    other = {"type": "function", "function": {"name": "g", "parameters": {}}}
+    body = {"messages": USER, "tools": [tool, other, tool], "tool_choice": "required"}
+    bad = served.post("/v1/chat/completions", body)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
+    assert "f given twice" in bad.json()["error"]["message"]
+    assert ChatCompletionRequest.model_validate(body | {"tools": [tool, other]}).tools
+
+
 def test_a_real_template_reads_the_variables_given() -> None:
     from specgen.llamacpp.templates import compile_chat_template
 

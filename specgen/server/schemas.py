@@ -271,6 +271,15 @@ class ChatCompletionRequest(_Generation):
     # llama-server's: more variables for the chat template (Qwen 3's enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
 
+    @field_validator("tools")
+    @classmethod
+    def _each_name_once(cls, given: list[Tool] | None) -> list[Tool] | None:
+        names = [tool.function.name for tool in given or ()]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # a call names its tool: with two of a name it would not say which
+            raise ValueError(f"each tool's name once: {', '.join(twice)} given twice")
+        return given
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _own_variables(cls, given: dict[str, Any] | None) -> dict[str, Any] | None:
