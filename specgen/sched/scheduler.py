@@ -325,11 +325,10 @@ class Scheduler:
         passes = timed(self.target, [SeqDecode(0, [0], 1)])
         one = statistics.median(passes)
         if n > 1:
-            many = median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
-        else:  # a single slot takes a block's rows (`_CALIBRATE_ROWS`)
-            rows = [0] * _CALIBRATE_ROWS
-            many = median_s(self.target, [SeqDecode(0, rows, len(rows))], once)
-        at = n if n > 1 else _CALIBRATE_ROWS
+            at, many = n, median_s(self.target, [SeqDecode(i, [0], 1) for i in range(n)])
+        else:  # a single slot takes a block's rows
+            at = _CALIBRATE_ROWS
+            many = median_s(self.target, [SeqDecode(0, [0] * at, at)], once)
         target = line(1, one, at, many)
         if self._draft is None:
             ctl.calibrated(target, at)
