@@ -2,13 +2,15 @@
 `fake_server` behind the real app and uvicorn with `specgen.server.wire`'s protocol):
 the API key's scheme in any case, and requests the HTTP parser refuses (an unknown
 method, a malformed chunked body, a 64 KiB path, a 200 KB header line) answered with
-OpenAI's error JSON, after which the server keeps serving."""
+OpenAI's error JSON, after which the server keeps serving; a streaming client that stops
+reading loses its stream and its slot."""
 
 from __future__ import annotations
 
 import json
 import socket
 
+import fake_server as fake
 import pytest
 from support.served import USER, Served, serving
 
@@ -101,3 +103,45 @@ def test_without_httptools_h11_refusals_are_json_too() -> None:
 def served():
     with serving() as s:
         yield s
+
+
+def test_a_client_that_stops_reading_its_stream_loses_it_and_its_slot() -> None:
+    """A streaming client that takes no data for the send timeout (its receive buffer
+    full) has its stream ended and its job cancelled, logged as finish stalled, while the
+    server goes on serving: before, such a client held its slot until its generation's
+    end. The generation here is long (a 200,000-token limit, ignore_eos) so that only
+    the timeout can free the slot within the wait, which is bounded far above it (no
+    timing is asserted)."""
+    sched = fake.FakeScheduler(n_ctx_slot=1_000_000)
+    with serving(Settings(send_timeout_s=0.3), backend=fake.fake_backend(sched)) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        body = json.dumps(
+            {"prompt": "Hi", "stream": True, "max_tokens": 200_000, "ignore_eos": True}
+        ).encode()
+        with socket.socket() as raw:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
+            raw.connect((host, int(port)))
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )  # and never read
+            sched.wait(lambda f: len(f.cancelled) == 1, timeout_s=120)
+            assert sched.slots_busy == 0
+        assert s.post("/v1/completions", {"prompt": "Hi"}).status_code == 200
+        # written with the cancel, in one turn of the event loop that has since answered
+        assert any(
+            "finish stalled (the client took no data for 0.3 s)" in line for line in s.log
+        ), s.log
+
+
+def test_the_runner_keeps_a_stalled_stream_out_of_uvicorns_log() -> None:
+    import logging
+
+    from specgen.server.responses import ClientStalled
+    from specgen.server.runner import _not_stalled
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", 40, "", 0, "x", (), (type(exc), exc, None))
+
+    assert not _not_stalled(record(ClientStalled("c1: the client took no data for 60 s")))
+    assert _not_stalled(record(ValueError("a real bug")))

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -46,6 +45,7 @@ from specgen.server import tools
 from specgen.server.guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SEND_TIMEOUT_S,
     ApiKey,
     BodyLimit,
     LoopbackHosts,
@@ -53,7 +53,7 @@ from specgen.server.guard import (
 )
 from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
-from specgen.server.responses import Events, Run
+from specgen.server.responses import Events, Run, Streamed
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -162,6 +162,7 @@ class Settings:
     cors: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     # bound to the loopback interface: requests must name a loopback host (`LoopbackHosts`)
     loopback_only: bool = False
 
@@ -423,7 +424,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         )  # fmt: skip
         run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:
-            return EventSourceResponse(run.stream(req.include_usage), sep="\n")
+            return Streamed(run, req.include_usage, settings.send_timeout_s)
         return await run.whole(request)
 
     def refused(scope: Scope, status: int, why: str) -> None:

@@ -26,6 +26,9 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 """Seconds a request's body may take to arrive whole, else a 408: a client trickling a
 body a byte at a time held its connection for as long as it liked (nginx's
 ``client_body_timeout`` is 60 s between reads)."""
+DEFAULT_SEND_TIMEOUT_S = 60.0
+"""Seconds a streamed response's client may take no data before its stream is ended and
+its slots freed (`specgen.server.responses.Streamed`; nginx's ``send_timeout``)."""
 
 
 def error_json(message: str, type_: str, code: str | int | None = None) -> bytes:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from sse_starlette import EventSourceResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from specgen import Done, Failed, Job, Prefilled, Step, Ticket
 from specgen.server import tools
@@ -24,7 +26,7 @@ from specgen.server.shapes import Outcome, RequestError, Shape
 if TYPE_CHECKING:
     from specgen.server.app import Backend, State
 
-__all__ = ["Events", "Run", "deliver"]
+__all__ = ["ClientStalled", "Events", "Run", "Streamed", "deliver"]
 
 _POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
@@ -105,6 +107,8 @@ class Run:
         # the first token's wall time, for a request that ends without its stats (cancelled)
         self.first_token_s: float | None = None
         self.ended = False
+        # how a request that ends before its choices do is counted, and why (logged)
+        self.cut, self.cut_why = "cancelled", ""
         state.in_flight += 1
 
     async def next_event(self) -> tuple[int, Prefilled | Step | Done | Failed]:
@@ -145,6 +149,7 @@ class Run:
         self.state.log(
             f"{self.jobs[0].id} {self.route}: prompt {self.shape.n_prompt} tokens, output"
             f" {n_gen} tokens{choices}, acceptance {acc}, {tps}, finish {first.finish}"
+            + (f" ({self.cut_why})" if self.cut_why and first.finish == self.cut else "")
         )
 
     def _prefilled(self, index: int, event: Prefilled) -> None:
@@ -157,7 +162,7 @@ class Run:
         if not self.ended:
             for t in self.tickets:
                 self.backend.scheduler.cancel(t)
-            self._finish([o or Outcome("", "cancelled", None, None) for o in self.outcomes])
+            self._finish([o or Outcome("", self.cut, None, None) for o in self.outcomes])
 
     async def whole(self, request: Request) -> Response:
         """Wait for every choice's end; cancel the jobs if the client leaves first (looked
@@ -269,3 +274,38 @@ def _failure(ev: Failed, job: Job) -> RequestError:
         param = g.source if g is not None else "grammar"
         return RequestError(400, ev.message, param=param, code="invalid_grammar")
     return RequestError(500, ev.message, type_="server_error", code=ev.kind)
+
+
+class ClientStalled(Exception):
+    """A streamed response's client took none of it for the send timeout (`Streamed`)."""
+
+
+class Streamed(EventSourceResponse):
+    """`Run.stream` as server-sent events, each send given `timeout_s` seconds.
+
+    A client that takes nothing for that long (it stopped reading: its socket's buffers
+    are full) has its stream ended, its connection closed and its slots freed, counted
+    with finish ``stalled``, as nginx's ``send_timeout`` (60 s between two writes) and
+    llama-server's ``--timeout`` close such a connection. Without it the client held its
+    slot to the end of its generation, a share of every step for the others. A slow
+    generation is not a stall: the timeout counts only while a send waits for the client.
+
+    Raises (to uvicorn, which closes the connection; `specgen.server.runner` keeps it out
+    of the log): ClientStalled.
+    """
+
+    def __init__(self, run: Run, include_usage: bool, timeout_s: float) -> None:
+        super().__init__(run.stream(include_usage), sep="\n")
+        self.run, self.timeout_s = run, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.timeout_s)
+            except asyncio.TimeoutError:
+                # read by the stream's cleanup, which runs as this propagates
+                why = f"the client took no data for {self.timeout_s:g} s"
+                self.run.cut, self.run.cut_why = "stalled", why
+                raise ClientStalled(f"{self.run.jobs[0].id}: {why}") from None
+
+        await super().__call__(scope, receive, timed)

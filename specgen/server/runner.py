@@ -23,6 +23,7 @@ from specgen import ConfigError, eventloop
 from specgen.server import wire
 from specgen.server.app import Backend, Settings, State, create_app
 from specgen.server.guard import is_loopback
+from specgen.server.responses import ClientStalled
 
 EXIT_INTERRUPTED = 130
 GRACEFUL_S = 10  # uvicorn's wait for open responses after the streams have ended
@@ -88,6 +89,12 @@ def _not_cancelled(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
 
+def _not_stalled(record: logging.LogRecord) -> bool:
+    """uvicorn logs the exception that ends a stalled stream (`Streamed`) as a traceback;
+    the request's own log line already says it."""
+    return not (record.exc_info and isinstance(record.exc_info[1], ClientStalled))
+
+
 class _Stopper:
     """The signal handlers: drain on the first signal, stop at once on the second."""
 
@@ -151,6 +158,7 @@ async def serve(
         timeout_graceful_shutdown=GRACEFUL_S,
         **wire.uvicorn_options(),
     )
+    logging.getLogger("uvicorn.error").addFilter(_not_stalled)
     server = _Server(config)
     stopper = _Stopper(state, server, say)
     loop = asyncio.get_running_loop()
