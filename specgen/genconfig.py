@@ -75,6 +75,12 @@ class GenerateConfig:
             (0..20), carried by the `Prefilled` event. The whole prompt is then evaluated
             (no cached prefix is kept: its rows are gone), with a row per token, in chunks
             of at most `prompt_rows_chunk` tokens. None (the default) computes nothing.
+        prediction: token ids of a predicted output (OpenAI's Predicted Outputs
+            ``prediction``): prompt lookup matches the output against them as well as
+            against the context (`specgen.ngram.NgramIndex.predict`), so a drafter with
+            prompt lookup (`--draft ngram`, `--lookup on|auto`) proposes its tokens where
+            the output follows it. It changes which tokens are proposed, never the
+            output's law; a drafter without prompt lookup does not read it.
     """
 
     max_tokens: int = 256
@@ -92,6 +98,7 @@ class GenerateConfig:
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    prediction: tuple[int, ...] = ()
 
     @classmethod
     def of(

@@ -15,6 +15,7 @@ At temperature 0 this is the familiar "accept while x equals the target's argmax
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -78,6 +79,13 @@ class NgramIndex:
     recent occurrence that ends before the last token, so one lookup costs O(n_max)
     dict probes plus O(new tokens) updates instead of a scan of the whole context. A
     context that is not an extension of the indexed one (a new prompt) is re-indexed.
+
+    A predicted output (`predict`: OpenAI's Predicted Outputs, the text a request expects
+    its output to contain) is matched too, and preferred where its match is at least as
+    long as the context's: the proposal is then the prediction's tokens after the match.
+    Still a deterministic function of the committed context (and of the earlier lookups,
+    through where in the prediction the last match was), so q stays one-hot on it and the
+    module docstring's argument holds unchanged.
     """
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
@@ -86,6 +94,39 @@ class NgramIndex:
         self.n_max = n_max
         self.n_min = n_min
         self.reset()
+        self.predict(())
+
+    def predict(self, tokens: Sequence[int]) -> None:
+        """Match against `tokens` (token ids: a predicted output) as well, from now on;
+        () for none. `reset` keeps it (a new context of the same generation): a drafter
+        sets it at each generation's start (`specgen.sched.slot.Slots.start`).
+
+        Each n-gram of the prediction with a token after it is indexed by all its starts
+        (O(len(tokens) * n_max) once); where one occurs several times, the first at or
+        after the last match's start is taken (a copy reads the prediction forward), else
+        the last before it."""
+        self._pred = [int(t) for t in tokens]
+        self._pred_starts: dict[tuple[int, ...], list[int]] = {}
+        for n in range(self.n_min, self.n_max + 1):
+            for j in range(len(self._pred) - n):
+                self._pred_starts.setdefault(tuple(self._pred[j : j + n]), []).append(j)
+        self._pred_at = self._pred_n = 0  # the last match used: where, how long
+
+    def _predicted(self, tail: list[int], n_top: int, n_context: int, k: int) -> list[int]:
+        """Up to k of the prediction's tokens after the longest suffix n-gram of `tail`
+        (n <= n_top) found in it, where that match is at least `n_context` tokens long
+        (the context's own match); [] otherwise. The match used is where the next one is
+        looked for from."""
+        if not self._pred_starts:
+            return []
+        for n in range(min(self.n_max, n_top, len(tail)), max(self.n_min, n_context) - 1, -1):
+            starts = self._pred_starts.get(tuple(tail[len(tail) - n :]))
+            if starts:
+                i = bisect.bisect_left(starts, self._pred_at)
+                self._pred_at = j = starts[i] if i < len(starts) else starts[-1]
+                self._pred_n = n
+                return self._pred[j + n : j + n + k]
+        return []
 
     def reset(self) -> None:
         self._tokens: list[int] = []
@@ -114,12 +155,13 @@ class NgramIndex:
                     table[tuple(toks[j : e + 1])] = j
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
-        """Same result as `lookup(context, k, n_max, n_min)`."""
+        """Same result as `lookup(context, k, n_max, n_min)` where no prediction is set."""
         return self.match(context, k)[1]
 
     def match(self, context: Sequence[int], k: int, wrap: bool = True) -> tuple[int, list[int]]:
         """(n, proposal): the matched n-gram's length (0 when none matched) and the
-        tokens `lookup` proposes. With wrap=False the proposal stops where the context
+        tokens `lookup` proposes (the prediction's, where its match is as long: never
+        wrapped). With wrap=False the proposal stops where the context
         does (fewer than k tokens when the match is close to the end) instead of
         continuing into itself."""
         self._sync(context)
@@ -127,7 +169,11 @@ class NgramIndex:
         size = len(toks)
         if k <= 0 or size < 2:
             return 0, []
-        n, j = self._longest(toks[max(0, size - self.n_max) :], size - 1)
+        tail = toks[max(0, size - self.n_max) :]
+        n, j = self._longest(tail, size - 1)
+        found = self._predicted(tail, size, n, k)
+        if found:
+            return self._pred_n, found
         if j is None:
             return 0, []
         return n, _continue(toks, j + n, k if wrap else min(k, size - j - n))
@@ -151,7 +197,8 @@ class NgramIndex:
         The pattern is the longest suffix n-gram of `context + extra` (it may span the
         join); only occurrences in the indexed `context` count (ending before its last
         token, as in `match`), and the proposal is the committed tokens after the most
-        recent one, stopping where `context` does (no wrap), cut at k.
+        recent one, stopping where `context` does (no wrap), cut at k; or, where the
+        prediction's match is as long, the prediction's tokens after it (as in `match`).
 
         Returns:
             (n, proposal): the matched length (0 when none) and up to k token ids.
@@ -163,6 +210,9 @@ class NgramIndex:
             return 0, []
         tail = toks[max(0, size - self.n_max) :] + [int(t) for t in extra]
         n, j = self._longest(tail, len(tail))
+        found = self._predicted(tail, len(tail), n, k)
+        if found:
+            return self._pred_n, found
         if j is None:
             return 0, []
         return n, toks[j + n : j + n + min(k, size - j - n)]

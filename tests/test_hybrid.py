@@ -18,6 +18,7 @@ from specgen.engine import Block
 from specgen.events import Done
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.hybrid import HybridDrafter, LookupRecord, Rate
+from specgen.ngram import NgramDrafter
 from specgen.sampling import Dists, SamplingParams, warp_rows
 
 GREEDY = SamplingParams(temp=0.0)
@@ -379,3 +380,75 @@ def test_resolve_verify_and_lookup_defaults_and_refusals():
         SamplingFlags(verify="fast")
     with pytest.raises(ConfigError, match="--lookup must be"):
         ModelFlags(lookup="yes")
+
+
+# a prompt with no n-gram of its own repeated, and a prediction holding its suffix "2 3":
+# the prediction is the only thing prompt lookup can copy (5, 0, 4 after the match)
+PREDICTED_PROMPT = [1, 2, 3]
+PREDICTION = (2, 3, 5, 0, 4)
+
+
+class _PredictedAsAPrior(NgramDrafter):
+    """A planted bug: the prediction's tokens given a soft q (a prior spread over the
+    vocabulary, as if the prediction were only likely), where they were proposed
+    deterministically (one-hot)."""
+
+    def draft(self, context, k, rng, room=None):
+        b = super().draft(context, k, rng, room)
+        soft = 0.5 * b.q.to_dense() + 0.5 / V
+        return Block(b.tokens, Dists(None, soft, V), b.sources)
+
+
+def _sample_with_a_prediction(drafter, rule, n=600):
+    """(law, counts, runs whose first block was the prediction's copy): the first three
+    tokens after `PREDICTED_PROMPT` from the loop at K 3 with `PREDICTION`, seeds 0..n-1."""
+    target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
+    counts: dict[tuple[int, ...], int] = {}
+    copied = 0
+    # 4 tokens at most: room for K = 3 and its bonus token in the first round
+    cfg = {"max_tokens": 4, "params": SAMPLED, "verify_rule": rule, "trace": True}
+    for s in range(n):
+        if isinstance(drafter, HybridDrafter):
+            drafter.record = LookupRecord()  # a fresh record trusts the first match
+        config = GenerateConfig(seed=s, prediction=PREDICTION, **cfg)
+        events = speculating_from_the_first_round(
+            target, drafter, list(PREDICTED_PROMPT), config, FixedK(3)
+        )
+        key = tuple(events[-1].tokens[:3])
+        counts[key] = counts.get(key, 0) + 1
+        first = next(e.trace for e in events if getattr(e, "trace", None) is not None)
+        copied += first.drafted == PREDICTION[2:]
+    return _joint_law(target, PREDICTED_PROMPT, SAMPLED, 3), counts, copied
+
+
+@pytest.mark.parametrize(
+    ("kind", "rule"), [("ngram", "token"), ("ngram", "block"), ("hybrid", "token")]
+)
+def test_a_predicted_output_is_drafted_and_keeps_the_targets_joint_distribution(kind, rule):
+    """`GenerateConfig.prediction` (OpenAI's Predicted Outputs): the first block copies
+    the prediction after the prompt's suffix in every run, and the first three tokens'
+    law is still the product of the target's warped conditionals (p > 1e-4)."""
+    drafter = NgramDrafter(V) if kind == "ngram" else hybrid(SAMPLED)
+    law, counts, copied = _sample_with_a_prediction(drafter, rule)
+    assert copied == 600
+    assert _chisquare_p(law, counts, 600) > 1e-4
+
+
+def test_a_prediction_given_a_soft_q_is_detected():
+    """The test above has power: prediction tokens tested against a q they were not
+    drawn from fail it (p = 3e-72 with these seeds, 2026-12-07)."""
+    law, counts, copied = _sample_with_a_prediction(_PredictedAsAPrior(V), "token")
+    assert copied == 600
+    assert _chisquare_p(law, counts, 600) < 1e-4
+
+
+def test_without_a_prediction_the_prompt_alone_is_matched():
+    """The same prompt with no prediction (the next generation on the same drafter): no
+    copy, so a drafter keeps no prediction from the generation before."""
+    target = FakeEngine(n_vocab=V, seed=0, scale=1.0)
+    drafter = NgramDrafter(V)
+    for prediction in (PREDICTION, ()):
+        config = GenerateConfig(max_tokens=3, params=SAMPLED, seed=0, prediction=prediction)
+        done = list(generate(target, drafter, list(PREDICTED_PROMPT), config, FixedK(3)))[-1]
+        assert isinstance(done, Done)
+        assert (done.stats.n_drafted_by.get("lookup", 0) > 0) == bool(prediction)

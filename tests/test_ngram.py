@@ -208,3 +208,74 @@ def test_the_ngram_drafter_is_the_same_under_any_sampling_settings() -> None:
     d = NgramDrafter(n_vocab=50, n_max=3)
     # one-hot q rows do not depend on the warpers: bench and verify reuse the drafter
     assert d.with_params(SamplingParams(temp=0.3, top_k=5)) is d
+
+
+def _predicted_by_scan(
+    context: list[int], extra: list[int], pred: list[int], k: int, at: int, n_max: int, n_min: int
+) -> tuple[int, int | None]:
+    """(n, start): the prediction's longest match of the suffix of context + extra, read
+    forward from `at` (the first start >= at, else the last before it), by a plain scan."""
+    tail = (context + extra)[-n_max:] if n_max else []
+    for n in range(min(n_max, len(tail)), n_min - 1, -1):
+        starts = [j for j in range(len(pred) - n) if pred[j : j + n] == tail[len(tail) - n :]]
+        if starts:
+            after = [j for j in starts if j >= at]
+            return n, after[0] if after else starts[-1]
+    return 0, None
+
+
+def test_a_prediction_is_matched_as_its_definition_says() -> None:
+    """Random contexts, extensions and predictions: the index proposes the prediction's
+    tokens after its longest match wherever that match is at least as long as the
+    context's own (else the context's proposal, unchanged), reading it forward from the
+    last match's start; a prediction set to () is gone."""
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        n_vocab = int(rng.integers(2, 6))
+        n_max = int(rng.integers(1, 5))
+        n_min = int(rng.integers(1, n_max + 1))
+        idx, plain = NgramIndex(n_max, n_min), NgramIndex(n_max, n_min)
+        pred = rng.integers(0, n_vocab, size=int(rng.integers(0, 30))).tolist()
+        idx.predict(pred)
+        ctx = rng.integers(0, n_vocab, size=int(rng.integers(2, 30))).tolist()
+        at = 0
+        for _ in range(3):  # the start read forward carries over between lookups
+            extra = rng.integers(0, n_vocab, size=int(rng.integers(0, 4))).tolist()
+            k = int(rng.integers(1, 7))
+            want_plain = plain.match_after(ctx, extra, k) if extra else plain.match(ctx, k, False)
+            n, j = _predicted_by_scan(ctx, extra, pred, k, at, n_max, n_min)
+            got = idx.match_after(ctx, extra, k) if extra else idx.match(ctx, k, wrap=False)
+            if j is not None and n >= want_plain[0]:
+                assert got == (n, pred[j + n : j + n + k]), (trial, ctx, extra, pred)
+                at = j
+            else:
+                assert got == want_plain, (trial, ctx, extra, pred)
+            ctx = ctx + rng.integers(0, n_vocab, size=int(rng.integers(1, 4))).tolist()
+        idx.predict(())
+        assert idx.match(ctx, 3) == plain.match(ctx, 3)
+
+
+def test_a_prediction_is_read_forward_and_kept_across_a_reset() -> None:
+    idx = NgramIndex(n_max=2)
+    # "1 2" occurs twice in the prediction: the copy reads it from where it is
+    idx.predict([1, 2, 3, 4, 1, 2, 5, 6])
+    assert idx.match([9, 1, 2], 3) == (2, [3, 4, 1])
+    assert idx.match([9, 1, 2, 3, 4], 3) == (2, [1, 2, 5])  # "3 4" at 2
+    assert idx.match([9, 1, 2, 3, 4, 1, 2], 3) == (2, [5, 6])  # the second "1 2", at 4
+    # a longer match in the context itself wins over the prediction's; as long, it loses
+    idx = NgramIndex(n_max=3)
+    idx.predict([7, 8, 1])
+    assert idx.match([5, 7, 8, 0, 5, 7, 8], 2) == (3, [0, 5])
+    assert idx.match([4, 7, 8, 0, 5, 7, 8], 2) == (2, [1])
+    assert idx.match([6, 7, 8], 2) == (2, [1])  # the prediction's end: what is left of it
+    idx.reset()  # a new context of the same generation: the prediction stays
+    assert idx.match([3, 7, 8], 2) == (2, [1])
+
+
+def test_the_ngram_drafter_proposes_a_prediction_with_one_hot_rows() -> None:
+    d = NgramDrafter(n_vocab=20)
+    d.prefill([1, 2])
+    d.index.predict([2, 7, 8, 9])
+    block = d.draft([1, 2], 3, np.random.default_rng(0))
+    assert block.tokens.tolist() == [7, 8, 9] and block.sources == ("lookup",) * 3
+    np.testing.assert_array_equal(block.q.to_dense()[np.arange(3), block.tokens], 1.0)

@@ -120,6 +120,33 @@ def test_completions_take_text_or_token_ids(served: Served) -> None:
         assert served.post("/v1/completions", {"prompt": many}).status_code == 400
 
 
+def test_a_prediction_reaches_the_generation_as_tokens_cut_to_max_tokens(served: Served) -> None:
+    """OpenAI's ``prediction`` (Predicted Outputs), as the official client sends it: its
+    text (or text parts) tokenized without a BOS, at most max_tokens of it; another type
+    or a part that is not text is a 400 naming the field."""
+    c = served.client()
+    c.chat.completions.create(
+        model="x", messages=USER, max_tokens=50, prediction={"type": "content", "content": "Hi!"}
+    )
+    assert served.sched.submitted[-1].config.prediction == (72, 105, 33)
+    parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    body = {"messages": USER, "max_tokens": 3, "prediction": {"type": "content", "content": parts}}
+    assert served.post("/v1/chat/completions", body).status_code == 200
+    assert served.sched.submitted[-1].config.prediction == (72, 101, 108)
+    served.post("/v1/chat/completions", {"messages": USER, "max_tokens": 3})
+    assert served.sched.submitted[-1].config.prediction == ()
+    n = len(served.sched.submitted)
+    for bad in (
+        {"type": "text", "content": "Hi"},
+        {"type": "content", "content": [{"type": "image_url", "text": None}]},
+        "Hi",
+    ):
+        r = served.post("/v1/chat/completions", {"messages": USER, "prediction": bad})
+        assert_openai_error(r, 400)
+        assert "prediction" in r.json()["error"]["param"]
+    assert len(served.sched.submitted) == n
+
+
 def test_add_special_tokens_reaches_the_tokenizer_on_both_routes() -> None:
     """vLLM's ``add_special_tokens``: false asks for the prompt without an added BOS (the
     tokenizer's flag, `specgen.chat.prompt_tokens`); unsaid or true, with one."""

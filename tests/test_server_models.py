@@ -500,3 +500,38 @@ def test_min_tokens_holds_the_end_back_and_changes_nothing_before_it(server: Ser
     assert held["tokens"][:n] == free["tokens"], (held["tokens"], free["tokens"])
     assert len(held["tokens"]) >= n + 6 and held["usage"]["completion_tokens"] >= n + 6
     assert httpx.post(url, json=body, timeout=120).json()["tokens"] == free["tokens"]
+
+
+def test_a_prediction_is_drafted_by_prompt_lookup_and_changes_no_token(
+    server: Server, smol_pair
+) -> None:
+    """OpenAI's Predicted Outputs on the speculating server (greedy, K = 4, prompt lookup
+    on): an answer sent back as the request's ``prediction`` is the same answer (greedy:
+    its tokens, up to a near tie between two batchings' last bits), now drafted mostly by
+    prompt lookup from the prediction, which the prompt alone could not copy from."""
+    body = {
+        "messages": [{"role": "user", "content": "List the days of the week, comma-separated."}],
+        "max_tokens": 40,
+        "return_tokens": True,
+    }
+    url = server.url + "/v1/chat/completions"
+    free = httpx.post(url, json=body, timeout=120).json()
+    text = free["choices"][0]["message"]["content"]
+    predicted = {**body, "prediction": {"type": "content", "content": text}}
+    got = httpx.post(url, json=predicted, timeout=120).json()
+    if got["tokens"] != free["tokens"]:
+        from support.greedy import assert_same_or_near_tie
+
+        from specgen.chat import ChatFormatter, load_template
+        from specgen.llamacpp import EngineConfig, LlamaEngine
+
+        with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+            template = load_template(target)
+            assert template is not None
+            prompt = ChatFormatter(template, target).tokens(body["messages"])
+            assert_same_or_near_tie(target, prompt, free["tokens"], got["tokens"])
+
+    def by_lookup(reply: dict) -> int:
+        return reply["speculative"]["num_accepted_draft_tokens_by_source"].get("lookup", 0)
+
+    assert by_lookup(got) >= len(got["tokens"]) // 2 > by_lookup(free), (free, got)

@@ -215,6 +215,9 @@ class Slots:
                 b.prefill(slot.ticket.job.prompt, evaluate=False)
             elif d is not None:
                 d.prefill(slot.ticket.job.prompt)
+            if isinstance(d, (HybridDrafter, NgramDrafter)):
+                # set (or cleared) per generation: a single stream's drafter is the caller's
+                d.index.predict(slot.ticket.job.config.prediction)
             prefilled = slot.seq.start(slot.n_prefill, self.clock() - slot.t_admit)
         except EngineError as exc:
             self.fail(slot, exc, "engine")

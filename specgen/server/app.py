@@ -317,7 +317,13 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         except ChatTemplateError as e:
             raise RequestError(400, str(e), param="messages", code="template_error") from None
         calls = choice if choice is not None and choice.calls else None
-        return await _serve(request, b, req, prompt, chat=True, calls=calls)
+        predicted: list[int] = []
+        if req.prediction is not None and req.prediction.text:
+            text = req.prediction.text
+            if b.max_token_bytes is not None:  # more than a slot's output could follow
+                text = text[: b.scheduler.n_ctx_slot * b.max_token_bytes]
+            predicted = await run_in_threadpool(b.tokenize, text, False)
+        return await _serve(request, b, req, prompt, chat=True, calls=calls, predicted=predicted)
 
     @api.post("/v1/completions")
     @api.post("/completions")
@@ -346,8 +352,13 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         chat: bool,
         calls: tools.Choice | None = None,
         echo: Echo | None = None,
+        predicted: list[int] | None = None,
     ) -> Response:
         config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
+        if predicted:
+            # no longer than the output may be: a longer one could not be followed to its
+            # end, and its index is built in the worker (`NgramIndex.predict`)
+            config = dataclasses.replace(config, prediction=tuple(predicted[: config.max_tokens]))
         call = None
         if calls is not None:  # tool_choice: the answer is, or may hold, tool calls
             assert isinstance(req, ChatCompletionRequest) and req.tools

@@ -129,7 +129,12 @@ FIELDS: dict[str, Field] = {
     ),
     "audio": Field(R, _TEXT, routes=CHAT),
     "modalities": Field(R, _TEXT, routes=CHAT, inert=(None, ["text"])),
-    "prediction": Field(R, "predicted outputs are not served", routes=CHAT),
+    "prediction": Field(
+        H,
+        "Predicted Outputs: prompt lookup drafts from its text too (never changes the"
+        " output); unused without prompt lookup (--lookup off, --draft none)",
+        routes=CHAT,
+    ),
     "reasoning_effort": Field(R, "the model's reasoning is not controlled", routes=CHAT),
     "verbosity": Field(R, "the answer's length is set by max_tokens only", routes=CHAT),
     "web_search_options": Field(R, "no web search", routes=CHAT),

@@ -42,6 +42,26 @@ class ContentPart(_Request):
     text: str | None = None
 
 
+class Prediction(_Request):
+    """OpenAI's Predicted Outputs: text the answer is expected to contain (an edited
+    file's unchanged parts), which prompt lookup drafts from (`GenerateConfig.prediction`)."""
+
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, given: str | list[ContentPart]) -> str | list[ContentPart]:
+        if isinstance(given, list) and any(p.type != "text" or p.text is None for p in given):
+            raise ValueError("a prediction's content parts must be text parts")
+        return given
+
+    @property
+    def text(self) -> str:
+        c = self.content
+        return c if isinstance(c, str) else "".join(p.text or "" for p in c)
+
+
 class FunctionCall(_Request):
     """A call an assistant message made: the function's name and its arguments (JSON text)."""
 
@@ -270,6 +290,7 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     # llama-server's: more variables for the chat template (Qwen 3's enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
+    prediction: Prediction | None = None
 
     @field_validator("tools")
     @classmethod
