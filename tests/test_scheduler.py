@@ -1120,6 +1120,27 @@ def test_a_prompt_that_left_its_slot_is_restored_not_evaluated_again() -> None:
     assert first.tokens == alone(PA, GenerateConfig(6, GREEDY)).tokens
 
 
+def test_a_choice_taking_a_slot_saves_what_the_slot_held_first() -> None:
+    """A request with two choices on two slots: choice 1 takes choice 0's cells, and the
+    prompt its slot held before (A) goes to the prompt cache first, so A sent again is
+    restored, not evaluated again (it was dropped: a helper's audit, 2026-12-07)."""
+    sched, target, _ = make(n_parallel=2)
+    sched.prompt_cache = PromptCache(None)
+    for prompt in (PA, PB):  # A in one slot, B in the other
+        sink, _ = submit(sched, prompt, GenerateConfig(6, GREEDY), name=str(prompt[:3]))
+    sched.run_until_idle()
+    prompt = [3, 3, 1] * 10  # shares nothing: choice 0 takes the emptier slot, 1 the other
+    configs = [GenerateConfig(4, GREEDY, ignore_eos=True, seed=i) for i in range(2)]
+    for job in choices(prompt, configs):
+        sched.submit(job, Collect())
+    sched.run_until_idle()
+    assert target.copies  # choice 1 took choice 0's cells
+    entry, n = sched.prompt_cache.best(PA)
+    assert entry is not None and n >= len(PA) - 1
+    entry, n = sched.prompt_cache.best(PB)
+    assert entry is not None and n >= len(PB) - 1
+
+
 def test_without_a_cache_or_with_no_room_the_prompt_is_evaluated_and_exact() -> None:
     for room in (True, False):
         sched, target, draft = scheduler_with_cache()

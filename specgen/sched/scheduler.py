@@ -450,11 +450,9 @@ class Scheduler:
                 # reserved while it is placed: a request arriving meanwhile finds the job
                 # neither waiting nor its slot free (`submit` counts --queue from both)
                 slot.ticket = ticket
-            if source is not None:
-                self.slots.place(slot, ticket, source)
-                continue
-            self._reuse(slot, prompt[:-1])
-            self.slots.place(slot, ticket)
+            # a choice taking its choice 0's cells drops all the slot held: saved first
+            self._reuse(slot, prompt[:-1] if source is None else [])
+            self.slots.place(slot, ticket, source)
 
     def _reuse(self, slot: Slot, prefix: list[int]) -> None:
         """Before `slot` takes a request whose prompt (but its last token) is `prefix`:
