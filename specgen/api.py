@@ -89,7 +89,9 @@ class Pair(Generic[M]):
                 0 or below = greedy), ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05),
                 ``seed`` (None = random), ``draft_max`` (K as an int, or "auto"),
                 ``stop`` (a string or strings), ``ignore_eos`` (False), ``min_tokens``
-                (0; no end, nor stop string, before this many tokens), ``verify``
+                (0; no end, nor stop string, before this many tokens), ``prediction``
+                (None, or text the output should contain: drafted from by prompt lookup),
+                ``verify``
                 ("block", "token", or None = auto), ``logit_bias`` (``{token_id: bias}``,
                 bias in [-100, 100] or -inf), ``repeat_penalty`` (1.0 = off),
                 ``repeat_last_n`` (64; 0 = off, -1 = the whole context),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from specgen import session as _session
-from specgen.chat import TemplateModel
+from specgen.chat import TemplateModel, prompt_tokens
 from specgen.engine import Drafter, as_batch
 from specgen.errors import ConfigError, EngineError, PromptError
 from specgen.flags import SamplingFlags, in_python_words
@@ -95,6 +95,12 @@ def warn_fit(n_prompt: int, max_tokens: int, n_ctx: int) -> None:
         warnings.warn(in_python_words(note), stacklevel=5)
 
 
+def predicted(target: TemplateModel, text: str | None) -> list[int]:
+    """A ``prediction``'s token ids (`GenerateConfig.prediction`): the text's own, no BOS
+    (`specgen.chat.prompt_tokens`); [] for None or ""."""
+    return prompt_tokens(target, text.encode("utf-8"), add_special=False) if text else []
+
+
 def one_slot(
     opened: Models,
     ids: list[int],
@@ -121,8 +127,9 @@ def one_slot(
     # the baseline for the speedup and the controller's choices
     measure = 3 if drafter is not None else 0
     config = GenerateConfig.of(
-        sampling, seed, measure_ordinary=measure, trace=trace, reuse_cache=reuse_cache
-    )
+        sampling, seed, measure_ordinary=measure, trace=trace, reuse_cache=reuse_cache,
+        prediction=predicted(opened.target, sampling.prediction),
+    )  # fmt: skip
     policy = FixedK(0) if ordinary else opened.policy(sampling.k)
     return OneSlot(opened.target, drafter, ids, config, policy)
 
@@ -141,7 +148,7 @@ def generate_many(
         PromptError: a prompt plus ``max_tokens`` beyond a slot's context (-c).
         GrammarError: the grammar does not compile. EngineError: llama.cpp failed.
     """
-    config = GenerateConfig.of(flags, seed)
+    config = GenerateConfig.of(flags, seed, prediction=predicted(opened.target, flags.prediction))
     if config.grammar is not None:  # an error of the call, not of a job
         from specgen.grammar import compile_grammar, tokenizer_for
 

@@ -143,6 +143,9 @@ class SamplingFlags:
         ignore_eos: do not stop at end-of-generation tokens.
         min_tokens: no end before this many tokens (vLLM's ``min_tokens``; the Python
             API's and the server's, no flag: `specgen.genconfig.GenerateConfig`).
+        prediction: text the output is expected to contain (OpenAI's Predicted Outputs:
+            prompt lookup drafts from it too; `GenerateConfig.prediction`); the Python
+            API's and the server's, no flag. None = none.
         verify: --verify block|token|auto, the acceptance rule (None = auto: see
             `verify_rule`).
         logit_bias: -l/--logit-bias, (token id, bias) pairs; given as llama.cpp's
@@ -176,6 +179,7 @@ class SamplingFlags:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    prediction: str | None = None
     verify: str | None = None
     logit_bias: Any = ()  # normalised to tuple[tuple[int, float], ...]
     repeat_penalty: float = 1.0
@@ -296,6 +300,7 @@ SAMPLING_FLAG = {
     "stop": "--stop",
     "ignore_eos": "--ignore-eos",
     "min_tokens": "min_tokens",  # no flag: the Python API's and the server's
+    "prediction": "prediction",  # no flag: the Python API's (the server's is a request field)
     "verify": "--verify",
     "logit_bias": "--logit-bias",
     "repeat_penalty": "--repeat-penalty",

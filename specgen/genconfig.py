@@ -11,6 +11,8 @@ from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from specgen.flags import SamplingFlags
     from specgen.grammarspec import GrammarSpec
 
@@ -111,6 +113,7 @@ class GenerateConfig:
         trace: bool = False,
         reuse_cache: bool = False,
         prompt_logprobs: int | None = None,
+        prediction: Sequence[int] = (),
     ) -> GenerateConfig:
         """The one way from what was asked to a generation's settings: every door builds a
         `SamplingFlags` (the CLI from its flags, the Python API from keyword arguments,
@@ -126,6 +129,9 @@ class GenerateConfig:
             measure_ordinary, trace, reuse_cache: how this generation runs (see above).
             prompt_logprobs: the prompt's log-probabilities with this many alternatives
                 (see above), or None.
+            prediction: ``sampling.prediction`` tokenized (the caller holds the
+                tokenizer: `specgen.apiengine.predicted`), or a request's; only its first
+                ``max_tokens`` tokens are kept (a longer one cannot be followed to its end).
 
         Raises:
             ConfigError: --top-p or --min-p, a penalty or a bias out of range
@@ -145,6 +151,7 @@ class GenerateConfig:
             grammar=grammar if grammar is not None else grammar_spec(sampling),
             logprobs=sampling.logprobs,
             prompt_logprobs=prompt_logprobs,
+            prediction=tuple(int(t) for t in prediction[: sampling.max_tokens]),
         )
 
     def __post_init__(self) -> None:

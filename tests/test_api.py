@@ -413,3 +413,25 @@ def test_a_hybrid_pairs_first_call_is_the_same_call_made_again(demo_pair) -> Non
         texts = [hybrid.generate("Once upon a time", **args) for _ in range(3)]
     assert texts[0].stats.n_drafted_by.get("lookup", 0) > 0  # the lookup took part
     assert texts[0].tokens == texts[1].tokens == texts[2].tokens
+
+
+def test_a_prediction_is_drafted_from_and_changes_no_token(demo_pair) -> None:
+    """``prediction`` (OpenAI's Predicted Outputs) through the API, one stream and the
+    batch engine (the demo pair: text that tokenizes back to its tokens): an answer given
+    back as the prediction is the same answer, now drafted mostly by prompt lookup from
+    it; the same call without it drafts far less so."""
+    args = {"max_tokens": 32, "temperature": 0, "draft_max": 4, "ignore_eos": True}
+
+    def by_lookup(r) -> int:
+        return r.stats.n_accepted_by.get("lookup", 0)
+
+    with specgen.load(*demo_pair, ctx_size=512, n_parallel=2) as p:
+        free = p.generate("Once upon a time", **args)
+        got = p.generate("Once upon a time", prediction=free.text, **args)
+        both = p.generate_many(["Once upon a time"] * 2, prediction=free.text, **args)
+        with pytest.raises(ConfigError, match="prediction must be"):
+            p.generate("the cat", prediction=5)
+    assert got.tokens == free.tokens
+    assert by_lookup(got) >= len(got.tokens) // 2 > by_lookup(free), (free.stats, got.stats)
+    assert [r.tokens for r in both] == [free.tokens, free.tokens]
+    assert all(by_lookup(r) >= len(r.tokens) // 2 for r in both)

@@ -354,11 +354,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         echo: Echo | None = None,
         predicted: list[int] | None = None,
     ) -> Response:
-        config = generate_config(req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot)
-        if predicted:
-            # no longer than the output may be: a longer one could not be followed to its
-            # end, and its index is built in the worker (`NgramIndex.predict`)
-            config = dataclasses.replace(config, prediction=tuple(predicted[: config.max_tokens]))
+        config = generate_config(
+            req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot, predicted or ()
+        )
         call = None
         if calls is not None:  # tool_choice: the answer is, or may hold, tool calls
             assert isinstance(req, ChatCompletionRequest) and req.tools

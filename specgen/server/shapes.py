@@ -142,9 +142,9 @@ def messages_of(chat: Sequence[ChatMessage]) -> list[dict[str, str]]:
 
 
 def generate_config(
-    req: _Generation, defaults: Defaults, n_prompt: int, n_ctx_slot: int
+    req: _Generation, defaults: Defaults, n_prompt: int, n_ctx: int, predicted: Sequence[int]
 ) -> GenerateConfig:
-    """The request's settings, its omitted fields from `defaults`.
+    """The request's settings, omitted fields from `defaults`, `predicted` its prediction's ids.
 
     A slot's context (-c) must hold the prompt and every token generated: an omitted
     max_tokens is the server's -n cut to what fits, a given one must fit.
@@ -155,12 +155,12 @@ def generate_config(
     """
     if n_prompt == 0:
         raise RequestError(400, "the prompt is empty", param="prompt")
-    room = n_ctx_slot - n_prompt
+    room = n_ctx - n_prompt
     if room <= 0:
         raise RequestError(
             400,
             f"the prompt is {n_prompt} token{'s' * (n_prompt != 1)} and a slot's context"
-            f" holds {n_ctx_slot}"
+            f" holds {n_ctx}"
             " (-c): shorten it, or restart the server with a larger -c",
             param="messages" if hasattr(req, "messages") else "prompt",
             code="context_length_exceeded",
@@ -173,7 +173,7 @@ def generate_config(
         raise RequestError(
             400,
             f"{name or 'max_tokens'} {limit} is beyond the context: the prompt is {n_prompt}"
-            f" token{'s' * (n_prompt != 1)} and a slot holds {n_ctx_slot} (-c), so at most"
+            f" token{'s' * (n_prompt != 1)} and a slot holds {n_ctx} (-c), so at most"
             f" {room} can be generated",
             param=name or "max_tokens",
             code="context_length_exceeded",
@@ -207,7 +207,9 @@ def generate_config(
         )
         # echo with logprobs: the prompt's own too (`specgen.server.logprobs`)
         scored = req.n_logprobs if getattr(req, "echo", None) else None
-        config = GenerateConfig.of(sampling, seed, grammar=grammar_of(req), prompt_logprobs=scored)
+        config = GenerateConfig.of(
+            sampling, seed, grammar=grammar_of(req), prompt_logprobs=scored, prediction=predicted
+        )
         config = replace(
             config,
             stop_token_ids=tuple(req.stop_token_ids or ()),
