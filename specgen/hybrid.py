@@ -157,7 +157,9 @@ class HybridDrafter:
         n_max, n_min: longest and shortest n-gram matched (`--ngram-max`).
         min_match: shortest match that may propose lookup tokens (a 1-token match is
             right too seldom to be worth a round).
-        pool: a record that this drafter's scorings are also added to, and that
+        pool: a record that this drafter's scorings are also added to (not while it
+            has a prediction, `NgramIndex.predict`: matches in a client's own text say
+            nothing of other requests' prompt lookup), and that
             `lookup_offer` reads for a match length its own record has not scored yet (a
             server keeps one per sampling setting for all its requests). Only the offer's
             rate reads it, never what is proposed: a request's proposals, and so its
@@ -283,7 +285,10 @@ class HybridDrafter:
         pending, self._pending = self._pending, None
         if pending is not None and len(context) > pending.start:
             new = context[pending.start :]
-            records = [self.record] if self.pool is None else [self.record, self.pool]
+            # a prediction's matches say nothing of other requests' prompt lookup
+            records = [self.record]
+            if self.pool is not None and not self.index.predicting:
+                records.append(self.pool)
             p, head, tail = pending, pending.n_head, pending.tail_at
             reached = common_prefix(p.tokens, new)
             for record in records:

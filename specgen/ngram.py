@@ -113,6 +113,11 @@ class NgramIndex:
                 self._pred_starts.setdefault(tuple(self._pred[j : j + n]), []).append(j)
         self._pred_at = self._pred_n = 0  # the last match used: where, how long
 
+    @property
+    def predicting(self) -> bool:
+        """Whether a prediction is set (`predict`)."""
+        return bool(self._pred)
+
     def _predicted(self, tail: list[int], n_top: int, n_context: int, k: int) -> list[int]:
         """Up to k of the prediction's tokens after the longest suffix n-gram of `tail`
         (n <= n_top) found in it, where that match is at least `n_context` tokens long

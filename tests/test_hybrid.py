@@ -452,3 +452,18 @@ def test_without_a_prediction_the_prompt_alone_is_matched():
         done = list(generate(target, drafter, list(PREDICTED_PROMPT), config, FixedK(3)))[-1]
         assert isinstance(done, Done)
         assert (done.stats.n_drafted_by.get("lookup", 0) > 0) == bool(prediction)
+
+
+def test_a_drafter_with_a_prediction_keeps_its_scores_out_of_the_pool():
+    """The pool values other requests' first lookups: a request's matches in its own
+    prediction score there only once the prediction is gone (the next generation)."""
+    draft = FakeEngine(n_vocab=V, seed=0, scale=1.0, noise=1.0, n_ctx=4096)
+    pool = LookupRecord()
+    d = HybridDrafter(ModelDrafter(draft, SAMPLED, V), pool=pool)
+    for prediction, scored in ((PREDICTION, False), ((), True)):
+        context = list(PREDICTED_PROMPT) + [1, 2]  # "1 2" earlier too: a match either way
+        d.prefill(context)
+        d.index.predict(prediction)
+        d.draft(context, 3, np.random.default_rng(0))
+        d.rollback(context + [3, 5, 0])
+        assert d.record.lookup and bool(pool.lookup) == scored
