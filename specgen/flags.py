@@ -381,7 +381,9 @@ def check_types(flags: Any, flag_of: Mapping[str, str]) -> None:
             conformed = _conform(kind, value)
         except _Mismatch:
             words = _KIND_WORDS.get(kind, kind) + (" or None" if optional else "")
-            raise ConfigError(f"{flag_of[f.name]} must be {words}, got {value!r}") from None
+            got = repr(value)  # cut: a file's text given as a setting would fill the line
+            got = got if len(got) <= 80 else got[:77] + "..."
+            raise ConfigError(f"{flag_of[f.name]} must be {words}, got {got}") from None
         if conformed is not value:
             object.__setattr__(flags, f.name, conformed)
 

@@ -435,3 +435,15 @@ def test_a_prediction_is_drafted_from_and_changes_no_token(demo_pair) -> None:
     assert by_lookup(got) >= len(got.tokens) // 2 > by_lookup(free), (free.stats, got.stats)
     assert [r.tokens for r in both] == [free.tokens, free.tokens]
     assert all(by_lookup(r) >= len(r.tokens) // 2 for r in both)
+
+
+def test_a_long_value_of_the_wrong_type_is_cut_in_its_message() -> None:
+    """A file's text given where a setting goes (``prediction=file.read_bytes()``) was
+    quoted whole in the one-line error."""
+    from specgen.flags import SamplingFlags
+
+    with pytest.raises(ConfigError) as got:
+        SamplingFlags(prediction=b"x" * 90_000)  # type: ignore[arg-type]
+    message = str(got.value)
+    assert message.startswith("prediction must be text or None, got b'xxx")
+    assert message.endswith("...") and len(message) < 200

@@ -132,7 +132,7 @@ FIELDS: dict[str, Field] = {
     "prediction": Field(
         H,
         "Predicted Outputs: prompt lookup drafts from its text too (never changes the"
-        " output); unused without prompt lookup (--lookup off, --draft none)",
+        " output's law); unused without prompt lookup (--lookup off, --draft none)",
         routes=CHAT,
     ),
     "reasoning_effort": Field(R, "the model's reasoning is not controlled", routes=CHAT),
