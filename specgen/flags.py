@@ -143,9 +143,8 @@ class SamplingFlags:
         ignore_eos: do not stop at end-of-generation tokens.
         min_tokens: no end before this many tokens (vLLM's ``min_tokens``; the Python
             API's and the server's, no flag: `specgen.genconfig.GenerateConfig`).
-        prediction: text the output is expected to contain (OpenAI's Predicted Outputs:
-            prompt lookup drafts from it too; `GenerateConfig.prediction`); the Python
-            API's and the server's, no flag. None = none.
+        prediction: text the output should contain (OpenAI's Predicted Outputs, the
+            Python API's, no flag: `GenerateConfig.prediction`); None = none.
         verify: --verify block|token|auto, the acceptance rule (None = auto: see
             `verify_rule`).
         logit_bias: -l/--logit-bias, (token id, bias) pairs; given as llama.cpp's
@@ -381,8 +380,7 @@ def check_types(flags: Any, flag_of: Mapping[str, str]) -> None:
             conformed = _conform(kind, value)
         except _Mismatch:
             words = _KIND_WORDS.get(kind, kind) + (" or None" if optional else "")
-            got = repr(value)  # cut: a file's text given as a setting would fill the line
-            got = got if len(got) <= 80 else got[:77] + "..."
+            got = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise ConfigError(f"{flag_of[f.name]} must be {words}, got {got}") from None
         if conformed is not value:
             object.__setattr__(flags, f.name, conformed)
