@@ -109,14 +109,14 @@ def test_a_client_that_stops_reading_its_stream_loses_it_and_its_slot() -> None:
     """A streaming client that takes no data for the send timeout (its receive buffer
     full) has its stream ended and its job cancelled, logged as finish stalled, while the
     server goes on serving: before, such a client held its slot until its generation's
-    end. The generation here is long (a 200,000-token limit, ignore_eos) so that only
-    the timeout can free the slot within the wait, which is bounded far above it (no
-    timing is asserted)."""
-    sched = fake.FakeScheduler(n_ctx_slot=1_000_000)
+    end. The generation asked for is far longer than any socket's buffers hold (5 million
+    tokens, ignore_eos), and the test waits for its cancellation (a generation that ends
+    by itself is not cancelled), bounded far above the timeout (no timing is asserted)."""
+    sched = fake.FakeScheduler(n_ctx_slot=10_000_000)
     with serving(Settings(send_timeout_s=0.3), backend=fake.fake_backend(sched)) as s:
         host, port = s.url.removeprefix("http://").split(":")
         body = json.dumps(
-            {"prompt": "Hi", "stream": True, "max_tokens": 200_000, "ignore_eos": True}
+            {"prompt": "Hi", "stream": True, "max_tokens": 5_000_000, "ignore_eos": True}
         ).encode()
         with socket.socket() as raw:
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
