@@ -86,7 +86,8 @@ def chat(url: str, content: str, n: int, prediction: str | None) -> dict[str, An
 
 def figures(answer: dict[str, Any]) -> dict[str, Any]:
     spec, n = answer["speculative"], len(answer["tokens"])
-    lookup = spec["num_accepted_draft_tokens_by_source"].get("lookup", 0)
+    by = spec["num_accepted_draft_tokens_by_source"]  # from the prompt and the prediction
+    lookup = by.get("lookup", 0) + by.get("prediction", 0)
     return {
         "tokens_per_s": answer["timings"]["predicted_per_second"],
         "tokens": n,

@@ -276,8 +276,9 @@ class Block:
     tokens: TokenIds
     q: Dists
     sources: tuple[Source, ...] = ()
-    """Who proposed each token, "draft" (a draft model), "lookup" (prompt lookup) or
-    "grammar" (a token the grammar forces, with a one-hot q); empty means all "draft"."""
+    """Who proposed each token, "draft" (a draft model), "lookup" or "prediction" (prompt
+    lookup in the context or the predicted output) or "grammar" (a token the grammar
+    forces, with a one-hot q); empty means all "draft"."""
     sole: tuple[int, ...] = ()
     """Indices i (ascending) where the grammar allows x_{i+1} alone: the target's
     constrained p there is one-hot on it whatever its logits (every other token is -inf

@@ -11,11 +11,14 @@ from specgen import acceptance_stats
 if TYPE_CHECKING:
     from specgen.logprobs import TokenLogprob
 
-Source = Literal["draft", "lookup", "grammar", "target"]
-"""Who proposed a committed token: the draft model, prompt lookup (n-gram), the grammar
+Source = Literal["draft", "lookup", "prediction", "grammar", "target"]
+"""Who proposed a committed token: the draft model, prompt lookup (n-gram) in the context,
+prompt lookup in the request's predicted output (OpenAI's ``prediction``), the grammar
 (a position where it allows a single token: no draft pass), or the target itself
 (residual, bonus or ordinary token)."""
-SOURCES: tuple[Source, ...] = ("draft", "lookup", "grammar", "target")
+SOURCES: tuple[Source, ...] = ("draft", "lookup", "prediction", "grammar", "target")
+LOOKUPS: tuple[Source, ...] = ("lookup", "prediction")
+"""The prompt-lookup sources: one-hot proposals copied from text, no draft pass."""
 
 FinishReason = Literal["length", "context", "stop", "eos", "interrupted"]
 """Why generation ended: -n reached, the context (-c) full, a stop string, an
@@ -36,7 +39,8 @@ class Span:
         from_draft: True when a drafter proposed it and the target accepted it; False
             when the target produced it (residual resample, bonus token, or ordinary decoding).
         source: which drafter proposed it (`Source`): "draft" (the draft model),
-            "lookup" (prompt lookup), "grammar" (forced by the grammar), or "target";
+            "lookup" (prompt lookup), "prediction" (prompt lookup in the predicted
+            output), "grammar" (forced by the grammar), or "target";
             defaults from `from_draft` ("draft" or "target").
         logprob: the token's log-probability under the target's raw logits with the
             asked alternatives (`specgen.logprobs.TokenLogprob`), when the generation asked
@@ -96,7 +100,7 @@ class RoundTrace:
             (draft_cache is -1 without a model drafter).
         verify_rule: "token" (token-wise rejection) or "block" (block verification; `u`
             then holds its eta and `h` its pass probabilities h_1..h_K).
-        sources: the proposer of each drafted token ("draft", "lookup" or "grammar").
+        sources: the proposer of each drafted token (`Source`, not "target").
         h: block verification's h_i per position (empty under token-wise).
     """
 
@@ -143,7 +147,7 @@ class Step:
         ordinary_token_s: the ordinary-decoding baseline after this round, seconds per
             token (`specgen.measure.Baseline`), None when not measured.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
-            ("draft", "lookup", "grammar"), only sources with a count.
+            ("draft", "lookup", "prediction", "grammar"), only sources with a count.
         timed_ordinary_s, timed_draft_s: medians of the single-token target and draft
             passes timed at a single stream's start-up, on the round they preceded (its
             second: the first is an ordinary pass, so the first token waits for none of
@@ -264,8 +268,9 @@ class Stats(Totals):
         baseline_note: why that baseline is uncertain (the first passes and the run's
             ordinary rounds disagree by more than their noise), or None.
         n_drafted_by, n_accepted_by: n_drafted and n_accepted split by the proposer
-            ("draft" for the draft model, "lookup" for prompt lookup, "grammar" for
-            tokens the grammar forced).
+            ("draft" for the draft model, "lookup" for prompt lookup, "prediction" for
+            prompt lookup in the predicted output, "grammar" for tokens the grammar
+            forced).
         verify_rule: the acceptance rule, "token" or "block".
     """
 

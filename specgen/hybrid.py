@@ -257,12 +257,15 @@ class HybridDrafter:
         the model's continuation is left to the caller's decodes (`pending`/`feed`)."""
         room = k if room is None else max(k, room)
         n_match, found, use = self._lookup(context, k)
+        source = self.index.source  # the context's or the prediction's
         inner = (
             self.model.begin(context + use, k - len(use), rng, room - len(use))
             if len(use) < k
             else None
         )
-        return HybridDrafting(self, context, k, n_match, found, use, inner, room)
+        drafting = HybridDrafting(self, context, k, n_match, found, use, inner, room)
+        drafting.sources = (source, LOOKUP)
+        return drafting
 
     def draft(
         self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
@@ -273,7 +276,7 @@ class HybridDrafter:
         Returns:
             Block with tokens (m,) int64, q (m rows: one-hot for lookup tokens, the
             model's warped rows for its own; dense when the model's rows are) and
-            `sources` ("lookup" or "draft" per token), m <= k.
+            `sources` ("lookup", "prediction" or "draft" per token), m <= k.
         """
         block = self.model.run(self.begin(context, k, rng, room))
         self.catchup_s = self.model.catchup_s
@@ -333,6 +336,8 @@ class HybridDrafting:
         self.inner = inner
         self.tail: list[int] = []  # lookup tokens after the model's
         self.n_tail_match = 0
+        # the lookup tokens' source before and after the model's ("lookup", "prediction")
+        self.sources: tuple[Source, Source] = (LOOKUP, LOOKUP)
 
     @property
     def pending(self) -> list[int]:
@@ -360,6 +365,7 @@ class HybridDrafting:
         n, found = h.index.match_after(self.context, self.use + inner.tokens, left)
         if found and n >= h.min_match and h.record.trusts(n):
             self.tail, self.n_tail_match = found, n
+            self.sources = (self.sources[0], h.index.source)
             inner.stop()
 
     def stop(self) -> None:
@@ -387,7 +393,8 @@ class HybridDrafting:
         model_sources = (
             model.sources if model is not None and model.sources else (DRAFT,) * len(model_tokens)
         )
-        sources = (LOOKUP,) * len(use) + tuple(model_sources) + (LOOKUP,) * len(tail)
+        head, after = self.sources
+        sources = (head,) * len(use) + tuple(model_sources) + (after,) * len(tail)
         tokens = use + model_tokens + tail
         tail_at = len(use) + len(model_tokens) if tail else len(tokens)
         h._pending = _Pending(

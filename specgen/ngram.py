@@ -112,6 +112,7 @@ class NgramIndex:
             for j in range(len(self._pred) - n):
                 self._pred_starts.setdefault(tuple(self._pred[j : j + n]), []).append(j)
         self._pred_at = self._pred_n = 0  # the last match used: where, how long
+        self.source: Source = "lookup"  # where the last proposal came from
 
     @property
     def predicting(self) -> bool:
@@ -130,7 +131,7 @@ class NgramIndex:
             if starts:
                 i = bisect.bisect_left(starts, self._pred_at)
                 self._pred_at = j = starts[i] if i < len(starts) else starts[-1]
-                self._pred_n = n
+                self._pred_n, self.source = n, "prediction"
                 return self._pred[j + n : j + n + k]
         return []
 
@@ -167,8 +168,9 @@ class NgramIndex:
     def match(self, context: Sequence[int], k: int, wrap: bool = True) -> tuple[int, list[int]]:
         """(n, proposal): the matched n-gram's length (0 when none matched) and the
         tokens `lookup` proposes (the prediction's, where its match is as long: never
-        wrapped). With wrap=False the proposal stops where the context does (fewer than
-        k tokens when the match is close to the end) instead of continuing into itself."""
+        wrapped; `source` then says "prediction", else "lookup"). With wrap=False the
+        proposal stops where the context does (fewer than k tokens when the match is
+        close to the end) instead of continuing into itself."""
         self._sync(context)
         toks = self._tokens
         size = len(toks)
@@ -179,6 +181,7 @@ class NgramIndex:
         found = self._predicted(tail, size, n, k)
         if found:
             return self._pred_n, found
+        self.source = "lookup"
         if j is None:
             return 0, []
         return n, _continue(toks, j + n, k if wrap else min(k, size - j - n))
@@ -218,6 +221,7 @@ class NgramIndex:
         found = self._predicted(tail, len(tail), n, k)
         if found:
             return self._pred_n, found
+        self.source = "lookup"
         if j is None:
             return 0, []
         return n, toks[j + n : j + n + min(k, size - j - n)]
@@ -258,7 +262,7 @@ class NgramDrafter:
             {0, k}.
         """
         tokens = np.array(self.index.lookup(context, k), dtype=np.int64)
-        sources: tuple[Source, ...] = tuple("lookup" for _ in range(tokens.size))
+        sources: tuple[Source, ...] = (self.index.source,) * tokens.size
         return Block(tokens=tokens, q=Dists.one_hot(tokens, self.n_vocab), sources=sources)
 
     def rollback(self, context: list[int]) -> None:

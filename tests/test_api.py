@@ -423,7 +423,7 @@ def test_a_prediction_is_drafted_from_and_changes_no_token(demo_pair) -> None:
     args = {"max_tokens": 32, "temperature": 0, "draft_max": 4, "ignore_eos": True}
 
     def by_lookup(r) -> int:
-        return r.stats.n_accepted_by.get("lookup", 0)
+        return r.stats.n_accepted_by.get("prediction", 0)
 
     with specgen.load(*demo_pair, ctx_size=512, n_parallel=2) as p:
         free = p.generate("Once upon a time", **args)

@@ -277,5 +277,7 @@ def test_the_ngram_drafter_proposes_a_prediction_with_one_hot_rows() -> None:
     d.prefill([1, 2])
     d.index.predict([2, 7, 8, 9])
     block = d.draft([1, 2], 3, np.random.default_rng(0))
-    assert block.tokens.tolist() == [7, 8, 9] and block.sources == ("lookup",) * 3
+    assert block.tokens.tolist() == [7, 8, 9] and block.sources == ("prediction",) * 3
+    plain = d.draft([1, 2, 1], 2, np.random.default_rng(0))  # "1" earlier in the context
+    assert plain.tokens.tolist() == [2, 1] and plain.sources == ("lookup",) * 2
     np.testing.assert_array_equal(block.q.to_dense()[np.arange(3), block.tokens], 1.0)

@@ -125,16 +125,20 @@ def test_a_prediction_reaches_the_generation_as_tokens_cut_to_max_tokens(served:
     text (or text parts) tokenized without a BOS, at most max_tokens of it; another type
     or a part that is not text is a 400 naming the field."""
     c = served.client()
-    c.chat.completions.create(
+    r = c.chat.completions.create(
         model="x", messages=USER, max_tokens=50, prediction={"type": "content", "content": "Hi!"}
     )
     assert served.sched.submitted[-1].config.prediction == (72, 105, 33)
+    # the fake proposes nothing from it: OpenAI's counts are there, at 0
+    assert r.usage is not None and r.usage.completion_tokens_details is not None
+    assert r.usage.completion_tokens_details.accepted_prediction_tokens == 0
     parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
     body = {"messages": USER, "max_tokens": 3, "prediction": {"type": "content", "content": parts}}
     assert served.post("/v1/chat/completions", body).status_code == 200
     assert served.sched.submitted[-1].config.prediction == (72, 101, 108)
-    served.post("/v1/chat/completions", {"messages": USER, "max_tokens": 3})
+    plain = served.post("/v1/chat/completions", {"messages": USER, "max_tokens": 3}).json()
     assert served.sched.submitted[-1].config.prediction == ()
+    assert "completion_tokens_details" not in plain["usage"]
     n = len(served.sched.submitted)
     for bad in (
         {"type": "text", "content": "Hi"},

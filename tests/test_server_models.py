@@ -532,6 +532,14 @@ def test_a_prediction_is_drafted_by_prompt_lookup_and_changes_no_token(
             assert_same_or_near_tie(target, prompt, free["tokens"], got["tokens"])
 
     def by_lookup(reply: dict) -> int:
-        return reply["speculative"]["num_accepted_draft_tokens_by_source"].get("lookup", 0)
+        return reply["speculative"]["num_accepted_draft_tokens_by_source"].get("prediction", 0)
 
     assert by_lookup(got) >= len(got["tokens"]) // 2 > by_lookup(free), (free, got)
+    # OpenAI's counts of the prediction's tokens, as the speculative object's
+    spec = got["speculative"]
+    tested = spec["num_tested_draft_tokens_by_source"]["prediction"]
+    assert got["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": by_lookup(got),
+        "rejected_prediction_tokens": tested - by_lookup(got),
+    }
+    assert "completion_tokens_details" not in free["usage"]

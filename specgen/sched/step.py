@@ -45,6 +45,7 @@ from collections.abc import Callable
 from specgen.control.batch import BatchController, SlotState
 from specgen.engine import BatchEngine, Logits, SeqDecode
 from specgen.errors import EngineError
+from specgen.events import LOOKUPS
 from specgen.genconfig import prompt_rows_chunk
 from specgen.hybrid import HybridDrafter
 from specgen.ngram import NgramDrafter
@@ -118,10 +119,10 @@ def model_part(prop: Proposal, n_accepted: int, lookup_alone: bool = False) -> t
     sole = set(prop.block.sole)
     sources = [s for i, s in enumerate(prop.block.sources) if i not in sole]
     n_accepted = prop.counted(n_accepted)[1]
-    if "lookup" not in sources:
+    if not any(s in LOOKUPS for s in sources):
         return prop.k, min(prop.k, n_accepted)
     head = 0
-    while head < len(sources) and sources[head] == "lookup":
+    while head < len(sources) and sources[head] in LOOKUPS:
         head += 1
     m = sources.count("draft")
     if m == 0 or n_accepted < head:
@@ -267,7 +268,7 @@ class Stepper:
             # evaluated where the model drafts, beyond them
             # and those the grammar forced (no draft pass either)
             filled = {
-                slot.index: p.block.sources.count("lookup")
+                slot.index: sum(s in LOOKUPS for s in p.block.sources)
                 + p.block.sources.count("grammar")
                 - len(p.block.sole)
                 for slot, p in proposals

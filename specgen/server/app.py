@@ -429,7 +429,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             raise RequestError(400, str(e), code="context_length_exceeded") from None
         shape = Shape(
             chat, job_id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
-            req.n_logprobs is not None, tools=calls, echo=echo,
+            req.n_logprobs is not None, tools=calls, echo=echo, predicted=bool(predicted),
         )  # fmt: skip
         run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:

@@ -388,6 +388,8 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    # a request with a prediction: `specgen.server.stats.predicted`
+    completion_tokens_details: dict[str, int] | None = None
 
 
 class AssistantMessage(BaseModel):

@@ -314,6 +314,7 @@ class Shape:
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
     echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.logprobs`)
+    predicted: bool = False  # the request gave a prediction: usage counts its tokens
     # a streamed completion's tokens' characters so far per choice (its text_offset)
     _offsets: dict[int, TextOffsets] = field(default_factory=dict)
 
@@ -332,14 +333,7 @@ class Shape:
         return {"id": self.id, "created": self.created, "model": self.model}
 
     def _usage(self, steps: Sequence[Step], outcome: Outcome) -> Usage:
-        s = outcome.stats
-        n = s.n_generated if s is not None else sum(len(x.spans) for x in steps)
-        return Usage(
-            prompt_tokens=self.n_prompt,
-            completion_tokens=n,
-            total_tokens=self.n_prompt + n,
-            prompt_tokens_details=_cached(outcome),
-        )
+        return self._usage_n([steps], [outcome])
 
     def _meta(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         return {
@@ -393,13 +387,17 @@ class Shape:
         return Completion(**head, choices=text_choices, usage=usage, **meta).wire()
 
     def _usage_n(self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]) -> Usage:
-        n = sum(self._usage(st, o).completion_tokens for st, o in zip(steps, outcomes, strict=True))
+        n = sum(
+            o.stats.n_generated if o.stats is not None else sum(len(x.spans) for x in st)
+            for st, o in zip(steps, outcomes, strict=True)
+        )
         return Usage(
             prompt_tokens=self.n_prompt,
             completion_tokens=n,
             total_tokens=self.n_prompt + n,
             # the choices share one prefill: the first one's (`Scheduler`'s n > 1 jobs)
             prompt_tokens_details=_cached(outcomes[0]) if outcomes else None,
+            completion_tokens_details=request_stats.predicted(steps) if self.predicted else None,
         )
 
     def parsed(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:

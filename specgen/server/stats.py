@@ -85,7 +85,8 @@ class Speculative:
             ended before its first round.
         num_tested_draft_tokens_by_source, num_accepted_draft_tokens_by_source: tested and
             accepted proposals split by proposer ("draft": the draft model, "lookup":
-            prompt lookup, "grammar": tokens the grammar allowed alone, always accepted),
+            prompt lookup, "prediction": prompt lookup in the request's prediction,
+            "grammar": tokens the grammar allowed alone, always accepted),
             only sources with a count: the draft model's own acceptance under a grammar
             is ``accepted["draft"] / tested["draft"]``.
     """
@@ -194,6 +195,17 @@ def speculative(
         num_tested_draft_tokens_by_source=_by_source(s.n_drafted_by for s in steps),
         num_accepted_draft_tokens_by_source=_by_source(s.n_accepted_by for s in steps),
     )
+
+
+def predicted(steps: Sequence[Sequence[Step]]) -> dict[str, int]:
+    """OpenAI's ``usage.completion_tokens_details`` of a request with a ``prediction``,
+    over its choices' rounds: ``accepted_prediction_tokens``, the tokens proposed from the
+    prediction that the target accepted, and ``rejected_prediction_tokens``, those it
+    tested and rejected (proposals after a rejection are never tested: in neither)."""
+    rounds = [x for st in steps for x in st]
+    tested = sum(x.n_drafted_by.get("prediction", 0) for x in rounds)
+    accepted = sum(x.n_accepted_by.get("prediction", 0) for x in rounds)
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": tested - accepted}
 
 
 def _by_source(counts: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -26,8 +26,9 @@ with a ``type``:
   ``verify_rule`` ("token" or "block": under block verification ``u`` holds the uniforms
   eta_i of the test eta_i < h_i, ``h`` the h_i, and ``accepted`` is true for x_1..x_tau),
   ``sources`` [the proposer of each drafted token: "draft" (the draft model), "lookup"
-  (prompt lookup) or "grammar" (a token the grammar forced: no draft pass, and no target
-  row where the grammar allowed it alone)], ``n_drafted_by`` and ``n_accepted_by``
+  (prompt lookup), "prediction" (prompt lookup in a predicted output) or "grammar" (a
+  token the grammar forced: no draft pass, and no target row where the grammar allowed
+  it alone)], ``n_drafted_by`` and ``n_accepted_by``
   ({source: count}, counted as the stats are).
 - ``end`` (last line of a finished generation): ``generation``, ``finish_reason``,
   ``n_generated``, ``stats``.

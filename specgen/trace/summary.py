@@ -87,7 +87,8 @@ class TraceSummary:
             ``loss_margin`` slower than ordinary decoding of its tokens.
         loss_margin: that margin, a fraction of the ordinary time (see `loss_margin`).
         by_source: {proposer: (proposed, accepted)}: "draft" (the draft model), "lookup"
-            (prompt lookup), "grammar" (tokens the grammar forced), counted as n_drafted
+            (prompt lookup), "prediction" (lookup in a predicted output), "grammar" (tokens
+            the grammar forced), counted as n_drafted
             and n_accepted are; only proposers with a proposal.
     """
 
@@ -212,7 +213,7 @@ def summarize(path: Path | str, top: int = 10) -> TraceSummary:
 
 def by_source(rounds: list[TraceRound]) -> dict[str, tuple[int, int]]:
     """{proposer: (proposed, accepted)} over every round's drafted tokens, in the order
-    draft, lookup, grammar (a round without ``sources`` is all "draft")."""
+    draft, lookup, prediction, grammar (a round without ``sources`` is all "draft")."""
     counts: dict[str, list[int]] = {}
     for r in rounds:
         for i in range(len(r.drafted)):
@@ -220,8 +221,8 @@ def by_source(rounds: list[TraceRound]) -> dict[str, tuple[int, int]]:
             c = counts.setdefault(src, [0, 0])
             c[0] += 1
             c[1] += i < r.n_accepted
-    order = {"draft": 0, "lookup": 1, "grammar": 2}
-    return {s: (c[0], c[1]) for s, c in sorted(counts.items(), key=lambda x: order.get(x[0], 3))}
+    order = {"draft": 0, "lookup": 1, "prediction": 2, "grammar": 3}
+    return {s: (c[0], c[1]) for s, c in sorted(counts.items(), key=lambda x: order.get(x[0], 4))}
 
 
 def acceptance_by_position(rounds: list[TraceRound]) -> tuple[PositionAcceptance, ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specgen.control.goodput import break_even_alpha
-from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+from specgen.events import LOOKUPS, Done, FinishReason, Prefilled, Stats, Step
 
 __all__ = ["ORDINARY_HOW", "ROUNDS_HOW", "Event", "Origin", "Position", "ViewState", "apply"]
 
@@ -155,7 +155,7 @@ def _apply_step(state: ViewState, step: Step) -> None:
             segments.append((step.rejected_text, "rejected"))
         origin: Origin = "target"
         if span.from_draft:
-            origin = "lookup" if span.source == "lookup" else "draft"
+            origin = "lookup" if span.source in LOOKUPS else "draft"
             if span.source == "grammar":
                 origin = "grammar"
         state.lookup_seen |= origin == "lookup"
