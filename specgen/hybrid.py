@@ -263,9 +263,7 @@ class HybridDrafter:
             if len(use) < k
             else None
         )
-        drafting = HybridDrafting(self, context, k, n_match, found, use, inner, room)
-        drafting.sources = (source, LOOKUP)
-        return drafting
+        return HybridDrafting(self, context, k, n_match, found, use, inner, room, source)
 
     def draft(
         self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
@@ -328,6 +326,7 @@ class HybridDrafting:
         use: list[int],
         inner: Drafting | None,
         room: int | None = None,
+        source: Source = LOOKUP,
     ) -> None:
         self.hybrid = hybrid
         self.context, self.k = context, k
@@ -337,7 +336,7 @@ class HybridDrafting:
         self.tail: list[int] = []  # lookup tokens after the model's
         self.n_tail_match = 0
         # the lookup tokens' source before and after the model's ("lookup", "prediction")
-        self.sources: tuple[Source, Source] = (LOOKUP, LOOKUP)
+        self.sources: tuple[Source, Source] = (source, LOOKUP)
 
     @property
     def pending(self) -> list[int]:

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -352,10 +352,10 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         chat: bool,
         calls: tools.Choice | None = None,
         echo: Echo | None = None,
-        predicted: list[int] | None = None,
+        predicted: Sequence[int] = (),
     ) -> Response:
         config = generate_config(
-            req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot, predicted or ()
+            req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot, predicted
         )
         call = None
         if calls is not None:  # tool_choice: the answer is, or may hold, tool calls

@@ -332,9 +332,6 @@ class Shape:
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
 
-    def _usage(self, steps: Sequence[Step], outcome: Outcome) -> Usage:
-        return self._usage_n([steps], [outcome])
-
     def _meta(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         return {
             "timings": request_stats.timings(steps, outcome.stats),
