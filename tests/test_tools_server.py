@@ -96,6 +96,31 @@ def test_auto_streams_delta_tool_calls(server: Server) -> None:
     assert json.loads(calls[0].function.arguments or "") == {"city": "Paris"}
 
 
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)  # fmt: skip
+def test_a_forced_call_streams_the_message_it_answers(server: Server, choice: object) -> None:
+    """A stream whose answer is all calls opens with null content, as the whole answer's
+    message has (it opened with "", so the SDK's accumulated message differed)."""
+    kwargs: dict = {
+        "model": server.model_id, "messages": WHAT, "tools": [WEATHER], "tool_choice": choice,
+        "temperature": 0, "max_tokens": 40, "parallel_tool_calls": False,
+    }  # fmt: skip
+    client = server.client()
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    first = next(iter(client.chat.completions.create(**kwargs, stream=True)))
+    assert first.choices[0].delta.role == "assistant"
+    assert first.choices[0].delta.content is None
+    with client.chat.completions.stream(**kwargs) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    assert whole.content is None and streamed.content is None
+    assert [(c.function.name, c.function.arguments) for c in streamed.tool_calls or []] == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls or []
+    ]
+    assert whole.tool_calls and whole.tool_calls[0].function.name == "get_weather"
+
+
 def test_a_tool_result_round_trip_through_the_template(server: Server) -> None:
     """The call goes back as the assistant's tool_calls and the result as a tool message;
     the template renders both (the prompt grows by them), and the next answer is text

@@ -422,13 +422,14 @@ class Shape:
 
     def first_chunk(self, index: int = 0) -> dict[str, Any] | None:
         """The chat stream's opening chunk of a choice (the role, as OpenAI sends); None
-        for text."""
+        for text. Its content is null where the answer is all calls (``required``, a named
+        function), as the whole answer's message is, else ""."""
         if not self.chat:
             return None
         head = self._head()
-        choice = ChunkChoice(
-            index=index, delta={"role": "assistant", "content": ""}, finish_reason=None
-        )
+        calls_only = self.tools is not None and self.tools.kind in ("required", "named")
+        delta = {"role": "assistant", "content": None if calls_only else ""}
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=None)
         return ChatCompletionChunk(**head, choices=[choice]).wire()
 
     def echo_chunk(self, index: int = 0) -> dict[str, Any]:
