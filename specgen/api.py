@@ -43,10 +43,10 @@ M = TypeVar("M", bound=Models)
 class Pair(Generic[M]):
     """A loaded target and drafter (`load`); `close()` frees both (also a context manager).
 
-    Every call takes its own settings (temperature, K, seed, constraints...), for both
-    models: the drafter samples its proposals under the call's settings as the target
-    does. A call is independent of the calls before it: the same call with the same
-    ``seed`` and a fixed ``draft_max`` gives the same text, as `specgen run` does.
+    Every call takes its own settings (temperature, K, seed...), for both models. A call's
+    text is independent of the calls before it (the same call, ``seed`` and fixed
+    ``draft_max`` give the same text, as `specgen run` does); its speed measurements are
+    taken by the first call with a drafter and kept (`specgen.generate.StartUp`).
 
     Attributes:
         session: the open models: from `load`, a `specgen.session.Session` (``target``,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from specgen import session as _session
@@ -17,7 +17,7 @@ from specgen.chat import TemplateModel, prompt_tokens
 from specgen.engine import Drafter, as_batch
 from specgen.errors import ConfigError, EngineError, PromptError
 from specgen.flags import SamplingFlags, in_python_words
-from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot
+from specgen.generate import FixedK, GenerateConfig, KPolicy, OneSlot, StartUp
 from specgen.generation import Result, result_from
 from specgen.sched.jobs import BatchReport, Deliver, DoesNotFit, Failed, Job, JobEvent
 from specgen.sched.scheduler import Scheduler
@@ -44,6 +44,12 @@ class Models(Protocol):
         """The block-size policy for ``draft_max`` (None = auto)."""
         ...
 
+    @property
+    def start_up(self) -> StartUp:
+        """The measurements the first generation with a drafter takes, kept for the later
+        ones (the ordinary baseline, the controller's calibration)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -55,11 +61,13 @@ class Engines:
     Attributes:
         target: the target engine; drafter: its drafter, or None (ordinary decoding).
         k_init: the first block size of ``draft_max="auto"`` (None = the controller's).
+        start_up: what the first generation with a drafter measured, for the later ones.
     """
 
     target: TemplateModel
     drafter: Drafter | None
     k_init: int | None = None
+    start_up: StartUp = field(default_factory=StartUp, compare=False, repr=False)
 
     @property
     def draft_name(self) -> str:
@@ -114,7 +122,8 @@ def one_slot(
     events; `OneSlot.summary()`: the controller's choices, which the CLI's --json
     reports); `trace` attaches a `RoundTrace` to every Step; `ordinary` decodes with the
     target alone (K = 0); `reuse_cache` keeps what the caches hold of `ids` (a chat's
-    earlier turns, `GenerateConfig.reuse_cache`).
+    earlier turns, `GenerateConfig.reuse_cache`). The passes a generation times at its
+    start are timed once per `opened` (`Models.start_up`).
 
     Raises:
         PromptError: the prompt does not fit the context. GrammarError: the grammar or
@@ -131,7 +140,7 @@ def one_slot(
         prediction=predicted(opened.target, sampling.prediction),
     )  # fmt: skip
     policy = FixedK(0) if ordinary else opened.policy(sampling.k)
-    return OneSlot(opened.target, drafter, ids, config, policy)
+    return OneSlot(opened.target, drafter, ids, config, policy, start_up=opened.start_up)
 
 
 def generate_many(

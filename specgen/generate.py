@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 from collections.abc import Generator
 
+from specgen.control.batch import BatchController
 from specgen.engine import Drafter, Engine, as_batch, under
 from specgen.errors import EngineError
 from specgen.events import Done, Prefilled, Step
@@ -34,12 +35,30 @@ __all__ = [
     "GenerateConfig",
     "KPolicy",
     "OneSlot",
+    "StartUp",
     "VerifyRule",
     "check_prompt",
     "generate",
 ]
 
 Event = Prefilled | Step | Done
+
+
+@dataclasses.dataclass
+class StartUp:
+    """A loaded pair's start-up measurements, kept for its later generations as a server
+    keeps its own across requests (`specgen.Pair` holds one): the ordinary passes timed at
+    the first generation with a drafter (seconds each, `specgen.measure.Baseline`'s
+    initial passes), the draft's pass then (seconds, or None), and the batch controller
+    calibrated then, whose cost fits and pooled acceptance go on learning from every later
+    generation under ``draft_max="auto"``. Empty: the next generation measures.
+
+    Timing only: the law of the output does not depend on K (Leviathan et al. 2023,
+    Theorem 3.5), and a fixed K uses no controller."""
+
+    passes: list[float] = dataclasses.field(default_factory=list)
+    draft_s: float | None = None
+    controller: BatchController | None = None
 
 
 def generate(
@@ -87,7 +106,9 @@ class OneSlot:
     baseline behind every speedup figure, `specgen.measure.Baseline`) and, with the
     controller, the decodes its cost lines start from (`Scheduler.calibrate`). The law of
     the output does not depend on the K chosen (Leviathan et al. 2023, Theorem 3.5), so
-    all of this changes timing only.
+    all of this changes timing only. With a `start_up` that holds them (a loaded pair's
+    earlier generation measured them), the passes are not timed again, and under
+    `AutoK` its controller chooses K.
 
     With `ordinary_first` False (`specgen verify`, whose tests must reach speculation from
     the first position), the first round may speculate too.
@@ -105,6 +126,7 @@ class OneSlot:
         policy: KPolicy | None = None,
         clock: Clock | None = None,
         ordinary_first: bool = True,
+        start_up: StartUp | None = None,
     ) -> None:
         check_prompt(prompt, target.n_ctx)
         # q under this generation's own settings, whatever the drafter was loaded with (a
@@ -113,6 +135,10 @@ class OneSlot:
         policy = policy or FixedK(0)
         auto = isinstance(policy, AutoK) and drafter is not None
         kwargs = {} if clock is None else {"clock": clock}
+        self.start_up = start_up if start_up is not None else StartUp()
+        warm = self.start_up.controller if auto else None
+        if warm is not None and isinstance(policy, AutoK):
+            warm.k_max = policy.k_max
         batch = as_batch(target)
         if not config.reuse_cache:
             # both caches from empty: a call's text then depends on its own settings and
@@ -133,6 +159,7 @@ class OneSlot:
             k_max=policy.k_max if isinstance(policy, AutoK) else 16,
             single=True,
             ordinary_first=ordinary_first,
+            controller=warm,
             **kwargs,  # type: ignore[arg-type]
         )
         self.config = config
@@ -146,6 +173,11 @@ class OneSlot:
         self._timed = config.measure_ordinary <= 0
         # the start-up's medians, for the next Step (`_time_start_up`)
         self._medians: tuple[float, float | None] | None = None
+        known = self.start_up.passes
+        if not self._timed and known and (not auto or warm is not None):
+            self._timed = True
+            self.seq.baseline.add_initial(known)
+            self._medians = (statistics.median(known), self.start_up.draft_s)
         self._reasons: collections.Counter[str] = collections.Counter()
 
     def events(self) -> Generator[Event, None, None]:
@@ -211,6 +243,9 @@ class OneSlot:
             seq.baseline.add_initial(passes)
             ordinary_s = statistics.median(passes)
             self._medians = (ordinary_s, draft_s)
+            self.start_up.passes = list(passes)
+            if sched.controller is not None:
+                self.start_up.draft_s, self.start_up.controller = draft_s, sched.controller
 
     def _interrupt(self) -> Done:
         """End the job at Ctrl-C: the Done (finish "interrupted", or the reason the last

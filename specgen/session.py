@@ -18,7 +18,7 @@ from specgen.drafters import ModelDrafter
 from specgen.engine import Drafter
 from specgen.errors import ModelFileError, ModelLoadFailure
 from specgen.flags import DRAFT_AUTO, DRAFT_NGRAM, DRAFT_NONE, ModelFlags, verify_rule
-from specgen.generate import AutoK, FixedK, KPolicy, VerifyRule
+from specgen.generate import AutoK, FixedK, KPolicy, StartUp, VerifyRule
 from specgen.hybrid import HybridDrafter
 from specgen.llamacpp import (
     EngineConfig,
@@ -142,6 +142,7 @@ class Session:
         notes: one line each, what llama.cpp does otherwise than asked (see `load_notes`).
         load_s: seconds spent resolving and loading, wall clock.
         draft_engine: a model drafter's engine (for its devices), else None.
+        start_up: what the first generation with a drafter measured, for the later ones.
     """
 
     target: LlamaEngine
@@ -154,6 +155,7 @@ class Session:
     notes: tuple[str, ...] = ()
     load_s: float = field(default=0.0, compare=False)
     draft_engine: LlamaEngine | None = None
+    start_up: StartUp = field(default_factory=StartUp, compare=False, repr=False)
 
     def policy(self, draft_max: int | None) -> KPolicy:
         """The block-size policy for ``--draft-max`` (None = auto, from `k_init`)."""

@@ -397,6 +397,21 @@ def test_one_generation_at_a_time_and_never_a_silent_mix(pair) -> None:
     assert pair.generate("the cat", **args).tokens == alone.tokens
 
 
+def test_a_pairs_start_up_is_timed_by_its_first_call_and_kept(tiny_target, tiny_draft) -> None:
+    """The ordinary passes and the controller's calibration are timed once per Pair (each
+    call paid 100-250 ms for them, which its stats leave out): later calls keep them."""
+    args = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}  # draft_max auto
+    with specgen.load(tiny_target, tiny_draft, ctx_size=256) as p:
+        kept = p.session.start_up
+        assert kept.passes == [] and kept.controller is None
+        a = p.generate("the cat", **args)
+        controller, passes = kept.controller, list(kept.passes)
+        assert controller is not None and len(passes) == 3
+        b = p.generate("the cat", **args)
+        assert kept.controller is controller and kept.passes == passes
+    assert a.tokens == b.tokens and b.stats.ordinary_token_s is not None
+
+
 def _catch(into: list[BaseException], call) -> None:
     try:
         call()

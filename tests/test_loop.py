@@ -525,6 +525,49 @@ def test_a_slower_draft_is_timed_before_the_second_round(monkeypatch: pytest.Mon
     )
 
 
+def test_a_pairs_later_generations_reuse_its_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded pair times its start-up once (`StartUp`): the first generation with the
+    controller calibrates it and times the ordinary passes; a later one takes both (the
+    same controller, the passes on its first Step) and times nothing; a fixed K's first
+    generation leaves the controller for the first auto one to calibrate. Greedy, so the
+    tokens stay the same whatever K was chosen."""
+    from specgen.generate import OneSlot, StartUp
+    from specgen.sched.scheduler import Scheduler
+
+    calls: list[int] = []
+    real = Scheduler.calibrate
+
+    def counted(self: Scheduler, repeats: int = 3, quick: bool = False) -> list[float] | None:
+        calls.extend([1] if self.controller is not None else [])  # else a no-op
+        return real(self, repeats, quick)
+
+    monkeypatch.setattr(Scheduler, "calibrate", counted)
+    config = GenerateConfig(max_tokens=20, params=GREEDY, measure_ordinary=3, ignore_eos=True)
+
+    def run(start_up: StartUp, policy: AutoK | FixedK) -> tuple[OneSlot, list]:
+        draft = ModelDrafter(FakeEngine(n_vocab=9, seed=0), GREEDY, 9)
+        one = OneSlot(FakeEngine(n_vocab=9, seed=0), draft, [1, 2], config, policy,
+                      start_up=start_up)  # fmt: skip
+        return one, list(one.events())
+
+    kept = StartUp()
+    first, a = run(kept, AutoK(8))
+    assert len(calls) == 1 and len(kept.passes) == 3
+    assert kept.controller is first.scheduler.controller is not None
+    second, b = run(kept, AutoK(8))
+    assert len(calls) == 1  # nothing timed again
+    assert second.scheduler.controller is kept.controller
+    timed = [e.timed_ordinary_s for e in b if isinstance(e, Step) and e.timed_ordinary_s]
+    assert timed == [pytest.approx(float(np.median(kept.passes)))]
+    assert a[-1].tokens == b[-1].tokens and b[-1].stats.ordinary_token_s is not None
+    # a fixed K times the passes only; the first auto generation calibrates
+    fixed = StartUp()
+    run(fixed, FixedK(4))
+    assert len(calls) == 1 and len(fixed.passes) == 3 and fixed.controller is None
+    run(fixed, AutoK(8))
+    assert len(calls) == 2 and fixed.controller is not None
+
+
 def test_a_ctrl_c_after_the_final_token_is_not_swallowed() -> None:
     """SIGINT landing after the round's last token already ended the generation (during
     the policy's bookkeeping): the Done keeps the round's own reason, and the interrupt
