@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
+import threading
 from collections.abc import Generator
 
 from specgen.control.batch import BatchController
@@ -179,6 +180,12 @@ class OneSlot:
             self.seq.baseline.add_initial(known)
             self._medians = (statistics.median(known), self.start_up.draft_s)
         self._reasons: collections.Counter[str] = collections.Counter()
+        self._cancelled = threading.Event()  # `cancel`, from any thread
+
+    def cancel(self) -> None:
+        """Stop the generation from any thread: after the round under way, the next event
+        is the Done (finish "interrupted", or the reason that round already gave it)."""
+        self._cancelled.set()
 
     def events(self) -> Generator[Event, None, None]:
         """The generation's events (see `generate`)."""
@@ -187,6 +194,9 @@ class OneSlot:
         try:
             while not done:
                 if not self._events:
+                    if self._cancelled.is_set():
+                        yield self._interrupt()
+                        return
                     self._step()
                 while self._events:
                     event = self._events.popleft()

@@ -96,7 +96,8 @@ class Generation:
     events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
     stops generating and leaves the models ready for the next call;
     ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
-    finish reason "interrupted"). Until it has ended (its `Done`, ``close()``, or the
+    finish reason "interrupted"), and ``cancel()`` does so from another thread; a ``with``
+    block closes it. Until it has ended (its `Done`, ``close()``, or the
     object dropped), the Pair's other calls raise `specgen.BusyError`.
 
     Attributes:
@@ -135,6 +136,19 @@ class Generation:
     def close(self) -> None:
         self._events.close()
         self._ended()
+
+    def cancel(self) -> None:
+        """Stop it from any thread (a web app's client gone, an asyncio task cancelled),
+        where ``close()`` may be called only by the thread iterating: after the round
+        under way the next event is the `Done` (finish reason "interrupted"), which frees
+        the Pair. Does not wait; calling it after the end changes nothing."""
+        self._run.cancel()
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def throw(self, exc: BaseException) -> Event:
         """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -410,6 +411,37 @@ def test_a_pairs_start_up_is_timed_by_its_first_call_and_kept(tiny_target, tiny_
         b = p.generate("the cat", **args)
         assert kept.controller is controller and kept.passes == passes
     assert a.tokens == b.tokens and b.stats.ordinary_token_s is not None
+
+
+def test_a_stream_is_cancelled_from_another_thread(pair) -> None:
+    """`Generation.cancel()` stops a stream that another thread iterates (``close()``
+    there raises "generator already executing", and the stream ran to its end): the
+    consumer gets the Done, finish "interrupted", and the Pair is free again. A ``with``
+    block closes a stream."""
+    gen = pair.stream("the cat", max_tokens=200, temperature=0, draft_max=3, ignore_eos=True)
+    events: list = []
+    seen, cancelled = threading.Event(), threading.Event()
+
+    def consume() -> None:
+        for ev in gen:
+            events.append(ev)
+            if isinstance(ev, specgen.Step) and not seen.is_set():
+                seen.set()
+                cancelled.wait(30)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert seen.wait(60)
+    gen.cancel()
+    cancelled.set()
+    consumer.join(60)
+    assert not consumer.is_alive()
+    done = events[-1]
+    assert isinstance(done, specgen.Done) and done.finish_reason == "interrupted"
+    assert 0 < len(done.tokens) < 200
+    with pair.stream("the cat", max_tokens=50) as open_one:
+        next(open_one)
+    assert len(pair.generate("the cat", max_tokens=3, ignore_eos=True).tokens) == 3
 
 
 def _catch(into: list[BaseException], call) -> None:

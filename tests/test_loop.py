@@ -568,6 +568,35 @@ def test_a_pairs_later_generations_reuse_its_start_up(monkeypatch: pytest.Monkey
     assert len(calls) == 2 and fixed.controller is not None
 
 
+def test_cancel_ends_the_generation_after_the_round_under_way() -> None:
+    """`OneSlot.cancel` (what `Generation.cancel` calls from another thread) makes the
+    next event the Done, finish "interrupted", with the tokens committed so far; before
+    the first event, nothing is generated."""
+    from specgen.generate import OneSlot
+
+    config = GenerateConfig(max_tokens=40, params=GREEDY, ignore_eos=True)
+
+    def one() -> OneSlot:
+        draft = ModelDrafter(FakeEngine(n_vocab=9, seed=0), GREEDY, 9)
+        return OneSlot(FakeEngine(n_vocab=9, seed=0), draft, [1, 2], config, FixedK(3))
+
+    run = one()
+    events = []
+    for ev in run.events():
+        events.append(ev)
+        if sum(isinstance(e, Step) for e in events) == 2:
+            run.cancel()
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "interrupted"
+    assert [type(e) for e in events[:-1]] == [Prefilled, Step, Step]
+    emitted = [sp.token for e in events if isinstance(e, Step) for sp in e.spans]
+    assert list(done.tokens) == emitted and 0 < len(emitted) < 40
+    early = one()
+    early.cancel()
+    first = list(early.events())
+    assert len(first) == 1 and isinstance(first[0], Done) and first[0].tokens == ()
+
+
 def test_a_ctrl_c_after_the_final_token_is_not_swallowed() -> None:
     """SIGINT landing after the round's last token already ended the generation (during
     the policy's bookkeeping): the Done keeps the round's own reason, and the interrupt
