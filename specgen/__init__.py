@@ -98,3 +98,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'specgen' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too (PEP 562), so that completion and dir() list what is exported
+    return sorted({*globals(), *__all__})
