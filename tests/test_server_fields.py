@@ -63,8 +63,8 @@ def test_inert_values_compare_by_type_as_well() -> None:
 
 
 def test_an_unknown_field_near_one_that_changes_the_output_is_refused_naming_both() -> None:
-    for name, near in [("temprature", "temperature"), ("max_new_tokens", "max_tokens"),
-                       ("streaming", "stream"), ("top_a", "top_p")]:  # fmt: skip
+    for name, near in [("temprature", "temperature"), ("maxtokens", "max_tokens"),
+                       ("streaming", "stream"), ("top_pp", "top_p")]:  # fmt: skip
         found = refusal({"user": "u", name: 1}, "chat")
         assert found is not None and found[0] == name, name
         assert f"unknown field {name}: did you mean {near}?" in found[1]
@@ -121,9 +121,12 @@ def test_each_refused_field_gets_400_naming_it_and_the_next_request_succeeds(
     value = ACTIVE.get(name, 7)
     if route == "completions" and name == "logprobs":
         value = 2  # the completions route's logprobs is a count
+    # the fields its inert rules read, each asking for something other than it repeats:
+    # a sampler's switch on, a field it could be an alias of given another value
+    extra = {name: value, **{o: 8 for w in FIELDS[name].inert_when for o in w.reads}}
     client = served.client()
     with pytest.raises(openai.BadRequestError) as caught:
-        _create(client, route, {name: value})
+        _create(client, route, extra)
     err = caught.value.body
     assert isinstance(err, dict)
     assert err["param"] == name and err["type"] == "invalid_request_error"

@@ -185,9 +185,9 @@ def _error_response(e: RequestError) -> JSONResponse:
     return JSONResponse(body, status_code=e.status, headers=e.headers)
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
+def _parse(model: type[BaseModel], body: bytes, context: dict[str, Any] | None = None) -> Any:
     try:
-        return model.model_validate_json(body)
+        return model.model_validate_json(body, context=context)
     except ValidationError as e:
         message, param = validation_error(e)
         raise RequestError(400, message, param=param) from None
@@ -286,7 +286,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     @api.post("/chat/completions")
     async def chat(request: Request) -> Response:
         b = ready()
-        req = _parse(ChatCompletionRequest, await request.body())
+        # what refusal needs of the template: whether it writes reasoning (`refusal`)
+        thinks = b.tool_template.thinks
+        req = _parse(ChatCompletionRequest, await request.body(), {"thinks": thinks})
         if b.render_chat is None:
             raise RequestError(
                 400,

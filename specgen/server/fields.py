@@ -13,7 +13,7 @@ A field is
   with output as if it had not been sent.
 
 Fields in no entry (a client's own extras) are accepted and ignored, except a name close
-to a field that changes the output (`NEAR`: ``temprature``, ``max_new_tokens``,
+to a field that changes the output (`NEAR`: ``temprature``, ``maxtokens``,
 ``streaming``): a misspelt setting would otherwise be served as if never sent, so it is
 refused, naming the field it is near.
 
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
+from specgen.server.inert import DEFAULT_CHAIN, When, off, same
+
 Route = Literal["chat", "completions"]
 BOTH: frozenset[Route] = frozenset({"chat", "completions"})
 CHAT: frozenset[Route] = frozenset({"chat"})
@@ -57,17 +59,23 @@ class Field:
         status: honoured, ignored (changes nothing generated) or refused.
         note: what is served instead, or why it changes nothing (one phrase, shown in
             the 400's message and in the docs' table).
-        origin: "openai", "llama-server" or "vllm" (whose request defines it).
+        origin: "openai", "llama-server" or "vllm" (whose request defines it), or "other"
+            (text-generation-webui's, TabbyAPI's, KoboldCpp's, TGI's or Ollama's names,
+            which SillyTavern's presets send).
         routes: the routes that define it.
         inert: values of a refused field that ask for nothing and are accepted (compared
             with ``==`` and the same type, so ``0`` is not ``False``).
+        inert_when: rules under which any other value asks for nothing too, read with the
+            body's other fields (`specgen.server.inert`: a sampler switched off, a field
+            repeated under another name).
     """
 
     status: Status
     note: str
-    origin: Literal["openai", "llama-server", "vllm"] = "openai"
+    origin: Literal["openai", "llama-server", "vllm", "other"] = "openai"
     routes: frozenset[Route] = BOTH
     inert: tuple[Any, ...] = (None,)
+    inert_when: tuple[When, ...] = ()
 
 
 H, IG, R = Status.HONOURED, Status.IGNORED, Status.REFUSED
@@ -78,6 +86,9 @@ _CACHING = "prompt caching is automatic"
 _K_CHOSEN = "K is chosen per step; the output law is the same"
 _VLLM_TEXT = "special tokens are left out of the text"
 _DRAFTING = "the drafting is the server's (--draft, --lookup); the output law is the same"
+_LS: Literal["llama-server"] = "llama-server"
+_DRY_OFF = off("dry_multiplier")
+_AS_MAX_TOKENS = same("max_tokens", "max_completion_tokens")
 
 FIELDS: dict[str, Field] = {
     # -- OpenAI, both routes ----------------------------------------------------------
@@ -176,7 +187,9 @@ FIELDS: dict[str, Field] = {
     "post_sampling_probs": Field(
         R, "post-sampling probabilities are not served", "llama-server", inert=(None, False)
     ),
-    "n_predict": Field(R, "send max_tokens", "llama-server", inert=(None, -1)),
+    "n_predict": Field(
+        R, "send max_tokens", "llama-server", inert=(None, -1), inert_when=(_AS_MAX_TOKENS,)
+    ),
     "parse_tool_calls": Field(
         R,
         "tool calls are parsed whenever tools are given",
@@ -189,17 +202,19 @@ FIELDS: dict[str, Field] = {
     "min_keep": Field(R, _CHAIN, "llama-server", inert=(None, 0)),
     "top_n_sigma": Field(R, _CHAIN, "llama-server", inert=(None, -1, -1.0)),
     "dynatemp_range": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
-    "dynatemp_exponent": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
+    "dynatemp_exponent": Field(
+        R, _CHAIN, _LS, inert=(None, 1, 1.0), inert_when=(off("dynatemp_range"),)
+    ),
     "xtc_probability": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
-    "xtc_threshold": Field(R, _CHAIN, "llama-server", inert=(None, 0.1)),
+    "xtc_threshold": Field(R, _CHAIN, _LS, inert=(None, 0.1), inert_when=(off("xtc_probability"),)),
     "mirostat": Field(R, _CHAIN, "llama-server", inert=(None, 0)),
-    "mirostat_tau": Field(R, _CHAIN, "llama-server", inert=(None, 5, 5.0)),
-    "mirostat_eta": Field(R, _CHAIN, "llama-server", inert=(None, 0.1)),
+    "mirostat_tau": Field(R, _CHAIN, _LS, inert=(None, 5, 5.0), inert_when=(off("mirostat"),)),
+    "mirostat_eta": Field(R, _CHAIN, _LS, inert=(None, 0.1), inert_when=(off("mirostat"),)),
     "dry_multiplier": Field(R, _CHAIN, "llama-server", inert=(None, 0, 0.0)),
-    "dry_base": Field(R, _CHAIN, "llama-server", inert=(None, 1.75)),
-    "dry_allowed_length": Field(R, _CHAIN, "llama-server", inert=(None, 2)),
-    "dry_penalty_last_n": Field(R, _CHAIN, "llama-server", inert=(None, -1)),
-    "dry_sequence_breakers": Field(R, _CHAIN, "llama-server"),
+    "dry_base": Field(R, _CHAIN, _LS, inert=(None, 1.75), inert_when=(_DRY_OFF,)),
+    "dry_allowed_length": Field(R, _CHAIN, _LS, inert=(None, 2), inert_when=(_DRY_OFF,)),
+    "dry_penalty_last_n": Field(R, _CHAIN, _LS, inert=(None, -1), inert_when=(_DRY_OFF,)),
+    "dry_sequence_breakers": Field(R, _CHAIN, _LS, inert_when=(_DRY_OFF,)),
     "penalize_nl": Field(
         R,
         "newlines are penalised like any token (true, as llama.cpp since it dropped the"
@@ -207,7 +222,9 @@ FIELDS: dict[str, Field] = {
         "llama-server",
         inert=(None, True),
     ),
-    "samplers": Field(R, _CHAIN + ", in that fixed order", "llama-server"),
+    "samplers": Field(
+        R, _CHAIN + ", in that order, after the penalties", _LS, inert_when=(DEFAULT_CHAIN,)
+    ),
     "lora": Field(R, "no LoRA adapters", "llama-server", inert=(None, [])),
     "chat_template_kwargs": Field(
         H, "more variables for the chat template (enable_thinking...)", "llama-server", routes=CHAT
@@ -232,7 +249,7 @@ FIELDS: dict[str, Field] = {
     "n_discard": Field(R, "the context is never shifted", "llama-server", inert=(None, 0)),
     "response_fields": Field(R, "every field is sent", "llama-server", inert=(None, [])),
     "return_progress": Field(
-        R, "no prompt-progress chunks are sent", "llama-server", inert=(None, False)
+        IG, "no prompt-progress chunks are sent: changes nothing generated", "llama-server"
     ),
     "tfs_z": Field(R, _CHAIN, "llama-server", inert=(None, 1, 1.0)),
     "adaptive_target": Field(R, _CHAIN, "llama-server"),
@@ -248,9 +265,11 @@ FIELDS: dict[str, Field] = {
     ),
     "reasoning_format": Field(
         R,
-        "the model's reasoning is not parsed out of the answer",
+        "the model's reasoning is not parsed out of the answer (auto, llama.cpp's web UI's"
+        " default, is served for a chat template that writes no <think> reasoning, and"
+        " refused for one that does)",
         "llama-server",
-        inert=(None, "none"),
+        inert=(None, "none", "auto"),
     ),  # fmt: skip
     "reasoning_budget_tokens": Field(
         R, "the model's reasoning is not budgeted", "llama-server", inert=(None, -1)
@@ -319,6 +338,58 @@ FIELDS: dict[str, Field] = {
     "priority": Field(IG, "first come, first served: changes nothing generated", "vllm"),
     "request_id": Field(IG, "the server's own ids: changes nothing generated", "vllm"),
     "cache_salt": Field(IG, _CACHING, "vllm"),
+    # -- other servers' names, which SillyTavern's text-completion presets send --------------
+    "max_new_tokens": Field(R, "send max_tokens", "other", inert_when=(_AS_MAX_TOKENS,)),
+    "num_predict": Field(R, "send max_tokens", "other", inert_when=(_AS_MAX_TOKENS,)),
+    "sampler_seed": Field(R, "send seed", "other", inert=(None, -1), inert_when=(same("seed"),)),
+    "rep_pen": Field(
+        R,
+        "send repeat_penalty",
+        "other",
+        inert=(None, 1, 1.0),
+        inert_when=(same("repeat_penalty"),),
+    ),
+    "rep_pen_range": Field(
+        R, "send repeat_last_n", "other", inert_when=(same("repeat_last_n"), off("rep_pen"))
+    ),
+    "rep_pen_slope": Field(R, _CHAIN, "other", inert=(None, 1, 1.0)),
+    "repetition_penalty_range": Field(
+        R, "send repeat_last_n", "other", inert=(None, 0), inert_when=(off("repetition_penalty"),)
+    ),
+    "stopping_strings": Field(
+        R, "send stop", "other", inert=(None, []), inert_when=(same("stop"),)
+    ),
+    "grammar_string": Field(
+        R, "send grammar", "other", inert=(None, ""), inert_when=(same("grammar"),)
+    ),
+    "typical": Field(R, _CHAIN, "other", inert=(None, 1, 1.0)),
+    "tfs": Field(R, _CHAIN, "other", inert=(None, 1, 1.0)),
+    "top_a": Field(R, _CHAIN, "other", inert=(None, 0, 0.0)),
+    "mirostat_mode": Field(R, _CHAIN, "other", inert=(None, 0)),
+    "smoothing_factor": Field(R, _CHAIN, "other", inert=(None, 0, 0.0)),
+    "smoothing_curve": Field(
+        R, _CHAIN, "other", inert=(None, 1, 1.0), inert_when=(off("smoothing_factor"),)
+    ),
+    "skew": Field(R, _CHAIN, "other", inert=(None, 0, 0.0)),
+    "epsilon_cutoff": Field(R, _CHAIN, "other", inert=(None, 0, 0.0)),
+    "eta_cutoff": Field(R, _CHAIN, "other", inert=(None, 0, 0.0)),
+    "banned_strings": Field(R, "send logit_bias", "other", inert=(None, [])),
+    "custom_token_bans": Field(R, "send logit_bias", "other", inert=(None, "")),
+    "guidance_scale": Field(R, "no classifier-free guidance", "other", inert=(None, 1, 1.0)),
+    "negative_prompt": Field(
+        R,
+        "no classifier-free guidance",
+        "other",
+        inert=(None, ""),
+        inert_when=(off("guidance_scale"),),
+    ),  # fmt: skip
+    "add_bos_token": Field(R, "send add_special_tokens", "other", inert=(None, True)),
+    "ban_eos_token": Field(R, "send ignore_eos", "other", inert=(None, False)),
+    "truncation_length": Field(
+        IG, "a prompt is never cut (one too long for the context is a 400)", "other"
+    ),
+    "max_tokens_second": Field(IG, "no rate limit: changes nothing generated", "other"),
+    "num_ctx": Field(IG, "the context is the server's (-c): changes nothing generated", "other"),
 }
 """Field name -> its status on this server (`Field`)."""
 
@@ -342,13 +413,25 @@ def _is_inert(value: Any, inert: tuple[Any, ...]) -> bool:
     return any(type(value) is type(v) and value == v for v in inert)
 
 
-def refusal(body: Any, route: Route) -> tuple[str, str] | None:
+def _inert_field(name: str, value: Any) -> bool:
+    """Whether `value` of field `name` asks for nothing by itself (None: not sent)."""
+    f = FIELDS.get(name)
+    return value is None or (f is not None and _is_inert(value, f.inert))
+
+
+def _asks_nothing(f: Field, value: Any, body: dict[str, Any]) -> bool:
+    return _is_inert(value, f.inert) or any(w.test(value, body, _inert_field) for w in f.inert_when)
+
+
+def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | None:
     """The first refused field the body gives a value that asks for something, or the
     first unknown field whose name is near one that changes the output (`NEAR`).
 
     Args:
         body: the request's decoded JSON (anything; only a dict is looked at).
         route: which route the body came to.
+        thinks: the served chat template writes reasoning (`TemplateTools.thinks`):
+            ``reasoning_format: "auto"`` then asks for it parsed out, and is refused.
 
     Returns:
         (field, message) for the 400, or None when nothing is refused.
@@ -366,7 +449,12 @@ def refusal(body: Any, route: Route) -> tuple[str, str] | None:
                     " whose name is near none this server knows is ignored)"
                 )
             continue
-        if _is_inert(value, f.inert):
+        if name == "reasoning_format" and value == "auto" and thinks and route == "chat":
+            return name, (
+                "reasoning_format auto: this model's chat template writes reasoning (<think>),"
+                " which this server leaves in the answer's content: send none"
+            )
+        if _asks_nothing(f, value, body):
             continue
         if route not in f.routes and f.status is not Status.IGNORED:
             # another route's field (tools, messages, prompt...): a client that sends it
@@ -378,7 +466,9 @@ def refusal(body: Any, route: Route) -> tuple[str, str] | None:
             )
         if f.status is not Status.REFUSED or route not in f.routes:
             continue
-        shown = ", ".join(json.dumps(v) for v in f.inert)
+        shown = "; ".join(
+            [", ".join(json.dumps(v) for v in f.inert), *(w.says for w in f.inert_when)]
+        )
         return name, (
             f"{name} is not supported by this server: {f.note}. It would change what is"
             f" generated, so the request is refused rather than served without it (values"

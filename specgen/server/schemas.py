@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -25,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from specgen.logprobs import MAX_TOP
 from specgen.server.fields import Route, refusal
+from specgen.server.inert import normalized
 from specgen.server.stats import Speculative, Timings
 
 MAX_STOP = 16
@@ -205,8 +207,9 @@ class _Generation(_Request):
 
     @model_validator(mode="before")
     @classmethod
-    def _refused(cls, body: Any) -> Any:
-        found = refusal(body, cls.route)
+    def _refused(cls, body: Any, info: ValidationInfo) -> Any:
+        body = normalized(body)  # llama-server's max_tokens -1 and logit_bias list
+        found = refusal(body, cls.route, thinks=bool((info.context or {}).get("thinks")))
         if found is not None:
             name, message = found
             raise refused(name, message)

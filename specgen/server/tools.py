@@ -79,11 +79,15 @@ class TemplateTools:
             ``json``; ``tool_choice: "auto"`` is served for ``hermes`` only.
         object_arguments: earlier calls' ``arguments`` go to the template as an object
             (else as JSON text, OpenAI's form).
+        thinks: the template writes or reads a model's reasoning (``<think>``,
+            ``reasoning_content``, ``enable_thinking``), which is not parsed out of the
+            answer: ``reasoning_format: "auto"`` is then refused.
     """
 
     native: bool = False
     syntax: Syntax = "json"
     object_arguments: bool = False
+    thinks: bool = False
 
     @classmethod
     def of(cls, template: str, render: Callable[..., str] | None = None) -> TemplateTools:
@@ -92,7 +96,8 @@ class TemplateTools:
         native = "tools" in template
         syntax: Syntax = "hermes" if native and OPEN in template else "json"
         obj = native and render is not None and object_arguments(render)
-        return cls(native, syntax, obj)
+        thinks = any(w in template for w in ("<think>", "reasoning_content", "enable_thinking"))
+        return cls(native, syntax, obj, thinks)
 
 
 _PROBE_ARGS = {"probe_key": "probe_value"}
