@@ -315,6 +315,32 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_output_paths_are_checked_by_creating_a_file_and_never_shared(tmp_path: Path) -> None:
+    """A check of the permission bits passes for root on /proc, where the run's results
+    were then lost at the end (no file can be created there); two flags naming one file
+    overwrote each other; a write that fails at the end names its flag and path."""
+    from specgen.cli.bench import BenchFlags
+    from specgen.cli.options import check_output_path
+
+    if Path("/proc/self").is_dir():
+        with pytest.raises(ConfigError, match=r"^--json: cannot write /proc/x\.json: "):
+            check_output_path("--json", Path("/proc/x.json"))
+    check_output_path("--json", tmp_path / "x.json")
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
+    same = tmp_path / "b.json"
+    with pytest.raises(ConfigError, match=r"^--json and --markdown name the same file"):
+        BenchFlags(json_path=same, markdown_path=tmp_path / "." / "b.json")
+
+    class Full:
+        def write_json(self, result: object, path: Path) -> None:
+            raise OSError(28, "No space left on device")
+
+        write_markdown = write_plot = write_json
+
+    with pytest.raises(ConfigError, match=r"^--json: cannot write .*b\.json: No space left"):
+        BenchFlags(json_path=same).write(Full(), object())
+
+
 # -- command line -------------------------------------------------------------------------------
 
 

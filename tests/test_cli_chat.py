@@ -252,6 +252,22 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
         os.close(master)
 
 
+def test_ctrl_c_at_the_prompt_leaves_with_130(smol_args):
+    """No reply to stop: Ctrl-C leaves as it ends any command (it was exit 0, silently)."""
+    import signal
+
+    proc, master = spawn(["chat", *smol_args])
+    try:
+        read_until(master, proc, DEADLINE_S, READY)
+        proc.send_signal(signal.SIGINT)
+        read_until(master, proc, DEADLINE_S)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
 def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
     target, draft = smol_pair
     args = ["-m", str(target), "-md", str(draft), "-c", "256", "--temp", "0"]

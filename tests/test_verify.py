@@ -82,6 +82,10 @@ def test_config_validation():
         VerifyConfig(samples=5)
     with pytest.raises(ConfigError, match="nothing to verify"):
         VerifyConfig(greedy=False, sampling=False)
+    # one position leaves a block of none: it ran, then blamed the samples and the draft
+    with pytest.raises(ConfigError, match=r"^--positions must be at least 2 .* got 1$"):
+        VerifyConfig(positions=1)
+    assert VerifyConfig(positions=2, greedy=False).positions == 2
     with pytest.raises(ConfigError, match="'none'"):
         drafter_factory(None)
 

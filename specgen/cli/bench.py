@@ -24,6 +24,7 @@ from specgen.cli.options import (
     grouped,
     seed_or_random,
 )
+from specgen.errors import ConfigError
 from specgen.events import Prefilled
 from specgen.flags import at_least
 from specgen.ui import output
@@ -134,19 +135,31 @@ class BenchFlags:
 
     def __post_init__(self) -> None:
         at_least("--runs", self.runs, 1)
+        given: dict[Path, str] = {}
         for name, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
                            ("--plot", self.plot_path)):  # fmt: skip
             if path is not None:
                 check_output_path(name, path)
+                same = given.setdefault(path.resolve(), name)
+                if same != name:  # the second would overwrite the first's
+                    raise ConfigError(f"{same} and {name} name the same file: {path}")
 
     def write(self, report: Any, result: Any) -> None:
         """Write `result` to the files asked for (--json, --markdown, --plot) with the
-        `report` module's writers (`specgen.bench`'s, or the load client's for --url)."""
-        for path, write in ((self.json_path, report.write_json),
-                            (self.markdown_path, report.write_markdown),
-                            (self.plot_path, report.write_plot)):  # fmt: skip
+        `report` module's writers (`specgen.bench`'s, or the load client's for --url).
+
+        Raises:
+            ConfigError: a file could not be written (naming its flag and path; the
+                tables were shown before, so the measurements are not lost).
+        """
+        for name, path, write in (("--json", self.json_path, report.write_json),
+                                  ("--markdown", self.markdown_path, report.write_markdown),
+                                  ("--plot", self.plot_path, report.write_plot)):  # fmt: skip
             if path is not None:
-                write(result, path)
+                try:
+                    write(result, path)
+                except OSError as e:
+                    raise ConfigError(f"{name}: cannot write {path}: {e.strerror or e}") from None
 
 
 BENCH = Group.of(BenchFlags)
@@ -197,8 +210,8 @@ def bench_command(
         result = _measure_traced(bench, opened, prompts, settings, out.trace)
     if b.compare is not None:
         result.compared = bench.compare_with(result, b.compare, earlier)
+    _show(result)  # first: a file that cannot be written loses no measurement
     b.write(bench, result)
-    _show(result)
 
 
 def _settings(bench, sampling: SamplingFlags, b: BenchFlags, lookup: str | None):

@@ -53,13 +53,13 @@ def run_load_command(
     compared = None
     if b.compare is not None and earlier is not None:
         compared = report.compare_with(result, b.compare, earlier)
-    b.write(report, result)
     # start-up time: the Rich tables load only once there is something to show
     from specgen.ui.load_reports import render_load
 
     tables, notes = render_load(result, compared=compared)
-    output.show(*tables)
+    output.show(*tables)  # first: a file that cannot be written loses no measurement
     output.note(*notes)
+    b.write(report, result)
 
 
 def _check(

@@ -104,7 +104,8 @@ def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) ->
 
 def _lines(tty: bool) -> Iterator[str]:
     """User lines: prompted with readline editing on a terminal, else one per input line
-    (UTF-8, the newline removed). Ends at EOF (Ctrl-D) or Ctrl-C at the prompt."""
+    (UTF-8, the newline removed). Ends at EOF (Ctrl-D); Ctrl-C at the prompt leaves as
+    Ctrl-C ends any command (exit 130)."""
     if tty:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401 - line editing and history for input()
@@ -112,9 +113,12 @@ def _lines(tty: bool) -> Iterator[str]:
         while True:
             try:
                 yield input("> ")
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 output.status_line("")
                 return
+            except KeyboardInterrupt:  # not a reply to stop: it was exit 0, said nothing
+                output.status_line("")
+                raise
     for raw in sys.stdin.buffer:
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
 

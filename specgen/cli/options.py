@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import tempfile
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +58,8 @@ __all__ = [
 
 def check_output_path(flag: str, path: Path) -> None:
     """Refuse an output path that cannot be written, before any work: a directory, or a
-    parent directory that is missing or read-only.
+    parent directory that is missing or read-only, or where no file can be created (tried:
+    a permission check passes for root, and on a file system such as /proc).
 
     Raises:
         ConfigError: naming the flag.
@@ -69,6 +71,10 @@ def check_output_path(flag: str, path: Path) -> None:
         raise ConfigError(f"{flag}: no such directory: {path.parent}")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"{flag}: cannot write {path}: permission denied")
+    try:  # the results are written next to it, then renamed (`specgen.fileio`)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
 
 
 _Shape = TypeVar("_Shape")

@@ -46,7 +46,7 @@ SUMMARIZE_EPILOG = (
 VERIFY = Group(
     VerifyFlags,
     samples=opt("--samples", help="Speculative samples per sampling prompt."),
-    positions=opt("--positions", help="Generated positions tested per sample."),
+    positions=opt("--positions", help="Generated positions tested per sample (at least 2)."),
     draft_max=opt(
         "--draft-max",
         metavar="K",

@@ -91,7 +91,11 @@ class VerifyConfig:
     def __post_init__(self) -> None:
         if self.sampling:
             at_least("--samples", self.samples, 20)
-            at_least("--positions", self.positions, 1)
+            if self.positions < 2:  # the block is K = positions - 1 long: none at 1
+                raise ConfigError(
+                    f"--positions must be at least 2 (a block of positions - 1 drafted tokens,"
+                    f" then the bonus token), got {self.positions}"
+                )
             at_least("--draft-max", self.k, 1)
             if self.params.greedy:
                 raise ConfigError("the sampling check needs --temp > 0")
