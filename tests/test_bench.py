@@ -352,6 +352,14 @@ def _main(argv: list[str]) -> int:
     return int(exc.value.code or 0)
 
 
+def test_cli_url_flags_without_url_are_refused_before_anything_loads(capsys) -> None:
+    """--concurrency (any of --url's own flags) without --url was ignored after a whole
+    bench of the local pair."""
+    assert _main(["bench", "--concurrency", "2"]) == 1
+    assert "--concurrency applies to bench --url only" in capsys.readouterr().err
+    assert _main(["bench", "--num-prompts", "4", "-n", "8"]) == 1
+
+
 def test_cli_plot_without_matplotlib(tmp_path: Path, capsys, tiny_target, tiny_draft) -> None:
     import importlib.util
 

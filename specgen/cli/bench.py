@@ -186,6 +186,9 @@ def bench(
 
         run_load_command(model, sampling, b, out, load)
         return
+    for f in dataclasses.fields(LoadFlags):  # --url's own: silently unused without it
+        if f.name != "api_key" and getattr(load, f.name) != f.default:
+            raise ConfigError(f"--{f.name.replace('_', '-')} applies to bench --url only")
     at_least("-n", b.max_tokens, 2)
     bench_command(model, sampling, b, out)
 
