@@ -161,7 +161,7 @@ def test_bad_constraint_fields_are_400s_naming_the_field(server: Server):
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"99999999": -100}}, "logit_bias"),
-        ({"logit_bias": [[5, 1]]}, "logit_bias"),
+        ({"logit_bias": [5, 1]}, "logit_bias"),  # not llama-server's [[id, bias]] pairs
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"repeat_penalty": 0}, "repeat_penalty"),
