@@ -116,7 +116,7 @@ def _lines(tty: bool) -> Iterator[str]:
             except EOFError:
                 output.status_line("")
                 return
-            except KeyboardInterrupt:  # not a reply to stop: it was exit 0, said nothing
+            except KeyboardInterrupt:  # no reply to stop: it ends the command (exit 130)
                 output.status_line("")
                 raise
     for raw in sys.stdin.buffer:

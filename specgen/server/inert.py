@@ -60,13 +60,12 @@ def same(*names: str) -> When:
 CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
 """The samplers this server runs, in its order (`specgen.sampling`; logit bias first)."""
 
-_NAMES = {
-    "dry": "dry", "top_k": "top_k", "top_p": "top_p", "top_n_sigma": "top_n_sigma",
-    "typ_p": "typ_p", "min_p": "min_p", "temperature": "temperature", "xtc": "xtc",
-    "infill": "infill", "penalties": "penalties", "adaptive_p": "adaptive_p",
-}  # fmt: skip
+_NAMES = (
+    "dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "infill",
+    "penalties", "adaptive_p",
+)  # fmt: skip
 _ALIASES = {
-    **_NAMES,
+    **{n: n for n in _NAMES},
     **{n.replace("_", "-"): n for n in _NAMES if "_" in n},
     **{n.replace("_", ""): n for n in _NAMES if "_" in n},
     "nucleus": "top_p", "temp": "temperature", "typ": "typ_p",
