@@ -4,9 +4,12 @@ with a model draft, `--draft ngram` and `--draft none`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 from support.cli import specgen
@@ -186,10 +189,27 @@ def turn(master: int, proc) -> tuple[str, dict[str, int], str]:
     return b" ".join(m["reason"].split()).decode(), figures, screen.decode("utf-8", "replace")
 
 
+@contextlib.contextmanager
+def _chat(args: list[str]) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`specgen chat` on a terminal: (the process, the terminal's master end)."""
+    proc, master = spawn(["chat", *args])
+    try:
+        yield proc, master
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+def _left(proc: subprocess.Popen, master: int) -> int:
+    """The exit status, once the terminal has shown everything."""
+    read_until(master, proc, DEADLINE_S)
+    return proc.wait(30)
+
+
 def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args):
     # greedy with a fixed K: the same reply on every machine, bounded by -n
-    proc, master = spawn(["chat", *smol_args, "--draft-max", "4", "-n", "64"])
-    try:
+    with _chat([*smol_args, "--draft-max", "4", "-n", "64"]) as (proc, master):
         out = read_until(master, proc, DEADLINE_S, READY)
         assert b"/reset" in out  # the commands are named once
         os.write(master, b"What is the capital of France?\r")
@@ -200,12 +220,7 @@ def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args)
         out = read_until(master, proc, DEADLINE_S, STATS_SHOWN)
         assert b"session: 1 reply " in ANSI.sub(b"", out)
         os.write(master, b"\x04")  # Ctrl-D leaves
-        read_until(master, proc, DEADLINE_S)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+        assert _left(proc, master) == 0
 
 
 def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
@@ -216,8 +231,7 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
     # running when the signal lands, however fast the machine. -c 2048 holds the story's
     # 1500 tokens and the next turn.
     args = [*smol_args, "-c", "2048", "--draft-max", "4", "-n", "1500"]
-    proc, master = spawn(["chat", *args])
-    try:
+    with _chat(args) as (proc, master):
         read_until(master, proc, DEADLINE_S, READY)
         os.write(master, b"Tell me a very long story about a dragon and a knight.\r")
         # tokens on the screen: past the prefill, the reply is under way
@@ -244,31 +258,20 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
         assert int(stats[1]) == 2
         assert int(stats[2]) == first["n"] + second["n"]
         os.write(master, b"/exit\r")
-        read_until(master, proc, DEADLINE_S)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+        assert _left(proc, master) == 0
 
 
 def test_ctrl_c_at_the_prompt_leaves_with_130(smol_args):
     """No reply to stop: Ctrl-C leaves as it ends any command (it was exit 0, silently)."""
     import signal
 
-    proc, master = spawn(["chat", *smol_args])
-    try:
+    with _chat(smol_args) as (proc, master):
         read_until(master, proc, DEADLINE_S, READY)
         proc.send_signal(signal.SIGINT)
         # a signal that lands as the prompt is drawn, before readline waits for a key, is
         # taken at the next key (CPython's input()): an empty line, which sends nothing
         os.write(master, b"\r")
-        read_until(master, proc, DEADLINE_S)
-        assert proc.wait(30) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+        assert _left(proc, master) == 130
 
 
 def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
