@@ -167,10 +167,12 @@ def fields_table() -> str:
     rows = ["| field | from | route | specgen | note |", "|---|---|---|---|---|"]
     for name, f in FIELDS.items():
         route = _ROUTES.get(frozenset(f.routes), "completions")
+        values = [_code(json.dumps(v)) for v in f.inert if v is not None]
+        # the inert values, then the rules that make other values inert (`inert_when`)
+        accepted = ([", ".join(values)] if values else []) + [_cell(w.says) for w in f.inert_when]
         inert = ""
-        if f.status is Status.REFUSED and [v for v in f.inert if v is not None]:
-            values = ", ".join(_code(json.dumps(v)) for v in f.inert if v is not None)
-            inert = f" Accepted when {values}."
+        if f.status is Status.REFUSED and accepted:
+            inert = f" Accepted when {'; or '.join(accepted)}."
         rows.append(
             f"| `{name}` | {f.origin} | {route} | {shown[f.status]} | {_cell(f.note)}.{inert} |"
         )

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
-from specgen.server.inert import DEFAULT_CHAIN, When, off, same
+from specgen.server.inert import DEFAULT_CHAIN, NO_REASONING, Beside, When, off, same
 
 Route = Literal["chat", "completions"]
 BOTH: frozenset[Route] = frozenset({"chat", "completions"})
@@ -265,12 +265,11 @@ FIELDS: dict[str, Field] = {
     ),
     "reasoning_format": Field(
         R,
-        "the model's reasoning is not parsed out of the answer (auto, llama.cpp's web UI's"
-        " default, is served for a chat template that writes no <think> reasoning, and"
-        " refused for one that does)",
+        "the model's reasoning is not parsed out of the answer",
         "llama-server",
-        inert=(None, "none", "auto"),
-    ),  # fmt: skip
+        inert=(None, "none"),
+        inert_when=(NO_REASONING,),
+    ),
     "reasoning_budget_tokens": Field(
         R, "the model's reasoning is not budgeted", "llama-server", inert=(None, -1)
     ),
@@ -419,8 +418,8 @@ def _inert_field(name: str, value: Any) -> bool:
     return value is None or (f is not None and _is_inert(value, f.inert))
 
 
-def _asks_nothing(f: Field, value: Any, body: dict[str, Any]) -> bool:
-    return _is_inert(value, f.inert) or any(w.test(value, body, _inert_field) for w in f.inert_when)
+def _asks_nothing(f: Field, value: Any, body: dict[str, Any], beside: Beside) -> bool:
+    return _is_inert(value, f.inert) or any(w.test(value, body, beside) for w in f.inert_when)
 
 
 def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | None:
@@ -431,13 +430,16 @@ def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | 
         body: the request's decoded JSON (anything; only a dict is looked at).
         route: which route the body came to.
         thinks: the served chat template writes reasoning (`TemplateTools.thinks`):
-            ``reasoning_format: "auto"`` then asks for it parsed out, and is refused.
+            ``reasoning_format: "auto"`` then asks for it parsed out of a chat answer, and
+            is refused (`specgen.server.inert.NO_REASONING`).
 
     Returns:
         (field, message) for the 400, or None when nothing is refused.
     """
     if not isinstance(body, dict):
         return None
+    # a chat template's reasoning is parsed out of chat answers only (llama-server's)
+    beside = Beside(_inert_field, thinks=thinks and route == "chat")
     for name, value in body.items():
         f = FIELDS.get(name)
         if f is None:
@@ -449,12 +451,7 @@ def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | 
                     " whose name is near none this server knows is ignored)"
                 )
             continue
-        if name == "reasoning_format" and value == "auto" and thinks and route == "chat":
-            return name, (
-                "reasoning_format auto: this model's chat template writes reasoning (<think>),"
-                " which this server leaves in the answer's content: send none"
-            )
-        if _asks_nothing(f, value, body):
+        if _asks_nothing(f, value, body, beside):
             continue
         if route not in f.routes and f.status is not Status.IGNORED:
             # another route's field (tools, messages, prompt...): a client that sends it

@@ -22,17 +22,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-IsInert = Callable[[str, Any], bool]
-"""(field name, value) -> whether that value of that field asks for nothing (absent: None)."""
+
+@dataclass(frozen=True)
+class Beside:
+    """What a rule reads besides the field's value: `inert` (field name, value) -> whether
+    that value of that field asks for nothing (not sent: None), and `thinks`, whether the
+    chat template served writes reasoning (`specgen.server.tools.TemplateTools.thinks`)."""
+
+    inert: Callable[[str, Any], bool]
+    thinks: bool = False
 
 
 @dataclass(frozen=True)
 class When:
     """A rule under which a refused field's value asks for nothing, read with the body's
-    other fields: ``test(value, body, is_inert)``; `says` completes "values accepted: ..."
+    other fields: ``test(value, body, beside)``; `says` completes "values accepted: ..."
     in the 400 and the docs' table."""
 
-    test: Callable[[Any, Mapping[str, Any], IsInert], bool]
+    test: Callable[[Any, Mapping[str, Any], Beside], bool]
     says: str
     reads: tuple[str, ...] = ()  # the other fields it reads
 
@@ -41,7 +48,7 @@ def off(switch: str) -> When:
     """Any value while `switch`, the field that turns its sampler on, is absent or inert
     (``dry_base`` while ``dry_multiplier`` is 0)."""
     return When(
-        lambda _v, body, inert: inert(switch, body.get(switch)),
+        lambda _v, body, beside: beside.inert(switch, body.get(switch)),
         f"any while {switch} is off",
         (switch,),
     )
@@ -51,7 +58,7 @@ def same(*names: str) -> When:
     """A client's alias that repeats the value of one of `names` sent beside it
     (SillyTavern's ``max_new_tokens`` beside ``max_tokens``)."""
 
-    def test(value: Any, body: Mapping[str, Any], _inert: IsInert) -> bool:
+    def test(value: Any, body: Mapping[str, Any], _beside: Beside) -> bool:
         return any(n in body and type(body[n]) is type(value) and body[n] == value for n in names)
 
     return When(test, f"the value of {' or '.join(names)} sent beside it", names)
@@ -104,13 +111,13 @@ def _named(value: Any) -> list[str] | None:
     return None
 
 
-def _default_chain(value: Any, body: Mapping[str, Any], inert: IsInert) -> bool:
+def _default_chain(value: Any, body: Mapping[str, Any], beside: Beside) -> bool:
     names = _named(value)
     if names is None or len(set(names)) != len(names):
         return False
     kept = []
     for name in names:
-        if name in _OFF and all(inert(f, body.get(f)) for f in _OFF[name]):
+        if name in _OFF and all(beside.inert(f, body.get(f)) for f in _OFF[name]):
             continue  # switched off by its own fields
         if name not in CHAIN:
             return False  # a sampler this server does not run (infill, adaptive_p, DRY on)
@@ -132,6 +139,13 @@ DEFAULT_CHAIN = When(
     " temperature; each may be left out where the request's own values turn it off, and"
     " DRY, XTC, typical-p and top-n-sigma may be named while their fields turn them off)",
 )
+
+
+NO_REASONING = When(
+    lambda value, _body, beside: value == "auto" and not beside.thinks,
+    "\"auto\" (llama.cpp's web UI's default) for a chat template that writes no <think> reasoning",
+)
+"""``reasoning_format: "auto"`` asks for no parsing where the template writes no reasoning."""
 
 
 def normalized(body: Any) -> Any:
