@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specgen.engine import Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
 from specgen.events import Done, Prefilled, Stats, Step, Totals
+from specgen.fileio import read_chat_template
 from specgen.generate import Event
 
 if TYPE_CHECKING:
@@ -74,15 +75,7 @@ def load_template(target: TemplateModel, path: Path | None = None) -> ChatTempla
         ChatTemplateError: the file is empty.
     """
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"--chat-template: cannot read {path}: {e.strerror}") from e
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"--chat-template: {path} is not UTF-8 text") from e
-        if not text.strip():
-            raise ChatTemplateError(f"chat template {path}: the file is empty")
-        return ChatTemplate(text, str(path))
+        return ChatTemplate(read_chat_template(Path(path)), str(path))
     embedded = target.chat_template()
     if not embedded:
         return None

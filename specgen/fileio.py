@@ -4,7 +4,8 @@
 The rule (write a temporary file in the same directory, then ``os.replace`` it onto the
 destination, which POSIX and Windows make atomic on one file system) is written once here
 for model files (models/gguf.py, models/demo.py), bench results (bench/report.py) and
-specgen's own records.
+specgen's own records. And `read_chat_template`, the one reading of a --chat-template file
+(the CLI reads it before the models load, `specgen.chat.load_template` when it applies it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from specgen.errors import ModelFileError
+from specgen.errors import ChatTemplateError, ConfigError, ModelFileError
 
 
 @contextlib.contextmanager
@@ -63,3 +64,21 @@ def check_model_path(path: Path) -> None:
         raise ModelFileError(f"{path} is a directory, not a GGUF file")
     if not path.is_file():
         raise ModelFileError(f"not a file: {path}")
+
+
+def read_chat_template(path: Path) -> str:
+    """The text of a --chat-template file (a Jinja2 chat template).
+
+    Raises:
+        ConfigError: the file cannot be read or is not UTF-8, naming --chat-template.
+        ChatTemplateError: the file is empty.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--chat-template: cannot read {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--chat-template: {path} is not UTF-8 text") from e
+    if not text.strip():
+        raise ChatTemplateError(f"chat template {path}: the file is empty")
+    return text

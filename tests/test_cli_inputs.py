@@ -334,6 +334,52 @@ def test_run_checks_the_trace_path_before_reading_the_prompt(capsys, tmp_path, t
     assert code == 1 and "--trace: no such directory" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    ("command", "flags", "needle"),
+    [
+        ("run", ["--raw", "--system", "Be brief."], "--raw sends the prompt as it is"),
+        ("run", ["--raw", "--chat-template", "ok.jinja"], "--raw sends the prompt as it is"),
+        ("run", ["--chat-template", "missing.jinja"], "--chat-template: cannot read"),
+        ("chat", ["--chat-template", "missing.jinja"], "--chat-template: cannot read"),
+        ("serve", ["--chat-template", "missing.jinja"], "--chat-template: cannot read"),
+        ("run", ["--chat-template", "empty.jinja"], "the file is empty"),
+        ("run", ["-md", "none", "--draft-max", "8"], "--draft-max 8 needs a drafter"),
+        ("chat", ["-md", "none", "--draft-max", "8"], "--draft-max 8 needs a drafter"),
+        ("verify", ["--prompt", "A", "--prompt", ""], "--prompt: a prompt is empty"),
+    ],
+)
+def test_conflicting_prompt_and_draft_flags_are_refused_before_loading(
+    capsys, monkeypatch, tmp_path, command, flags, needle
+) -> None:
+    # no model fixture: the model files are never opened (the fast suite runs this)
+    from specgen import session
+
+    (tmp_path / "ok.jinja").write_text("{{ messages[0]['content'] }}", encoding="utf-8")
+    (tmp_path / "empty.jinja").write_text("\n", encoding="utf-8")
+
+    def loaded(*a, **k):
+        raise AssertionError("the models were loaded before the flags were checked")
+
+    monkeypatch.setattr(session, "open", loaded)
+    flags = [str(tmp_path / f) if f.endswith(".jinja") else f for f in flags]
+    draft = [] if "-md" in flags else ["-md", str(tmp_path / "draft.gguf")]
+    code = _main([command, "-m", str(tmp_path / "target.gguf"), *draft, *flags, *(
+        ["hello"] if command == "run" else [])])  # fmt: skip
+    line = _one_error_line(capsys)
+    assert code == 1 and needle in line, line
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_trace_that_cannot_be_written_names_its_file(capsys, tiny_target) -> None:
+    # /dev/full passes the path's check (a file can be created in /dev as root, and a
+    # device is a fine --trace: /dev/stdout); its writes fail, and "No space left on
+    # device" alone named no file
+    code = _main(["run", "-m", str(tiny_target), "-md", "none", "-n", "2",
+                  "--trace", "/dev/full", "hello"])  # fmt: skip
+    line = _one_error_line(capsys)
+    assert code == 1 and "cannot write the trace" in line and "/dev/full" in line, line
+
+
 # -- what stays on a terminal -------------------------------------------------------------------
 
 

@@ -76,6 +76,7 @@ def chat_command(
 ) -> None:
     """Load the pair, then one reply per user line until /exit or end of input, each
     through the public API (`specgen.Pair.chat_session`)."""
+    sampling.check_drafter(model.draft != DRAFT_NONE)  # before the models load
     live = wants_live(out)
     with open_session(model, out, sampling.params(), live=live) as opened:
         session = _chat_session(opened, sampling, how)

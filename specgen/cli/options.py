@@ -33,6 +33,7 @@ from typing import Annotated, Any, Generic, NamedTuple, TypeVar, get_args, get_o
 import typer
 
 from specgen.errors import ConfigError
+from specgen.fileio import read_chat_template
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 
 __all__ = [
@@ -406,6 +407,13 @@ class PromptFlags:
         default=None,
         help="Jinja2 chat template FILE instead of the one in the target's GGUF.",
     )
+
+    def __post_init__(self) -> None:
+        # before the models load (a second or more): the conflicts and the file
+        if self.raw and (self.system is not None or self.chat_template is not None):
+            raise ConfigError("--raw sends the prompt as it is: drop --system / --chat-template")
+        if self.chat_template is not None:
+            read_chat_template(self.chat_template)
 
 
 #: what a command shows and writes

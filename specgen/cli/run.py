@@ -99,6 +99,7 @@ def run(
     # every flag is checked (when its shape is built) before the prompt is read: stdin may
     # wait for the user
     sampling.params()  # checks --top-p and --min-p
+    sampling.check_drafter(model.draft != DRAFT_NONE)
     if sampling.logprobs is not None and not out.json_out:
         raise ConfigError("--logprobs is shown in --json's output only: add --json")
     raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, how))

@@ -26,6 +26,7 @@ from specgen.cli.options import (
     opt,
 )
 from specgen.errors import ConfigError
+from specgen.fileio import read_chat_template
 from specgen.flags import DRAFT_NONE, at_least
 from specgen.ui import output
 
@@ -69,7 +70,7 @@ class ServerFlags:
     Raises:
         ConfigError: naming the flag: --port outside 0-65535, -np below 1, --queue below 0,
             -n 0 or below -1, an empty --api-key, a latency target of 0 or less,
-            --cache-ram below -1.
+            --cache-ram below -1, a --chat-template file that cannot be read.
     """
 
     host: str = "127.0.0.1"
@@ -106,6 +107,8 @@ class ServerFlags:
                 f" got {self.slo_tpot:g}"
             )
         at_least("--cache-ram", self.cache_ram, -1)
+        if self.chat_template is not None:  # before the port is bound and the models load
+            read_chat_template(self.chat_template)
 
 
 SERVER = Group(

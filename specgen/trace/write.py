@@ -56,7 +56,8 @@ class TraceWriter:
         extra: more header keys (e.g. the bench prompt name).
 
     Raises:
-        OSError: the file cannot be created.
+        OSError: the file cannot be created; a line cannot be written ("cannot write the
+            trace: ..." with the path).
     """
 
     def __init__(
@@ -98,8 +99,11 @@ class TraceWriter:
         if self._f is None:
             raise ValueError("trace writer is closed")
         # one write per complete line, then flush: the file is always a valid prefix
-        self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            self._f.flush()
+        except OSError as e:  # a full disk, /dev/full: its bare strerror names no file
+            raise OSError(e.errno, f"cannot write the trace: {e.strerror}", str(self.path)) from e
 
     def set_token_text(self, token_text: TokenText | None) -> None:
         """Set how token ids become text for the ``*_text`` fields (models open later)."""

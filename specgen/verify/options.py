@@ -29,8 +29,8 @@ class VerifyFlags:
 
     Raises:
         ConfigError: naming the flag: a value of the wrong type (`check_types`: the Python
-            API's ``samples="x"``), `check` not one of `CHECKS`, `draft_max` outside 1 to 64
-            (the ranges of the rest: `VerifyConfig`).
+            API's ``samples="x"``), `check` not one of `CHECKS`, `draft_max` outside 1 to 64, an
+            empty prompt (the ranges of the rest: `VerifyConfig`).
     """
 
     samples: int = 400
@@ -46,3 +46,6 @@ class VerifyFlags:
         if self.check not in CHECKS:
             raise ConfigError(f"--check must be all, greedy or sampling, got {self.check!r}")
         parse_draft_max(str(self.draft_max))
+        if any(not p for p in self.prompts):
+            # an empty prompt leaves nothing to continue (run refuses one too)
+            raise ConfigError("--prompt: a prompt is empty")
