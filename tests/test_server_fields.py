@@ -74,6 +74,18 @@ def test_an_unknown_field_near_one_that_changes_the_output_is_refused_naming_bot
     assert refusal({"parse_tool_calls": True}, "chat") is None
 
 
+def test_other_apis_names_point_to_the_field_served() -> None:
+    # Anthropic's stop_sequences was ignored (a name near none this server knew), and
+    # llama.cpp's penalty_last_n was taken for a misspelt dry_penalty_last_n
+    found = refusal({"stop_sequences": ["there"]}, "completions")
+    assert found is not None and found[0] == "stop_sequences" and "send stop" in found[1]
+    assert refusal({"stop_sequences": ["there"], "stop": ["there"]}, "completions") is None
+    found = refusal({"penalty_last_n": 8}, "completions")
+    assert found is not None and "send repeat_last_n" in found[1], found
+    found = refusal({"max_tokens_to_sample": 9, "max_tokens": 8}, "chat")
+    assert found is not None and found[0] == "max_tokens_to_sample"
+
+
 # realistic values for the fields clients send most; the others get a bare 7
 ACTIVE: dict[str, Any] = {
     "logit_bias": {"7042": -100},

@@ -269,6 +269,11 @@ def test_auto_rows_are_masked_alike_for_p_and_q_and_follow_rollback() -> None:
             None,
             ["f"],
         ),
+        *(  # a later call cut inside its opening tag: the complete one stands
+            ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n' + tag, None, ["f"])
+            for tag in ("<", "<tool", "<tool_call")
+        ),
+        ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<b>', None, None),
         (  # a cut call's tag, then no call after it: not a call
             '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n</tool_call>',
             None,

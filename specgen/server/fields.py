@@ -337,7 +337,7 @@ FIELDS: dict[str, Field] = {
     "priority": Field(IG, "first come, first served: changes nothing generated", "vllm"),
     "request_id": Field(IG, "the server's own ids: changes nothing generated", "vllm"),
     "cache_salt": Field(IG, _CACHING, "vllm"),
-    # -- other servers' names, which SillyTavern's text-completion presets send --------------
+    # -- other servers' names: SillyTavern's text-completion presets, Anthropic's, TGI's ---
     "max_new_tokens": Field(R, "send max_tokens", "other", inert_when=(_AS_MAX_TOKENS,)),
     "num_predict": Field(R, "send max_tokens", "other", inert_when=(_AS_MAX_TOKENS,)),
     "sampler_seed": Field(R, "send seed", "other", inert=(None, -1), inert_when=(same("seed"),)),
@@ -358,6 +358,10 @@ FIELDS: dict[str, Field] = {
     "stopping_strings": Field(
         R, "send stop", "other", inert=(None, []), inert_when=(same("stop"),)
     ),
+    # Anthropic's and TGI's names, and llama.cpp's own name for repeat_last_n
+    "stop_sequences": Field(R, "send stop", "other", inert=(None, []), inert_when=(same("stop"),)),
+    "max_tokens_to_sample": Field(R, "send max_tokens", "other", inert_when=(_AS_MAX_TOKENS,)),
+    "penalty_last_n": Field(R, "send repeat_last_n", "other", inert_when=(same("repeat_last_n"),)),
     "grammar_string": Field(
         R, "send grammar", "other", inert=(None, ""), inert_when=(same("grammar"),)
     ),

@@ -392,8 +392,8 @@ def parse(text: str, syntax: Syntax) -> tuple[str | None, list[dict[str, Any]] |
         tool_calls as OpenAI's ``message.tool_calls`` (``id``, ``type``, ``function.name``,
         ``function.arguments`` as JSON text), or None when the text holds no complete call
         (content is then the whole text); content is the text before the first call, None
-        when only whitespace. A last call cut short (the answer ended inside it: max_tokens)
-        is dropped after complete ones.
+        when only whitespace. A last call cut short (the answer ended inside it or inside its
+        opening tag: max_tokens) is dropped after complete ones.
     """
     if syntax == "json":
         try:
@@ -419,8 +419,10 @@ def parse(text: str, syntax: Syntax) -> tuple[str | None, list[dict[str, Any]] |
         pos = m.end()
     rest = text[pos:].strip()
     # something after the calls (not a call answer), or a first call cut short; a later
-    # call cut short (max_tokens) leaves the complete ones standing
-    if not calls or (rest and not (rest.startswith(OPEN) and CLOSE not in rest)):
+    # call cut short (max_tokens) leaves the complete ones standing, even when the cut
+    # fell inside its tag ("<tool_": the answer was all calls up to there)
+    cut = (rest.startswith(OPEN) and CLOSE not in rest) or OPEN.startswith(rest)
+    if not calls or (rest and not cut):
         return text, None
     head = text[:start].rstrip()
     return (head if head.strip() else None), calls
