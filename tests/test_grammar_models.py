@@ -52,6 +52,19 @@ def test_run_grammar_file_and_the_flags_refusals(tiny_target: Path, tmp_path: Pa
     assert r.returncode != 0 and b"--grammar" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+def test_a_constrained_output_cut_by_n_is_said_on_stderr(tiny_target: Path, tmp_path: Path):
+    # plain output names no finish reason: a schema's JSON cut by -n looked complete enough
+    # to parse, and failed (a sampled integer ran on until -n, 2026-12-07)
+    args = ["run", "-m", str(tiny_target), "-md", "none", "-c", "256", "--temp", "0"]
+    cut = specgen(*args, "-n", "3", "--json-schema", json.dumps(SCHEMA), "the")
+    assert cut.returncode == 0 and cut.stdout.startswith(b'{"'), cut.stderr
+    assert b"-n 3 ended the output before the grammar's end" in cut.stderr, cut.stderr
+    whole = specgen(*args, "-n", "16", "--grammar", 'root ::= "yes." | "no."', "hi")
+    assert whole.stdout in (b"yes.", b"no.") and b"grammar's end" not in whole.stderr
+    free = specgen(*args, "-n", "3", "the")  # no constraint: -n is the asked-for end
+    assert free.returncode == 0 and b"grammar's end" not in free.stderr
+
+
 class Person(pydantic.BaseModel):
     name: str
     age: int

@@ -176,6 +176,8 @@ def _events(
     # closing the outermost restores the caches
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
+    if _constrained(sampling):
+        events = _warn_cut_constraint(events, sampling.max_tokens)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
         from specgen.trace import TraceWriter, tee, token_text_of  # start-up time: numpy
 
@@ -210,6 +212,31 @@ def _warn_slow_draft(events):
             output.warning(w)
 
     return relay(events, warn)
+
+
+def _constrained(sampling: SamplingFlags) -> bool:
+    return any(
+        v is not None
+        for v in (sampling.grammar, sampling.grammar_file, sampling.json_schema,
+                  sampling.json_schema_file)
+    )  # fmt: skip
+
+
+def _warn_cut_constraint(events, max_tokens: int):
+    """Pass the events through; once they end, warn when -n or the context ended a
+    constrained output before its grammar's end: the text is then not a complete JSON value
+    (a sampled integer or string can run on until the limit, and the plain output says no
+    finish reason). After the last event, so the warning follows the text. Closing this
+    generator closes `events`."""
+    done: list[Done] = []
+    yield from relay(events, lambda ev: done.append(ev) if isinstance(ev, Done) else None)
+    if done and done[0].finish_reason in ("length", "context"):
+        limit = f"-n {max_tokens}" if done[0].finish_reason == "length" else "the context (-c)"
+        output.warning(
+            f"{limit} ended the output before the grammar's end: the text does not complete"
+            " it (raise the limit, or bound the schema's strings and numbers: maxLength,"
+            " maximum)"
+        )
 
 
 def _run_live(
