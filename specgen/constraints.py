@@ -199,13 +199,15 @@ class BiasPenalties:
         c = constraints
         self.constraints = c
         self.n_vocab = n_vocab
-        ids = np.array([t for t, _ in c.logit_bias], dtype=np.int64)
-        if ids.size and int(ids.max()) >= n_vocab:
+        # compared as Python ints first: an id past int64 (an HTTP request's 2**70) made
+        # numpy raise OverflowError, a 500
+        top = max((t for t, _ in c.logit_bias), default=-1)
+        if top >= n_vocab:
             raise ConfigError(
-                f"--logit-bias names token {int(ids.max())} but the vocabulary has"
+                f"--logit-bias names token {top} but the vocabulary has"
                 f" {n_vocab} tokens (ids 0 to {n_vocab - 1})"
             )
-        self.bias_ids = ids
+        self.bias_ids = np.array([t for t, _ in c.logit_bias], dtype=np.int64)
         self.bias = np.array([b for _, b in c.logit_bias], dtype=np.float32)
         self.penalizes = c.penalizes
         self.last_n = c.repeat_last_n  # > 0, or -1 (everything)

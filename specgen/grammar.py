@@ -42,8 +42,9 @@ import numpy.typing as npt
 from llguidance.gbnf_to_lark import any_to_lark
 
 from specgen.constraints import eog_ids, vocab_owner
+from specgen.deepstack import on_deep_stack
 from specgen.errors import GrammarError
-from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
+from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec, one_line
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 
@@ -66,30 +67,16 @@ def _llg_grammar(spec: GrammarSpec) -> str:
                 defaults=JSON_DEFAULTS,  # type: ignore[arg-type]
             )
         except ValueError as e:
-            raise GrammarError(f"{spec.source}: {_one_line(e)}") from None
+            raise GrammarError(f"{spec.source}: {one_line(e)}") from None
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
     if spec.kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(spec.text)
-    try:
+    try:  # within `GrammarSpec`'s size limits for GBNF
         lark = any_to_lark(spec.text)
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions
-        raise GrammarError(f"{spec.source}: GBNF does not parse: {_one_line(e)}") from None
+        raise GrammarError(f"{spec.source}: GBNF does not parse: {one_line(e)}") from None
     return llguidance.LLMatcher.grammar_from_lark(lark)
-
-
-_MESSAGE_MAX = 300
-"""Characters of llguidance's message kept in an error: its messages may quote the whole
-grammar and dump the parser's state (a 500 KB grammar gave a 1.5 MB message, sent to the
-client and written to the server's log)."""
-
-
-def _one_line(e: object) -> str:
-    """llguidance's message on one line, without its ``<state>`` dump, cut to
-    `_MESSAGE_MAX` characters."""
-    text = str(e).split("<state>", 1)[0]
-    line = " ".join(text.split()) or type(e).__name__
-    return line if len(line) <= _MESSAGE_MAX else line[: _MESSAGE_MAX - 1] + "…"
 
 
 # -- the tokenizer (per model, cached) ------------------------------------------------
@@ -198,14 +185,15 @@ class Grammar:
     def __init__(self, spec: GrammarSpec, tokenizer: GrammarTokenizer, llg: str) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
-        self._llg = llg
+        # compiled once, on the deep stack (`compile_grammar`); a matcher is a copy of it
+        self._start = llguidance.LLMatcher(tokenizer.llt, llg, log_level=0)
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the start of the output."""
         return Matcher(self)
 
     def _new(self) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self.tokenizer.llt, self._llg, log_level=0)
+        return self._start.deep_copy()
 
 
 _COMPILED: dict[tuple[int, GrammarSpec], Grammar] = {}
@@ -227,17 +215,23 @@ def compile_grammar(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
         hit = _COMPILED.get(key)
     if hit is not None and hit.tokenizer is tokenizer:
         return hit
-    llg = _llg_grammar(spec)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(llg, tokenizer.llt)
-    if is_error:
-        raise GrammarError(f"{spec.source}: {_one_line(messages[0] if messages else 'invalid')}")
-    grammar = Grammar(spec, tokenizer, llg)
-    _probe_patterns(spec, tokenizer)
-    grammar.matcher().n_allowed()  # an empty language is refused now, not mid-generation
+    # a chain of thousands of rules recurses past a thread's default stack (`deepstack`)
+    grammar = on_deep_stack(lambda: _compile(spec, tokenizer))
     with _COMPILED_LOCK:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = grammar
+    return grammar
+
+
+def _compile(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> Grammar:
+    llg = _llg_grammar(spec)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(llg, tokenizer.llt)
+    if is_error:
+        raise GrammarError(f"{spec.source}: {one_line(messages[0] if messages else 'invalid')}")
+    grammar = Grammar(spec, tokenizer, llg)
+    _probe_patterns(spec, tokenizer)
+    grammar.matcher().n_allowed()  # an empty language is refused now, not mid-generation
     return grammar
 
 
@@ -276,7 +270,7 @@ def _probe_patterns(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> None:
             shown = rx if len(rx) <= 60 else rx[:59] + "…"
             raise GrammarError(
                 f"{spec.source}: the pattern {shown!r} is too complex for the grammar engine"
-                f" ({_one_line(m.get_error())})"
+                f" ({one_line(m.get_error())})"
             )
 
 
@@ -312,7 +306,7 @@ class Matcher:
             n += 1
         if n < len(mine):
             if not self._m.rollback(len(mine) - n):  # an error state must never pass silently
-                raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self._m.get_error())}")
+                raise GrammarError(f"{self.grammar.spec.source}: {one_line(self._m.get_error())}")
             del mine[n:]
             self._bits_at = -1
         for t in generated[n:]:
@@ -324,7 +318,7 @@ class Matcher:
         if self._m.validate_tokens([token]) != 1:
             return False
         if not self._m.consume_token(token):  # validated: cannot happen, but never silently
-            raise GrammarError(f"{self.grammar.spec.source}: {_one_line(self._m.get_error())}")
+            raise GrammarError(f"{self.grammar.spec.source}: {one_line(self._m.get_error())}")
         self.tokens.append(token)
         self._bits_at = -1
         return True

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,14 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
             raise GrammarError(f"{self.source}: unknown grammar kind {self.kind!r}")
+        if self.kind == "gbnf" and not _LARK.search(self.text):
+            n_rules = len(_GBNF_RULE.findall(self.text))
+            if n_rules > GBNF_MAX_RULES or len(self.text) > GBNF_MAX_CHARS:
+                raise GrammarError(
+                    f"{self.source}: a GBNF grammar of {n_rules} rules and {len(self.text)}"
+                    f" characters; at most {GBNF_MAX_RULES} and {GBNF_MAX_CHARS} are converted"
+                    " (send it as Lark, which compiles directly)"
+                )
 
     @classmethod
     def json_schema(cls, schema: Any, source: str = "json_schema") -> GrammarSpec:
@@ -95,6 +104,31 @@ class GrammarSpec:
     def label(self) -> str:
         """One word for the output: the kind, e.g. ``json_schema``."""
         return self.kind
+
+
+GBNF_MAX_RULES, GBNF_MAX_CHARS = 1000, 1 << 16
+"""The largest GBNF grammar taken: llguidance converts GBNF to Lark in Python
+(`gbnf_to_lark`), in time quadratic in the rules (1,000 in 0.4 s, 2,000 in 1.6 s, 20,000 in
+186 s, holding the GIL: a server's other requests wait; 60,000 alternatives took 12 s).
+llama.cpp's own grammars are a few KB. Lark has no such limit: llguidance reads it itself."""
+_GBNF_RULE = re.compile(r"^\s*[\w.-]+\s*::=", re.MULTILINE)
+_LARK = re.compile(r"^\s*(%llguidance\b|start\s*:)", re.MULTILINE)
+"""llguidance's test for a Lark grammar (`gbnf_to_lark.is_lark_syntax`), which it takes
+as it is."""
+
+
+_MESSAGE_MAX = 300
+"""Characters of llguidance's message kept in an error: its messages may quote the whole
+grammar and dump the parser's state (a 500 KB grammar gave a 1.5 MB message, sent to the
+client and written to the server's log)."""
+
+
+def one_line(e: object) -> str:
+    """llguidance's message on one line, without its ``<state>`` dump, cut to
+    `_MESSAGE_MAX` characters."""
+    text = str(e).split("<state>", 1)[0]
+    line = " ".join(text.split()) or type(e).__name__
+    return line if len(line) <= _MESSAGE_MAX else line[: _MESSAGE_MAX - 1] + "…"
 
 
 def _check_schema(schema: Any, source: str) -> None:

@@ -116,6 +116,9 @@ def test_nothing_set_is_no_processor_and_the_settings_are_validated():
             Constraints(**kwargs)
     with pytest.raises(ConfigError, match="vocabulary has 10 tokens"):
         processor_for(Constraints(logit_bias={10: 1.0}), 10)
+    # past int64 (a request's JSON number): the same error, not numpy's OverflowError
+    with pytest.raises(ConfigError, match=f"token {2**70} but the vocabulary has 10"):
+        processor_for(Constraints(logit_bias={2**70: 1.0, 3: 1.0}), 10)
     assert Constraints(logit_bias={1: -np.inf}).logit_bias == ((1, -np.inf),)
 
 

@@ -342,3 +342,60 @@ def test_a_pattern_too_complex_for_the_lexer_is_refused_not_dropped() -> None:
         GrammarSpec.json_schema({"properties": {"pattern": {"type": "string"}}}, "a key"),
     ):
         compile_grammar(spec, tok)
+
+
+_DEEP = """
+import json, sys
+from fakes import TextEngine
+from specgen.grammar import compile_grammar, tokenizer_for
+from specgen.grammarspec import GrammarSpec
+n = 4000
+lark = "\\n".join(["start: r0", *(f'r{i}: "x" r{i + 1}' for i in range(n)), f'r{n}: "y"'])
+defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(n)}
+defs[f"d{n}"] = {"type": "integer"}
+tok = tokenizer_for(TextEngine())
+for spec in (GrammarSpec("lark", lark), GrammarSpec.json_schema({"$defs": defs, "$ref": "#/$defs/d0"})):
+    m = compile_grammar(spec, tok).matcher()
+    print(m.n_allowed() > 0, flush=True)
+"""
+
+
+def test_a_chain_of_thousands_of_rules_compiles_instead_of_killing_the_process() -> None:
+    """A grammar whose rules chain 3,000 deep recursed past a thread's 8 MiB stack in
+    llguidance's compile: SIGSEGV, a server with every request in it (2026-12-07). It is
+    compiled on `specgen.deepstack`'s thread; in a child process, so that the old crash
+    fails this test alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _DEEP], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done
+
+
+def test_a_gbnf_grammar_past_the_limits_is_refused_before_its_conversion() -> None:
+    from specgen.grammarspec import GBNF_MAX_CHARS, GBNF_MAX_RULES
+
+    rules = [f'r{i} ::= "x" r{i + 1}' for i in range(GBNF_MAX_RULES)]
+    GrammarSpec("gbnf", "\n".join(rules))  # at the limit: taken
+    with pytest.raises(GrammarError, match=f"{GBNF_MAX_RULES + 1} rules.*at most"):
+        GrammarSpec("gbnf", "\n".join([*rules, 'root ::= "y"']), "grammar")
+    with pytest.raises(GrammarError, match="at most"):
+        GrammarSpec("gbnf", 'root ::= "' + "x" * GBNF_MAX_CHARS + '"')
+    # Lark of any size is llguidance's own to read (no conversion)
+    lark = "\n".join(["start: r0", *(f'r{i}: "x" r{i + 1}' for i in range(2000)), 'r2000: "y"'])
+    assert compile_grammar(GrammarSpec("gbnf", lark), tokenizer_for(TextEngine())) is not None
+
+
+def test_the_deep_stack_hands_back_results_and_errors_and_runs_nested_calls_at_once() -> None:
+    from specgen.deepstack import on_deep_stack
+
+    assert on_deep_stack(lambda: 6 * 7) == 42
+    with pytest.raises(GrammarError, match="inside"):
+        on_deep_stack(lambda: (_ for _ in ()).throw(GrammarError("inside")))
+    assert on_deep_stack(lambda: on_deep_stack(lambda: "nested")) == "nested"

@@ -69,7 +69,7 @@ ONE_DOOR = {
 #: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
 #: its own rank or below. Names are relative to `specgen`; a package covers all under it.
 RANKS: tuple[tuple[str, ...], ...] = (
-    ("errors", "fileio", "eventloop"),
+    ("errors", "fileio", "eventloop", "deepstack"),
     # the math, the protocols and the typed flags (flags.params() reaches sampling lazily)
     # and llama.cpp's vocabulary rules (compat: models/local.py groups files by them)
     (

@@ -406,8 +406,40 @@ def test_a_silent_connection_is_closed_and_a_trickled_body_is_a_408() -> None:
             )
             answer = raw.recv(4096)
             assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+    with serving(Settings(body_timeout_s=0.2, max_body_bytes=1000), http=http) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=T) as raw:
+            # a body announced over the limit, then silence: its rest was awaited for ever
+            # before the 413 (the connection, and its file descriptor, held)
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 2000\r\n\r\n{"prompt"'
+            )
+            answer = raw.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer
+            assert raw.recv(4096) == b""  # and closed
         assert s.sched.submitted == []
         assert s.post("/v1/completions", {"prompt": "Hi"}).status_code == 200
+
+
+def test_a_bug_is_a_500_in_the_openai_shape_and_one_log_line(monkeypatch) -> None:
+    """An exception no handler expects (a logit_bias id past int64 made numpy raise
+    OverflowError) was Starlette's plain-text 500 and a traceback in the log; now the
+    client reads OpenAI's shape, the log gets one line, and the next request is served."""
+    monkeypatch.delenv("SPECGEN_DEBUG", raising=False)
+
+    class Buggy(fake.FakeScheduler):
+        def submit(self, job, sink):
+            if job.config.max_tokens == 7:
+                raise OverflowError("Python int too large to convert to C long")
+            return super().submit(job, sink)
+
+    sched = Buggy()
+    with serving(backend=fake.fake_backend(sched)) as s:
+        err = assert_openai_error(s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 7}), 500)
+        assert err["type"] == "server_error" and "OverflowError" in err["message"], err
+        assert [x for x in s.log if "500 unexpected OverflowError" in x], s.log
+        assert s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 4}).status_code == 200
 
 
 def test_the_body_limit_refuses_before_parsing() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specgen import (
     ChatTemplateError,
@@ -226,6 +227,25 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {e.detail}"
         return _error_response(RequestError(e.status_code, message, type_=kind))
+
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
+        # a bug: the client gets OpenAI's shape (Starlette's own 500 is plain text) and the
+        # log one line; Starlette raises it on after this answer, which `_quiet` ends
+        what = f"{type(e).__name__}: {e}"
+        state.metrics.observe_refusal(500)
+        state.log(f"{request.method} {loggable(request.url.path)}: 500 unexpected {loggable(what)}")
+        message = f"internal error ({type(e).__name__}): a bug, please report it"
+        return _error_response(RequestError(500, message, type_="server_error", code="internal"))
+
+    async def _quiet(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await api(scope, receive, send)
+        except Exception:
+            if os.environ.get("SPECGEN_DEBUG", "") not in ("", "0"):
+                raise  # the traceback, in the log
+            # answered (`_unexpected`) and logged in one line: the traceback would add the
+            # server's paths to the log and nothing for the client
 
     def ready() -> Backend:
         if state.draining:
@@ -442,7 +462,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         state.metrics.observe_refusal(status)
         state.log(f"{scope.get('method', '')} {loggable(scope.get('path', ''))}: {status} {why}")
 
-    app: ASGIApp = BodyLimit(api, settings.max_body_bytes, refused, settings.body_timeout_s)
+    app: ASGIApp = BodyLimit(_quiet, settings.max_body_bytes, refused, settings.body_timeout_s)
     if settings.api_key:
         app = ApiKey(app, settings.api_key, OPEN_PATHS, refused)
     if settings.cors:

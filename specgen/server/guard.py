@@ -7,6 +7,7 @@ parsed, so nothing behind them sees an unauthenticated request or an oversized b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -228,9 +229,10 @@ class BodyLimit:
     A Content-Length over the limit is refused at once; otherwise the body is read here
     (counting the bytes as they come, for chunked bodies too) and replayed to the app,
     whose later `receive` calls (a disconnect) pass through. Before the 413, what is left of
-    a body up to `DRAIN_FACTOR` times the limit is read and dropped: a client that sends its
-    whole body before reading (Python's urllib, http.client) would otherwise meet a
-    connection reset, not the answer; a larger body is cut off unread.
+    a body up to `DRAIN_FACTOR` times the limit is read and dropped, for at most the body's
+    timeout: a client that sends its whole body before reading (Python's urllib,
+    http.client) would otherwise meet a connection reset, not the answer; a larger body is
+    cut off unread.
     """
 
     def __init__(
@@ -247,7 +249,10 @@ class BodyLimit:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, left: bool) -> None:
         if left:  # `left`: the body may still be arriving
-            await self._drain(receive)
+            # within the body's timeout: a client that announced a body over the limit and
+            # then went silent held its connection (and a file descriptor) for ever
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drain(receive), self.timeout_s)
         message = f"the request body is over the limit of {self.max_bytes} bytes"
         if self._refused is not None:
             self._refused(scope, 413, message)

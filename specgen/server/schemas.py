@@ -11,6 +11,7 @@ must be finite. Omitted or null sampling fields take the server's defaults (`Def
 
 from __future__ import annotations
 
+import collections
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -298,8 +299,10 @@ class ChatCompletionRequest(_Generation):
     @field_validator("tools")
     @classmethod
     def _each_name_once(cls, given: list[Tool] | None) -> list[Tool] | None:
-        names = [tool.function.name for tool in given or ()]
-        twice = sorted({name for name in names if names.count(name) > 1})
+        # counted once each: names.count per name was quadratic, and it runs on the event
+        # loop (21,000 tools froze every client for 4 s)
+        counts = collections.Counter(tool.function.name for tool in given or ())
+        twice = sorted(name for name, n in counts.items() if n > 1)
         if twice:  # a call names its tool: with two of a name it would not say which
             raise ValueError(f"each tool's name once: {', '.join(twice)} given twice")
         return given
