@@ -339,6 +339,9 @@ class Matcher:
         if self._bits_at != len(self.tokens):
             self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             if self._m.is_error():  # no way on: llguidance allows the end alone
+                why = one_line(self._m.get_error())
+                if "panic" in why:  # past its limits (65,535 symbols): said, not "no text"
+                    raise GrammarError(f"{self.grammar.spec.source}: too large ({why})")
                 raise GrammarError(
                     f"{self.grammar.spec.source}: the grammar allows no text from here"
                     " (does it describe an empty language, such as a schema defined only by"

@@ -124,9 +124,9 @@ client and written to the server's log)."""
 
 
 def one_line(e: object) -> str:
-    """llguidance's message on one line, without its ``<state>`` dump, cut to
+    """llguidance's message on one line, without its ``<state>`` or ``<backtrace>`` dump, cut to
     `_MESSAGE_MAX` characters."""
-    text = str(e).split("<state>", 1)[0]
+    text = re.split("<state>|<backtrace>", str(e), maxsplit=1)[0]
     line = " ".join(text.split()) or type(e).__name__
     return line if len(line) <= _MESSAGE_MAX else line[: _MESSAGE_MAX - 1] + "…"
 
