@@ -51,6 +51,8 @@ class HubServer:
     slow: dict[str, float] = field(default_factory=dict)  # sha -> seconds per 4 KiB sent
     cdn_host: str = "localhost"
     ignore_range: bool = False  # answer 200 with every byte, as some proxies do
+    linked_etag: str | None = None  # X-Linked-Etag in place of the file's SHA-256
+    pad: int = 0  # bytes sent after each file's own (a body longer than announced)
     _blobs: dict[str, bytes] = field(default_factory=dict)
     _httpd: ThreadingHTTPServer | None = None
 
@@ -164,7 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Location", f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{sha}")
         self.send_header("X-Repo-Commit", repo.commit)
         self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
-        self.send_header("X-Linked-Etag", f'"{sha}"')
+        self.send_header("X-Linked-Etag", f'"{self.hub.linked_etag or sha}"')
         self.send_header("X-Linked-Size", str(len(data)))
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -177,7 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
         rng = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
         if rng and not self.hub.ignore_range:
             start = int(rng[1])
-        body = data[start:]
+        body = data[start:] + b"\0" * self.hub.pad
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")

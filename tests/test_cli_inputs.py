@@ -380,6 +380,28 @@ def test_a_trace_that_cannot_be_written_names_its_file(capsys, tiny_target) -> N
     assert code == 1 and "cannot write the trace" in line and "/dev/full" in line, line
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_a_trace_onto_a_model_or_another_output_is_refused(capsys, tmp_path, command) -> None:
+    # `--trace` onto the -m file truncated the model under llama.cpp's mapping (SIGBUS),
+    # and bench's --json silently replaced a --trace of the same name
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 60)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(model)
+    for trace in (model, link):
+        draft = "none" if command == "run" else "ngram"
+        code = _main([command, "-m", str(model), "-md", draft, "--trace", str(trace),
+                      *(["hello"] if command == "run" else [])])  # fmt: skip
+        line = _one_error_line(capsys)
+        assert code == 1 and "--trace and -m name the same file" in line, line
+    assert model.read_bytes() == b"GGUF" + b"\0" * 60
+    if command == "bench":
+        same = str(tmp_path / "same.json")
+        code = _main(["bench", "-m", str(model), "-md", "ngram", "--trace", same, "--json", same])
+        line = _one_error_line(capsys)
+        assert code == 1 and "--trace and --json name the same file" in line, line
+
+
 # -- what stays on a terminal -------------------------------------------------------------------
 
 

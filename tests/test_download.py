@@ -415,3 +415,34 @@ def test_upstream_http_client_is_httpx2():
     from huggingface_hub.utils import get_session
 
     assert isinstance(get_session(), httpx2.Client)
+
+
+def test_a_hub_etag_that_is_not_a_digest_writes_nothing_outside_the_cache(hub, ggufs, tmp_path):
+    """The ETag names the blob's file: "../../x" replaced x with the server's bytes (and
+    --force deleted it first), from any HF_ENDPOINT mirror or proxy (2026-12-07)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
+    hub.linked_etag = "../" * 12 + str(victim).lstrip("/")
+    entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
+    for force in (False, True):
+        with pytest.raises(DownloadError, match="not a hex digest"):
+            download_model(entry, force=force)
+        assert victim.read_text() == "precious"
+    assert find_cached(entry) is None
+
+
+def test_a_body_longer_than_announced_is_refused_and_never_linked(hub, ggufs, tmp_path):
+    """A server that sends on past the announced size filled the disk (210 MB for 1 MB),
+    and a file that failed its size check had already been linked into the snapshot,
+    where it was loaded."""
+    hub.add_repo("org/target-GGUF", {"target-q8_0.gguf": ggufs["target"]})
+    hub.pad = 1 << 20
+    entry = registry(tmp_path, PAIR_YAML.split("pairs:")[0]).model("tgt")
+    with pytest.raises(DownloadError, match="sent more than the"):
+        download_model(entry)
+    assert find_cached(entry) is None
+    hub.pad = 0  # the server mended: the next run fetches the file whole
+    download_model(entry)
+    [path] = find_cached(entry)
+    assert path.read_bytes() == ggufs["target"]

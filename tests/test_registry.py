@@ -76,6 +76,14 @@ OK_MODEL = "repo: o/r\n    file: m.gguf"
         (f"models:\n  m:\n    {OK_MODEL}\n    sha256: abc\n", "models.m.sha256", "64 hex"),
         (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: -1\n", "models.m.size_gb", "positive"),
         (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: big\n", "models.m.size_gb", "expected"),
+        (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: .nan\n", "models.m.size_gb", "positive"),
+        (f"models:\n  m:\n    {OK_MODEL}\n    size_gb: .inf\n", "models.m.size_gb", "positive"),
+        (
+            f"models:\n  m:\n    {OK_MODEL}\n    revision: ../../../tmp/x\n",
+            "models.m.revision",
+            "not a branch, tag or commit",
+        ),
+        ("models: " + "[" * 5000 + "]" * 5000 + "\n", "", "nested too deeply"),
         (f"models:\n  m:\n    {OK_MODEL}\n    quant: 8\n", "models.m.quant", "expected str"),
         (
             f"models:\n  m:\n    {OK_MODEL}\n    embedded: yes-ish\n",
@@ -117,6 +125,13 @@ def test_validation_errors_name_file_and_key(tmp_path, text, key, problem):
     message = str(err.value)
     assert message.startswith(str(f)), message
     assert key in message and problem in message, message
+
+
+def test_a_registry_that_is_not_utf8_is_named(tmp_path):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("models:\n  caf\xe9: {repo: o/r, file: m.gguf}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"{f}: not UTF-8 text"):
+        load_registry(f)
 
 
 def test_a_missing_models_file_is_refused(tmp_path):

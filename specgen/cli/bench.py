@@ -19,6 +19,7 @@ from specgen.cli.options import (
     ModelFlags,
     OutputFlags,
     SamplingFlags,
+    check_not_overwriting,
     check_output_path,
     flag,
     grouped,
@@ -202,6 +203,11 @@ def bench_command(
     from specgen import bench
 
     bench.check_draft(model.draft)
+    check_not_overwriting("--trace", out.trace, ("-m", model.target), ("-md", model.draft))
+    for name, path in (("--json", b.json_path), ("--markdown", b.markdown_path),
+                       ("--plot", b.plot_path)):  # fmt: skip
+        if out.trace is not None and path is not None and out.trace.resolve() == path.resolve():
+            raise ConfigError(f"--trace and {name} name the same file: {path}")
     if b.plot_path is not None:
         bench.check_plot_available()
     earlier = bench.load_earlier(b.compare) if b.compare is not None else None

@@ -13,7 +13,7 @@ import typer
 from specgen.cli.options import JsonOpt, ModelsOpt
 from specgen.errors import ConfigError, NetworkError
 from specgen.models.demo import ensure_demo_model
-from specgen.models.registry import ModelEntry, Registry, load_registry
+from specgen.models.registry import ModelEntry, Registry, check_revision, load_registry
 from specgen.models.resolve import checksum_failure, local_paths
 from specgen.ui import output
 
@@ -49,6 +49,7 @@ def download(
     models: ModelsOpt = None,
 ) -> None:
     """Download a pair or a model into the Hugging Face cache (resumable)."""
+    check_revision(revision, "--revision")
     reg = load_registry(models)
     entries = reg.models_for(name)
     if revision and len(entries) > 1:

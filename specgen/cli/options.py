@@ -19,6 +19,7 @@ module can import it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -50,6 +51,7 @@ __all__ = [
     "OutputFlags",
     "PromptFlags",
     "SamplingFlags",
+    "check_not_overwriting",
     "check_output_path",
     "grouped",
     "opt",
@@ -76,6 +78,24 @@ def check_output_path(flag: str, path: Path) -> None:
         tempfile.TemporaryFile(dir=parent).close()
     except OSError as e:
         raise ConfigError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+
+
+def check_not_overwriting(flag: str, path: Path | None, *others: tuple[str, Any]) -> None:
+    """Refuse an output `path` that is the file of another flag (``(flag, path or name)``
+    pairs; a registry name or None is no file): a --trace onto the -m model truncated it
+    under llama.cpp's mapping (SIGBUS), one onto --json's file was overwritten by it.
+
+    Raises:
+        ConfigError: naming both flags.
+    """
+    if path is None or not path.exists():
+        return
+    for name, other in others:
+        if other is None or not Path(other).exists():
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, other):
+                raise ConfigError(f"{flag} and {name} name the same file: {path}")
 
 
 _Shape = TypeVar("_Shape")

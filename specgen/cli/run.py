@@ -26,6 +26,7 @@ from specgen.cli.options import (
     OutputFlags,
     PromptFlags,
     SamplingFlags,
+    check_not_overwriting,
     grouped,
 )
 from specgen.errors import ConfigError, PromptError
@@ -100,6 +101,7 @@ def run(
     # wait for the user
     sampling.params()  # checks --top-p and --min-p
     sampling.check_drafter(model.draft != DRAFT_NONE)
+    check_not_overwriting("--trace", out.trace, ("-m", model.target), ("-md", model.draft))
     if sampling.logprobs is not None and not out.json_out:
         raise ConfigError("--logprobs is shown in --json's output only: add --json")
     raise typer.Exit(run_command(_read_prompt(prompt), model, sampling, out, how))

@@ -42,6 +42,8 @@ ProgressHook = Callable[[str, int, "int | None"], None]
 
 LIBRARY = "specgen"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# a git blob's SHA-1 or an LFS file's SHA-256: the only ETags a blob's file name is made of
+_DIGEST = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _GLOB_CHARS = frozenset("*?[")
 #: a transfer that stops without receiving a byte is retried this many times in one run
 _STALLED_RETRIES = 3
@@ -180,6 +182,7 @@ def fetch(
         with WeakFileLock(lock):
             if not blob.is_file():
                 moved = _transfer(meta.location, url, meta.size, filename, partial, progress)
+                _check_whole(partial, meta.size, filename)
                 os.replace(partial, blob)
     elif progress is not None:
         progress(filename, blob.stat().st_size, meta.size)
@@ -199,6 +202,13 @@ def metadata(repo: str, filename: str, revision: str) -> tuple[str, Any]:
         raise DownloadError(
             f"{hub_endpoint()} did not answer like a Hugging Face Hub for {repo}/{filename} "
             "(no ETag or X-Repo-Commit): check HF_ENDPOINT and any proxy"
+        )
+    if not _DIGEST.match(meta.etag) or not _COMMIT.match(meta.commit_hash):
+        # both name places in the cache: an ETag of "../../x" overwrote x (2026-12-07)
+        raise DownloadError(
+            f"{hub_endpoint()} answered for {repo}/{filename} with an ETag or commit that is"
+            f" not a hex digest ({meta.etag[:80]!r}, {meta.commit_hash[:80]!r}): refused;"
+            " check HF_ENDPOINT and any proxy"
         )
     return url, meta
 
@@ -268,7 +278,22 @@ def _transfer(
                         f.seek(0)
                         f.truncate()
                         start = 0
+                    elif done and not _range_from(response, done):
+                        f.seek(0)  # not the bytes asked for: what is kept cannot be trusted
+                        f.truncate()
+                        raise DownloadError(
+                            f"{_host(location)} answered the bytes of {filename} from {done} on"
+                            f" with {response.headers.get('Content-Range')!r}; run the same"
+                            " command again to start over"
+                        )
                     for chunk in response.iter_bytes():
+                        if size is not None and f.tell() + len(chunk) > size:
+                            f.seek(0)  # more than announced: a disk filled, not a model
+                            f.truncate()
+                            raise DownloadError(
+                                f"{_host(location)} sent more than the {size} bytes of"
+                                f" {filename} it announced: refused"
+                            )
                         f.write(chunk)
                         if progress is not None:
                             progress(filename, f.tell(), size)
@@ -294,6 +319,33 @@ def _transfer(
                         "run the same command again to resume"
                     )
         return f.tell() - start
+
+
+def _check_whole(partial: Path, size: int | None, filename: str) -> None:
+    """Refuse a transfer that is not the GGUF file announced, before it becomes the blob
+    (which `hf_hub_download` then links into the snapshot, where it would be loaded); the
+    bytes are dropped, so the next run fetches them again.
+
+    Raises:
+        ModelFileError: the size differs from the announced one, or no GGUF magic.
+    """
+    from specgen.models.header import GGUF_MAGIC, read_magic
+
+    got = partial.stat().st_size
+    magic = read_magic(partial)
+    if (size is not None and got != size) or magic != GGUF_MAGIC:
+        partial.unlink()
+        what = f"{got} bytes, the Hub said {size}" if got != size else f"starts with {magic!r}"
+        raise ModelFileError(
+            f"{filename} is not a GGUF file of the size announced ({what}): not kept; check"
+            " `file:` in the registry and HF_ENDPOINT"
+        )
+
+
+def _range_from(response: Any, done: int) -> bool:
+    """Whether a 206 answer starts at byte `done` (its Content-Range, RFC 9110, 14.4)."""
+    m = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+    return m is not None and int(m[1]) == done
 
 
 def _host(url: str) -> str:

@@ -11,6 +11,7 @@ at start-up (``test_registry_modules_import_nothing_heavy``).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -175,6 +176,10 @@ def parse_file(path: Path) -> tuple[dict[str, ModelEntry], dict[str, PairEntry]]
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -194,6 +199,18 @@ def parse_file(path: Path) -> tuple[dict[str, ModelEntry], dict[str, PairEntry]]
         if _check_name(name, path, "pairs")
     }
     return models, pairs
+
+
+def check_revision(rev: str | None, where: str) -> str | None:
+    """A branch, tag or commit: a git ref name never has ``..``, a leading ``/`` or a control
+    character (git-check-ref-format), and huggingface_hub writes ``refs/<revision>`` in the
+    cache (a revision of ``../../x`` wrote x)."""
+    bad = rev is not None and (
+        ".." in rev or rev.startswith("/") or any(ord(c) < 32 or c == "\x7f" for c in rev)
+    )
+    if bad:
+        raise ConfigError(f"{where}: {rev!r} is not a branch, tag or commit")
+    return rev
 
 
 def _model(name: str, body: dict[str, Any], path: Path) -> ModelEntry:
@@ -216,14 +233,16 @@ def _model(name: str, body: dict[str, Any], path: Path) -> ModelEntry:
         if not _SHA256.match(sha):
             raise ConfigError(f"{path}: {key}.sha256: not 64 hexadecimal digits")
     size = _get(body, "size_gb", (int, float), path, key, None)
-    if size is not None and (isinstance(size, bool) or size <= 0):
+    if size is not None and (isinstance(size, bool) or not 0 < size < math.inf):  # NaN too
         raise ConfigError(f"{path}: {key}.size_gb: must be a positive number")
     return ModelEntry(
         name=name,
         source=path,
         repo=repo,
         file=file,
-        revision=_get(body, "revision", str, path, key, None),
+        revision=check_revision(
+            _get(body, "revision", str, path, key, None), f"{path}: {key}.revision"
+        ),
         sha256=sha,
         quant=_get(body, "quant", str, path, key, ""),
         size_gb=float(size) if size is not None else None,
