@@ -335,7 +335,8 @@ def _check_whole(partial: Path, size: int | None, filename: str) -> None:
     magic = read_magic(partial)
     if (size is not None and got != size) or magic != GGUF_MAGIC:
         partial.unlink()
-        what = f"{got} bytes, the Hub said {size}" if got != size else f"starts with {magic!r}"
+        wrong_size = size is not None and got != size
+        what = f"{got} bytes, the Hub said {size}" if wrong_size else f"starts with {magic!r}"
         raise ModelFileError(
             f"{filename} is not a GGUF file of the size announced ({what}): not kept; check"
             " `file:` in the registry and HF_ENDPOINT"
