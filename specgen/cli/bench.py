@@ -137,13 +137,18 @@ class BenchFlags:
     def __post_init__(self) -> None:
         at_least("--runs", self.runs, 1)
         given: dict[Path, str] = {}
-        for name, path in (("--json", self.json_path), ("--markdown", self.markdown_path),
-                           ("--plot", self.plot_path)):  # fmt: skip
+        for name, path in self.outputs:
             if path is not None:
                 check_output_path(name, path)
                 same = given.setdefault(path.resolve(), name)
                 if same != name:  # the second would overwrite the first's
                     raise ConfigError(f"{same} and {name} name the same file: {path}")
+
+    @property
+    def outputs(self) -> tuple[tuple[str, Path | None], ...]:
+        """Each file flag and its path (None: not asked for)."""
+        return (("--json", self.json_path), ("--markdown", self.markdown_path),
+                ("--plot", self.plot_path))  # fmt: skip
 
     def write(self, report: Any, result: Any) -> None:
         """Write `result` to the files asked for (--json, --markdown, --plot) with the
@@ -204,8 +209,7 @@ def bench_command(
 
     bench.check_draft(model.draft)
     check_not_overwriting("--trace", out.trace, ("-m", model.target), ("-md", model.draft))
-    for name, path in (("--json", b.json_path), ("--markdown", b.markdown_path),
-                       ("--plot", b.plot_path)):  # fmt: skip
+    for name, path in b.outputs:  # BenchFlags compares its own files; --trace is OUTPUT's
         if out.trace is not None and path is not None and out.trace.resolve() == path.resolve():
             raise ConfigError(f"--trace and {name} name the same file: {path}")
     if b.plot_path is not None:
