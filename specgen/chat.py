@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from specgen.engine import Engine
 from specgen.errors import ChatTemplateError, ConfigError, PromptError
-from specgen.events import Done, Prefilled, Stats, Step, Totals
+from specgen.events import Done, Prefilled, Stats, Step, Totals, relay
 from specgen.fileio import read_chat_template
 from specgen.generate import Event
 
@@ -348,30 +348,26 @@ class ChatSession:
     def _generate(self, user: str, events: Generation) -> Generator[Event, None, None]:
         done: Done | None = None
         ordinary_s: float | None = None
-        interrupt = False
+
+        def record(ev: Event) -> None:
+            nonlocal done, ordinary_s
+            if isinstance(ev, Prefilled):
+                ordinary_s = ev.ordinary_token_s
+            elif isinstance(ev, Step) and ev.timed_ordinary_s is not None:
+                ordinary_s = ev.timed_ordinary_s  # timed after the first token
+            elif isinstance(ev, Done):
+                done = ev
+                # the reply's own baseline, kept current by its ordinary rounds (none
+                # without a draft: ordinary decoding is the baseline itself)
+                if self._drafting:
+                    ordinary_s = ev.stats.ordinary_token_s or ordinary_s
+
         try:
-            while True:
-                try:
-                    # Ctrl-C in the consumer (say while the live view draws) is handed on
-                    # to the loop, which ends the reply as when Ctrl-C lands in it
-                    ev = events.throw(KeyboardInterrupt()) if interrupt else next(events)
-                except StopIteration:
-                    break
-                interrupt = False
-                if isinstance(ev, Prefilled):
-                    ordinary_s = ev.ordinary_token_s
-                elif isinstance(ev, Step) and ev.timed_ordinary_s is not None:
-                    ordinary_s = ev.timed_ordinary_s  # timed after the first token
-                elif isinstance(ev, Done):
-                    done = ev
-                    # the reply's own baseline, kept current by its ordinary rounds (none
-                    # without a draft: ordinary decoding is the baseline itself)
-                    if self._drafting:
-                        ordinary_s = ev.stats.ordinary_token_s or ordinary_s
-                try:
-                    yield ev
-                except KeyboardInterrupt:
-                    interrupt = True
+            # Ctrl-C in the consumer (say while the live view draws) or in `record` is
+            # handed on to the loop, which ends the reply as when Ctrl-C lands in it (a
+            # Ctrl-C in this generator's own lines had ended it without its Done, and the
+            # reply was lost from the conversation)
+            yield from relay(events, record)
         except KeyboardInterrupt:
             if done is None:
                 raise

@@ -1,10 +1,13 @@
 """Typed events the generation loop yields. They never print; the view and the JSON
-writer turn them into output. Field names carry units (`_s` = seconds)."""
+writer turn them into output. Field names carry units (`_s` = seconds). And `relay`, the
+one way to pass a generation's events through a step of one's own (a trace, a warning, a
+chat's record of the reply) with Ctrl-C handed to the loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from specgen import acceptance_stats
 
@@ -394,3 +397,30 @@ class Done:
     text: str
     tokens: tuple[int, ...]
     stats: Stats
+
+
+def relay(events: Iterator[Any], each: Callable[[Any], None]) -> Generator[Any, None, None]:
+    """Pass `events` through, calling `each` on every event before it is yielded (a trace
+    writer, a warning). Ctrl-C inside `each`, or thrown in at the yield, is thrown into
+    `events` (so the loop ends the generation with its Done, which is passed on) instead
+    of ending this generator without it. Closing this generator closes `events`."""
+    interrupt = False
+    try:
+        while True:
+            try:
+                ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
+            except StopIteration:
+                return
+            interrupt = False
+            try:
+                each(ev)
+            except KeyboardInterrupt:
+                interrupt = True
+            try:
+                yield ev
+            except KeyboardInterrupt:
+                interrupt = True
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()

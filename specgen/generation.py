@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specgen.errors import BusyError
-from specgen.events import Done, FinishReason, Prefilled, Stats, Step
+from specgen.events import Done, FinishReason, Prefilled, Stats, Step, relay
 
 if TYPE_CHECKING:
     from specgen.flags import SamplingFlags
@@ -232,30 +232,3 @@ def consume(events: Iterator[Any], fold: Callable[[Any], None]) -> Done | None:
     except KeyboardInterrupt:
         pass
     return done
-
-
-def relay(events: Iterator[Any], each: Callable[[Any], None]) -> Generator[Any, None, None]:
-    """Pass `events` through, calling `each` on every event before it is yielded (a trace
-    writer, a warning). Ctrl-C inside `each`, or thrown in at the yield, is thrown into
-    `events` (so the loop ends the generation with its Done, which is passed on) instead
-    of ending this generator without it. Closing this generator closes `events`."""
-    interrupt = False
-    try:
-        while True:
-            try:
-                ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
-            except StopIteration:
-                return
-            interrupt = False
-            try:
-                each(ev)
-            except KeyboardInterrupt:
-                interrupt = True
-            try:
-                yield ev
-            except KeyboardInterrupt:
-                interrupt = True
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()

@@ -352,3 +352,60 @@ def test_a_reply_interrupted_in_the_consumer_is_kept_as_far_as_it_got(smol, monk
         next(events)
     assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
     assert s.totals.turns == 2
+
+
+def test_a_reply_interrupted_while_the_session_records_a_step_is_kept(smol):
+    """Ctrl-C landing in the session's own bookkeeping of an event (not in the loop, not
+    in the consumer) ended the reply without its Done and dropped it from the
+    conversation (a fresh clone's `make test`, 2026-12-07: turn 2's prompt lacked turn
+    1); it is handed to the loop like the others."""
+    import dataclasses
+
+    from specgen.events import Done, Step
+
+    class CtrlCStep(Step):  # the signal lands as the session reads this step
+        @property
+        def timed_ordinary_s(self):  # type: ignore[override]
+            raise KeyboardInterrupt
+
+        @timed_ordinary_s.setter
+        def timed_ordinary_s(self, value) -> None:
+            pass
+
+    def ctrl_c_in_the_record(gen):
+        steps = 0
+        try:
+            ev = next(gen)
+            while True:
+                if isinstance(ev, Step):
+                    steps += 1
+                    if steps == 2:
+                        ev = CtrlCStep(
+                            **{f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)}
+                        )
+                try:
+                    yield ev
+                except KeyboardInterrupt:
+                    ev = gen.throw(KeyboardInterrupt)
+                    continue
+                try:
+                    ev = next(gen)
+                except StopIteration:
+                    return
+        finally:
+            gen.close()
+
+    target, draft = smol
+    target.truncate(0)
+    drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
+    s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
+    start = s._start
+    s._start = lambda ids, i: ctrl_c_in_the_record(start(ids, i))
+    events = []
+    with pytest.raises(KeyboardInterrupt):
+        for ev in s.reply("Tell me a long story about a dragon."):
+            events.append(ev)
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "interrupted" and done.text
+    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
+    assert s.totals.turns == 1
