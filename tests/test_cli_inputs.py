@@ -526,6 +526,9 @@ def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: P
             "need a draft and --draft-max auto, not --draft none",
         ),
         (["--cache-ram", "-2"], "--cache-ram must be at least -1"),
+        # browsers send no path: a trailing slash had refused every request of the page
+        (["--cors", "https://app.example/"], "--cors 'https://app.example/' is not an origin"),
+        (["--cors", "app.example"], "give scheme://host[:port] with no path"),
         (["-md", "none", "--draft-max", "4"], "--draft-max 4 needs a drafter"),  # was ignored
     ],
 )

@@ -374,6 +374,18 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert demo.cache_dir() == tmp_path / "home" / ".cache" / "specgen"
 
 
+def test_a_cache_that_is_a_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    (tmp_path / "f").write_text("")  # was "File exists: ..." from the first mkdir
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "f"))
+    with pytest.raises(ConfigError, match=r"cache .*/f is a file, not a folder: move it"):
+        demo.cache_dir()
+    monkeypatch.delenv("SPECGEN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "specgen").write_text("")
+    with pytest.raises(ConfigError, match=r"cache .*/specgen is a file"):
+        demo.cache_dir()
+
+
 def test_unknown_demo_model_is_config_error() -> None:
     with pytest.raises(ConfigError, match="gemma3-270m-q4"):
         demo.ensure_demo_model("gemma3-1b")

@@ -84,6 +84,10 @@ OK_MODEL = "repo: o/r\n    file: m.gguf"
             "not a branch, tag or commit",
         ),
         ("models: " + "[" * 5000 + "]" * 5000 + "\n", "", "nested too deeply"),
+        # PyYAML keeps the last of a key given twice: an entry pasted and edited once lost
+        # the edit silently
+        ("models:\n  m: {repo: o/r, file: a.gguf}\n  m: {}\n", "line 3", "'m' is given twice"),
+        (f"models:\n  m:\n    {OK_MODEL}\n    file: b.gguf\n", "line 5", "'file' is given"),
         (f"models:\n  m:\n    {OK_MODEL}\n    quant: 8\n", "models.m.quant", "expected str"),
         (
             f"models:\n  m:\n    {OK_MODEL}\n    embedded: yes-ish\n",
@@ -137,6 +141,14 @@ def test_a_registry_that_is_not_utf8_is_named(tmp_path):
 def test_a_missing_models_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="--models .*nope.yaml: no such file"):
         load_registry(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="--models .*: a folder, not a models.yaml file"):
+        load_registry(tmp_path)
+
+
+def test_a_merge_key_may_override_what_it_merges(tmp_path):
+    text = "models:\n  a: &a {repo: o/r, file: a.gguf}\n  b: {<<: *a, file: b.gguf}\n"
+    reg = load_registry(write(tmp_path / "m.yaml", text))
+    assert (reg.model("b").repo, reg.model("b").file) == ("o/r", "b.gguf")
 
 
 def test_empty_file_is_an_empty_registry(tmp_path):

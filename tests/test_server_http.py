@@ -550,6 +550,9 @@ def test_no_cors_unless_asked_and_other_pages_refused() -> None:
             headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
         )  # another origin's preflight: the same 403, in OpenAI's shape
         assert assert_openai_error(pre, 403)["code"] == "origin_not_allowed"
+    with serving(Settings(cors=("*",))) as s:  # every page, as CORS's own "*" (was none)
+        r = s.post("/v1/completions", {"prompt": "a"}, headers={"Origin": "https://any.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
 
 
 def test_the_loopback_rule_for_the_open_server_warning() -> None:

@@ -6,6 +6,7 @@ the HTTP libraries)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,8 @@ class ServerFlags:
     cache_ram: int = 8192
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cors", tuple(self.cors or ()))  # Typer: a list or None
+        # Typer: a list or None; browsers send the scheme and host in lower case
+        object.__setattr__(self, "cors", tuple(_origin(o) for o in self.cors or ()))
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be between 0 and 65535, got {self.port}")
         at_least("-np/--parallel", self.parallel, 1)
@@ -111,6 +113,20 @@ class ServerFlags:
             read_chat_template(self.chat_template)
 
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
+
+
+def _origin(value: str) -> str:
+    """A --cors value as browsers send it in Origin (``*``: every origin)."""
+    origin = value.strip().lower()
+    if origin != "*" and not _ORIGIN.fullmatch(origin):
+        raise ConfigError(
+            f"--cors {value!r} is not an origin: give scheme://host[:port] with no path"
+            " (as https://app.example), or * for every origin"
+        )
+    return origin
+
+
 SERVER = Group(
     ServerFlags,
     host=opt("--host", help="Address to listen on."),
@@ -131,7 +147,7 @@ SERVER = Group(
         "--cors",
         kind=list[str] | None,
         default=None,
-        help="Allow browser requests from ORIGIN (repeatable).",
+        help="Allow browser requests from ORIGIN, as https://app.example (repeatable; * any).",
     ),
     max_tokens=opt(
         "--max-tokens", "-n", help="Default max_tokens (-1 = until the slot's context)."

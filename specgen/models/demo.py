@@ -47,14 +47,24 @@ def cache_dir() -> Path:
     """The directory for derived and assembled model files (not created here).
 
     ``$SPECGEN_CACHE`` if set, else ``$XDG_CACHE_HOME/specgen``, else ``~/.cache/specgen``.
+
+    Raises:
+        ConfigError: that path is a file (creating a file in it had said "File exists").
     """
     env = os.environ.get("SPECGEN_CACHE")
-    if env:
-        return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "specgen"
-    return Path.home() / ".cache" / "specgen"
+    if env:
+        path = Path(env).expanduser()
+    elif xdg:
+        path = Path(xdg).expanduser() / "specgen"
+    else:
+        path = Path.home() / ".cache" / "specgen"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"specgen's cache {path} is a file, not a folder: move it, or set SPECGEN_CACHE"
+            " to a folder"
+        )
+    return path
 
 
 def _say(status: StatusFn | None, message: str) -> None:

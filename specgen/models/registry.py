@@ -140,7 +140,8 @@ def load_registry(extra: Path | None = None) -> Registry:
     if extra is not None:
         extra = Path(extra).expanduser()
         if not extra.is_file():
-            raise ConfigError(f"--models {extra}: no such file")
+            what = "a folder, not a models.yaml file" if extra.is_dir() else "no such file"
+            raise ConfigError(f"--models {extra}: {what}")
         files.append(extra)
     models: dict[str, ModelEntry] = {}
     pairs: dict[str, PairEntry] = {}
@@ -172,8 +173,30 @@ def parse_file(path: Path) -> tuple[dict[str, ModelEntry], dict[str, PairEntry]]
     """
     import yaml
 
+    class _Loader(yaml.SafeLoader):
+        """SafeLoader refusing a key given twice in one mapping: PyYAML keeps the last, so
+        an entry pasted twice and edited once would silently lose the edit."""
+
+    def _unique(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *anchor": keys it may override
+                continue
+            key = loader.construct_object(key_node)
+            try:
+                hash(key)
+            except TypeError:  # construct_mapping names an unhashable key itself
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return loader.construct_mapping(node)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
     except UnicodeDecodeError:

@@ -192,6 +192,7 @@ class Origins(_HeaderGuard):
     """Refuse with 403 every request a browser page sends from an origin not given with
     ``--cors``: its ``Origin`` header names it (browsers send it with every cross-origin
     request, and with every POST), clients outside a browser (the SDKs, curl) send none.
+    ``*`` among the allowed origins allows every page, as it does for the CORS headers.
 
     CORS headers only keep a page from *reading* an answer; a "simple" cross-site POST
     (``Content-Type: text/plain`` or a form, no preflight) is still served, so without this
@@ -206,9 +207,10 @@ class Origins(_HeaderGuard):
     ) -> None:
         super().__init__(app, refused)
         self._allowed = frozenset(o.encode("latin-1") for o in allowed)
+        self._any = b"*" in self._allowed
 
     def _refusal(self, value: bytes) -> tuple[str, str, str] | None:
-        if value in self._allowed:
+        if self._any or value in self._allowed:
             return None
         message = (
             f"a request from the web page origin {value.decode('latin-1')[:200]!r} is"
