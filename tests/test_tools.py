@@ -15,7 +15,7 @@ from fakes import TextEngine
 from specgen.grammar import compile_grammar, tokenizer_for
 from specgen.llamacpp import compile_chat_template
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
-from specgen.server.shapes import messages_of
+from specgen.server.shapes import Outcome, Shape, messages_of
 from specgen.server.tools import (
     Choice,
     ContentGate,
@@ -176,6 +176,52 @@ def test_local_references_in_parameters_resolve_within_them(with_time: bool) -> 
     assert g.matcher().sync(B(call + ', "kids": [' + kid + "]}}"))
     wrapper = '{"name": "person", "arguments": {"name": "Bo", ' + ADDR + "}}"
     assert not g.matcher().sync(B(call + ', "kids": [' + wrapper))
+
+
+def test_a_function_without_parameters_takes_no_arguments() -> None:
+    """OpenAI: omitting ``parameters`` defines an empty parameter list. Its calls' arguments
+    are ``{}`` (any object had been allowed: a small model made one up, and a client's
+    ``fn(**arguments)`` then failed); ``parameters: {}`` stays any object."""
+    eng = TextEngine()
+    ping = Tool.model_validate({"type": "function", "function": {"name": "ping"}})
+    g = compile_grammar(call_grammar([ping], Choice("required")), tokenizer_for(eng))  # type: ignore[arg-type]
+    assert g.matcher().sync(B('{"name": "ping", "arguments": {}}'))
+    assert not g.matcher().sync(B('{"name": "ping", "arguments": {"city"'))
+    anything = Tool.model_validate(
+        {"type": "function", "function": {"name": "p", "parameters": {}}}
+    )
+    g = compile_grammar(call_grammar([anything], Choice("required")), tokenizer_for(eng))  # type: ignore[arg-type]
+    assert g.matcher().sync(B('{"name": "p", "arguments": {"city": "Oslo"}}'))
+
+
+def test_a_streamed_answer_ends_with_its_own_finish_chunk() -> None:
+    """The calls (or the held-back text) come in one chunk and the finish_reason in the
+    next, with an empty delta, as OpenAI and llama-server send them: replayed through
+    openai-python's own stream state, every call gets its ``arguments.done`` event (sent in
+    one chunk with the finish_reason, the last call never got it)."""
+    from openai.lib.streaming.chat._completions import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    answer = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
+    shape = Shape(True, "chatcmpl-1", "m", 0, 1, tools=Choice("required", syntax="hermes"))
+    state = ChatCompletionStreamState()
+    events = []
+    first = shape.first_chunk()
+    assert first is not None
+    for chunk in [first, *shape.final_chunks([], Outcome(answer, "stop", None, None), "")]:
+        events += state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    done = [e.arguments for e in events if e.type == "tool_calls.function.arguments.done"]
+    assert done == ['{"city": "Paris"}', '{"city": "Oslo"}']
+    *_, last = shape.final_chunks([], Outcome(answer, "stop", None, None), "")
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "tool_calls"
+    text = Shape(True, "chatcmpl-2", "m", 0, 1).final_chunks(
+        [], Outcome("ab", "stop", None, None), "b"
+    )
+    assert [c["choices"][0]["delta"] for c in text] == [{"content": "b"}, {}]
+    assert [c["choices"][0]["finish_reason"] for c in text] == [None, "stop"]
 
 
 def B(text: str) -> list[int]:

@@ -113,12 +113,25 @@ def test_a_forced_call_streams_the_message_it_answers(server: Server, choice: ob
     assert first.choices[0].delta.role == "assistant"
     assert first.choices[0].delta.content is None
     with client.chat.completions.stream(**kwargs) as stream:
+        done = [e.name for e in stream if e.type == "tool_calls.function.arguments.done"]
         streamed = stream.get_final_completion().choices[0].message
+    assert done == [c.function.name for c in streamed.tool_calls or []]  # the SDK's event
     assert whole.content is None and streamed.content is None
     assert [(c.function.name, c.function.arguments) for c in streamed.tool_calls or []] == [
         (c.function.name, c.function.arguments) for c in whole.tool_calls or []
     ]
     assert whole.tool_calls and whole.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_function_without_parameters_is_called_with_none(server: Server) -> None:
+    """OpenAI: no ``parameters``, an empty parameter list (the model had made up a city)."""
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=WHAT, tools=[{"type": "function", "function": {
+            "name": "ping"}}], tool_choice="required", parallel_tool_calls=False,
+        temperature=0, max_tokens=40,
+    )  # fmt: skip
+    calls = r.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("ping", {})]
 
 
 def test_a_tool_result_round_trip_through_the_template(server: Server) -> None:

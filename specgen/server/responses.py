@@ -249,9 +249,10 @@ class Run:
                 self.outcomes[i] = outcome
                 gate = gates[i]
                 released = gate.released if gate is not None else 0
-                yield _sse(
-                    self.shape.final_chunk(self.steps[i], outcome, rest, released, i, held[i])
-                )
+                for chunk in self.shape.final_chunks(
+                    self.steps[i], outcome, rest, released, i, held[i]
+                ):
+                    yield _sse(chunk)
                 if any(o is None for o in self.outcomes):
                     continue
                 outcomes = [o for o in self.outcomes if o is not None]

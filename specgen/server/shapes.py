@@ -450,7 +450,7 @@ class Shape:
         lps = self._logprobs([*held, step], self._offsets.setdefault(index, TextOffsets()))
         return self._chunk(step.text if text is None else text, None, lps, index)
 
-    def final_chunk(
+    def final_chunks(
         self,
         steps: Sequence[Step],
         outcome: Outcome,
@@ -458,17 +458,17 @@ class Shape:
         released: int = 0,
         index: int = 0,
         held: Sequence[Step] = (),
-    ) -> dict[str, Any]:
-        """The chunk carrying choice `index`'s finish_reason, the statistics and, when it
-        ended badly, the error; `rest` is text the rounds had not released yet (held UTF-8
-        bytes). With
-        tools, `rest` is ignored: the answer is parsed whole, its content not yet sent
-        (after the `released` characters streamed, `specgen.server.tools.ContentGate`)
-        and its calls go out here, as ``delta.tool_calls``, with the log-probabilities of
-        the `held` rounds' tokens when asked (the rounds whose text the gate kept back),
-        so that a stream lists every token the whole response lists."""
+    ) -> list[dict[str, Any]]:
+        """Choice `index`'s last chunks: what is not sent yet, then an empty delta with the
+        finish_reason, the statistics and any error (as OpenAI and llama-server end it;
+        openai-python's stream helper never closed a call sent beside the finish_reason).
+        `rest`: text the rounds held back (UTF-8 bytes). With tools, the answer is parsed
+        whole: its content after the `released` characters streamed (`tools.ContentGate`)
+        and its calls go out here, with the logprobs of the `held` rounds, whose text the
+        gate kept back, so that a stream lists every token the whole response lists."""
         meta = self._meta(steps, outcome)
         lps = self._logprobs(held) if held else None
+        finish = openai_finish(outcome.finish)
         if self.tools is not None and self.chat:
             content, calls = self.parsed(outcome.text)
             if calls is not None:
@@ -477,11 +477,13 @@ class Shape:
                 ]}  # fmt: skip
                 if content and content[released:]:
                     delta["content"] = content[released:]
-                finish = _calls_finish(openai_finish(outcome.finish))
-                choice = ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=finish)
-                return ChatCompletionChunk(**self._head(), choices=[choice], **meta).wire()
+                choice = ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=None)
+                calls_chunk = ChatCompletionChunk(**self._head(), choices=[choice]).wire()
+                return [calls_chunk, self._chunk(None, _calls_finish(finish), None, index, **meta)]
             rest = outcome.text[released:]
-        return self._chunk(rest or None, openai_finish(outcome.finish), lps, index, **meta)
+        if not rest:
+            return [self._chunk(None, finish, lps, index, **meta)]
+        return [self._chunk(rest, None, lps, index), self._chunk(None, finish, None, index, **meta)]
 
     def usage_chunk(self, steps: Sequence[Step], outcome: Outcome) -> dict[str, Any]:
         """stream_options.include_usage: the last chunk, with no choices."""

@@ -229,8 +229,13 @@ def _rebased(node: Any, root: str) -> Any:
 def call_schema(tool: Tool, at: str = "#") -> dict[str, Any]:
     """The JSON Schema of one call of `tool`: ``{"name": NAME, "arguments": {...}}``, the
     parameters' local references rebased for a call schema standing at the pointer `at`
-    of the grammar's schema (`_rebased`)."""
-    params = tool.function.parameters or {"type": "object"}
+    of the grammar's schema (`_rebased`). A function without ``parameters`` takes none
+    (OpenAI's reference: "an empty parameter list"), so its arguments are ``{}``."""
+    params = tool.function.parameters
+    if params is None:
+        params = {"type": "object", "properties": {}, "additionalProperties": False}
+    elif not params:
+        params = {"type": "object"}
     return {
         "type": "object",
         "properties": {
