@@ -330,6 +330,8 @@ def test_output_paths_are_checked_by_creating_a_file_and_never_shared(tmp_path: 
     same = tmp_path / "b.json"
     with pytest.raises(ConfigError, match=r"^--json and --markdown name the same file"):
         BenchFlags(json_path=same, markdown_path=tmp_path / "." / "b.json")
+    with pytest.raises(ConfigError, match=r"^--compare and --json name the same file"):
+        BenchFlags(json_path=same, compare=tmp_path / "." / "b.json")  # the earlier run lost
 
     class Full:
         def write_json(self, result: object, path: Path) -> None:

@@ -143,6 +143,11 @@ class BenchFlags:
                 same = given.setdefault(path.resolve(), name)
                 if same != name:  # the second would overwrite the first's
                     raise ConfigError(f"{same} and {name} name the same file: {path}")
+        if self.compare is not None and self.compare.resolve() in given:
+            raise ConfigError(
+                f"--compare and {given[self.compare.resolve()]} name the same file:"
+                f" {self.compare} (the run would overwrite the result it compares with)"
+            )
 
     @property
     def outputs(self) -> tuple[tuple[str, Path | None], ...]:
