@@ -20,7 +20,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from specgen import session as _session
-from specgen.apiargs import Prompt, argument_names, check_messages, prompt_list, sampling_flags
+from specgen.apiargs import (
+    Prompt,
+    argument_names,
+    check_messages,
+    prompt_list,
+    sampling_flags,
+    token_ids,
+)
 from specgen.apiengine import Engines, Models, generate_many, make_scheduler, one_slot, warn_fit
 from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter
@@ -356,21 +363,12 @@ class Pair(Generic[M]):
         )  # fmt: skip
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            prompt = prompt.encode("utf-8")
-        if not isinstance(prompt, bytes):
-            return self._token_ids(prompt)
-        text = prompt
-        if not text:
-            raise PromptError("the prompt is empty")
-        return prompt_tokens(self.session.target, text)
-
-    def _token_ids(self, prompt: object) -> list[int]:
-        ids = list(prompt) if isinstance(prompt, Sequence) else None
-        if ids is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ConfigError(
-                f"prompt must be text (str or bytes) or token ids, got {prompt!r:.60}"
-            )
+        if isinstance(prompt, str | bytes):
+            text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+            if not text:
+                raise PromptError("the prompt is empty")
+            return prompt_tokens(self.session.target, text)
+        ids = token_ids(prompt)
         if not ids:
             raise PromptError("the prompt is empty")
         n_vocab = self.session.target.n_vocab

@@ -4,6 +4,7 @@ caller passed them: keyword settings as a `SamplingFlags`, a prompt, chat messag
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, replace
@@ -15,11 +16,16 @@ from specgen.flags import SamplingFlags, in_python_words
 
 @contextmanager
 def argument_names() -> Iterator[None]:
-    """A `ConfigError` raised inside, its flags named as the Python API's arguments."""
+    """A `ConfigError` or `PromptError` raised inside, its flags named as the Python API's
+    arguments ("raise -c": "raise ctx_size")."""
     try:
         yield
     except ConfigError as exc:  # GrammarError stays one
         raise type(exc)(in_python_words(str(exc))) from exc
+    except PromptError as exc:
+        if type(exc) is not PromptError:  # ContextFullError speaks for chat_session already
+            raise
+        raise PromptError(in_python_words(str(exc))) from exc
 
 
 def sampling_flags(
@@ -63,8 +69,8 @@ def sampling_flags(
             )
             raise ConfigError(f"unknown setting {name!r}{hint}")
     draft_max = given.get("draft_max")
-    if isinstance(draft_max, int) and not isinstance(draft_max, bool):
-        given["draft_max"] = str(draft_max)
+    if _is_int(draft_max):  # numpy's too, as the other integer settings take them
+        given["draft_max"] = str(int(draft_max))  # type: ignore[call-overload]
     elif "draft_max" in given and not isinstance(draft_max, str):
         raise ConfigError(f'draft_max must be an integer (1 to 64) or "auto", got {draft_max!r}')
     with argument_names():
@@ -75,6 +81,26 @@ def sampling_flags(
 
 #: a prompt: text (bytes are UTF-8), or token ids as the target's tokenizer gives them
 Prompt = str | bytes | Sequence[int]
+
+
+def _is_int(value: object) -> bool:
+    """An integer, numpy's included; True is an int to Python, never a count here."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def token_ids(prompt: object) -> list[int]:
+    """A prompt of token ids as a list of ints: a sequence of integers (numpy's too), or a
+    1-D numpy array.
+
+    Raises:
+        ConfigError: anything else (a 2-D array, floats, bools...).
+    """
+    if not isinstance(prompt, Sequence) and callable(getattr(prompt, "tolist", None)):
+        prompt = prompt.tolist()  # type: ignore[attr-defined]  # a numpy array
+    ids = list(prompt) if isinstance(prompt, Sequence) else None
+    if ids is None or not all(_is_int(t) for t in ids):
+        raise ConfigError(f"prompt must be text (str or bytes) or token ids, got {prompt!r:.60}")
+    return [int(t) for t in ids]
 
 
 #: the roles a message may have (OpenAI's, as the server's schema takes them)
@@ -121,7 +147,7 @@ def prompt_list(prompts: object) -> list[object]:
         ConfigError: `prompts` is a str, bytes, or a sequence of ints, or not iterable.
     """
     if isinstance(prompts, (str, bytes)) or (
-        isinstance(prompts, Sequence) and prompts and all(isinstance(p, int) for p in prompts)
+        isinstance(prompts, Sequence) and prompts and all(_is_int(p) for p in prompts)
     ):
         raise ConfigError(
             "prompts must be a list of prompts, got one prompt: for one, use generate() (or"

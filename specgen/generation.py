@@ -96,9 +96,10 @@ class Generation:
     events (`Prefilled`, a `Step` per round, `Done`). Closing it early (``close()``)
     stops generating and leaves the models ready for the next call;
     ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
-    finish reason "interrupted"), and ``cancel()`` does so from another thread; a ``with``
-    block closes it. Until it has ended (its `Done`, ``close()``, or the
-    object dropped), the Pair's other calls raise `specgen.BusyError`.
+    finish reason "interrupted"; before the first event it is raised at once), and
+    ``cancel()`` does so from another thread; a ``with`` block closes it. Until it has
+    ended (its `Done`, ``close()``, or the object dropped), the Pair's other calls raise
+    `specgen.BusyError`.
 
     Attributes:
         seed: the seed used (a random one when none was given).
@@ -120,6 +121,7 @@ class Generation:
         # alive, and its Pair busy, until the garbage collector ran)
         self._ended = _Once(release)
         self._events = _ending(run.events(), self._ended)
+        self._started = False
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
@@ -131,6 +133,7 @@ class Generation:
         return self
 
     def __next__(self) -> Event:
+        self._started = True
         return next(self._events)
 
     def close(self) -> None:
@@ -151,7 +154,14 @@ class Generation:
         self.close()
 
     def throw(self, exc: BaseException) -> Event:
-        """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event."""
+        """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event.
+        Before the first event nothing has run: the generation is closed (the Pair free)
+        and `exc` raised here, as a generator not started raises it."""
+        if not self._started:
+            # a generator not started raises `exc` without entering its `finally`: the
+            # Pair stayed busy until the garbage collector freed the traceback's frames
+            self.close()
+            raise exc
         return self._events.throw(exc)
 
     @property

@@ -94,6 +94,9 @@ def test_bad_settings_are_refused_before_generating(pair) -> None:
         pair.generate("the cat", top_p=2)
     with pytest.raises(PromptError, match="empty"):
         pair.generate("")
+    n_ctx = pair.session.target.n_ctx
+    with pytest.raises(PromptError, match="shorten it or raise ctx_size$"):  # was "-c"
+        pair.generate([1] * n_ctx)
     with pytest.raises(ConfigError, match="needs target"):
         specgen.load(draft="small.gguf")
 
@@ -126,6 +129,22 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair, o
     # close enough is taken as meant: an int temperature, one stop string
     one = pair.generate("the cat", temperature=0, max_tokens=6, stop="zzz", ignore_eos=True)
     assert len(one.tokens) == 6
+    # numpy's integers, as tokenizers and arrays give them (draft_max and token-id prompts
+    # had refused them, the message naming the value it refused as an integer)
+    import numpy as np
+
+    from specgen.chat import prompt_tokens
+
+    ids = prompt_tokens(pair.session.target, b"the cat")
+    by_ints = pair.generate(ids, temperature=0, draft_max=3, max_tokens=6, ignore_eos=True)
+    for prompt in (np.array(ids), [np.int64(t) for t in ids]):
+        by_numpy = pair.generate(
+            prompt, temperature=0, draft_max=np.int64(3), max_tokens=6, ignore_eos=True
+        )
+        assert by_numpy.tokens == by_ints.tokens
+    for bad in (np.array([ids]), [True, 2], np.array([1.0, 2.0])):
+        with pytest.raises(ConfigError, match="^prompt must be text"):
+            pair.generate(bad)
 
 
 def test_a_closed_pair_raises_a_specgen_error_instead_of_killing_the_process(
@@ -399,6 +418,10 @@ def test_one_generation_at_a_time_and_never_a_silent_mix(pair) -> None:
     dropped = pair.stream("the cat", **args)  # never started, then dropped
     del dropped
     assert pair.generate("the cat", **args).tokens == alone.tokens
+    it = pair.stream("the cat", **args)  # Ctrl-C before the first event (relay's throw)
+    with pytest.raises(KeyboardInterrupt):
+        it.throw(KeyboardInterrupt())
+    assert pair.generate("the cat", **args).tokens == alone.tokens  # was BusyError until gc
 
 
 def test_a_pairs_start_up_is_timed_by_its_first_call_and_kept(tiny_target, tiny_draft) -> None:

@@ -337,6 +337,22 @@ def test_models_yaml_is_at_the_top_level_and_is_what_the_package_reads() -> None
     assert not (PACKAGE / "models.yaml").exists()
 
 
+def test_every_data_file_of_the_package_is_shipped() -> None:
+    """pyproject's package-data names every file of the package that is not Python: the
+    wheel had no ``py.typed``, so a user's mypy saw none of the annotations (PEP 561)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["specgen"]
+    data = [
+        p.relative_to(PACKAGE)
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.suffix not in (".py", ".pyc")
+    ]
+    assert Path("py.typed") in data
+    assert [p for p in data if not any(p.match(g) for g in globs)] == []
+
+
 # -- the one output sink ------------------------------------------------------------------------
 
 #: writes only the sink may make: the process's streams, print, Rich consoles, Click's echo,
