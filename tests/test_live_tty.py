@@ -1,5 +1,6 @@
 """`specgen run` on a real pseudo-terminal: the live view appears, its footer shows
-acceptance and a measured speedup, and Ctrl-C (SIGINT) keeps the text and exits 130."""
+acceptance and a measured speedup, Ctrl-C (SIGINT) keeps the text and exits 130, and
+SIGTERM leaves the terminal as it found it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,24 @@ def test_sigint_keeps_the_text_and_exits_130(demo_pair):
     assert re.search(r"finished\s+interrupted \(Ctrl-C\)", screen), screen
     kept = re.search(r"tokens\s+(\d+) generated", screen)  # the summary counts the text kept
     assert kept and 0 < int(kept[1]) < 2000, screen
+
+
+def test_sigterm_shows_the_cursor_again_and_exits_143(demo_pair):
+    """`kill` or `timeout` during the live view: the cursor the view hid is shown again
+    (the default action killed the process with it hidden, the shell's prompt then without
+    a cursor), no traceback, 128 + SIGTERM."""
+    t, d = demo_pair
+    proc, master = spawn(
+        ["run", "-m", str(t), "-md", str(d), "-n", "2000", "--temp", "0", "--ignore-eos",
+         "-c", "4096", "Write a very long story about a dragon."]
+    )  # fmt: skip
+    before = read_until(master, proc, DEADLINE_S, pattern=GENERATING)
+    assert b"\x1b[?25l" in before, ANSI.sub(b"", before)[-2000:]  # the view hid the cursor
+    proc.send_signal(signal.SIGTERM)
+    raw = before + read_until(master, proc, DEADLINE_S)
+    proc.wait(timeout=60)
+    os.close(master)
+    screen = ANSI.sub(b"", raw).decode("utf-8", "replace")
+    assert proc.returncode == 143, screen
+    assert "Traceback" not in screen
+    assert raw.rfind(b"\x1b[?25h") > raw.rfind(b"\x1b[?25l"), screen[-2000:]

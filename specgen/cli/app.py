@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -96,6 +100,53 @@ app.add_typer(_trace, name="trace")
 help.name_values(app)  # `-m GGUF|NAME`, `--temp T` in --help, not Python types
 
 
+def _run_app(argv: list[str] | None, debug: bool) -> Any:
+    try:
+        return app(args=argv, standalone_mode=False)
+    except SpecgenError as e:
+        return _fail(str(e), e.exit_code, debug)
+    except (KeyboardInterrupt, typer.Abort):
+        # Ctrl-C anywhere (Click turns KeyboardInterrupt into Abort): 128 + SIGINT, as a
+        # shell reports it, and no message; the command has shown what it finished.
+        if debug:
+            output.debug_traceback()
+        return run.EXIT_INTERRUPTED
+    except _USAGE_ERRORS as e:
+        return _show_usage_error(e)
+    except OSError as e:
+        return _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1, debug)
+    except Exception as e:  # noqa: BLE001 - the one place that turns bugs into a line
+        return _fail(
+            f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)",
+            1,
+            debug,
+        )
+
+
+@contextlib.contextmanager
+def _terminating() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`) unwinds the command as an exit (128 + 15), where it had
+    killed it: the live view shows the cursor it hid (the shell's prompt had stayed
+    without one), files are closed (a file written whole at the end is not left half
+    written), the models close. Only where nothing else handles it (`serve` installs its
+    own, a drain) and on the main thread (signals are delivered there)."""
+    mine = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    if mine:
+        signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        if mine:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _fail(message: str, code: int, debug: bool = False) -> int:
     if debug:
         output.debug_traceback()
@@ -115,27 +166,10 @@ def _show_usage_error(e: Exception) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, map known errors to one stderr line.
 
-    Exit codes: 0 ok, 1 error, 2 usage, 130 interrupted. SPECGEN_DEBUG=1 shows tracebacks.
+    Exit codes: 0 ok, 1 error, 2 usage, 130 interrupted, 143 terminated (SIGTERM).
+    SPECGEN_DEBUG=1 shows tracebacks.
     """
     debug = os.environ.get("SPECGEN_DEBUG", "") not in ("", "0")
-    try:
-        code = app(args=argv, standalone_mode=False)
-    except SpecgenError as e:
-        code = _fail(str(e), e.exit_code, debug)
-    except (KeyboardInterrupt, typer.Abort):
-        # Ctrl-C anywhere (Click turns KeyboardInterrupt into Abort): 128 + SIGINT, as a
-        # shell reports it, and no message; the command has shown what it finished.
-        if debug:
-            output.debug_traceback()
-        code = run.EXIT_INTERRUPTED
-    except _USAGE_ERRORS as e:
-        code = _show_usage_error(e)
-    except OSError as e:
-        code = _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1, debug)
-    except Exception as e:  # noqa: BLE001 - the one place that turns bugs into a line
-        code = _fail(
-            f"unexpected {type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)",
-            1,
-            debug,
-        )
+    with _terminating():
+        code = _run_app(argv, debug)
     sys.exit(code if isinstance(code, int) else 0)

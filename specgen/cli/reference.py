@@ -31,8 +31,9 @@ by hand; tests/test_docs_reference.py fails when this page and the code differ. 
 Every command and every flag, as `specgen COMMAND --help` shows them. Exit codes of every
 command: 0 success, 1 an error (one line on stderr; `SPECGEN_DEBUG=1` shows the traceback),
 2 a usage error (an unknown flag, a missing value, or a value that is not a number where
-one goes), 130 interrupted (Ctrl-C); a value out of range or not one of a flag's choices is
-an error (1).
+one goes), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, as `kill` or `timeout` send:
+the command unwinds as it ends, the terminal restored); a value out of range or not one of
+a flag's choices is an error (1).
 """
 
 
