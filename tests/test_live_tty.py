@@ -95,3 +95,19 @@ def test_sigterm_shows_the_cursor_again_and_exits_143(demo_pair):
     assert proc.returncode == 143, screen
     assert "Traceback" not in screen
     assert raw.rfind(b"\x1b[?25h") > raw.rfind(b"\x1b[?25l"), screen[-2000:]
+
+
+def test_a_dumb_terminal_gets_the_plain_text_not_the_view(demo_pair):
+    """TERM=dumb (Emacs' shell) moves no cursor and draws no style: the text as a pipe gets
+    it, without the view's legend (which named bold it never drew)."""
+    t, d = demo_pair
+    proc, master = spawn(
+        ["run", "-m", str(t), "-md", str(d), "-n", "8", "--temp", "0", "--ignore-eos", "Hi"],
+        env={"TERM": "dumb"},
+    )
+    raw = read_until(master, proc, DEADLINE_S)
+    proc.wait(timeout=60)
+    os.close(master)
+    screen = raw.decode("utf-8", "replace")
+    assert proc.returncode == 0, screen
+    assert "accepted draft" not in screen and "bold" not in screen, screen

@@ -53,6 +53,6 @@ def show_messages(opened: Session) -> None:
 
 
 def wants_live(out: OutputFlags) -> bool:
-    """Whether to show the live view: stdout is a terminal, and neither --no-live nor
-    --json."""
-    return not (out.no_live or out.json_out) and output.stdout_is_terminal()
+    """Whether to show the live view: stdout is a terminal that redraws (not TERM=dumb),
+    and neither --no-live nor --json."""
+    return not (out.no_live or out.json_out) and output.stdout_redraws()

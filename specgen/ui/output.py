@@ -60,8 +60,15 @@ def console(*, stderr: bool = False, width: int | None = None, soft_wrap: bool =
 
 
 def stdout_is_terminal() -> bool:
-    """True when stdout is a terminal (the live view's condition)."""
+    """True when stdout is a terminal."""
     return sys.stdout.isatty()
+
+
+def stdout_redraws() -> bool:
+    """True when stdout is a terminal that can move its cursor (the live view's condition):
+    not ``TERM=dumb`` (Emacs' shell, some CI logs), where the view could draw no styles
+    and its legend named bold it never drew (Rich's own test, `Console.is_dumb_terminal`)."""
+    return stdout_is_terminal() and os.environ.get("TERM", "").lower() not in ("dumb", "unknown")
 
 
 def write_text(text: str) -> None:
