@@ -173,12 +173,34 @@ def test_record_comparability(tiny_target: Path, tiny_draft: Path) -> None:
     b = _record(tiny_target, tiny_draft)
     b["date"] = "2000-01-01T00:00:00+00:00"
     b["load_s"] = 99.0
+    b["software"]["commit"] = "0123456789ab"  # comparing two commits is --compare's use
     assert bench.record_differences(a, b) == []
     assert bench.record_fingerprint(a) == bench.record_fingerprint(b)
     c = _record(tiny_target, tiny_draft, seed=99)
     diffs = bench.record_differences(a, c)
     assert diffs == ["seed: 1234 -> 99"]
     assert bench.record_fingerprint(a) != bench.record_fingerprint(c)
+
+
+def test_the_record_states_the_source_commit(monkeypatch) -> None:
+    """A published figure states its commit: the checkout's HEAD (``+dirty`` when tracked
+    files differ), None outside a git checkout."""
+    import subprocess
+
+    from specgen.bench import record
+
+    here = Path(record.__file__).resolve().parent
+    head = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    )
+    commit = record.source_commit()
+    if head.returncode != 0:
+        assert commit is None
+    else:
+        assert commit is not None and commit.removesuffix("+dirty") == head.stdout.strip()
+        assert record.software_record()["commit"] == commit
+    monkeypatch.setattr(record.shutil, "which", lambda name: None)
+    assert record.source_commit() is None
 
 
 def test_file_type_names_match_gguf() -> None:
@@ -341,6 +363,34 @@ def test_output_paths_are_checked_by_creating_a_file_and_never_shared(tmp_path: 
 
     with pytest.raises(ConfigError, match=r"^--json: cannot write .*b\.json: No space left"):
         BenchFlags(json_path=same).write(Full(), object())
+
+    class JsonFails(Full):
+        def write_markdown(self, result: object, path: Path) -> None:
+            path.write_text("tables")
+
+    md = tmp_path / "ok.md"  # written though --json failed before it (it had been dropped)
+    with pytest.raises(
+        ConfigError, match=r"^--json: cannot write .*b\.json: No space left on device$"
+    ):
+        BenchFlags(json_path=same, markdown_path=md).write(JsonFails(), object())
+    assert md.read_text() == "tables"
+
+
+def test_ctrl_c_before_a_measured_generation_says_so(monkeypatch, capsys) -> None:
+    """Ctrl-C in the warm-up or the first generation: no table to show, but a line saying
+    nothing was measured or written (it had exited 130 in silence)."""
+    from types import SimpleNamespace
+
+    from specgen.cli import bench as command
+
+    def interrupted(*args: object) -> None:
+        raise bench.BenchInterrupted(SimpleNamespace(configs=[]))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(command, "_measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        command._measure_traced(bench, None, [], None, None)
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C) before a measured generation ended; no file written" in err
 
 
 # -- command line -------------------------------------------------------------------------------

@@ -136,10 +136,37 @@ def specgen_version() -> str:
         return __version__
 
 
+def source_commit() -> str | None:
+    """The git commit of the specgen source that runs (12 hex digits, ``+dirty`` when
+    tracked files differ from it), or None outside a git checkout (an installed wheel):
+    a published figure states its commit."""
+    here = Path(__file__).resolve().parent
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        head = subprocess.run(
+            [git, "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            [git, "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+dirty" if dirty else head or None
+
+
 def software_record() -> dict[str, Any]:
     from specgen import session  # start-up time: see the note at the top
 
-    return {"specgen": specgen_version(), **session.software_facts(), "numpy": np.__version__}
+    return {
+        "specgen": specgen_version(),
+        "commit": source_commit(),
+        **session.software_facts(),
+        "numpy": np.__version__,
+    }
 
 
 def backend_of(system_info: str) -> str:

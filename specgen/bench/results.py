@@ -378,8 +378,8 @@ class Comparison:
 # -- the record's identity ------------------------------------------------------------------
 
 # not part of comparability: when, where the files lie, how long loading took, how busy
-# the machine was (a warning says so)
-_VOLATILE = {"date", "path", "load_s", "other_cpu_load"}
+# the machine was (a warning says so), the source's commit (comparing two is the point)
+_VOLATILE = {"date", "path", "load_s", "other_cpu_load", "commit"}
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

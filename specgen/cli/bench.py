@@ -161,8 +161,10 @@ class BenchFlags:
 
         Raises:
             ConfigError: a file could not be written (naming its flag and path; the
-                tables were shown before, so the measurements are not lost).
+                tables were shown before, and the other files are written, so the
+                measurements are not lost).
         """
+        failed = []
         for name, path, write in (("--json", self.json_path, report.write_json),
                                   ("--markdown", self.markdown_path, report.write_markdown),
                                   ("--plot", self.plot_path, report.write_plot)):  # fmt: skip
@@ -170,7 +172,9 @@ class BenchFlags:
                 try:
                     write(result, path)
                 except OSError as e:
-                    raise ConfigError(f"{name}: cannot write {path}: {e.strerror or e}") from None
+                    failed.append(f"{name}: cannot write {path}: {e.strerror or e}")
+        if failed:
+            raise ConfigError("; ".join(failed))
 
 
 BENCH = Group.of(BenchFlags)
@@ -279,6 +283,10 @@ def _measure_traced(bench, opened: Session, prompts, settings, trace: Path | Non
     except bench.BenchInterrupted as e:
         if e.result.configs:
             _show(e.result, incomplete="interrupted (Ctrl-C); no file written")
+        else:  # silence had left it unclear whether anything was measured or written
+            output.notice(
+                "interrupted (Ctrl-C) before a measured generation ended; no file written"
+            )
         raise KeyboardInterrupt from None
     finally:
         if writer is not None:
