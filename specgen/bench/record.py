@@ -140,7 +140,7 @@ def source_commit() -> str | None:
     """The git commit of the specgen source that runs (12 hex digits, ``+dirty`` when
     tracked files differ from it), or None outside a git checkout (an installed wheel):
     a published figure states its commit."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the package: +dirty speaks for all of it
     git = shutil.which("git")
     if git is None:
         return None
