@@ -237,6 +237,22 @@ def test_bad_files_raise_config_error(tmp_path, content, match):
         read_trace(path)
 
 
+def test_bytes_that_are_not_utf8_name_the_line_and_blank_lines_pass(tmp_path):
+    """Bytes that are not UTF-8 (a binary file, a damaged line) name the file and line (was
+    "unexpected UnicodeDecodeError" at a byte offset); a blank line is passed over (was
+    "not JSON"); a character cut by the last, partial write is a cut-off line."""
+    head = b'{"schema": "specgen.trace", "version": 1}\n'
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(head + b'{"type": "x", "text": "\xff\xfe"}\n{"type": "y"}\n')
+    with pytest.raises(ConfigError, match=r"t\.jsonl: line 2 is not UTF-8 text"):
+        read_trace(path)
+    path.write_bytes(head + b"\n  \n" + b'{"type": "end", "finish_reason": "eos",'
+                     b' "n_generated": 1, "stats": {}}\n')  # fmt: skip
+    assert read_trace(path).end is not None
+    path.write_bytes(head + '{"type": "x", "text": "\u00e9'.encode()[:-1])
+    assert read_trace(path).truncated_line
+
+
 def _round(i, pos, k, drafted, n, nxt, round_s, draft_s=0.01, verify_s=0.02):
     acc = [True] * n + ([False] if n < k else [])
     return {

@@ -163,9 +163,8 @@ def read_trace(path: Path | str) -> TraceFile:
         OSError: the file cannot be read.
     """
     path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
+    lines = path.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
         lines.pop()
         cut_allowed = False
     else:
@@ -173,13 +172,16 @@ def read_trace(path: Path | str) -> TraceFile:
     objs: list[dict[str, Any]] = []
     truncated = False
     for i, line in enumerate(lines):
+        if not line.strip():  # a blank line (an editor's, a concatenation's) holds nothing
+            continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+            obj = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if i == len(lines) - 1 and cut_allowed and i > 0:
-                truncated = True
+                truncated = True  # cut mid-write, a character's bytes included
                 break
-            raise ConfigError(f"{path}: line {i + 1} is not JSON: not a specgen trace") from None
+            what = "UTF-8 text" if isinstance(e, UnicodeDecodeError) else "JSON"
+            raise ConfigError(f"{path}: line {i + 1} is not {what}: not a specgen trace") from None
         if not isinstance(obj, dict):
             raise ConfigError(f"{path}: line {i + 1} is not a JSON object")
         objs.append(obj)
