@@ -70,6 +70,37 @@ def test_chat_answers_with_usage_timings_and_speculative(served: Served) -> None
     assert t["prompt_n"] + t["cache_n"] == n_prompt
 
 
+def test_a_stream_sends_its_role_with_the_first_token_not_before_the_prefill() -> None:
+    """The role chunk waits for the choice's first event (its first round), as llama-server
+    and vLLM send it: sent at once, before the prompt was evaluated, a client timing its
+    first chunk (vLLM's benchmark) reported a time to first token of ~0."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from specgen.events import Done, Stats
+    from specgen.server.app import State
+    from specgen.server.responses import Run
+    from specgen.server.shapes import Shape
+
+    async def main() -> list[dict]:
+        events = Events(asyncio.get_running_loop())
+        run = Run(State(), fake.fake_backend(), [SimpleNamespace(id="j")], [], events,  # type: ignore[list-item]
+                  Shape(True, "chatcmpl-1", "m", 0, 1), "/v1/chat/completions")  # fmt: skip
+        stream = run.stream(include_usage=False)
+        first = asyncio.ensure_future(anext(stream))
+        for _ in range(10):  # every ready callback runs: the stream waits on the queue alone
+            await asyncio.sleep(0)
+        assert not first.done()  # was the role chunk, before any event
+        events(Done("stop", "hi", (104, 105), Stats(n_prompt=1, n_generated=2)))
+        chunks = [await first] + [c async for c in stream]
+        return [json.loads(c["data"]) for c in chunks if c["data"] != "[DONE]"]
+
+    role, text, final = asyncio.run(main())
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert text["choices"][0]["delta"] == {"content": "hi"}
+    assert final["choices"][0]["finish_reason"] == "stop"
+
+
 def test_chat_stream_sends_a_chunk_per_round_then_finish_usage_and_done(served: Served) -> None:
     body = {"messages": USER, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=10) as r:

@@ -210,16 +210,21 @@ class Run:
         ]
         held: list[list[Step]] = [[] for _ in self.jobs]  # rounds whose text the gate kept
         try:
-            for i in range(len(self.jobs)):
-                first = self.shape.first_chunk(i)
-                if first is not None:
-                    yield _sse(first)
+            opened = [False for _ in self.jobs]
             echoed = [self.shape.echo is None for _ in self.jobs]
             while True:
                 i, ev = await self.next_event()
                 if isinstance(ev, Prefilled):
                     self._prefilled(i, ev)
                     continue
+                if not opened[i]:
+                    # the role with the choice's first token, as llama-server and vLLM send
+                    # it: sent before the prefill, it made a client that times its first
+                    # chunk (vLLM's benchmark) report the time to first token as ~0
+                    opened[i] = True
+                    first = self.shape.first_chunk(i)
+                    if first is not None:
+                        yield _sse(first)
                 if not echoed[i]:  # the prompt first, with its log-probabilities by now
                     echoed[i] = True
                     yield _sse(self.shape.echo_chunk(i))
