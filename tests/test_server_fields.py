@@ -102,6 +102,7 @@ ACTIVE: dict[str, Any] = {
     "prediction": {"type": "content", "content": "hello"},
     "grammar": 'root ::= "yes"',
     "json_schema": {"type": "object"},
+    "options": {"temperature": 0.2},  # Ollama's, which had been ignored
 }
 
 REFUSED = sorted(

@@ -393,6 +393,13 @@ FIELDS: dict[str, Field] = {
     ),
     "max_tokens_second": Field(IG, "no rate limit: changes nothing generated", "other"),
     "num_ctx": Field(IG, "the context is the server's (-c): changes nothing generated", "other"),
+    # Ollama's settings object, which its native API reads and these routes do not
+    "options": Field(
+        R,
+        "send each setting as a field of the request (temperature, top_p...)",
+        "other",
+        inert=(None, {}),
+    ),  # fmt: skip
 }
 """Field name -> its status on this server (`Field`)."""
 
