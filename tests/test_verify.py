@@ -176,6 +176,23 @@ def test_greedy_wrong_acceptance_fails(monkeypatch):
     assert case.status == "fail" and case.gap is not None and case.gap > case.threshold
 
 
+def test_a_greedy_check_whose_draft_proposed_nothing_is_not_a_pass():
+    """Every speculative run drafting nothing compares ordinary decoding with itself: no
+    pass (exit 1), said in a note; each case counts what was drafted and accepted (the
+    greedy entries had not said, so an empty pass looked like a real one)."""
+    target, _ = near_tie_target(bump=0.0)
+    # no drafter: the runs are ordinary decoding, as under a grammar forcing every token
+    idle = verify(target, lambda p: None, _greedy_cfg())  # type: ignore[arg-type,return-value]
+    assert [c.n_drafted for c in idle.greedy] == [0] and idle.greedy_passed
+    assert (idle.verdict, idle.passed) == ("untested", False)
+    assert any("proposed nothing in the greedy check" in n for n in idle.notes)
+    draft = FakeEngine(n_vocab=9, seed=4, noise=0.5)
+    busy = verify(target, lambda p: ModelDrafter(draft, p, 9), _greedy_cfg())
+    (case,) = busy.greedy
+    assert case.n_drafted > 0 and 0 <= case.n_accepted <= case.n_drafted
+    assert busy.verdict == "pass" and busy.to_dict()["greedy"][0]["n_drafted"] == case.n_drafted
+
+
 # -- broken rules on the tiny llama.cpp pair -------------------------------------------------
 
 

@@ -184,7 +184,16 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
     out: list[RenderableType] = [Text(head, style="bold")]
     if report.greedy:
         t = Table(title="greedy: speculative vs ordinary output", title_justify="left")
-        for col in ("prompt", "K", "tokens", "result", "position", "gap", "threshold"):
+        for col in (
+            "prompt",
+            "K",
+            "tokens",
+            "accepted/drafted",
+            "result",
+            "position",
+            "gap",
+            "threshold",
+        ):
             t.add_column(
                 col,
                 justify="left" if col in ("prompt", "result") else "right",
@@ -196,6 +205,7 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
                 _short(c.prompt, 24),
                 str(c.k),
                 str(c.n_tokens),
+                f"{c.n_accepted}/{c.n_drafted}",
                 Text(c.status, style=style[c.status]),
                 "" if c.position is None else str(c.position),
                 "" if c.gap is None else f"{c.gap:.4f}",
@@ -246,7 +256,7 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
         )  # fmt: skip
     elif report.verdict == "untested":
         out.append(
-            Text("NOT VERIFIED: the sampling check tested no speculation (see above)",
+            Text("NOT VERIFIED: a check tested no speculation (see above)",
                  style="bold yellow")
         )  # fmt: skip
     else:

@@ -48,6 +48,8 @@ class GreedyCase:
         drift: max |batched - single| logits over that row.
         threshold: max(noise_gap, 2 * drift): gaps below it are noise.
         seconds: wall time of this case.
+        n_drafted, n_accepted: draft tokens the speculative run proposed and the target
+            accepted (none drafted: the case compared ordinary decoding with itself).
     """
 
     prompt_index: int
@@ -63,6 +65,8 @@ class GreedyCase:
     drift: float | None = None
     threshold: float | None = None
     seconds: float = 0.0
+    n_drafted: int = 0
+    n_accepted: int = 0
 
 
 def _examine_divergence(
@@ -140,9 +144,18 @@ def check_greedy(
             spec = done.tokens
             i = common_prefix(list(ordinary), list(spec))
             label = text.decode("utf-8", "replace")
+            drafted = {"n_drafted": done.stats.n_drafted, "n_accepted": done.stats.n_accepted}
             if i == len(ordinary) == len(spec):
                 cases.append(
-                    GreedyCase(pi, label, k, len(spec), "match", seconds=time.perf_counter() - t0)
+                    GreedyCase(
+                        pi,
+                        label,
+                        k,
+                        len(spec),
+                        "match",
+                        seconds=time.perf_counter() - t0,
+                        **drafted,
+                    )  # fmt: skip
                 )
                 continue
             if i >= min(len(ordinary), len(spec)):  # one run stopped early: a real bug
@@ -155,6 +168,7 @@ def check_greedy(
                         "fail",
                         position=i,
                         seconds=time.perf_counter() - t0,
+                        **drafted,
                     )
                 )
                 continue
@@ -178,6 +192,7 @@ def check_greedy(
                     drift=drift,
                     threshold=threshold,
                     seconds=time.perf_counter() - t0,
+                    **drafted,
                 )
             )
     target.truncate(0)

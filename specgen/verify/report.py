@@ -18,9 +18,10 @@ HIGH_ACCEPTANCE = 0.9
 @dataclass(frozen=True)
 class VerifyReport:
     """Everything `verify` found. `verdict`: "fail" (a check failed), "untested" (nothing
-    failed, but the sampling check tested nothing of speculation: no position had enough
-    samples, or the draft proposed nothing), else "pass". `passed` (the verdict is a pass)
-    decides the exit code: 0, else 1."""
+    failed, but a check tested nothing of speculation: the sampling check had no position
+    with enough samples, or its draft proposed nothing; the greedy check's draft proposed
+    nothing), else "pass". `passed` (the verdict is a pass) decides the exit code: 0,
+    else 1."""
 
     target: str
     draft: str
@@ -37,9 +38,10 @@ class VerifyReport:
 
     @property
     def untested(self) -> bool:
-        """The sampling check ran but tested nothing of speculation (see `notes`)."""
+        """A check ran but tested nothing of speculation (see `notes`)."""
         s = self.sampling
-        return s is not None and (not s.tests or s.drafted == 0)
+        greedy_empty = bool(self.greedy) and not any(c.n_drafted for c in self.greedy)
+        return greedy_empty or (s is not None and (not s.tests or s.drafted == 0))
 
     @property
     def verdict(self) -> str:
@@ -112,6 +114,12 @@ def verify(
                 f"position{'s' * (len(missing) > 1)} {where} had no prefix shared by"
                 f" {config.min_group} samples: untested (raise --samples)"
             )
+    if greedy and not any(c.n_drafted for c in greedy):
+        notes.append(
+            "the draft proposed nothing in the greedy check (a grammar forcing every token,"
+            " or prompt lookup finding no repeat?): it compared ordinary decoding with"
+            " itself, not speculation; give prompts it drafts for (--prompt)"
+        )
     if sampling is not None and sampling.drafted == 0:
         notes.append(
             "the draft proposed nothing on the sampling prompts (prompt lookup finds no"
