@@ -401,3 +401,6 @@ def test_summarize_cli_bad_file_is_one_line_error(tmp_path, capsys):
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("specgen: error:") and "not a specgen trace" in err
+    with pytest.raises(SystemExit) as e:  # a negative N had cut the tables' last rows
+        main(["trace", "summarize", str(bad), "--top", "-1"])
+    assert e.value.code == 1 and "--top must be 0 or more, got -1" in capsys.readouterr().err

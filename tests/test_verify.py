@@ -303,6 +303,8 @@ def test_a_draft_that_proposes_nothing_is_said_not_passed_off_as_tested(tiny_eng
     idle = verify(t, lambda p: NgramDrafter(272), config)
     assert idle.sampling is not None and idle.sampling.drafted == 0
     assert any("proposed nothing" in n for n in idle.notes)
+    # advice that cannot help with nothing drafted: more samples, or a high acceptance
+    assert not any("raise --samples" in n for n in idle.notes), idle.notes
     assert (idle.verdict, idle.passed) == ("untested", False)  # exit code 1, not a pass
     out = idle.to_dict()
     assert out["sampling"]["drafted"] == 0 and any("proposed nothing" in n for n in out["notes"])
@@ -335,6 +337,7 @@ def test_a_sampling_check_that_tested_nothing_is_not_a_pass(tiny_engines):
 
     said = [str(x) for x in render_verify_report(empty)]
     assert "NOT VERIFIED" in said[-1] and not any("PASS" in x for x in said)
+    assert any("; no test (fail below" in x for x in said)  # was "smallest ... p 1"
     t, d = tiny_engines
     config = dataclasses.replace(TINY_SAMPLING, samples=300, min_group=200)
     some = verify(t, _model(d), config)

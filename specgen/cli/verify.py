@@ -24,6 +24,7 @@ from specgen.cli.options import (
     grouped,
     opt,
 )
+from specgen.flags import at_least
 from specgen.ui import output
 from specgen.verify.options import VerifyFlags
 
@@ -104,6 +105,7 @@ def summarize(
     """Acceptance by block position, most rejected tokens, time split, lost rounds."""
     from specgen.trace import summarize as summarize_trace  # start-up time: numpy
 
+    at_least("--top", top, 0)  # a negative N had cut the tables' last rows
     s = summarize_trace(file, top=top)
     if json_out:
         output.write_json(s.to_dict())

@@ -178,7 +178,7 @@ def _p(x: float) -> str:
 
 def render_verify_report(report: VerifyReport) -> list[RenderableType]:
     """Rich renderables for a VerifyReport: greedy table, sampling table, verdict."""
-    head = f"target {report.target}   draft {report.draft}"
+    head = f"target {report.target}   draft {report.draft}   rule {report.verify_rule}"
     if report.grammar is not None:
         head += f"   under {report.grammar}"
     out: list[RenderableType] = [Text(head, style="bold")]
@@ -240,8 +240,9 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
         out.append(t)
         out.append(
             Text(
-                f"acceptance rate {s.acceptance_rate:.1%}; smallest Holm-adjusted p"
-                f" {_p(s.min_p_adjusted)} (fail below {s.alpha:g}); {s.seconds:.1f} s",
+                f"acceptance rate {s.acceptance_rate:.1%}; "
+                + (f"smallest Holm-adjusted p {_p(s.min_p_adjusted)}" if s.tests else "no test")
+                + f" (fail below {s.alpha:g}); {s.seconds:.1f} s",
                 style="dim",
             )
         )

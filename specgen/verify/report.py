@@ -104,7 +104,8 @@ def verify(
     greedy = check_greedy(target, make_drafter, config, progress) if config.greedy else []
     sampling = check_sampling(target, make_drafter, config, progress) if config.sampling else None
     notes = []
-    if sampling is not None and not sampling.tests:
+    if sampling is not None and not sampling.tests and sampling.drafted:
+        # (with nothing drafted the note below says why; more samples would not help)
         notes.append("no sampling test had enough samples: raise --samples")
     elif sampling is not None:
         missing = sorted(set(range(1, config.positions + 1)) - {t.position for t in sampling.tests})
@@ -126,7 +127,7 @@ def verify(
             " repeat in them?): the check compared ordinary decoding with the target's law,"
             " not speculation; give prompts it drafts for (--prompt)"
         )
-    if sampling is not None and sampling.acceptance_rate > HIGH_ACCEPTANCE:
+    if sampling is not None and sampling.drafted and sampling.acceptance_rate > HIGH_ACCEPTANCE:
         notes.append(
             f"acceptance is {sampling.acceptance_rate:.0%}: only the rejected"
             f" {1 - sampling.acceptance_rate:.0%} of proposals go through the residual, so a"
