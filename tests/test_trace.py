@@ -316,6 +316,12 @@ def test_summarize_counts_each_proposer_grammar_apart(tmp_path):
     assert s.to_dict()["by_source"]["grammar"] == {"proposed": 1, "accepted": 1}
     lines = [r.plain for r in render_trace_summary(s) if hasattr(r, "plain")]
     assert "by proposer: draft 5 proposed, 3 accepted · grammar 1 proposed, 1 accepted" in lines
+    assert lines[0] == "run: target T  draft D  temp 0.0  seed 5"
+    # bench's sweep names every temperature (its `sampling` is the first one's)
+    bench = {**header, "command": "bench", "temps": [0.0, 0.8]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [bench, *rows[1:]]), encoding="utf-8")
+    head = render_trace_summary(summarize(path))[0]
+    assert head.plain == "bench: target T  draft D  temps 0.0, 0.8  seed 5"  # type: ignore[union-attr]
 
 
 def test_summarize_without_baseline_uses_k0_rounds_or_says_so(tmp_path):

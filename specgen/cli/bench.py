@@ -277,6 +277,8 @@ def _measure_traced(bench, opened: Session, prompts, settings, trace: Path | Non
             params=settings.params(settings.temps[0]), seed=settings.seed,
             max_tokens=settings.n_tokens, command="bench",
             token_text=token_text_of(opened.target),
+            # the sweep: `sampling` is the first temperature's (each generation says its own)
+            extra={"temps": list(settings.temps)},
         )  # fmt: skip
     try:
         return _measure(bench, opened, prompts, settings, writer)

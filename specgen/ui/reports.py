@@ -256,10 +256,8 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
                  style="bold green")
         )  # fmt: skip
     elif report.verdict == "untested":
-        out.append(
-            Text("NOT VERIFIED: a check tested no speculation (see above)",
-                 style="bold yellow")
-        )  # fmt: skip
+        untested = "NOT VERIFIED: a check tested no speculation (see above)"
+        out.append(Text(untested, style="bold yellow"))
     else:
         why = []
         if not report.greedy_passed:
@@ -273,11 +271,14 @@ def render_verify_report(report: VerifyReport) -> list[RenderableType]:
 def render_trace_summary(s: TraceSummary) -> list[RenderableType]:
     """Rich renderables for a TraceSummary."""
     h = s.header
+    # bench's sweep names its temperatures: `sampling` holds the first one's only
     smp = h.get("sampling", {})
+    temps = t if isinstance(t := h.get("temps"), list) and t else [smp.get("temp")]
+    temp = f"temp{'s' * (len(temps) > 1)} {', '.join(map(str, temps))}"
     out: list[RenderableType] = [
         Text(
             f"{h.get('command', '?')}: target {h.get('target')}  draft {h.get('draft')}  "
-            f"temp {smp.get('temp')}  seed {h.get('seed')}",
+            f"{temp}  seed {h.get('seed')}",
             style="bold",
         ),
         Text(
