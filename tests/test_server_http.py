@@ -737,6 +737,26 @@ def test_shutdown_ends_a_stream_with_a_final_chunk(served: Served) -> None:
     assert final["speculative"]["finish"] == "interrupted"
 
 
+def test_shutdown_counts_a_queued_request_as_interrupted_too() -> None:
+    """One label for a shutdown, whether the request was generating or waiting for a slot
+    (a queued one was logged and counted "failed", as a server error is)."""
+    with serving(backend=fake.fake_backend(fake.FakeScheduler(n_parallel=1))) as s:
+        c1, held = open_stream(s, "HOLD the slot")
+        c2, queued = open_stream(s, "waits")
+        try:
+            s.sched.wait(lambda f: f.held() == 1 and f.queue_depth == 1)
+            s.sched.shutdown()
+            chunks = chunks_of([x for x in queued.iter_lines() if x.startswith("data: ")])
+        finally:
+            held.close(), queued.close(), c1.close(), c2.close()
+        final = chunks[-1]
+        assert final["error"]["code"] == "shutdown"
+        assert final["speculative"]["finish"] == "interrupted"
+        assert any("finish interrupted" in x for x in s.log) and not any(
+            "finish failed" in x for x in s.log
+        ), s.log
+
+
 # -- metrics and the log -------------------------------------------------------------------
 
 

@@ -193,7 +193,7 @@ class Run:
                     self._finish(outcomes)
                     return JSONResponse(self.shape.full_n(self.steps, outcomes))
             else:
-                self.outcomes[i] = Outcome("", "failed", None, None)
+                self.outcomes[i] = Outcome("", _failed(ev), None, None)
                 self._cancel()
                 raise _failure(ev, self.jobs[i])
 
@@ -249,7 +249,7 @@ class Run:
                     rest = ev.text[written[i] :]
                 else:
                     info = _failure(ev, self.jobs[i]).info()
-                    outcome = Outcome("", "failed", None, info)
+                    outcome = Outcome("", _failed(ev), None, info)
                     rest = ""
                 self.outcomes[i] = outcome
                 gate = gates[i]
@@ -270,6 +270,13 @@ class Run:
             # the client went away (sse-starlette cancels this generator) or the
             # response failed: free the slots
             self._cancel()
+
+
+def _failed(ev: Failed) -> str:
+    """The finish a request ended by `ev` is counted and logged with: a shutdown's is
+    "interrupted", as for the requests it stops mid-generation (a queued one read "failed",
+    as a server error does)."""
+    return "interrupted" if ev.kind == "shutdown" else "failed"
 
 
 def _failure(ev: Failed, job: Job) -> RequestError:
