@@ -346,39 +346,28 @@ class ChatSession:
         return self._generate(user, self._start(ids, self.replies))
 
     def _generate(self, user: str, events: Generation) -> Generator[Event, None, None]:
-        done: Done | None = None
         ordinary_s: float | None = None
 
         def record(ev: Event) -> None:
-            nonlocal done, ordinary_s
+            nonlocal ordinary_s
             if isinstance(ev, Prefilled):
                 ordinary_s = ev.ordinary_token_s
             elif isinstance(ev, Step) and ev.timed_ordinary_s is not None:
                 ordinary_s = ev.timed_ordinary_s  # timed after the first token
             elif isinstance(ev, Done):
-                done = ev
                 # the reply's own baseline, kept current by its ordinary rounds (none
                 # without a draft: ordinary decoding is the baseline itself)
                 if self._drafting:
                     ordinary_s = ev.stats.ordinary_token_s or ordinary_s
+                # kept at its Done, an interrupted one as far as it got: a Ctrl-C after it
+                # (the loop raises one after the Done) cannot lose it
+                self._keep(user, ev, ordinary_s)
 
-        try:
-            # Ctrl-C in the consumer (say while the live view draws) or in `record` is
-            # handed on to the loop, which ends the reply as when Ctrl-C lands in it (a
-            # Ctrl-C in this generator's own lines had ended it without its Done, and the
-            # reply was lost from the conversation)
-            yield from relay(events, record)
-        except KeyboardInterrupt:
-            if done is None:
-                raise
-            # Ctrl-C inside the loop: it closed the reply first (finish reason
-            # "interrupted"), which is kept; then the interrupt goes on to the caller
-            self._keep(user, done, ordinary_s)
-            raise
-        finally:
-            events.close()  # closed early: the caches roll back to the committed tokens
-        assert done is not None
-        self._keep(user, done, ordinary_s)
+        # Ctrl-C in the consumer (say while the live view draws), in `record`, or in the
+        # glue between them and the loop is handed on to the loop (`relay`), which ends the
+        # reply as when Ctrl-C lands in it: with its Done. A generator of its own here had
+        # a frame where a Ctrl-C ended the reply without its Done, which was then lost
+        return relay(events, record)
 
     def _keep(self, user: str, done: Done, ordinary_s: float | None) -> None:
         self.conversation.add("user", user)

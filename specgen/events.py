@@ -5,6 +5,7 @@ chat's record of the reply) with Ctrl-C handed to the loop."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
@@ -399,28 +400,53 @@ class Done:
     stats: Stats
 
 
-def relay(events: Iterator[Any], each: Callable[[Any], None]) -> Generator[Any, None, None]:
+def relay(
+    events: Iterator[Any],
+    each: Callable[[Any], None],
+    after: Callable[[], None] | None = None,
+) -> Generator[Any, None, None]:
     """Pass `events` through, calling `each` on every event before it is yielded (a trace
-    writer, a warning). Ctrl-C inside `each`, or thrown in at the yield, is thrown into
-    `events` (so the loop ends the generation with its Done, which is passed on) instead
-    of ending this generator without it. Closing this generator closes `events`."""
+    writer, a warning), and `after` once they have ended. Ctrl-C inside `each`, thrown in
+    at the yield, or landing in the glue above the loop (this generator's own lines, a
+    wrapper's frame: `events` is then still `alive`) is thrown into `events`, so the loop
+    ends the generation with its Done, which is passed on, instead of ending this
+    generator without it (a reply's Done had been lost so, once in many Ctrl-Cs). Closing
+    this generator closes `events`."""
     interrupt = False
     try:
         while True:
             try:
-                ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
-            except StopIteration:
-                return
-            interrupt = False
-            try:
-                each(ev)
+                while True:
+                    try:
+                        ev = events.throw(KeyboardInterrupt) if interrupt else next(events)  # type: ignore[attr-defined]
+                    except StopIteration:
+                        break
+                    interrupt = False
+                    try:
+                        each(ev)
+                    except KeyboardInterrupt:
+                        interrupt = True
+                    try:
+                        yield ev
+                    except KeyboardInterrupt:
+                        interrupt = True
+                break
             except KeyboardInterrupt:
+                if not _alive(events):
+                    raise  # the loop's own, after its Done (or it could not take it)
                 interrupt = True
-            try:
-                yield ev
-            except KeyboardInterrupt:
-                interrupt = True
+        if after is not None:
+            after()
     finally:
         close = getattr(events, "close", None)
         if close is not None:
             close()
+
+
+def _alive(events: Iterator[Any]) -> bool:
+    """Whether `events` can still take an interrupt: a generator not closed, or an object
+    saying so (`specgen.generation.Generation.alive`)."""
+    alive = getattr(events, "alive", None)
+    if alive is not None:
+        return bool(alive)
+    return inspect.isgenerator(events) and inspect.getgeneratorstate(events) != "GEN_CLOSED"

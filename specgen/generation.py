@@ -4,8 +4,9 @@ finished `Result`."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,24 +118,39 @@ class Generation:
     ) -> None:
         self._run = run
         # once, whichever comes first: the last event, close(), or the object's end (the
-        # events hold the callback, not this object: a cycle would keep a dropped stream
-        # alive, and its Pair busy, until the garbage collector ran)
+        # events do not hold this object: a cycle would keep a dropped stream alive, and
+        # its Pair busy, until the garbage collector ran)
         self._ended = _Once(release)
-        self._events = _ending(run.events(), self._ended)
+        self._events = run.events()
         self._started = False
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
 
     def __del__(self) -> None:
-        self._ended()  # a stream dropped before its first event never ran `_ending`
+        self._ended()  # a stream dropped unfinished
 
     def __iter__(self) -> Generation:
         return self
 
     def __next__(self) -> Event:
         self._started = True
-        return next(self._events)
+        return self._advance(None)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the generation can still run or take an interrupt (`throw`): it has not
+        ended. A Ctrl-C that lands in a caller's frame above the loop leaves it alive, so
+        the caller can throw it in (`specgen.events.relay`) and still get the Done."""
+        return inspect.getgeneratorstate(self._events) != inspect.GEN_CLOSED
+
+    def _advance(self, exc: BaseException | None) -> Event:
+        try:
+            return next(self._events) if exc is None else self._events.throw(exc)
+        except BaseException:
+            if not self.alive:  # it ended (its last event, an error, Ctrl-C after the Done)
+                self._ended()
+            raise
 
     def close(self) -> None:
         self._events.close()
@@ -162,7 +178,7 @@ class Generation:
             # Pair stayed busy until the garbage collector freed the traceback's frames
             self.close()
             raise exc
-        return self._events.throw(exc)
+        return self._advance(exc)
 
     @property
     def controller(self) -> dict[str, object] | None:
@@ -179,13 +195,6 @@ class _Once:
         call, self._call = self._call, None
         if call is not None:
             call()
-
-
-def _ending(events: Iterator[Event], ended: _Once) -> Generator[Event, None, None]:
-    try:
-        yield from events
-    finally:
-        ended()
 
 
 def result_of(gen: Generation) -> Result:

@@ -409,3 +409,49 @@ def test_a_reply_interrupted_while_the_session_records_a_step_is_kept(smol):
     assert isinstance(done, Done) and done.finish_reason == "interrupted" and done.text
     assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
     assert s.totals.turns == 1
+
+
+def test_a_reply_interrupted_in_the_glue_above_the_loop_is_kept(smol):
+    """Ctrl-C landing in a frame between the consumer and the loop, as it resumes (a fresh
+    clone's `make test`, 2026-12-07, twice: the chat session's own generator frame) ended
+    the reply without its Done, lost from the conversation; the events are still alive
+    then, and the interrupt is handed to the loop."""
+    from specgen.events import Done
+
+    class Glue:  # the signal lands as this frame resumes, before it reaches the loop
+        def __init__(self, gen) -> None:
+            self.gen, self.n = gen, 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            self.n += 1
+            if self.n == 4:
+                raise KeyboardInterrupt
+            return next(self.gen)
+
+        def throw(self, exc):
+            return self.gen.throw(exc)
+
+        def close(self) -> None:
+            self.gen.close()
+
+        @property
+        def alive(self) -> bool:
+            return self.gen.alive
+
+    target, draft = smol
+    target.truncate(0)
+    drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
+    s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
+    start = s._start
+    s._start = lambda ids, i: Glue(start(ids, i))
+    events = []
+    with pytest.raises(KeyboardInterrupt):
+        for ev in s.reply("Tell me a long story about a dragon."):
+            events.append(ev)
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "interrupted" and done.text
+    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
+    assert s.totals.turns == 1

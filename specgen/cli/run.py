@@ -231,14 +231,20 @@ def _warn_cut_constraint(events, max_tokens: int):
     finish reason). After the last event, so the warning follows the text. Closing this
     generator closes `events`."""
     done: list[Done] = []
-    yield from relay(events, lambda ev: done.append(ev) if isinstance(ev, Done) else None)
-    if done and done[0].finish_reason in ("length", "context"):
-        limit = f"-n {max_tokens}" if done[0].finish_reason == "length" else "the context (-c)"
-        output.warning(
-            f"{limit} ended the output before the grammar's end: the text does not complete"
-            " it (raise the limit, or bound the schema's strings and numbers: maxLength,"
-            " maximum)"
-        )
+
+    def warn() -> None:
+        if done and done[0].finish_reason in ("length", "context"):
+            cut_by_n = done[0].finish_reason == "length"
+            limit = f"-n {max_tokens}" if cut_by_n else "the context (-c)"
+            output.warning(
+                f"{limit} ended the output before the grammar's end: the text does not"
+                " complete it (raise the limit, or bound the schema's strings and numbers:"
+                " maxLength, maximum)"
+            )
+
+    # relay's own generator, not one of this function: a Ctrl-C in such a frame had ended
+    # the generation without its Done
+    return relay(events, lambda ev: done.append(ev) if isinstance(ev, Done) else None, warn)
 
 
 def _run_live(
