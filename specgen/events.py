@@ -449,4 +449,4 @@ def _alive(events: Iterator[Any]) -> bool:
     alive = getattr(events, "alive", None)
     if alive is not None:
         return bool(alive)
-    return inspect.isgenerator(events) and inspect.getgeneratorstate(events) != "GEN_CLOSED"
+    return inspect.isgenerator(events) and inspect.getgeneratorstate(events) != inspect.GEN_CLOSED

@@ -122,7 +122,6 @@ class Generation:
         # its Pair busy, until the garbage collector ran)
         self._ended = _Once(release)
         self._events = run.events()
-        self._started = False
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
@@ -134,7 +133,6 @@ class Generation:
         return self
 
     def __next__(self) -> Event:
-        self._started = True
         return self._advance(None)
 
     @property
@@ -173,7 +171,7 @@ class Generation:
         """Raise `exc` inside the loop (Ctrl-C: ``KeyboardInterrupt``); the next event.
         Before the first event nothing has run: the generation is closed (the Pair free)
         and `exc` raised here, as a generator not started raises it."""
-        if not self._started:
+        if inspect.getgeneratorstate(self._events) == inspect.GEN_CREATED:
             # a generator not started raises `exc` without entering its `finally`: the
             # Pair stayed busy until the garbage collector freed the traceback's frames
             self.close()

@@ -361,7 +361,7 @@ def test_a_reply_interrupted_while_the_session_records_a_step_is_kept(smol):
     1); it is handed to the loop like the others."""
     import dataclasses
 
-    from specgen.events import Done, Step
+    from specgen.events import Step
 
     class CtrlCStep(Step):  # the signal lands as the session reads this step
         @property
@@ -395,20 +395,7 @@ def test_a_reply_interrupted_while_the_session_records_a_step_is_kept(smol):
         finally:
             gen.close()
 
-    target, draft = smol
-    target.truncate(0)
-    drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
-    s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
-    start = s._start
-    s._start = lambda ids, i: ctrl_c_in_the_record(start(ids, i))
-    events = []
-    with pytest.raises(KeyboardInterrupt):
-        for ev in s.reply("Tell me a long story about a dragon."):
-            events.append(ev)
-    done = events[-1]
-    assert isinstance(done, Done) and done.finish_reason == "interrupted" and done.text
-    assert s.conversation.turns[-1] == {"role": "assistant", "content": done.text}
-    assert s.totals.turns == 1
+    _assert_an_interrupted_reply_is_kept(smol, ctrl_c_in_the_record)
 
 
 def test_a_reply_interrupted_in_the_glue_above_the_loop_is_kept(smol):
@@ -416,7 +403,6 @@ def test_a_reply_interrupted_in_the_glue_above_the_loop_is_kept(smol):
     clone's `make test`, 2026-12-07, twice: the chat session's own generator frame) ended
     the reply without its Done, lost from the conversation; the events are still alive
     then, and the interrupt is handed to the loop."""
-    from specgen.events import Done
 
     class Glue:  # the signal lands as this frame resumes, before it reaches the loop
         def __init__(self, gen) -> None:
@@ -441,12 +427,20 @@ def test_a_reply_interrupted_in_the_glue_above_the_loop_is_kept(smol):
         def alive(self) -> bool:
             return self.gen.alive
 
+    _assert_an_interrupted_reply_is_kept(smol, Glue)
+
+
+def _assert_an_interrupted_reply_is_kept(smol, wrap) -> None:
+    """A reply whose events pass through `wrap` (where the Ctrl-C lands) ends with its
+    Done, "interrupted", and the session keeps it."""
+    from specgen.events import Done
+
     target, draft = smol
     target.truncate(0)
     drafter = ModelDrafter(draft, GREEDY, target.n_vocab)
     s = Pair.of(target, drafter).chat_session(**{**REPLIES, "draft_max": 2})
     start = s._start
-    s._start = lambda ids, i: Glue(start(ids, i))
+    s._start = lambda ids, i: wrap(start(ids, i))
     events = []
     with pytest.raises(KeyboardInterrupt):
         for ev in s.reply("Tell me a long story about a dragon."):
