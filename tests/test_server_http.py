@@ -24,8 +24,8 @@ from specgen.sampling import SamplingParams
 from specgen.sched.jobs import BatchReport, Failed, Job, Ticket
 from specgen.server import runner
 from specgen.server.app import Settings
+from specgen.server.requestconfig import Defaults
 from specgen.server.responses import Events, deliver
-from specgen.server.shapes import Defaults
 
 T = 60  # seconds: generous, never a bound on speed (httpx defaults to 5)
 

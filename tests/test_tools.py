@@ -14,8 +14,9 @@ from fakes import TextEngine
 
 from specgen.grammar import compile_grammar, tokenizer_for
 from specgen.llamacpp import compile_chat_template
+from specgen.server.requestconfig import messages_of
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
-from specgen.server.shapes import Outcome, Shape, messages_of
+from specgen.server.shapes import Outcome, Shape
 from specgen.server.tools import (
     Choice,
     ContentGate,

@@ -220,7 +220,7 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     returns the exit code (0, or 130 after a second Ctrl-C)."""
     try:
         # start-up time, and the optional extra: the HTTP libraries load only here
-        from specgen.server import backend, runner, shapes
+        from specgen.server import backend, requestconfig, runner
         from specgen.server.app import Settings
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] in _EXTRA_MODULES:
@@ -230,7 +230,7 @@ def serve_command(model: ModelFlags, sampling: SamplingFlags, server: ServerFlag
     from specgen.llamacpp import set_verbose
 
     set_verbose(server.verbose, output.log)
-    defaults = shapes.Defaults.of(sampling, server.max_tokens)
+    defaults = requestconfig.Defaults.of(sampling, server.max_tokens)
     settings = Settings(
         defaults=defaults,
         api_key=server.api_key,

@@ -54,6 +54,12 @@ from specgen.server.guard import (
 )
 from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
+from specgen.server.requestconfig import (
+    Defaults,
+    RequestError,
+    generate_config,
+    messages_of,
+)
 from specgen.server.responses import Events, Run, Streamed
 from specgen.server.schemas import (
     ChatCompletionRequest,
@@ -61,7 +67,7 @@ from specgen.server.schemas import (
     _Generation,
     validation_error,
 )
-from specgen.server.shapes import Defaults, RequestError, Shape, generate_config, messages_of
+from specgen.server.shapes import Shape
 from specgen.server.vocabulary import Vocabulary, check_ids
 from specgen.server.vocabulary import add_routes as add_vocabulary_routes
 

@@ -21,7 +21,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from specgen import Done, Failed, Job, Prefilled, Step, Ticket
 from specgen.server import tools
-from specgen.server.shapes import Outcome, RequestError, Shape
+from specgen.server.requestconfig import RequestError
+from specgen.server.shapes import Outcome, Shape
 
 if TYPE_CHECKING:
     from specgen.server.app import Backend, State

@@ -325,7 +325,7 @@ def render_messages(
     template: TemplateTools,
     instruct: bool = True,
 ) -> list[dict[str, Any]]:
-    """The messages (text already joined by `shapes.messages_of`) with tool calls and
+    """The messages (text already joined by `requestconfig.messages_of`) with tool calls and
     results as the template takes them: as they are for a template that renders tools
     (`TemplateTools.native`; arguments as objects where it needs them), else written as
     text (see the module docstring); `instruct` False (``tool_choice: "none"``) leaves the

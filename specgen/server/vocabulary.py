@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from specgen.server.shapes import RequestError
+from specgen.server.requestconfig import RequestError
 
 __all__ = ["Vocabulary", "add_routes", "check_ids"]
 
