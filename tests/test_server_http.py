@@ -85,7 +85,7 @@ def test_a_stream_sends_its_role_with_the_first_token_not_before_the_prefill() -
     async def main() -> list[dict]:
         events = Events(asyncio.get_running_loop())
         run = Run(State(), fake.fake_backend(), [SimpleNamespace(id="j")], [], events,  # type: ignore[list-item]
-                  Shape(True, "chatcmpl-1", "m", 0, 1), "/v1/chat/completions")  # fmt: skip
+                  Shape(True, "chatcmpl-1", "m", 0, [1]), "/v1/chat/completions")  # fmt: skip
         stream = run.stream(include_usage=False)
         first = asyncio.ensure_future(anext(stream))
         for _ in range(10):  # every ready callback runs: the stream waits on the queue alone
@@ -147,8 +147,8 @@ def test_completions_take_text_or_token_ids(served: Served) -> None:
     # a batch of one, as lm-evaluation-harness sends token ids: [[ids]]
     one = served.post("/v1/completions", {"prompt": [[72, 105, 33]], "max_tokens": 2})
     assert one.status_code == 200 and served.sched.submitted[-1].prompt == [72, 105, 33]
-    for many in ([[72], [105]], [[]]):
-        assert served.post("/v1/completions", {"prompt": many}).status_code == 400
+    for empty in ([[]], [[72], []], [], ""):
+        assert_openai_error(served.post("/v1/completions", {"prompt": empty}), 400, "prompt")
 
 
 def test_a_prediction_reaches_the_generation_as_tokens_cut_to_max_tokens(served: Served) -> None:
@@ -386,7 +386,9 @@ def test_prompts_and_lengths_that_cannot_fit_the_context(served: Served) -> None
     assert served.post("/v1/completions", fits).json()["usage"]["completion_tokens"] == n_ctx - 3
     assert_openai_error(served.post("/v1/completions", {"prompt": [999]}), 400, "prompt")
     assert_openai_error(served.post("/v1/completions", {"prompt": []}), 400, "prompt")
-    assert_openai_error(served.post("/v1/completions", {"prompt": ["a", "b"]}), 400, "prompt")
+    # which of several prompts does not fit
+    err = assert_openai_error(served.post("/v1/completions", {"prompt": ["a", "x" * n_ctx]}), 400)
+    assert err["code"] == "context_length_exceeded" and err["message"].startswith("prompt 1: ")
 
 
 def test_chat_without_a_template_and_a_failing_template_are_400() -> None:
@@ -860,6 +862,38 @@ def test_n_choices_are_indexed_seeded_apart_and_share_choice_0s_prompt(served: S
             finished.append(c.index)
     assert roles == [0, 1] and sorted(finished) == [0, 1]
     assert content == {i: fake.REPLY for i in range(2)}
+
+
+def test_several_prompts_are_n_choices_each_in_openais_order(served: Served) -> None:
+    """A list of prompts (OpenAI's array forms; lm-evaluation-harness batches token ids):
+    choice ``p * n + i`` is prompt p's i-th, seeded ``seed + i`` as the prompt sent alone,
+    sharing its prompt's prefill; usage counts each prompt once; echo is each choice's own
+    prompt, whole and streamed."""
+    client = served.client()
+    r = client.completions.create(
+        model="x", prompt=["ab", "cde"], n=2, seed=7, echo=True, max_tokens=5
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [p + fake.REPLY[:5] for p in ("ab", "ab", "cde", "cde")]
+    assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 20)
+    jobs = served.sched.submitted[-4:]
+    assert [j.prompt for j in jobs] == [fake.tokenize(p) for p in ("ab", "ab", "cde", "cde")]
+    assert [j.config.seed for j in jobs] == [7, 8, 7, 8]
+    assert [j.id for j in jobs] == [r.id, f"{r.id}-1", f"{r.id}-2", f"{r.id}-3"]
+    assert [j.share_from for j in jobs] == [None, r.id, None, f"{r.id}-2"]
+    body = {"prompt": [[104, 105], [106]], "echo": True, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=T) as resp:
+        chunks = chunks_of(sse_lines(resp))
+    for i, prompt in enumerate(("hi", "j")):
+        texts = [c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i]
+        assert texts[0] == prompt and "".join(texts) == prompt + fake.REPLY[:3]
+    # more choices than the slots and the queue hold: refused whole, nothing queued
+    before = len(served.sched.submitted)
+    room = served.sched.n_parallel + served.sched.queue_max
+    many = {"prompt": ["a"] * (room // 2 + 1), "n": 2}
+    err = assert_openai_error(served.post("/v1/completions", many), 400, "prompt")
+    assert f"at most {room // 2} prompts" in err["message"]
+    assert len(served.sched.submitted) == before
 
 
 # -- echo ------------------------------------------------------------------------------------

@@ -347,6 +347,33 @@ def test_echo_scores_the_prompt_as_lm_evaluation_harness_asks(server: Server, sm
     assert abs(ended["logprobs"]["token_logprobs"][-1] - after) < LP_TOL
 
 
+def test_several_prompts_in_one_request_are_each_served_as_if_alone(server: Server, smol_pair):
+    """lm-evaluation-harness's batched bodies: a list of prompts in one request. Greedy,
+    choice 0 of [a, b] and of [b, a] are a's and b's tokens sent alone (or differ first at
+    a near-tie, as concurrent requests may); echo with logprobs scores each prompt with the
+    target's own values."""
+    from support.greedy import assert_same_or_near_tie
+
+    from specgen.chat import prompt_tokens
+    from specgen.llamacpp import EngineConfig, LlamaEngine
+
+    a, b = PROMPTS[0], PROMPTS[3]
+    alone = [completion(server, p)["tokens"] for p in (a, b)]
+    batched = [completion(server, [x, y])["tokens"] for x, y in ((a, b), (b, a))]
+    with LlamaEngine(smol_pair[0], EngineConfig(n_ctx=512)) as target:
+        ids = [prompt_tokens(target, p.encode()) for p in (a, b)]
+        for p, one, together in zip(ids, alone, batched, strict=True):
+            assert_same_or_near_tie(target, p, one, together)
+    body = {"max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    r = completion(server, ids, **body)
+    assert r["usage"]["prompt_tokens"] == sum(map(len, ids)) and len(r["choices"]) == 2
+    for choice, p in zip(r["choices"], ids, strict=True):
+        ref = _reference_logprobs(smol_pair, p[:1], p[1:])
+        got = choice["logprobs"]["token_logprobs"]
+        assert len(got) == len(p) + 1 and got[0] is None
+        assert all(abs(got[i + 1] - ref[i][tok]) < LP_TOL for i, tok in enumerate(p[1:]))
+
+
 def test_the_tokenizer_routes_are_the_targets(server: Server, smol_pair) -> None:
     from specgen.chat import prompt_tokens
     from specgen.llamacpp import EngineConfig, LlamaEngine

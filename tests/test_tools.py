@@ -207,7 +207,7 @@ def test_a_streamed_answer_ends_with_its_own_finish_chunk() -> None:
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     )
-    shape = Shape(True, "chatcmpl-1", "m", 0, 1, tools=Choice("required", syntax="hermes"))
+    shape = Shape(True, "chatcmpl-1", "m", 0, [1], tools=Choice("required", syntax="hermes"))
     state = ChatCompletionStreamState()
     events = []
     first = shape.first_chunk()
@@ -218,7 +218,7 @@ def test_a_streamed_answer_ends_with_its_own_finish_chunk() -> None:
     assert done == ['{"city": "Paris"}', '{"city": "Oslo"}']
     *_, last = shape.final_chunks([], Outcome(answer, "stop", None, None), "")
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "tool_calls"
-    text = Shape(True, "chatcmpl-2", "m", 0, 1).final_chunks(
+    text = Shape(True, "chatcmpl-2", "m", 0, [1]).final_chunks(
         [], Outcome("ab", "stop", None, None), "b"
     )
     assert [c["choices"][0]["delta"] for c in text] == [{"content": "b"}, {}]

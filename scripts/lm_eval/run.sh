@@ -6,7 +6,8 @@
 #   scripts/lm_eval/run.sh TARGET.gguf DRAFT.gguf
 #
 # LM_EVAL: an lm_eval executable (default: installs lm-eval[api] into a venv in $WORK).
-# PY: the Python with specgen (default .venv/bin/python). PORT: 8933.
+# PY: the Python with specgen (default .venv/bin/python). PORT: 8933. BATCH: lm_eval's
+# --batch_size (default 1; above 1 it sends that many prompts in one request).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -14,6 +15,7 @@ target=${1:?usage: run.sh TARGET.gguf DRAFT.gguf}
 draft=${2:?usage: run.sh TARGET.gguf DRAFT.gguf}
 PY=${PY:-$root/.venv/bin/python}
 PORT=${PORT:-8933}
+BATCH=${BATCH:-1}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
 if [ -z "${LM_EVAL:-}" ]; then
@@ -31,7 +33,8 @@ done
 "$LM_EVAL" --version 2>/dev/null || true
 (cd "$here" && HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 "$LM_EVAL" --model local-completions \
     --model_args "model=any,base_url=http://127.0.0.1:$PORT/v1/completions,num_concurrent=1" \
-    --tasks specgen_mc --include_path "$here" --log_samples --output_path "$WORK/out")
+    --tasks specgen_mc --include_path "$here" --log_samples --output_path "$WORK/out" \
+    --batch_size "$BATCH")
 kill $server; wait $server 2>/dev/null || true
 trap - EXIT
 "$PY" "$here/check.py" "$target" "$(ls "$WORK"/out/*/samples_specgen_mc_*.jsonl | tail -1)"

@@ -14,7 +14,6 @@ and ``GET /metrics``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import secrets
@@ -34,11 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specgen import (
     ChatTemplateError,
     ConfigError,
-    DoesNotFit,
     GrammarError,
     Job,
-    PromptError,
-    QueueFull,
 )
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
@@ -57,10 +53,11 @@ from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.requestconfig import (
     Defaults,
     RequestError,
+    check_choices,
     generate_config,
     messages_of,
 )
-from specgen.server.responses import Events, Run, Streamed
+from specgen.server.responses import Run, Streamed, submit
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -72,7 +69,6 @@ from specgen.server.vocabulary import Vocabulary, check_ids
 from specgen.server.vocabulary import add_routes as add_vocabulary_routes
 
 OPEN_PATHS = frozenset({"/health"})
-RETRY_AFTER_S = 1
 
 
 class SchedulerLike(Protocol):
@@ -80,6 +76,7 @@ class SchedulerLike(Protocol):
 
     n_parallel: int
     n_ctx_slot: int
+    queue_max: int
 
     def submit(self, job: Job, sink: Callable[[Any], None]) -> Any: ...
     def cancel(self, ticket: Any) -> None: ...
@@ -351,40 +348,54 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             if b.max_token_bytes is not None:  # more than a slot's output could follow
                 text = text[: b.scheduler.n_ctx_slot * b.max_token_bytes]
             predicted = await run_in_threadpool(b.tokenize, text, False)
-        return await _serve(request, b, req, prompt, chat=True, calls=calls, predicted=predicted)
+        return await _serve(request, b, req, [prompt], chat=True, calls=calls, predicted=predicted)
 
     @api.post("/v1/completions")
     @api.post("/completions")
     async def completions(request: Request) -> Response:
         b = ready()
         req = _parse(CompletionRequest, await request.body())
-        text = None
-        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
-            prompt = check_ids(list(req.prompt), b.n_vocab, "prompt")
-        else:
-            text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            b.check_fits(len(text.encode("utf-8", "surrogatepass")), "prompt")
-            prompt = await run_in_threadpool(b.tokenize, text, req.adds_bos)
-        echo = None
-        if req.echo and prompt:  # (an empty prompt is refused below)
-            if b.vocabulary is None:
-                raise RequestError(400, "this server does not echo prompts", param="echo")
-            echo = await run_in_threadpool(Echo.of, text, prompt, b.vocabulary.token_bytes)
-        return await _serve(request, b, req, prompt, chat=False, echo=echo)
+        prompts: list[list[int]] = []
+        echoes: list[Echo] = []
+        for p in req.prompts:
+            text = None
+            if isinstance(p, list):
+                prompt = check_ids(p, b.n_vocab, "prompt")
+            else:
+                text = p
+                b.check_fits(len(text.encode("utf-8", "surrogatepass")), "prompt")
+                prompt = await run_in_threadpool(b.tokenize, text, req.adds_bos)
+            prompts.append(prompt)
+            if req.echo and prompt:  # (an empty prompt is refused below)
+                if b.vocabulary is None:
+                    raise RequestError(400, "this server does not echo prompts", param="echo")
+                piece = b.vocabulary.token_bytes
+                echoes.append(await run_in_threadpool(Echo.of, text, prompt, piece))
+        return await _serve(request, b, req, prompts, chat=False, echoes=echoes)
 
     async def _serve(
         request: Request,
         b: Backend,
         req: _Generation,
-        prompt: list[int],
+        prompts: list[list[int]],
         chat: bool,
         calls: tools.Choice | None = None,
-        echo: Echo | None = None,
+        echoes: Sequence[Echo] = (),
         predicted: Sequence[int] = (),
     ) -> Response:
-        config = generate_config(
-            req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot, predicted
-        )
+        """Submit the request's jobs, n per prompt (choice ``p * n + i``: prompt p's i-th),
+        and answer when they end (or stream them)."""
+        configs = []
+        for p, prompt in enumerate(prompts):
+            try:
+                configs.append(
+                    generate_config(
+                        req, settings.defaults, len(prompt), b.scheduler.n_ctx_slot, predicted
+                    )
+                )
+            except RequestError as e:  # which of several prompts
+                raise e.within(f"prompt {p}") if len(prompts) > 1 else e from None
+        config = configs[0]
         call = None
         if calls is not None:  # tool_choice: the answer is, or may hold, tool calls
             assert isinstance(req, ChatCompletionRequest) and req.tools
@@ -400,7 +411,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                     400, "min_tokens cannot be used with tool_choice: the tool call's grammar"
                     " decides where the output ends", param="min_tokens",
                 )  # fmt: skip
-            config = dataclasses.replace(config, grammar=call)
+            config = configs[0] = dataclasses.replace(config, grammar=call)  # (one prompt)
         check_ids(list(config.stop_token_ids), b.n_vocab, "stop_token_ids")
         if config.min_tokens and b.end_tokens is not None:
             await run_in_threadpool(b.end_tokens)  # 0.7 s once for Gemma's vocabulary
@@ -419,45 +430,13 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 source = config.grammar.source
                 raise RequestError(400, str(e), param=source, code="invalid_grammar") from None
         n = req.n or 1
-        if n > b.scheduler.n_parallel:
-            raise RequestError(
-                400,
-                f"n {n} is more choices than the server's {b.scheduler.n_parallel} slots"
-                " (--parallel): each choice takes a slot; ask for at most"
-                f" {b.scheduler.n_parallel}, or restart the server with a larger --parallel",
-                param="n",
-            )
+        check_choices(n, len(prompts), b.scheduler.n_parallel, b.scheduler.queue_max)
         job_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
-        jobs = [Job(job_id, prompt, config)]
-        for i in range(1, n):
-            # choice i: its own random stream (seed + i, documented), the prompt's cells
-            # shared with choice 0 after its one prefill
-            seed = None if config.seed is None else config.seed + i
-            jobs.append(
-                Job(f"{job_id}-{i}", prompt, dataclasses.replace(config, seed=seed), job_id)
-            )
-        events = Events(asyncio.get_running_loop())
-        tickets: list[Any] = []
-        try:
-            for i, job in enumerate(jobs):
-                tickets.append(b.scheduler.submit(job, events.choice(i)))
-        except QueueFull:
-            for t in tickets:
-                b.scheduler.cancel(t)
-            raise RequestError(
-                503,
-                f"all {b.scheduler.n_parallel} slots are busy and the queue is full: retry later",
-                type_="unavailable_error",
-                code="queue_full",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            ) from None
-        except (DoesNotFit, PromptError) as e:
-            for t in tickets:
-                b.scheduler.cancel(t)
-            raise RequestError(400, str(e), code="context_length_exceeded") from None
+        jobs, tickets, events = submit(b.scheduler, job_id, prompts, configs, n)
         shape = Shape(
-            chat, job_id, b.model_id, int(time.time()), len(prompt), bool(req.return_tokens),
-            req.n_logprobs is not None, tools=calls, echo=echo, predicted=bool(predicted),
+            chat, job_id, b.model_id, int(time.time()), [len(p) for p in prompts],
+            bool(req.return_tokens), req.n_logprobs is not None, tools=calls,
+            echoes=tuple(echoes), n=n, predicted=bool(predicted),
         )  # fmt: skip
         run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
         if req.streaming:

@@ -158,7 +158,7 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_options": Field(IG, _CACHING, routes=CHAT),
     "prompt_cache_retention": Field(IG, _CACHING, routes=CHAT),
     # -- OpenAI, completions -----------------------------------------------------------
-    "prompt": Field(H, "one prompt: a string or token ids, or a list of one", routes=COMPLETIONS),
+    "prompt": Field(H, "text or token ids, or a list of prompts", routes=COMPLETIONS),
     "echo": Field(
         H, "the prompt first; with logprobs, its own too", routes=COMPLETIONS, inert=(None, False)
     ),

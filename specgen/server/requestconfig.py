@@ -44,6 +44,13 @@ class RequestError(Exception):
     def info(self) -> ErrorInfo:
         return ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
 
+    def within(self, where: str) -> RequestError:
+        """The same error, its message saying `where` (which of several prompts)."""
+        return RequestError(
+            self.status, f"{where}: {self.message}", type_=self.type, param=self.param,
+            code=self.code, headers=self.headers,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Defaults:
@@ -235,3 +242,30 @@ def grammar_of(req: _Generation) -> GrammarSpec | None:
             param=specs[1].source,
         )
     return specs[0] if specs else None
+
+
+def check_choices(n: int, n_prompts: int, slots: int, queue_max: int) -> None:
+    """Refuse a request whose choices (n per prompt) can never be served together: n above
+    the slots (a prompt's choices share its cells, each in a slot), or more choices than
+    the slots and the queue (--parallel, --queue) hold.
+
+    Raises:
+        RequestError: 400 naming ``n`` or ``prompt``.
+    """
+    if n > slots:
+        raise RequestError(
+            400,
+            f"n {n} is more choices than the server's {slots} slots (--parallel): each"
+            f" choice takes a slot; ask for at most {slots}, or restart the server with a"
+            " larger --parallel",
+            param="n",
+        )
+    room = slots + queue_max
+    if n_prompts * n > room:
+        raise RequestError(
+            400,
+            f"{n_prompts} prompts with n {n} are {n_prompts * n} choices, more than the"
+            f" server's {slots} slots and {queue_max} queued requests (--parallel, --queue)"
+            f" hold: send at most {room // n} prompts per request",
+            param="prompt",
+        )

@@ -1,4 +1,4 @@
-"""One request's life on the async side once its jobs are submitted: the events the worker
+"""One request's life on the async side from its jobs' submission (`submit`): the events the worker
 thread hands it (one queue per request, `Events`; a step's events for all requests in one
 ``loop.call_soon_threadsafe``: `deliver`), and the response they become (`Run`: one JSON
 body, or server-sent events), with its metrics and log line.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
@@ -19,16 +20,18 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from specgen import Done, Failed, Job, Prefilled, Step, Ticket
+from specgen import Done, Failed, GenerateConfig, Job, Prefilled, PromptError, Step, Ticket
+from specgen.sched.jobs import DoesNotFit, QueueFull
 from specgen.server import tools
 from specgen.server.requestconfig import RequestError
 from specgen.server.shapes import Outcome, Shape
 
 if TYPE_CHECKING:
-    from specgen.server.app import Backend, State
+    from specgen.server.app import Backend, SchedulerLike, State
 
-__all__ = ["ClientStalled", "Events", "Run", "Streamed", "deliver"]
+__all__ = ["ClientStalled", "Events", "Run", "Streamed", "deliver", "submit"]
 
+RETRY_AFTER_S = 1  # a 503 queue_full's Retry-After, seconds
 _POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
@@ -79,6 +82,60 @@ def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any],
         loop.call_soon_threadsafe(put)
     except RuntimeError:  # the loop has closed (the process is ending): nobody listens
         pass
+
+
+def jobs_of(
+    job_id: str, prompts: Sequence[list[int]], configs: Sequence[GenerateConfig], n: int
+) -> list[Job]:
+    """A request's jobs, n per prompt: choice ``p * n + i`` is prompt p's i-th, drawing
+    from its own random stream, ``seed + i`` (the stream of the prompt sent alone with
+    ``seed + i``), and sharing the prompt's cells with the prompt's choice 0 after its one
+    prefill. Job ids: `job_id` for choice 0, ``{job_id}-{index}`` for the others."""
+    jobs = []
+    for p, (prompt, config) in enumerate(zip(prompts, configs, strict=True)):
+        first = job_id if p == 0 else f"{job_id}-{p * n}"
+        jobs.append(Job(first, prompt, config))
+        for i in range(1, n):
+            seed = None if config.seed is None else config.seed + i
+            with_seed = dataclasses.replace(config, seed=seed)
+            jobs.append(Job(f"{job_id}-{p * n + i}", prompt, with_seed, first))
+    return jobs
+
+
+def submit(
+    scheduler: SchedulerLike,
+    job_id: str,
+    prompts: Sequence[list[int]],
+    configs: Sequence[GenerateConfig],
+    n: int,
+) -> tuple[list[Job], list[Ticket], Events]:
+    """Queue a request's jobs (`jobs_of`) all or none: their events go to one `Events`.
+
+    Raises:
+        RequestError: 503 ``queue_full`` when they do not all fit the queue now (none is
+            left queued); 400 ``context_length_exceeded`` for a prompt that can never fit.
+    """
+    jobs = jobs_of(job_id, prompts, configs, n)
+    events = Events(asyncio.get_running_loop())
+    tickets: list[Ticket] = []
+    try:
+        for i, job in enumerate(jobs):
+            tickets.append(scheduler.submit(job, events.choice(i)))
+    except QueueFull:
+        for t in tickets:
+            scheduler.cancel(t)
+        raise RequestError(
+            503,
+            f"all {scheduler.n_parallel} slots are busy and the queue is full: retry later",
+            type_="unavailable_error",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
+    except (DoesNotFit, PromptError) as e:
+        for t in tickets:
+            scheduler.cancel(t)
+        raise RequestError(400, str(e), code="context_length_exceeded") from None
+    return jobs, tickets, events
 
 
 def _sse(body: dict[str, Any] | BaseModel) -> dict[str, str]:
@@ -155,9 +212,10 @@ class Run:
 
     def _prefilled(self, index: int, event: Prefilled) -> None:
         """Sent only to a job that asked for its prompt's log-probabilities (echo with
-        logprobs): choice 0's are every choice's (they share its prompt)."""
-        if index == 0 and self.shape.echo is not None:
-            self.shape.echo.logprobs = event.prompt_logprobs
+        logprobs): a prompt's choice 0's are all its choices' (they share its prompt)."""
+        echo = self.shape.echo_of(index)
+        if index % self.shape.n == 0 and echo is not None:
+            echo.logprobs = event.prompt_logprobs
 
     def _cancel(self) -> None:
         if not self.ended:
@@ -212,7 +270,7 @@ class Run:
         held: list[list[Step]] = [[] for _ in self.jobs]  # rounds whose text the gate kept
         try:
             opened = [False for _ in self.jobs]
-            echoed = [self.shape.echo is None for _ in self.jobs]
+            echoed = [self.shape.echo_of(i) is None for i in range(len(self.jobs))]
             while True:
                 i, ev = await self.next_event()
                 if isinstance(ev, Prefilled):

@@ -354,21 +354,22 @@ class CompletionRequest(_Generation):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(
+    def _no_empty_prompt(
         cls, prompt: str | list[int] | list[str] | list[list[int]]
-    ) -> str | list[int] | list[str]:
-        """One prompt: text or token ids, alone or as a batch of one (OpenAI's array forms,
-        `[text]` and `[[ids]]`: lm-evaluation-harness sends `[[ids]]`)."""
-        if isinstance(prompt, list):
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            if isinstance(prompt[0], str | list) and len(prompt) != 1:
-                raise ValueError(f"one prompt per request is served, got {len(prompt)}")
-            if isinstance(prompt[0], list):
-                if not prompt[0]:
-                    raise ValueError("the prompt is empty")
-                return list(prompt[0])
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        """Text or token ids, alone or as a list of prompts (OpenAI's array forms,
+        ``[text, ...]`` and ``[[ids], ...]``: lm-evaluation-harness sends ``[[ids], ...]``);
+        an empty one is refused here (empty text: `generate_config`)."""
+        if not prompt or (isinstance(prompt[0], list) and not all(prompt)):
+            raise ValueError("the prompt is empty")
         return prompt
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts in order, each text or token ids (one choice each per n)."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
 
 # -- responses ---------------------------------------------------------------------------

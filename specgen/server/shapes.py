@@ -69,29 +69,43 @@ class Outcome:
         return cls(done.text, done.finish_reason, done.stats, error, done.tokens)
 
 
-def _cached(outcome: Outcome) -> PromptTokensDetails:
-    """OpenAI's ``usage.prompt_tokens_details``: the prompt tokens found cached."""
-    return PromptTokensDetails(cached_tokens=request_stats.cached_tokens(outcome.stats))
+def _cached(outcomes: Sequence[Outcome]) -> PromptTokensDetails:
+    """OpenAI's ``usage.prompt_tokens_details``: the prompt tokens found cached, summed
+    over `outcomes` (one per prompt)."""
+    cached = sum(request_stats.cached_tokens(o.stats) for o in outcomes)
+    return PromptTokensDetails(cached_tokens=cached)
 
 
 @dataclass
 class Shape:
     """Builds one request's bodies. `chat` picks the chat or the text completion shape;
-    `logprobs`: whether the request asked for them (chat ``logprobs: true``, completions
-    ``logprobs: N``)."""
+    `n_prompts`: each prompt's tokens (completions take several), whose choices are
+    ``p * n + i`` (prompt p's i-th, as OpenAI orders them); `logprobs`: whether the request
+    asked for them (chat ``logprobs: true``, completions ``logprobs: N``)."""
 
     chat: bool
     id: str
     model: str
     created: int
-    n_prompt: int
+    n_prompts: Sequence[int]
     return_tokens: bool = False
     logprobs: bool = False
     tools: Choice | None = None  # the answer may hold tool calls (`specgen.server.tools`)
-    echo: Echo | None = None  # completions' echo: the prompt first (`specgen.server.logprobs`)
+    # completions' echo, one per prompt: the prompt first (`specgen.server.logprobs`)
+    echoes: Sequence[Echo] = ()
+    n: int = 1  # choices per prompt
     predicted: bool = False  # the request gave a prediction: usage counts its tokens
     # a streamed completion's tokens' characters so far per choice (its text_offset)
     _offsets: dict[int, TextOffsets] = field(default_factory=dict)
+
+    @property
+    def n_prompt(self) -> int:
+        """The request's prompt tokens: each prompt once, whatever n."""
+        return sum(self.n_prompts)
+
+    def echo_of(self, index: int) -> Echo | None:
+        """Choice `index`'s echo (its prompt's), or None without echo."""
+        return self.echoes[index // self.n] if self.echoes else None
 
     def _logprobs(
         self, steps: Sequence[Step], offsets: TextOffsets | None = None
@@ -125,17 +139,17 @@ class Shape:
         self, steps: Sequence[Sequence[Step]], outcomes: Sequence[Outcome]
     ) -> dict[str, Any]:
         """The non-streaming response with one choice per outcome (``index`` in order);
-        usage counts the prompt once and every choice's tokens; the statistics, the error
+        usage counts each prompt once and every choice's tokens; the statistics, the error
         and ``tokens`` are choice 0's."""
         head = self._head()
         meta = self._meta(steps[0], outcomes[0])
         usage = self._usage_n(steps, outcomes)
         chat_choices, text_choices = [], []
-        # a completion's offsets count from the end of its echoed prompt
-        echoed = len(self.echo.text) if self.echo is not None else 0
         for i, (st, outcome) in enumerate(zip(steps, outcomes, strict=True)):
             finish = openai_finish(outcome.finish)
-            lps = self._logprobs(st, TextOffsets(echoed))
+            echo = self.echo_of(i)
+            # a completion's offsets count from the end of its echoed prompt
+            lps = self._logprobs(st, TextOffsets(len(echo.text) if echo is not None else 0))
             if self.chat:
                 content, calls = self.parsed(outcome.text)
                 if calls is not None:
@@ -148,9 +162,9 @@ class Shape:
                 )
             else:
                 text = outcome.text
-                if self.echo is not None:
-                    text = self.echo.text + text
-                    lps = self.echo.joined(lps)
+                if echo is not None:
+                    text = echo.text + text
+                    lps = echo.joined(lps)
                 text_choices.append(
                     TextChoice(index=i, text=text, logprobs=lps, finish_reason=finish)
                 )
@@ -167,8 +181,8 @@ class Shape:
             prompt_tokens=self.n_prompt,
             completion_tokens=n,
             total_tokens=self.n_prompt + n,
-            # the choices share one prefill: the first one's (`Scheduler`'s n > 1 jobs)
-            prompt_tokens_details=_cached(outcomes[0]) if outcomes else None,
+            # a prompt's choices share one prefill: its first one's (`Scheduler`'s share_from)
+            prompt_tokens_details=_cached(outcomes[:: self.n]) if outcomes else None,
             completion_tokens_details=request_stats.predicted(steps) if self.predicted else None,
         )
 
@@ -210,10 +224,11 @@ class Shape:
     def echo_chunk(self, index: int = 0) -> dict[str, Any]:
         """A streamed completion's first chunk of choice `index` with ``echo``: the prompt,
         and its log-probabilities when asked; the completion's offsets continue after it."""
-        assert self.echo is not None
-        self._offsets[index] = TextOffsets(len(self.echo.text))
-        lps = self.echo.legacy_logprobs() if self.logprobs else None
-        return self._chunk(self.echo.text, None, lps, index)
+        echo = self.echo_of(index)
+        assert echo is not None
+        self._offsets[index] = TextOffsets(len(echo.text))
+        lps = echo.legacy_logprobs() if self.logprobs else None
+        return self._chunk(echo.text, None, lps, index)
 
     def step_chunk(
         self, step: Step, text: str | None = None, index: int = 0, held: Sequence[Step] = ()
