@@ -147,8 +147,12 @@ def test_completions_take_text_or_token_ids(served: Served) -> None:
     # a batch of one, as lm-evaluation-harness sends token ids: [[ids]]
     one = served.post("/v1/completions", {"prompt": [[72, 105, 33]], "max_tokens": 2})
     assert one.status_code == 200 and served.sched.submitted[-1].prompt == [72, 105, 33]
-    for empty in ([[]], [[72], []], [], ""):
-        assert_openai_error(served.post("/v1/completions", {"prompt": empty}), 400, "prompt")
+    for empty in ([[]], [[72], []], [], "", ["a", ""]):
+        err = assert_openai_error(served.post("/v1/completions", {"prompt": empty}), 400, "prompt")
+        assert "empty" in err["message"]
+    for mixed in (["a", [72]], [[72], "a"]):
+        err = assert_openai_error(served.post("/v1/completions", {"prompt": mixed}), 400, "prompt")
+        assert "all text or all token-id lists" in err["message"]
 
 
 def test_a_prediction_reaches_the_generation_as_tokens_cut_to_max_tokens(served: Served) -> None:

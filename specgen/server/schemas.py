@@ -352,16 +352,18 @@ class CompletionRequest(_Generation):
     def n_logprobs(self) -> int | None:
         return self.logprobs
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _no_empty_prompt(
-        cls, prompt: str | list[int] | list[str] | list[list[int]]
-    ) -> str | list[int] | list[str] | list[list[int]]:
+    def _prompts_given(cls, prompt: Any) -> Any:
         """Text or token ids, alone or as a list of prompts (OpenAI's array forms,
-        ``[text, ...]`` and ``[[ids], ...]``: lm-evaluation-harness sends ``[[ids], ...]``);
-        an empty one is refused here (empty text: `generate_config`)."""
-        if not prompt or (isinstance(prompt[0], list) and not all(prompt)):
+        ``[text, ...]`` and ``[[ids], ...]``: lm-evaluation-harness sends ``[[ids], ...]``),
+        none empty, a list all of one kind (said plainly: pydantic's own error for a
+        mixed list names one member of the union)."""
+        listed = prompt if isinstance(prompt, list) else [prompt]
+        if not listed or any(p in ("", []) for p in listed):
             raise ValueError("the prompt is empty")
+        if len({isinstance(p, list) for p in listed}) > 1:
+            raise ValueError("a list of prompts holds all text or all token-id lists")
         return prompt
 
     @property
