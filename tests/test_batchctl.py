@@ -333,6 +333,20 @@ def test_no_warm_up_for_a_draft_that_can_never_pay_nor_once_the_pool_knows() -> 
     assert cold.choose([SlotState(acc, 8, idle_steps=1)], waiting_s=[0.1]).k == (0,)
 
 
+@pytest.mark.parametrize(("left", "warms"), [(64, False), (1000, True), (0, True)])
+def test_no_warm_up_whose_catch_up_the_tokens_left_cannot_win_back(left, warms) -> None:
+    """A long prompt's catch-up (2,000 draft tokens, 2.6 s) against a short answer: with
+    every draft accepted the best K saves 16 ms a token, so 64 tokens left win back 1 s
+    at most and no warm-up is made (its first round was the catch-up: a 1,543-token chat
+    message answered in 64 tokens took twice ordinary decoding's time). 1,000 tokens
+    left, or an unknown number (0), can win it back: the warm-up is made as before."""
+    ctl = BatchController(k_max=8, draft_batched=True)
+    _demo_costs(ctl, 0.022)
+    state = SlotState(ctl.new_acceptance(), 8, idle_steps=1, catch_up=2000, left=left)
+    choice = ctl.choose([state])
+    assert (choice.k[0] > 0) == warms and (choice.reasons == ("warm_up",)) == warms
+
+
 def test_the_prior_of_a_new_request_tends_to_the_pooled_rate():
     ctl = BatchController(warmup_rounds=0)
     acc = ctl.new_acceptance()

@@ -143,8 +143,9 @@ def test_the_drafts_catch_up_counts_as_drafting_and_the_ttft_is_one_decode(monke
 
 
 def held_run(monkeypatch, prompt: list[int]):
-    """A greedy hybrid generation of 40 tokens under `auto` on a fake clock (10 ms a target
-    token, 3 ms a draft token), so the controller's choices do not depend on the machine.
+    """A greedy hybrid generation of 40 tokens under `auto` on a fake clock (a target decode
+    10 ms and 1 ms a token, so that speculation can pay; a draft token 3 ms), so the
+    controller's choices do not depend on the machine.
     Returns (its steps, the index of the first with a model token, the steps held to
     lookup before it, the draft's decodes, the Done); the output is checked against
     ordinary decoding's."""
@@ -157,11 +158,11 @@ def held_run(monkeypatch, prompt: list[int]):
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     target = FakeEngine(n_vocab=v, seed=0, n_ctx=512)
     draft = FakeEngine(n_vocab=v, seed=0, noise=0.3, n_ctx=512)
-    for engine, seconds in ((target, 0.010), (draft, 0.003)):
+    for engine, fixed, seconds in ((target, 0.010, 0.001), (draft, 0.0, 0.003)):
         real = engine.decode
 
-        def decode(tokens, all_logits=False, rows=None, _real=real, _s=seconds):
-            clock[0] += _s * len(tokens)
+        def decode(tokens, all_logits=False, rows=None, _real=real, _f=fixed, _s=seconds):
+            clock[0] += _f + _s * len(tokens)
             return _real(tokens, all_logits, rows)
 
         monkeypatch.setattr(engine, "decode", decode)
@@ -192,7 +193,7 @@ def test_a_hybrid_tries_its_lookup_before_the_drafts_prefill(monkeypatch, n_prom
 
     prompt = list(range(1, n_prompt + 1))  # no n-gram repeats: the lookup has nothing
     steps, first_model, held, log, _ = held_run(monkeypatch, prompt)
-    if n_prompt == 9:  # 9 draft tokens (27 ms) cost less than 3 target passes (30 ms)
+    if n_prompt == 9:  # 9 draft tokens (27 ms) cost less than 3 target passes (33 ms)
         assert first_model == 1 and not held
     else:
         assert (
