@@ -159,8 +159,9 @@ def _named(source: str) -> Iterator[None]:
 
 
 def messages(prompt: str, system: str | None = None) -> list[Message]:
-    """One user message, after a system message when `system` is given."""
-    head = [{"role": "system", "content": system}] if system else []
+    """One user message, after a system message when `system` is given (an empty one too:
+    it replaces a template's default system prompt)."""
+    head = [{"role": "system", "content": system}] if system is not None else []
     return [*head, {"role": "user", "content": prompt}]
 
 
@@ -173,7 +174,7 @@ class Conversation:
     turns: list[Message] = field(default_factory=list)
 
     def messages(self) -> list[Message]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []
         return [*head, *self.turns]
 
     def add(self, role: str, content: str) -> None:

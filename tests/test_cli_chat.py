@@ -219,6 +219,10 @@ def test_chat_on_a_terminal_shows_the_live_view_and_keeps_the_session(smol_args)
         os.write(master, b"/stats\r")
         out = read_until(master, proc, DEADLINE_S, STATS_SHOWN)
         assert b"session: 1 reply " in ANSI.sub(b"", out)
+        # bytes typed that are not UTF-8 (a Latin-1 terminal): a message, as in a pipe
+        os.write(master, b"Spell caf\xe9.\r")
+        reason, _, _ = turn(master, proc)
+        assert reason in FINISH_TEXT.values()
         os.write(master, b"\x04")  # Ctrl-D leaves
         assert _left(proc, master) == 0
 
@@ -306,3 +310,54 @@ def test_an_unknown_command_is_said_not_sent_and_a_path_is_sent(capsys) -> None:
     assert session.sent == ["/usr/bin/env is what?", "/explain this", "hello"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown command /stat; commands: /exit" in err
+
+
+def test_commands_in_any_case_help_and_a_refused_turn_keep_the_session(capsys) -> None:
+    """On fakes: commands are read in any case (/EXIT leaves, /Stats is not sent), /help
+    lists them; a turn the template refuses, or that does not fit, is a note and the
+    session goes on; a first message too long alone is not offered /reset, which could not
+    help."""
+    from specgen.chat import ContextFullError
+    from specgen.cli.chat import HELP, _turns
+    from specgen.errors import ChatTemplateError
+
+    class Session:
+        def __init__(self):
+            self.sent = []
+            self.conversation = type("C", (), {"turns": []})()
+            self.totals = type("T", (), {"describe": lambda self: "TOTALS"})()
+
+        def reply(self, line):
+            if line == "huge":
+                raise ContextFullError(900, 256)
+            if line == "refused":
+                raise ChatTemplateError("chat template t.jinja: too many turns")
+            self.sent.append(line)
+            self.conversation.turns.append(line)
+            return iter(())
+
+    session = Session()
+    lines = ["huge", "/Help", "hello", "refused", "huge", "/Stats", "again", "/EXIT", "after"]
+    _turns(session, iter(lines), lambda s, line, events: None)  # type: ignore[arg-type]
+    assert session.sent == ["hello", "again"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 5, err
+    assert "900 tokens" in err[0] and "send less" in err[0] and "/reset" not in err[0]
+    assert HELP in err[1]
+    assert "too many turns: the message was not sent" in err[2]
+    assert "900 tokens" in err[3] and "type /reset" in err[3]
+    assert "TOTALS" in err[4]
+
+
+def test_text_that_is_not_utf8_becomes_replacement_characters() -> None:
+    """What the terminal or argv gave as lone surrogates (bytes that are not UTF-8, say a
+    Latin-1 "café") reaches the template as U+FFFD, as a pipe's bytes do; an empty system
+    message is a message (it replaces a template's default one)."""
+    from specgen.chat import messages
+    from specgen.cli.options import PromptFlags, as_text
+
+    latin1 = b"caf\xe9 ok".decode("utf-8", "surrogateescape")
+    assert as_text(latin1) == "caf\ufffd ok" and as_text("café") == "café"
+    assert PromptFlags(system=latin1).system == "caf\ufffd ok"
+    assert messages("hi", "")[0] == {"role": "system", "content": ""}
+    assert messages("hi") == [{"role": "user", "content": "hi"}]

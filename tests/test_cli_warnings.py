@@ -3,6 +3,7 @@ target ("did you swap -m and -md?"), and a seed that `--draft-max auto` cannot h
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def test_run_warns_when_the_draft_measures_slower(capsys: pytest.CaptureFixture[
 
 
 def test_a_seed_under_auto_at_temperature_is_said_to_depend_on_timing(tiny) -> None:
-    from specgen.cli.run import SEED_NOTE
+    from specgen.cli.loading import SEED_NOTE
 
     sampled = ["run", *tiny, "-n", "6", "--temp", "0.8", "the cat"]
     r = specgen(*sampled, "--seed", "42")  # --draft-max auto is the default
@@ -99,6 +100,28 @@ def test_a_seed_under_auto_at_temperature_is_said_to_depend_on_timing(tiny) -> N
         r = specgen(*quiet)
         assert r.returncode == 0, r.stderr.decode()
         assert SEED_NOTE not in r.stderr.decode(), quiet
+
+
+def test_chat_says_the_seed_note_where_run_does(capsys) -> None:
+    """`chat` shares `run`'s rule for the note (a chat session with --seed under auto
+    gave other replies each session, and said nothing)."""
+    from types import SimpleNamespace
+
+    from specgen.cli import chat
+    from specgen.cli.loading import SEED_NOTE, note_seed
+    from specgen.flags import SamplingFlags
+
+    assert "note_seed(sampling, opened)" in inspect.getsource(chat.chat_command)
+    drafted, alone = SimpleNamespace(drafter=object()), SimpleNamespace(drafter=None)
+    for flags, opened, said in (
+        (SamplingFlags(temp=0.8, seed=42), drafted, True),
+        (SamplingFlags(temp=0.8, seed=42, draft_max="4"), drafted, False),
+        (SamplingFlags(temp=0.0, seed=42), drafted, False),
+        (SamplingFlags(temp=0.8), drafted, False),
+        (SamplingFlags(temp=0.8, seed=42), alone, False),
+    ):
+        note_seed(flags, opened)  # type: ignore[arg-type]
+        assert (SEED_NOTE in capsys.readouterr().err) == said, flags
 
 
 def test_a_seed_with_a_fixed_block_size_reproduces_the_text(tiny) -> None:

@@ -9,12 +9,13 @@ plain text followed by a blank line (scripts and tests drive it through a pipe).
 from __future__ import annotations
 
 import contextlib
+import io
 import re
 import sys
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Annotated
 
-from specgen.cli.loading import open_session, show_messages, wants_live
+from specgen.cli.loading import note_seed, open_session, show_messages, wants_live
 from specgen.cli.options import (
     GRAMMAR,
     MODEL,
@@ -25,10 +26,11 @@ from specgen.cli.options import (
     OutputFlags,
     PromptFlags,
     SamplingFlags,
+    as_text,
     grouped,
     opt,
 )
-from specgen.errors import ConfigError
+from specgen.errors import ChatTemplateError, ConfigError
 from specgen.events import Done, Prefilled, Step
 from specgen.flags import DRAFT_NONE
 from specgen.generation import consume
@@ -39,10 +41,14 @@ if TYPE_CHECKING:
     from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
-_COMMAND = re.compile(r"/[a-z]+")
-"""A line that is one word after a slash: a command (a path has a second slash)."""
+_COMMAND = re.compile(r"/[a-z]+", re.IGNORECASE)
+"""A line that is one word after a slash: a command, in any case (a path has a second
+slash)."""
 RESET_DONE = "new conversation: history and session totals cleared"
-HELP = "commands: /exit (or Ctrl-D) leaves, /reset starts over, /stats shows the session totals"
+HELP = (
+    "commands: /exit or /quit (or Ctrl-D) leaves, /reset starts over, /stats shows the"
+    " session totals, /help this line"
+)
 
 EPILOG = (
     "Examples:\n\n"
@@ -81,6 +87,7 @@ def chat_command(
     with open_session(model, out, sampling.params(), live=live) as opened:
         session = _chat_session(opened, sampling, how)
         show_messages(opened)
+        note_seed(sampling, opened)
         tty_in = sys.stdin.isatty()
         show = (
             _live_reply(opened.target.name, opened.draft_name, out.show_rejected, echo=not tty_in)
@@ -110,10 +117,13 @@ def _lines(tty: bool) -> Iterator[str]:
     if tty:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401 - line editing and history for input()
+        # bytes typed that are not UTF-8 (a Latin-1 terminal) become U+FFFD, as in a pipe
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(errors="surrogateescape")
         output.status_line(HELP)
         while True:
             try:
-                yield input("> ")
+                yield as_text(input("> "))
             except EOFError:
                 output.status_line("")
                 return
@@ -141,7 +151,7 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
     from specgen.chat import ContextFullError  # start-up time: specgen.chat loads numpy
 
     for line in lines:
-        command = line.strip()
+        command = line.strip().lower()
         if not command:
             continue
         if command in EXIT:
@@ -150,17 +160,22 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
             session.reset()
             output.status_line(RESET_DONE)
             continue
-        if command == "/stats":
+        if command in ("/stats", "/help"):
             # stderr: through a pipe, stdout holds the replies alone
-            output.status_line(session.totals.describe())
+            output.status_line(session.totals.describe() if command == "/stats" else HELP)
             continue
         if _COMMAND.fullmatch(command):  # a typo of one (/stat), not a message to send
-            _note(f"unknown command {command}; {HELP}")
+            _note(f"unknown command {line.strip()}; {HELP}")
             continue
         try:
             events = session.reply(line)
         except ContextFullError as e:
-            _note(f"{e.how}: type /reset to start over (or restart with a larger -c)")
+            # /reset cannot help a message that does not fit alone
+            then = "type /reset to start over" if session.conversation.turns else "send less"
+            _note(f"{e.how}: {then} (or restart with a larger -c)")
+            continue
+        except ChatTemplateError as e:  # on this turn only (a template may refuse a turn)
+            _note(f"{e}: the message was not sent; type /reset to start over")
             continue
         done = show(session, line, events) if show is not None else _plain_reply(events)
         if done is not None and session.context_full(done):

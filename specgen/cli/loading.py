@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specgen.cli.options import ModelFlags, OutputFlags
+from specgen.cli.options import ModelFlags, OutputFlags, SamplingFlags
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -50,6 +50,21 @@ def show_messages(opened: Session) -> None:
         output.warning(w)
     for n in opened.notes:
         output.notice(n)
+
+
+# why a seeded `auto` run is not reproducible (issue 15): K follows measured timings, and
+# each block size draws a different number of random numbers
+SEED_NOTE = (
+    "with --draft-max auto the block sizes follow measured timings, so at --temp > 0 the"
+    " text can differ between runs with the same --seed; a fixed --draft-max reproduces it"
+)
+
+
+def note_seed(sampling: SamplingFlags, opened: Session) -> None:
+    """`SEED_NOTE`, where a seed is given that cannot reproduce the text: sampled, drafted,
+    under --draft-max auto (run and chat)."""
+    if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
+        output.notice(SEED_NOTE)
 
 
 def wants_live(out: OutputFlags) -> bool:

@@ -411,6 +411,12 @@ class OutputFlags:
             check_output_path("--trace", self.trace)
 
 
+def as_text(arg: str) -> str:
+    """Text from the command line or the terminal as the prompt's bytes are read: bytes
+    that are not UTF-8 (which Python keeps as lone surrogates, unencodable) become U+FFFD."""
+    return arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 @dataclass(frozen=True)
 class PromptFlags:
     """How the prompt becomes tokens (--raw, --system, --chat-template): see
@@ -429,6 +435,8 @@ class PromptFlags:
     )
 
     def __post_init__(self) -> None:
+        if self.system is not None:
+            object.__setattr__(self, "system", as_text(self.system))
         # before the models load (a second or more): the conflicts and the file
         if self.raw and (self.system is not None or self.chat_template is not None):
             raise ConfigError("--raw sends the prompt as it is: drop --system / --chat-template")

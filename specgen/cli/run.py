@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from specgen.cli.loading import open_session, show_messages, wants_live
+from specgen.cli.loading import note_seed, open_session, show_messages, wants_live
 from specgen.cli.options import (
     GRAMMAR,
     LOGPROBS,
@@ -39,12 +39,6 @@ if TYPE_CHECKING:
     from specgen.session import Session
 
 EXIT_INTERRUPTED = 130
-# why a seeded `auto` run is not reproducible (issue 15): K follows measured timings, and
-# each block size draws a different number of random numbers
-SEED_NOTE = (
-    "with --draft-max auto the block sizes follow measured timings, so at --temp > 0 the"
-    " text can differ between runs with the same --seed; a fixed --draft-max reproduces it"
-)
 
 
 EPILOG = (
@@ -154,8 +148,7 @@ def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: Pr
     )
     check_prompt(ids, opened.target.n_ctx)  # an error is said alone, before the messages
     show_messages(opened)
-    if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
-        output.notice(SEED_NOTE)
+    note_seed(sampling, opened)
     if (note := fit_note(len(ids), sampling.max_tokens, opened.target.n_ctx)) is not None:
         output.notice(note)
     return ids, template
