@@ -1,7 +1,7 @@
 # Entry points (see README): `make demo`, `make test` (everything, as CI runs it),
 # `make test-fast` (the tests that load no GGUF model: pytest -m "not model"), `make test-rpc` (RPC build + its tests);
 # `make lint` (ruff, mypy, mkdocs build --strict) in CI; `make docs`, `make docs-serve` and
-# `make docs-ref` (regenerate docs/reference/cli.md from the commands) for the documentation.
+# `make docs-ref` (regenerate docs/reference/cli.md and http.md's field table from the code).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

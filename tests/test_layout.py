@@ -1,4 +1,4 @@
-"""The directions of the imports (DESIGN.md, "Rules of direction" and its table of places),
+"""The directions of the imports (docs/development.md, "Where things are"),
 read from the source with `ast`: each third-party library enters through one place, the math
 imports nothing heavy, each place imports only the places below it in the table, no specgen
 module imports one that imports it back, only the sink writes to the terminal, no
@@ -52,7 +52,7 @@ ONE_DOOR = {
     "yaml": "specgen.models.registry",
     "gguf": "specgen.models.gguf",
     "matplotlib": "specgen.bench",  # the plots of bench's two reports
-    # the server's libraries (DESIGN.md: the only place FastAPI, uvicorn and pydantic enter)
+    # the server's libraries (the only place FastAPI, uvicorn and pydantic enter)
     "fastapi": "specgen.server",
     "starlette": "specgen.server",
     "sse_starlette": "specgen.server",
@@ -63,10 +63,10 @@ ONE_DOOR = {
     "httpx": "specgen.bench.load",  # the load client of `bench --url`
     "httpcore": "specgen.bench.load",  # httpx's core, which that client drives directly
     "uvloop": "specgen.eventloop",
-    "llguidance": "specgen.grammar",  # grammars, JSON schemas, masks (DESIGN.md's table)  # the event loop of the server and the load client
+    "llguidance": "specgen.grammar",  # grammars, JSON schemas, masks  # the event loop of the server and the load client
 }
 
-#: DESIGN.md's table as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
+#: the layout as ranks: a place imports (outside `if TYPE_CHECKING:`) only places of
 #: its own rank or below. Names are relative to `specgen`; a package covers all under it.
 RANKS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "eventloop", "deepstack"),
@@ -240,7 +240,7 @@ def _row_breaks(imports: list[Import]) -> list[tuple[str, str]]:
 
 def test_each_place_imports_only_the_places_below_it() -> None:
     bad = sorted({b for b in _row_breaks(all_imports()) if b not in KNOWN_BREAKS})
-    assert not bad, "imports against DESIGN.md's table:\n" + "\n".join(
+    assert not bad, "imports against the ranks (docs/development.md):\n" + "\n".join(
         f"{m} -> {t}" for m, t in bad
     )
 
@@ -455,7 +455,7 @@ def test_the_sink_check_finds_each_kind_of_write(tmp_path: Path) -> None:
     assert not any("os.write" in w for w in writes_of("specgen.llamacpp.rpc", src))
 
 
-#: the server's core, which knows nothing of HTTP (DESIGN.md, style 9)
+#: the server's core, which knows nothing of HTTP (docs/development.md)
 HTTP_FREE = ("specgen.sched", "specgen.server.stats")
 _HTTP = ("fastapi", "starlette", "uvicorn", "sse_starlette", "pydantic", "prometheus_client")
 
@@ -470,7 +470,7 @@ def test_the_scheduler_and_the_stats_import_no_http_library() -> None:
     assert not bad, "\n".join(bad)
 
 
-#: the longest function body allowed in cli/ (DESIGN.md: thin commands), Typer's signature
+#: the longest function body allowed in cli/ (docs/development.md: thin commands), Typer's signature
 #: of options aside
 CLI_BODY_LINES = 40
 
