@@ -46,8 +46,8 @@ _COMMAND = re.compile(r"/[a-z]+", re.IGNORECASE)
 slash)."""
 RESET_DONE = "new conversation: history and session totals cleared"
 HELP = (
-    "commands: /exit or /quit (or Ctrl-D) leaves, /reset starts over, /stats shows the"
-    " session totals, /help this line"
+    "commands: /exit or /quit (or Ctrl-D) leaves, /reset starts over, /help lists these,"
+    " /stats shows the session totals"
 )
 
 EPILOG = (
