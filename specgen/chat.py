@@ -273,6 +273,9 @@ class ChatTotals(Totals):
         speed = (
             f"speedup {sp:.2f}× over ordinary decoding ({1 / o:.1f} tok/s)"
             if sp is not None and o
+            # without a draft the replies are ordinary decoding: nothing to time them against
+            else "speedup n/a (ordinary decoding: no draft)"
+            if not self.n_drafted
             else "speedup n/a (ordinary decoding not timed)"
         )
         replies = "reply" if self.turns == 1 else "replies"
