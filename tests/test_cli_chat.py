@@ -364,3 +364,32 @@ def test_text_that_is_not_utf8_becomes_replacement_characters() -> None:
     assert PromptFlags(system=latin1).system == "caf\ufffd ok"
     assert messages("hi", "")[0] == {"role": "system", "content": ""}
     assert messages("hi") == [{"role": "user", "content": "hi"}]
+
+
+def test_typing_during_a_reply_is_not_echoed_and_is_kept_for_the_prompt() -> None:
+    """On a pseudo-terminal: echo is off while a reply is drawn (typed keys were drawn
+    into the live view, which then left part of a line on the screen), the keys typed
+    meanwhile are still there for the next prompt, and echo comes back however the reply
+    ends (Ctrl-C too); a stdin that is not a terminal is left alone."""
+    import io
+    import pty
+    import termios
+
+    from specgen.cli.chat import typing_hidden
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, encoding="utf-8", closefd=False) as tty:
+            with typing_hidden(tty):
+                assert not termios.tcgetattr(slave)[3] & termios.ECHO
+                os.write(master, b"next question\n")
+            assert termios.tcgetattr(slave)[3] & termios.ECHO
+            assert os.read(slave, 100) == b"next question\n"
+            with contextlib.suppress(KeyboardInterrupt), typing_hidden(tty):
+                raise KeyboardInterrupt
+            assert termios.tcgetattr(slave)[3] & termios.ECHO
+        with typing_hidden(io.StringIO()), typing_hidden(None):
+            pass
+    finally:
+        os.close(master)
+        os.close(slave)

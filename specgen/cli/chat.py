@@ -13,7 +13,7 @@ import io
 import re
 import sys
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 from specgen.cli.loading import note_seed, open_session, show_messages, wants_live
 from specgen.cli.options import (
@@ -225,9 +225,39 @@ def _live_reply(target_name: str, draft_name: str, show_rejected: bool, echo: bo
             show_rejected=show_rejected,
             prompt=line + "\n" if echo else "",
         )
-        with LiveView(console, state, summary=False) as lv:
+        with (
+            typing_hidden(None if echo else sys.stdin),
+            LiveView(console, state, summary=False) as lv,
+        ):
             done = consume(events, lv.update)
         output.show(turn_text(state), "", highlight=False)
         return done
 
     return show
+
+
+@contextlib.contextmanager
+def typing_hidden(stdin: IO[str] | None) -> Iterator[None]:
+    """Keys typed on the terminal `stdin` while a reply is drawn are not echoed: echoed,
+    they were drawn into the live view, which then miscounted its lines and left part of a
+    line on the final screen. They still wait for the next prompt, where readline shows
+    them. Nothing is done where `stdin` is None or not a terminal."""
+    fd, before = None, None
+    try:
+        import termios  # POSIX only: elsewhere typing stays echoed
+
+        if stdin is not None and stdin.isatty():
+            fd = stdin.fileno()
+            before = termios.tcgetattr(fd)
+    except (ImportError, OSError, ValueError):
+        before = None
+    if fd is None or before is None:
+        yield
+        return
+    quiet = list(before)
+    quiet[3] &= ~termios.ECHO  # lflags
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)  # not TCSAFLUSH: what is typed is kept
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, before)
