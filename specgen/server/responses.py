@@ -1,7 +1,7 @@
-"""One request's life on the async side from its jobs' submission (`submit`): the events the worker
-thread hands it (one queue per request, `Events`; a step's events for all requests in one
-``loop.call_soon_threadsafe``: `deliver`), and the response they become (`Run`: one JSON
-body, or server-sent events), with its metrics and log line.
+"""One request's life on the async side from its jobs' submission (`submit`): the events
+the worker thread hands it (one queue per request, `Events`; a step's events for all
+requests in one ``loop.call_soon_threadsafe``: `deliver`), and the response they become
+(`Run`: one JSON body, or server-sent events), with its metrics and log line.
 """
 
 from __future__ import annotations
@@ -20,8 +20,18 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from specgen import Done, Failed, GenerateConfig, Job, Prefilled, PromptError, Step, Ticket
-from specgen.sched.jobs import DoesNotFit, QueueFull
+from specgen import (
+    DoesNotFit,
+    Done,
+    Failed,
+    GenerateConfig,
+    Job,
+    Prefilled,
+    PromptError,
+    QueueFull,
+    Step,
+    Ticket,
+)
 from specgen.server import tools
 from specgen.server.requestconfig import RequestError
 from specgen.server.shapes import Outcome, Shape
