@@ -419,7 +419,7 @@ class BatchController:
     ) -> int:  # fmt: skip
         """The K a warm-up round of this slot takes (see the class), 0 where none is due:
         the K >= 1 with the most tokens per second for this slot alone, E(K) over
-        T(K + 1) + K S(1) + its catch-up + the speculative overhead. None where the
+        T(K + 1) + K S(1) + its catch-up + the speculative overhead. No warm-up where the
         catch-up could not be won back in the tokens left even with every draft accepted
         (K + 1 tokens a round): a long prompt's catch-up made a short answer twice as
         slow as ordinary decoding (1,543 prompt tokens, -n 64: 5.3 s against 1.6 s)."""
