@@ -392,12 +392,16 @@ class Stats(Totals):
 
 @dataclass(frozen=True)
 class Done:
-    """Generation ended. `text` is the whole output, `tokens` the emitted ids."""
+    """Generation ended. `text` is the whole output, `tokens` the emitted ids;
+    `grammar_complete`, with a grammar or schema, whether the output is complete under it
+    (one the grammar accepts, though -n may have cut it where it could go on), None
+    without one."""
 
     finish_reason: FinishReason
     text: str
     tokens: tuple[int, ...]
     stats: Stats
+    grammar_complete: bool | None = None
 
 
 def relay(

@@ -447,4 +447,8 @@ class Sequence:
         self.stats.baseline_note = self.baseline.disagreement_note()
         assert self.emitter.finish is not None
         e = self.emitter
-        return Done(e.finish, e.text, tuple(e.tokens), self.stats)  # type: ignore[arg-type]
+        complete = None
+        if self.grammar is not None:  # whether the output is one the grammar accepts
+            m = self.grammar.matcher
+            complete = m.sync(list(e.tokens)) and m.accepting
+        return Done(e.finish, e.text, tuple(e.tokens), self.stats, complete)  # type: ignore[arg-type]

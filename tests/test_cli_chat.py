@@ -393,3 +393,12 @@ def test_typing_during_a_reply_is_not_echoed_and_is_kept_for_the_prompt() -> Non
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_chat_says_when_n_cuts_a_constrained_reply(smol_args):
+    """As `run` says it: a reply held to a schema and cut by -n is not the JSON it asked
+    for, and a pipe's stdout alone cannot tell (it had said nothing)."""
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    blocks, err = chat_pipe([*smol_args, "-n", "5", "-j", schema], ["Invent a person."])
+    assert blocks[0].startswith("{") and "-n 5 ended the output before the grammar's end" in err
+    assert "maxLength" in err

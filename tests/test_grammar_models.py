@@ -59,10 +59,19 @@ def test_a_constrained_output_cut_by_n_is_said_on_stderr(tiny_target: Path, tmp_
     cut = specgen(*args, "-n", "3", "--json-schema", json.dumps(SCHEMA), "the")
     assert cut.returncode == 0 and cut.stdout.startswith(b'{"'), cut.stderr
     assert b"-n 3 ended the output before the grammar's end" in cut.stderr, cut.stderr
+    assert b"maxLength" in cut.stderr  # a schema's advice
     whole = specgen(*args, "-n", "16", "--grammar", 'root ::= "yes." | "no."', "hi")
     assert whole.stdout in (b"yes.", b"no.") and b"grammar's end" not in whole.stderr
     free = specgen(*args, "-n", "3", "the")  # no constraint: -n is the asked-for end
     assert free.returncode == 0 and b"grammar's end" not in free.stderr
+    # cut where the grammar could end too: complete under it, said as a note (the warning
+    # said "does not complete it" of a text that did); no schema, no schema's advice
+    digits = specgen(*args, "-n", "3", "--grammar", "root ::= [0-9]+", "hi")  # "180"
+    assert b"warning" not in digits.stderr, digits.stderr
+    assert b"the text is complete under it" in digits.stderr, digits.stderr
+    words = specgen(*args, "-n", "3", "--grammar", 'root ::= ("the " | "cat " | "mat ")+', "the")
+    assert b"before the grammar's end" in words.stderr, words.stderr  # "the", no space yet
+    assert b"maxLength" not in words.stderr
 
 
 class Person(pydantic.BaseModel):

@@ -15,7 +15,13 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from typing import IO, TYPE_CHECKING, Annotated
 
-from specgen.cli.loading import note_seed, open_session, show_messages, wants_live
+from specgen.cli.loading import (
+    note_seed,
+    open_session,
+    say_cut_constraint,
+    show_messages,
+    wants_live,
+)
 from specgen.cli.options import (
     GRAMMAR,
     MODEL,
@@ -94,7 +100,12 @@ def chat_command(
             if live
             else None
         )
-        _loop(session, _lines(tty_in), show)
+        schema = sampling.json_schema is not None or sampling.json_schema_file is not None
+
+        def cut(done: Done) -> None:  # a constrained reply -n cut, said as run says it
+            say_cut_constraint(done, sampling.max_tokens, schema)
+
+        _loop(session, _lines(tty_in), show, cut)
 
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
@@ -140,14 +151,26 @@ Events = Generator[Event, None, None]
 ShowReply = Callable[["ChatSession", str, Events], "Done | None"]
 
 
-def _loop(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
+def _loop(
+    session: ChatSession,
+    lines: Iterator[str],
+    show: ShowReply | None,
+    after: Callable[[Done], None] | None = None,
+) -> None:
     try:
-        _turns(session, lines, show)
+        _turns(session, lines, show, after)
     except BrokenPipeError:  # the reader went away (`| head`): leave quietly
         output.discard_stdout()
 
 
-def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -> None:
+def _turns(
+    session: ChatSession,
+    lines: Iterator[str],
+    show: ShowReply | None,
+    after: Callable[[Done], None] | None = None,
+) -> None:
+    """One reply per line (`show`: the live view, or plain text when None), then `after`
+    with its Done; the commands, and the turns that cannot be sent, said in a note."""
     from specgen.chat import ContextFullError  # start-up time: specgen.chat loads numpy
 
     for line in lines:
@@ -178,6 +201,8 @@ def _turns(session: ChatSession, lines: Iterator[str], show: ShowReply | None) -
             _note(f"{e}: the message was not sent; type /reset to start over")
             continue
         done = show(session, line, events) if show is not None else _plain_reply(events)
+        if done is not None and after is not None:
+            after(done)
         if done is not None and session.context_full(done):
             _note("the context is full: type /reset to start over (or restart with a larger -c)")
 

@@ -2,13 +2,16 @@
 spinner while `specgen.session.open` resolves and loads (`open_session`), then the session's
 warnings and notes, one line each on stderr (`show_messages`), the same way for run, chat,
 bench and verify. A command shows them once its own checks of the loaded pair have passed
-(run's prompt must fit the context), so that an error is said alone."""
+(run's prompt must fit the context), so that an error is said alone. And the notes run and
+chat share about a generation: a seed that cannot reproduce (`note_seed`), a constrained
+output that -n or the context cut (`say_cut_constraint`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from specgen.cli.options import ModelFlags, OutputFlags, SamplingFlags
+from specgen.events import Done
 from specgen.ui import output
 
 if TYPE_CHECKING:
@@ -65,6 +68,28 @@ def note_seed(sampling: SamplingFlags, opened: Session) -> None:
     under --draft-max auto (run and chat)."""
     if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
         output.notice(SEED_NOTE)
+
+
+def say_cut_constraint(done: Done, max_tokens: int, schema: bool) -> None:
+    """After a constrained output that -n or the context ended (`schema`: a JSON schema
+    gave the grammar): a warning where the text is not complete under the grammar (a
+    sampled number or string can run on until the limit, and plain output says no finish
+    reason), a note where it is complete but was cut where it could go on; nothing for an
+    output that ended by itself or without a grammar (`Done.grammar_complete` None)."""
+    if done.grammar_complete is None or done.finish_reason not in ("length", "context"):
+        return
+    limit = f"-n {max_tokens}" if done.finish_reason == "length" else "the context (-c)"
+    if done.grammar_complete:
+        output.notice(
+            f"{limit} ended the output where the grammar allows an end: the text is complete"
+            " under it, though the model had not ended it"
+        )
+        return
+    bound = ", or bound the schema's strings and numbers: maxLength, maximum" if schema else ""
+    output.warning(
+        f"{limit} ended the output before the grammar's end: the text does not complete it"
+        f" (raise the limit{bound})"
+    )
 
 
 def wants_live(out: OutputFlags) -> bool:

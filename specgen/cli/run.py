@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from specgen.cli.loading import note_seed, open_session, show_messages, wants_live
+from specgen.cli.loading import (
+    note_seed,
+    open_session,
+    say_cut_constraint,
+    show_messages,
+    wants_live,
+)
 from specgen.cli.options import (
     GRAMMAR,
     LOGPROBS,
@@ -172,7 +178,8 @@ def _events(
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
     if _constrained(sampling):
-        events = _warn_cut_constraint(events, sampling.max_tokens)
+        schema = sampling.json_schema is not None or sampling.json_schema_file is not None
+        events = _warn_cut_constraint(events, sampling.max_tokens, schema)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
         from specgen.trace import TraceWriter, tee, token_text_of  # start-up time: numpy
 
@@ -217,23 +224,15 @@ def _constrained(sampling: SamplingFlags) -> bool:
     )  # fmt: skip
 
 
-def _warn_cut_constraint(events, max_tokens: int):
-    """Pass the events through; once they end, warn when -n or the context ended a
-    constrained output before its grammar's end: the text is then not a complete JSON value
-    (a sampled integer or string can run on until the limit, and the plain output says no
-    finish reason). After the last event, so the warning follows the text. Closing this
-    generator closes `events`."""
+def _warn_cut_constraint(events, max_tokens: int, schema: bool):
+    """Pass the events through; once they end, say so where -n or the context cut a
+    constrained output (`say_cut_constraint`). After the last event, so the warning follows
+    the text. Closing this generator closes `events`."""
     done: list[Done] = []
 
     def warn() -> None:
-        if done and done[0].finish_reason in ("length", "context"):
-            cut_by_n = done[0].finish_reason == "length"
-            limit = f"-n {max_tokens}" if cut_by_n else "the context (-c)"
-            output.warning(
-                f"{limit} ended the output before the grammar's end: the text does not"
-                " complete it (raise the limit, or bound the schema's strings and numbers:"
-                " maxLength, maximum)"
-            )
+        if done:
+            say_cut_constraint(done[0], max_tokens, schema)
 
     # relay's own generator, not one of this function: a Ctrl-C in such a frame had ended
     # the generation without its Done
