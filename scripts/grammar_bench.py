@@ -28,12 +28,12 @@ from pathlib import Path
 
 from bench_common import emit, provenance
 
+import specgen.round as round_module
 from specgen.drafters import ModelDrafter
 from specgen.generate import FixedK, GenerateConfig, generate
 from specgen.grammar import compile_grammar, tokenizer_for
 from specgen.grammarspec import GrammarSpec
 from specgen.models.demo import ensure_demo_pair
-from specgen.round import Sequence
 from specgen.sampling import SamplingParams
 from specgen.session import ModelSpec, load
 
@@ -147,13 +147,13 @@ RECORDS: list[tuple[str, dict]] = [
 def one(target, drafter, text, params, spec, k, n, seed, keep_rows=False) -> dict:
     prompt = target.tokenize(text.encode("utf-8"))
     cfg = GenerateConfig(max_tokens=n, params=params, seed=seed, grammar=spec)
-    real = Sequence._forced_rows
+    real = round_module.forced_rows
     if keep_rows:  # the code before forced positions skipped their rows: every row computed
-        Sequence._forced_rows = lambda self, block, bonus: ()  # type: ignore[method-assign]
+        round_module.forced_rows = lambda grammar, committed, block: ()
     try:
         done = list(generate(target, drafter, prompt, cfg, FixedK(k)))[-1]
     finally:
-        Sequence._forced_rows = real  # type: ignore[method-assign]
+        round_module.forced_rows = real
     s = done.stats
     model_drafted = s.n_drafted_by.get("draft", 0)
     return {

@@ -327,7 +327,9 @@ def test_vllm_s_structured_output_fields_constrain_the_output(server: Server) ->
 def test_a_tool_whose_parameters_match_no_text_is_a_400(server: Server) -> None:
     """Parameters defined only by themselves (``{"$ref": "#"}``, rebased into the
     parameters) match no arguments: a 400, not an empty or failed call, naming the tool
-    where one may be called (``tools[1]``: the named one), all of them where several may."""
+    where one may be called (``tools[1]``: the named one), all of them where several may.
+    A schema llguidance refuses to compile is said in its own words and names its tool
+    among several (the message had listed the calls' grammar, and named them all)."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
     for tools, choice, param in (
@@ -343,3 +345,13 @@ def test_a_tool_whose_parameters_match_no_text_is_a_400(server: Server) -> None:
         assert e.value.status_code == 400
         assert isinstance(e.value.body, dict)
         assert e.value.body["param"] == f"{param}.function.parameters", e.value.body
+    bogus = {"type": "object", "properties": {"d": {"type": "string", "format": "bogus"}}}
+    bad = {"type": "function", "function": {"name": "h", "parameters": bogus}}
+    with pytest.raises(openai.BadRequestError, match="Unknown format: bogus") as e:
+        server.client().chat.completions.create(
+            model=server.model_id, messages=WHAT, tools=[other, bad], tool_choice="required",
+            max_tokens=20,
+        )  # fmt: skip
+    assert isinstance(e.value.body, dict)
+    assert e.value.body["param"] == "tools[1].function.parameters", e.value.body
+    assert "start: calls" not in e.value.body["message"], e.value.body

@@ -427,8 +427,13 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             try:
                 await run_in_threadpool(b.check_grammar, config.grammar)
             except GrammarError as e:
-                source = config.grammar.source
-                raise RequestError(400, str(e), param=source, code="invalid_grammar") from None
+                source, message = config.grammar.source, str(e)
+                if call is not None:  # which tool, in its own words, not the calls' grammar's
+                    assert isinstance(req, ChatCompletionRequest) and req.tools and calls
+                    check = b.check_grammar
+                    found = await run_in_threadpool(tools.culprit, req.tools, calls, check)
+                    source, message = found or (source, message)
+                raise RequestError(400, message, param=source, code="invalid_grammar") from None
         n = req.n or 1
         check_choices(n, len(prompts), b.scheduler.n_parallel, b.scheduler.queue_max)
         job_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"

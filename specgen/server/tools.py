@@ -51,6 +51,7 @@ before a call); the calls go out whole in the final chunk as ``delta.tool_calls`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -58,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specgen import ChatTemplateError
+from specgen import ChatTemplateError, GrammarError
 from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 
@@ -256,6 +257,26 @@ def _calls_schema(tools: list[Tool], name: str) -> tuple[dict[str, Any], str]:
         return call_schema(chosen[0]), f"tools[{at}].function.parameters"
     calls = [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(chosen)]
     return {"anyOf": calls}, "tools[].function.parameters"
+
+
+def culprit(
+    tools: list[Tool], choice: Choice, check: Callable[[GrammarSpec], object]
+) -> tuple[str, str] | None:
+    """The first tool `choice` may call whose calls' grammar alone fails `check` (a
+    compile): its field, ``tools[i].function.parameters``, and its error; None where each
+    compiles alone. For the error of a calls' grammar that failed, which named no tool (or
+    all of them) and could list the whole grammar."""
+    for i, tool in enumerate(tools):
+        if choice.name not in ("", tool.function.name):
+            continue
+        source = f"tools[{i}].function.parameters"
+        try:
+            spec = call_grammar([tool], choice)
+            if spec is not None:
+                check(dataclasses.replace(spec, source=source))
+        except GrammarError as e:
+            return source, str(e).replace("tools[0].function.parameters", source, 1)
+    return None
 
 
 def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
