@@ -268,6 +268,20 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_session(smol_args):
         assert _left(proc, master) == 0
 
 
+def test_ctrl_d_during_a_reply_leaves_once_it_ends(smol_args):
+    """Ctrl-D typed while a reply is drawn is kept for the prompt after it, which it ends
+    (exit 0, the reply whole): in the terminal's line mode it was an end-of-file that
+    readline's own mode then dropped, and a second Ctrl-D was needed."""
+    with _chat([*smol_args, "--draft-max", "4", "-n", "64", "--ignore-eos"]) as (proc, master):
+        read_until(master, proc, DEADLINE_S, READY)
+        os.write(master, b"Tell me a story about a dragon.\r")
+        read_until(master, proc, DEADLINE_S, GENERATING)  # the reply under way
+        os.write(master, b"\x04")
+        reason, figures, _ = turn(master, proc)
+        assert reason == FINISH_TEXT["length"] and figures["n"] == 64
+        assert _left(proc, master) == 0
+
+
 def test_ctrl_c_at_the_prompt_leaves_with_130(smol_args):
     """No reply to stop: Ctrl-C leaves as it ends any command (it was exit 0, silently)."""
     import signal
@@ -381,9 +395,10 @@ def test_typing_during_a_reply_is_not_echoed_and_is_kept_for_the_prompt() -> Non
     try:
         with open(slave, encoding="utf-8", closefd=False) as tty:
             with typing_hidden(tty):
-                assert not termios.tcgetattr(slave)[3] & termios.ECHO
+                assert not termios.tcgetattr(slave)[3] & (termios.ECHO | termios.ICANON)
                 os.write(master, b"next question\n")
             assert termios.tcgetattr(slave)[3] & termios.ECHO
+            assert termios.tcgetattr(slave)[3] & termios.ICANON
             assert os.read(slave, 100) == b"next question\n"
             with contextlib.suppress(KeyboardInterrupt), typing_hidden(tty):
                 raise KeyboardInterrupt

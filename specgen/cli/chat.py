@@ -266,7 +266,9 @@ def typing_hidden(stdin: IO[str] | None) -> Iterator[None]:
     """Keys typed on the terminal `stdin` while a reply is drawn are not echoed: echoed,
     they were drawn into the live view, which then miscounted its lines and left part of a
     line on the final screen. They still wait for the next prompt, where readline shows
-    them. Nothing is done where `stdin` is None or not a terminal."""
+    them, taken as they come (not in the terminal's line mode, where a Ctrl-D was an
+    end-of-file that readline's own mode dropped: now it ends the session after the
+    reply). Nothing is done where `stdin` is None or not a terminal."""
     fd, before = None, None
     try:
         import termios  # POSIX only: elsewhere typing stays echoed
@@ -280,7 +282,7 @@ def typing_hidden(stdin: IO[str] | None) -> Iterator[None]:
         yield
         return
     quiet = list(before)
-    quiet[3] &= ~termios.ECHO  # lflags
+    quiet[3] &= ~(termios.ECHO | termios.ICANON)  # lflags
     termios.tcsetattr(fd, termios.TCSANOW, quiet)  # not TCSAFLUSH: what is typed is kept
     try:
         yield
