@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from specgen.session import Session
 
 EXIT = ("/exit", "/quit")
-_COMMAND = re.compile(r"/[a-z]+", re.IGNORECASE)
-"""A line that is one word after a slash: a command, in any case (a path has a second
+_COMMAND = re.compile(r"/[a-z]+")
+"""A line that is one word after a slash, lowercased: a command (a path has a second
 slash)."""
 RESET_DONE = "new conversation: history and session totals cleared"
 HELP = (
@@ -100,12 +100,8 @@ def chat_command(
             if live
             else None
         )
-        schema = sampling.json_schema is not None or sampling.json_schema_file is not None
-
-        def cut(done: Done) -> None:  # a constrained reply -n cut, said as run says it
-            say_cut_constraint(done, sampling.max_tokens, schema)
-
-        _loop(session, _lines(tty_in), show, cut)
+        # a constrained reply -n cut is said as run says it
+        _loop(session, _lines(tty_in), show, lambda done: say_cut_constraint(done, sampling))
 
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
@@ -270,14 +266,12 @@ def typing_hidden(stdin: IO[str] | None) -> Iterator[None]:
     end-of-file that readline's own mode dropped: now it ends the session after the
     reply). Nothing is done where `stdin` is None or not a terminal."""
     fd, before = None, None
-    try:
+    with contextlib.suppress(ImportError, OSError, ValueError):
         import termios  # POSIX only: elsewhere typing stays echoed
 
         if stdin is not None and stdin.isatty():
             fd = stdin.fileno()
             before = termios.tcgetattr(fd)
-    except (ImportError, OSError, ValueError):
-        before = None
     if fd is None or before is None:
         yield
         return

@@ -70,21 +70,22 @@ def note_seed(sampling: SamplingFlags, opened: Session) -> None:
         output.notice(SEED_NOTE)
 
 
-def say_cut_constraint(done: Done, max_tokens: int, schema: bool) -> None:
-    """After a constrained output that -n or the context ended (`schema`: a JSON schema
-    gave the grammar): a warning where the text is not complete under the grammar (a
-    sampled number or string can run on until the limit, and plain output says no finish
-    reason), a note where it is complete but was cut where it could go on; nothing for an
+def say_cut_constraint(done: Done, sampling: SamplingFlags) -> None:
+    """After a constrained output that -n or the context ended: a warning where the text is
+    not complete under the grammar (a sampled number or string can run on until the limit,
+    and plain output says no finish reason), with a schema's advice where a JSON schema
+    gave it; a note where it is complete but was cut where it could go on; nothing for an
     output that ended by itself or without a grammar (`Done.grammar_complete` None)."""
     if done.grammar_complete is None or done.finish_reason not in ("length", "context"):
         return
-    limit = f"-n {max_tokens}" if done.finish_reason == "length" else "the context (-c)"
+    limit = f"-n {sampling.max_tokens}" if done.finish_reason == "length" else "the context (-c)"
     if done.grammar_complete:
         output.notice(
             f"{limit} ended the output where the grammar allows an end: the text is complete"
             " under it, though the model had not ended it"
         )
         return
+    schema = sampling.json_schema is not None or sampling.json_schema_file is not None
     bound = ", or bound the schema's strings and numbers: maxLength, maximum" if schema else ""
     output.warning(
         f"{limit} ended the output before the grammar's end: the text does not complete it"

@@ -178,8 +178,7 @@ def _events(
     if not opened.warnings:  # one warning about the pair at most
         events = _warn_slow_draft(events)
     if _constrained(sampling):
-        schema = sampling.json_schema is not None or sampling.json_schema_file is not None
-        events = _warn_cut_constraint(events, sampling.max_tokens, schema)
+        events = _warn_cut_constraint(events, sampling)
     if out.trace is not None:  # --trace: one JSON line per round, written as it goes
         from specgen.trace import TraceWriter, tee, token_text_of  # start-up time: numpy
 
@@ -224,7 +223,7 @@ def _constrained(sampling: SamplingFlags) -> bool:
     )  # fmt: skip
 
 
-def _warn_cut_constraint(events, max_tokens: int, schema: bool):
+def _warn_cut_constraint(events, sampling: SamplingFlags):
     """Pass the events through; once they end, say so where -n or the context cut a
     constrained output (`say_cut_constraint`). After the last event, so the warning follows
     the text. Closing this generator closes `events`."""
@@ -232,7 +231,7 @@ def _warn_cut_constraint(events, max_tokens: int, schema: bool):
 
     def warn() -> None:
         if done:
-            say_cut_constraint(done[0], max_tokens, schema)
+            say_cut_constraint(done[0], sampling)
 
     # relay's own generator, not one of this function: a Ctrl-C in such a frame had ended
     # the generation without its Done
