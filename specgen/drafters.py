@@ -197,7 +197,7 @@ class ModelDrafter:
 
 
 class GrammarRows(Protocol):
-    """A grammar as the drafter needs it (`specgen.grammar.GrammarProcessor`): its mask on
+    """A grammar as the drafter needs it (`specgen.grammarrows.GrammarProcessor`): its mask on
     a row, the token it alone allows, and the tokens it forces (a forced string, tokenized
     canonically), after the history context + block."""
 

@@ -32,7 +32,7 @@ import re
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -400,98 +400,3 @@ class Matcher:
         elif width < self.n_vocab:
             keep = keep[:width]
         return np.where(keep, row, np.float32(-np.inf)).astype(np.float32, copy=False)
-
-
-# -- the seam: a logits processor (specgen.constraints' Processor) -----------------------
-
-
-class GrammarProcessor:
-    """A grammar as a per-sequence logits processor: row i of a target decode is masked
-    with the matcher state after the output so far and the block's x_1..x_{i-1}; a draft's
-    row with the state after its proposals so far. The matcher is moved by `Matcher.sync`
-    on each call, so it rolls back with the caches whatever the round accepted.
-
-    Args:
-        grammar: the compiled grammar.
-        n_prompt: tokens of the prompt; the grammar applies to what follows them.
-    """
-
-    def __init__(self, grammar: Grammar, n_prompt: int) -> None:
-        self.matcher = grammar.matcher()
-        self.n_prompt = n_prompt
-
-    def _generated(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
-        return [*context[self.n_prompt :], *block]
-
-    def row(
-        self, logits: npt.NDArray[np.float32], context: Sequence[int], block: Sequence[int]
-    ) -> npt.NDArray[np.float32]:
-        """(n_vocab,) float32: `logits` masked after context + block."""
-        self.matcher.sync(self._generated(context, block))
-        return self.matcher.mask(logits)
-
-    def rows(
-        self, logits: npt.NDArray[np.float32], context: Sequence[int], block: Sequence[int]
-    ) -> npt.NDArray[np.float32]:
-        """(n, n_vocab) float32: row i masked after context + block[:i]. Rows after a block
-        token the grammar forbids are masked in the state before it: that token has p = 0,
-        so it is rejected and no later row is read."""
-        out = np.empty(logits.shape, dtype=np.float32)
-        m = self.matcher
-        ok = m.sync(self._generated(context, ()))
-        for i in range(logits.shape[0]):
-            out[i] = m.mask(logits[i])
-            if ok and i < len(block) and i + 1 < logits.shape[0]:
-                ok = m._consume(int(block[i]))
-        return out
-
-    def forced(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
-        """The forced tokens after context + block (see `Matcher.forced`); [] when the
-        block leaves the grammar."""
-        if not self.matcher.sync(self._generated(context, block)):
-            return []
-        return self.matcher.forced()
-
-    def single(self, context: Sequence[int], block: Sequence[int]) -> int | None:
-        """The one token allowed after context + block, or None (see `Matcher.single`)."""
-        if not self.matcher.sync(self._generated(context, block)):
-            return None
-        return self.matcher.single()
-
-    def complete_at(self, context: Sequence[int], new: Sequence[int]) -> int:
-        """How many of `new` (tokens a round commits after `context`) to keep: up to the
-        point where the grammar is complete and allows nothing more (`Matcher.stopped`),
-        where ordinary constrained decoding ends; len(new) when it is not reached (or a
-        token is not allowed: the caller's own checks say so)."""
-        m = self.matcher
-        if not m.sync(self._generated(context, ())):
-            return len(new)
-        for j, t in enumerate(new):
-            if m.stopped:
-                return j
-            if not m._consume(int(t)):
-                return len(new)
-        return len(new)
-
-    def stopped(self, context: Sequence[int]) -> bool:
-        """Whether the grammar is complete after `context` and allows nothing more."""
-        return self.matcher.sync(self._generated(context, ())) and self.matcher.stopped
-
-    def only_ends(self, context: Sequence[int]) -> bool:
-        """Whether after `context` the grammar allows end-of-generation tokens alone."""
-        if not self.matcher.sync(self._generated(context, ())):
-            return False
-        allowed, eog = self.matcher.allowed(), self.matcher.grammar.tokenizer.eog
-        return bool(allowed.any()) and not np.delete(allowed, eog).any()
-
-
-def grammar_factory(
-    spec: GrammarSpec,
-) -> Callable[[Vocabulary, int], GrammarProcessor]:
-    """``(vocabulary, n_prompt) -> GrammarProcessor`` for `spec`: compiled once per model's
-    tokenizer (on first use, then cached)."""
-
-    def make(vocab: Vocabulary, n_prompt: int) -> GrammarProcessor:
-        return GrammarProcessor(compile_grammar(spec, tokenizer_for(vocab)), n_prompt)
-
-    return make

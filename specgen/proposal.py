@@ -14,7 +14,7 @@ from specgen.engine import Block, Logits
 from specgen.stages import tokens_to_score
 
 if TYPE_CHECKING:
-    from specgen.grammar import GrammarProcessor
+    from specgen.grammarrows import GrammarProcessor
 
 __all__ = ["Proposal", "forced_rows"]
 

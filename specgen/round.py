@@ -44,7 +44,7 @@ from specgen.stages import (
 )
 
 if TYPE_CHECKING:
-    from specgen.grammar import GrammarProcessor
+    from specgen.grammarrows import GrammarProcessor
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (`time.perf_counter`); tests pass a fake one."""
@@ -121,7 +121,8 @@ class Sequence:
         if config.grammar is None:
             return None
         # start-up time: llguidance loads only for a generation with a grammar
-        from specgen.grammar import GrammarProcessor, compile_grammar, tokenizer_for
+        from specgen.grammar import compile_grammar, tokenizer_for
+        from specgen.grammarrows import GrammarProcessor
 
         g = compile_grammar(config.grammar, tokenizer_for(target))
         grammar = GrammarProcessor(g, n_prompt)

@@ -10,7 +10,8 @@ import pytest
 from fakes import TextEngine
 
 from specgen.errors import GrammarError
-from specgen.grammar import GrammarProcessor, compile_grammar, tokenizer_for
+from specgen.grammar import compile_grammar, tokenizer_for
+from specgen.grammarrows import GrammarProcessor
 from specgen.grammarspec import GrammarSpec
 
 # "a" or "ab" or "abc", then "}" : alternatives sharing prefixes

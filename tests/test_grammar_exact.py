@@ -192,7 +192,7 @@ def test_each_planted_bug_fails_the_joint_law(monkeypatch, bug, rule):
 def proposal_check(params, n=600):  # twice the 300 its planted bug fails on
     """Blocks of three proposals against the constrained DRAFT's joint law: (p-value,
     whether every proposal was a token the grammar allows)."""
-    from specgen.grammar import GrammarProcessor
+    from specgen.grammarrows import GrammarProcessor
 
     _, draft = engines()
     drafter = ModelDrafter(draft, params, draft.n_vocab)
@@ -504,7 +504,7 @@ def test_the_lead_keeps_the_constrained_law_and_a_planted_bug_breaks_it(monkeypa
 
 
 def test_tokens_the_grammar_allows_alone_do_not_count_against_k(monkeypatch):
-    from specgen.grammar import GrammarProcessor
+    from specgen.grammarrows import GrammarProcessor
 
     _, draft = engines()
     params = SETTINGS[0]

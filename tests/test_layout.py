@@ -91,7 +91,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ),
     # the doors: llama.cpp, files/registry/Hub, and llguidance (grammars)
     ("llamacpp", "models", "grammar"),
-    ("drafters", "hybrid", "ngram", "emit"),
+    ("drafters", "hybrid", "ngram", "emit", "grammarrows"),
     # the round unit, the batch engine over slots, and what drives them
     ("round", "proposal", "stages", "sched", "generate", "chat"),
     ("session",),  # the one loader

@@ -282,7 +282,7 @@ def test_auto_is_free_text_until_the_tag_then_the_call() -> None:
 def test_auto_rows_are_masked_alike_for_p_and_q_and_follow_rollback() -> None:
     """The same history gives the same mask whichever side asks, and a matcher moved past
     the tag and rolled back to free text allows free text again."""
-    from specgen.grammar import GrammarProcessor
+    from specgen.grammarrows import GrammarProcessor
 
     eng = TextEngine()
     g = compile_grammar(

@@ -34,7 +34,7 @@ What each ``tool_choice`` generates (`Choice`, `call_grammar`):
   does both: free text is a lazy lexeme ending at the tag (llguidance's ``StructTag``
   construction, docs/syntax.md "Tool calling"), so the mask is a function of the output
   so far like any grammar's and speculation stays exact (the same mask on p and q,
-  matchers rolled back with the caches: `specgen.grammar.GrammarProcessor`). Before the
+  matchers rolled back with the caches: `specgen.grammarrows.GrammarProcessor`). Before the
   tag, the mask allows every token but the control tokens that are not end-of-generation
   (``<|im_start|>``...: not text, so not in the free-text rule). Other syntaxes: a 400
   saying to name the function or use ``required``.

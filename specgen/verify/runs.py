@@ -24,7 +24,7 @@ def processor(
     if grammar is None:
         return proc
     # start-up time: llguidance loads only for a grammar
-    from specgen.grammar import grammar_factory
+    from specgen.grammarrows import grammar_factory
 
     mask = grammar_factory(grammar)(target, n_prompt)
     return mask if proc is None else Chain([mask, proc])
