@@ -148,6 +148,18 @@ class ModelDrafter:
         top = top_probability(row) if self.params.greedy else float(probs.max())
         return not should_stop(top, self.p_min)
 
+    def _masked(self, row: Logits, context: Sequence[int], block: Sequence[int]) -> Logits:
+        """`row` under the grammar. Greedy keeps it unmasked where that changes nothing:
+        where the grammar allows its argmax (then the masked row's argmax too, so q is the
+        same one-hot row) and the cut-off goes on without the mask (the top probability
+        over the allowed tokens alone is no lower, so it goes on with the mask too). A
+        full-vocabulary mask can cost more than a draft pass (`specgen.grammar`)."""
+        assert self.grammar is not None
+        if self.params.greedy and self.grammar.allows(context, block, int(np.argmax(row))):
+            if self.p_min <= 0.0 or not should_stop(top_probability(row), self.p_min):
+                return row
+        return self.grammar.row(row, context, block)
+
     def begin(
         self, context: list[int], k: int, rng: np.random.Generator, room: int | None = None
     ) -> Drafting:
@@ -198,10 +210,12 @@ class ModelDrafter:
 
 class GrammarRows(Protocol):
     """A grammar as the drafter needs it (`specgen.grammarrows.GrammarProcessor`): its mask on
-    a row, the token it alone allows, and the tokens it forces (a forced string, tokenized
-    canonically), after the history context + block."""
+    a row, whether it allows a token, the token it alone allows, and the tokens it forces (a
+    forced string, tokenized canonically), after the history context + block."""
 
     def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits: ...
+
+    def allows(self, context: Sequence[int], block: Sequence[int], token: int) -> bool: ...
 
     def single(self, context: Sequence[int], block: Sequence[int]) -> int | None: ...
 
@@ -348,12 +362,12 @@ class Drafting:
         x_i is drawn from and the law the target's row i is held to."""
         d = self.drafter
         row = d._align(row)
-        if d.grammar is not None:  # the mask first: -inf commutes with bias and penalties
-            row = d.grammar.row(row, self.context, self.tokens)
         if d.min_tokens is not None:
             row = d.min_tokens.row(row, self.context, self.tokens)
         if d.processor is not None:
             row = d.processor.row(row, self.context, self.tokens)
+        if d.grammar is not None:  # the mask last: its -inf commutes with bias and penalties
+            row = d._masked(row, self.context, self.tokens)
         q_i = warp_rows(row[None, :], d.params)
         ids, probs = q_i.row(0)
         self.pending = []

@@ -19,8 +19,13 @@ the grammar is complete but could go on (``"yes" | "yes!"``), every end-of-gener
 token of the vocabulary is allowed and the model chooses.
 
 Costs, measured on this project's machine (FIELD.md): a tokenizer from a 262,144-token
-llama.cpp vocabulary in 1.4 s (built once per model and kept, `tokenizer_for`), a
-full-vocabulary mask in 0.01-0.02 ms, a rollback in 0.01 ms.
+llama.cpp vocabulary in 1.4 s (built once per model and kept, `tokenizer_for`), a rollback
+in 0.01 ms. A full-vocabulary mask at a new state costs what the grammar makes it: 0.01-0.1
+ms for a JSON schema or llama.cpp's json.gbnf, but 4-8 ms on that vocabulary for free text
+at the grammar's top level (``root ::= [^\\n]*``), more than a target pass of the demo
+pair. So a round computes each mask once (`MaskCache`: the target's row i follows the same
+output as the draft's row i), and greedy computes none where a row's own argmax is allowed
+(`GrammarProcessor.argmax_rows`, `GrammarProcessor.allows`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import re
 import threading
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -274,6 +280,41 @@ def _probe_patterns(spec: GrammarSpec, tokenizer: GrammarTokenizer) -> None:
             )
 
 
+class MaskCache:
+    """The masks one sequence's matchers computed, each under the exact output it follows
+    (compared whole, so a hit is the mask of that state), the last `keep` of them.
+
+    A round's two sides pass through the same states: the draft's row i and the target's
+    row i both follow the committed output and x_1..x_{i-1}, and the next round's first
+    rows follow the output just committed. One cache shared by the sequence's target and
+    draft matchers computes each such mask once. Not thread-safe (one sequence's rounds
+    run on one thread)."""
+
+    def __init__(self, keep: int = 48) -> None:
+        self.keep = keep
+        self._at: dict[int, list[tuple[list[int], npt.NDArray[np.int32]]]] = {}
+        self._order: deque[int] = deque()
+
+    def get(self, tokens: list[int]) -> npt.NDArray[np.int32] | None:
+        """The (1, words) int32 mask after `tokens` (the output so far), or None."""
+        for seen, bits in self._at.get(len(tokens), ()):
+            if seen == tokens:
+                return bits
+        return None
+
+    def put(self, tokens: list[int], bits: npt.NDArray[np.int32]) -> None:
+        """Keep `bits`, the mask after `tokens` (copied: the caller's list goes on)."""
+        n = len(tokens)
+        self._at.setdefault(n, []).append((list(tokens), bits))
+        self._order.append(n)
+        while len(self._order) > self.keep:
+            old = self._order.popleft()
+            entries = self._at[old]
+            entries.pop(0)
+            if not entries:
+                del self._at[old]
+
+
 class Matcher:
     """One sequence's position in a grammar: the tokens generated so far (`tokens`), what
     may come next (`allowed`, `mask`), what is forced (`forced`), rollback (`sync`).
@@ -281,13 +322,15 @@ class Matcher:
     Not thread-safe; one per sequence and side (the target's rows and the draft's own).
     """
 
-    def __init__(self, grammar: Grammar) -> None:
+    def __init__(self, grammar: Grammar, cache: MaskCache | None = None) -> None:
         self.grammar = grammar
         self.n_vocab = grammar.tokenizer.n_vocab
         self._m = grammar._new()
         self.tokens: list[int] = []
-        self._bits = np.zeros((1, (self.n_vocab + 31) // 32), dtype=np.int32)
+        self._words = (self.n_vocab + 31) // 32
+        self._bits = np.zeros((1, self._words), dtype=np.int32)
         self._bits_at = -1  # len(tokens) when _bits was computed; -1: stale
+        self._cache = cache
 
     # -- state ---------------------------------------------------------------------------
 
@@ -337,18 +380,49 @@ class Matcher:
 
     def _bitmask(self) -> npt.NDArray[np.int32]:
         if self._bits_at != len(self.tokens):
-            self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-            if self._m.is_error():  # no way on: llguidance allows the end alone
-                why = one_line(self._m.get_error())
-                if "panic" in why:  # past its limits (65,535 symbols): said, not "no text"
-                    raise GrammarError(f"{self.grammar.spec.source}: too large ({why})")
-                raise GrammarError(
-                    f"{self.grammar.spec.source}: the grammar allows no text from here"
-                    " (does it describe an empty language, such as a schema defined only by"
-                    " itself?)"
-                )
+            hit = self._cache.get(self.tokens) if self._cache is not None else None
+            self._bits = self._compute() if hit is None else hit
             self._bits_at = len(self.tokens)
         return self._bits[0]
+
+    def _compute(self) -> npt.NDArray[np.int32]:
+        bits = np.empty((1, self._words), dtype=np.int32)  # a new one: the cache keeps it
+        self._m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if self._m.is_error():  # no way on: llguidance allows the end alone
+            why = one_line(self._m.get_error())
+            if "panic" in why:  # past its limits (65,535 symbols): said, not "no text"
+                raise GrammarError(f"{self.grammar.spec.source}: too large ({why})")
+            raise GrammarError(
+                f"{self.grammar.spec.source}: the grammar allows no text from here"
+                " (does it describe an empty language, such as a schema defined only by"
+                " itself?)"
+            )
+        if self._cache is not None:
+            self._cache.put(self.tokens, bits)
+        return bits
+
+    def _at_hand(self) -> bool:
+        """Whether the mask here is computed or cached (then loaded), so costs nothing."""
+        if self._bits_at != len(self.tokens) and self._cache is not None:
+            hit = self._cache.get(self.tokens)
+            if hit is not None:
+                self._bits, self._bits_at = hit, len(self.tokens)
+        return self._bits_at == len(self.tokens)
+
+    def allows(self, token: int) -> bool:
+        """Whether the mask allows `token` next: read off the mask when it is at hand
+        (computed here or cached), else asked of llguidance for this token alone (about
+        1 us against up to 8 ms for a mask) where that is the same answer. Not where bytes
+        are forced: the mask then allows their canonical tokens only, while llguidance
+        validates any spelling of them; nor for an end-of-generation token: in a state
+        past any text (`_compute`'s error) llguidance validates the end alone."""
+        if not self._at_hand():
+            if not 0 <= token < self.n_vocab:
+                return False
+            if token not in self.grammar.tokenizer.eog and not self._m.compute_ff_bytes():
+                return bool(self._m.validate_tokens([token]) == 1)
+        word = int(self._bitmask()[token >> 5]) if 0 <= token < self.n_vocab else 0
+        return bool((word >> (token & 31)) & 1)
 
     def allowed(self) -> npt.NDArray[np.bool_]:
         """(n_vocab,) bool: the tokens allowed next."""
@@ -360,7 +434,14 @@ class Matcher:
         return int(_POPCOUNT[self._bitmask().view(np.uint8)].sum())
 
     def single(self) -> int | None:
-        """The one token allowed next, or None when several (or none) are."""
+        """The one token allowed next, or None when several (or none) are. Without a mask
+        at hand, None where no byte is forced (llguidance's `compute_ff_bytes`, 0.1 us)
+        and the grammar has not stopped: with a byte token for every byte, as Gemma's and
+        SmolLM2's vocabularies have, several tokens are allowed there. Where a vocabulary
+        lacks one, a sole token may be missed: it is then drafted and verified as any
+        other, never taken unverified."""
+        if not self._at_hand() and not self._m.is_stopped() and not self._m.compute_ff_bytes():
+            return None
         words = self._bitmask()
         # one nonzero word holding one bit; no popcount over the whole mask (on a
         # 262,144-token vocabulary that was 0.14 ms, the mask itself 0.015 ms)

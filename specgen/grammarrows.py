@@ -1,7 +1,7 @@
 """A grammar as a per-sequence logits processor (specgen.constraints' `Processor`): the
-target's rows and the draft's masked under the output each follows, forced and sole tokens,
-and where a round's new tokens complete the grammar. The matcher and its masks are
-`specgen.grammar`'s."""
+target's rows and the draft's masked under the output each follows, greedy's argmax with no
+mask where a row's own argmax is allowed, forced and sole tokens, and where a round's new
+tokens complete the grammar. The matcher and its masks are `specgen.grammar`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from specgen.grammar import Grammar, Vocabulary, compile_grammar, tokenizer_for
+from specgen.grammar import (
+    Grammar,
+    MaskCache,
+    Matcher,
+    Vocabulary,
+    compile_grammar,
+    tokenizer_for,
+)
 from specgen.grammarspec import GrammarSpec
 
 
@@ -23,10 +30,11 @@ class GrammarProcessor:
     Args:
         grammar: the compiled grammar.
         n_prompt: tokens of the prompt; the grammar applies to what follows them.
+        cache: masks shared with the sequence's other side (`MaskCache`), or None.
     """
 
-    def __init__(self, grammar: Grammar, n_prompt: int) -> None:
-        self.matcher = grammar.matcher()
+    def __init__(self, grammar: Grammar, n_prompt: int, cache: MaskCache | None = None) -> None:
+        self.matcher = Matcher(grammar, cache)
         self.n_prompt = n_prompt
 
     def _generated(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
@@ -53,6 +61,29 @@ class GrammarProcessor:
             if ok and i < len(block) and i + 1 < logits.shape[0]:
                 ok = m._consume(int(block[i]))
         return out
+
+    def argmax_rows(
+        self, logits: npt.NDArray[np.float32], context: Sequence[int], block: Sequence[int]
+    ) -> npt.NDArray[np.int64]:
+        """(n,) int64: greedy's token for each row of `rows` (the argmax of row i masked
+        after context + block[:i]), masking only the rows whose own argmax the grammar
+        does not allow. Where it does, it is the masked row's argmax too, ties included:
+        np.argmax takes the first of equal maxima, and no allowed token before it can
+        equal it. The same tokens as ``np.argmax(self.rows(...), axis=1)``."""
+        out = np.argmax(logits, axis=1)
+        m = self.matcher
+        ok = m.sync(self._generated(context, ()))
+        for i in range(logits.shape[0]):
+            if not m.allows(int(out[i])):
+                out[i] = int(np.argmax(m.mask(logits[i])))
+            if ok and i < len(block) and i + 1 < logits.shape[0]:
+                ok = m._consume(int(block[i]))
+        return out
+
+    def allows(self, context: Sequence[int], block: Sequence[int], token: int) -> bool:
+        """Whether `token` may follow context + block (`Matcher.allows`); False when the
+        block leaves the grammar."""
+        return self.matcher.sync(self._generated(context, block)) and self.matcher.allows(token)
 
     def forced(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
         """The forced tokens after context + block (see `Matcher.forced`); [] when the

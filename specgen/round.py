@@ -109,10 +109,11 @@ class Sequence:
     def _attach_grammar(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
     ) -> GrammarProcessor | None:
-        """The grammar's processors: one for the target's rows (first in `processor`: its
+        """The grammar's processors: one for the target's rows (after `processor`: its
         -inf commutes with the bias and penalties), one of its own for the drafter's rows,
-        each with its own matcher (synced to the history of each call); a drafter used
-        before keeps no earlier generation's grammar.
+        each with its own matcher (synced to the history of each call) and one cache of
+        masks between them (`MaskCache`: the two sides' row i follow the same output); a
+        drafter used before keeps no earlier generation's grammar.
 
         Raises:
             GrammarError: the grammar does not compile.
@@ -121,14 +122,13 @@ class Sequence:
         if config.grammar is None:
             return None
         # start-up time: llguidance loads only for a generation with a grammar
-        from specgen.grammar import compile_grammar, tokenizer_for
+        from specgen.grammar import MaskCache, compile_grammar, tokenizer_for
         from specgen.grammarrows import GrammarProcessor
 
         g = compile_grammar(config.grammar, tokenizer_for(target))
-        grammar = GrammarProcessor(g, n_prompt)
-        self.processor = grammar if self.processor is None else Chain([grammar, self.processor])
-        attach_grammar(drafter, GrammarProcessor(g, n_prompt))
-        return grammar
+        masks = MaskCache()
+        attach_grammar(drafter, GrammarProcessor(g, n_prompt, masks))
+        return GrammarProcessor(g, n_prompt, masks)
 
     def _attach_min_tokens(
         self, config: GenerateConfig, target: Engine, drafter: Drafter | None, n_prompt: int
@@ -318,8 +318,9 @@ class Sequence:
         t2 = self.clock()
         verify_s = t2 - p.t_drafted if verify_s is None else verify_s
         v = target_distributions(
-            logits, params, self.processor, self.committed, p.block.tokens.tolist()
-        )
+            logits, params, self.processor, self.committed, p.block.tokens.tolist(),
+            self.grammar, lazy=not self.config.trace,  # the trace shows the masked rows
+        )  # fmt: skip
         verdict = verify_block(p.block, v, self.target_rng, self.config.verify_rule)
         n, x_next = verdict.n, verdict.x_next
         t3 = self.clock()

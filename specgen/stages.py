@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from specgen.errors import PromptError
 from specgen.events import RoundTrace, Source
 from specgen.genconfig import VerifyRule
 from specgen.sampling import Dists, SamplingParams, warp_rows
+
+if TYPE_CHECKING:
+    from specgen.grammarrows import GrammarProcessor
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ def target_distributions(
     processor: Processor | None = None,
     context: Sequence[int] = (),
     block: Sequence[int] = (),
+    grammar: GrammarProcessor | None = None,
+    lazy: bool = True,
 ) -> Verified:
     """p rows under the same warpers as q, all rows in one call; greedy keeps only the
     argmax per row.
@@ -132,11 +137,19 @@ def target_distributions(
         processor: the request's constraints (`specgen.constraints.processor_for`), or
             None: then the rows are used as they are (no copy).
         context: the committed tokens, prompt included; block: x_1..x_K. Read only with a
-            processor: row i is processed with history context + block[:i], the same
-            history the draft's q_{i+1} was processed with.
+            processor or a grammar: row i is processed with history context + block[:i],
+            the same history the draft's q_{i+1} was processed with.
+        grammar: the request's grammar, masking after `processor` (its -inf commutes
+            with a bias, a penalty and min_tokens' -inf), or None. Greedy with `lazy`
+            masks only the rows whose own argmax it does not allow
+            (`GrammarProcessor.argmax_rows`: the same tokens), and `rows` stay unmasked.
     """
     if processor is not None:
         logits = processor.rows(logits, context, block)
+    if grammar is not None:
+        if params.greedy and lazy:
+            return Verified(None, grammar.argmax_rows(logits, context, block), logits)
+        logits = grammar.rows(logits, context, block)
     if params.greedy:
         return Verified(p=None, argmax=np.argmax(logits, axis=1), rows=logits)
     return Verified(p=warp_rows(logits, params), argmax=None, rows=logits)
