@@ -81,9 +81,9 @@ def test_run_template_flags_fail_in_one_line(smol_args, tmp_path, demo_pair):
 # -- chat through a pipe -----------------------------------------------------------------------
 
 
-def chat_pipe(args: list[str], lines: list[str]) -> tuple[list[str], str]:
+def chat_pipe(args: list[str], lines: list[str], status: int = 0) -> tuple[list[str], str]:
     r = specgen("chat", *args, stdin=("\n".join(lines) + "\n").encode())
-    assert r.returncode == 0, r.stderr.decode()
+    assert r.returncode == status, r.stderr.decode()
     blocks = r.stdout.decode("utf-8").split("\n\n")
     assert blocks[-1] == ""  # every reply ends with a blank line
     return blocks[:-1], r.stderr.decode()
@@ -141,7 +141,7 @@ def test_chat_ignore_eos_runs_each_reply_to_n(smol_args):
 
 def test_chat_pipe_reset_and_a_turn_that_does_not_fit(smol_args):
     lines = ["Hi", "sea " * 600, "/reset", "Hi", "/stats", "/exit", "never read"]
-    blocks, err = chat_pipe(smol_args, lines)
+    blocks, err = chat_pipe(smol_args, lines, status=1)  # 1: a message was not sent
     assert len(blocks) == 2  # two replies; nothing after /exit
     assert err.count("context holds") == 1 and "/reset" in err and "Traceback" not in err
     # /reset is confirmed as a status line, not a note or warning, and clears the totals
@@ -298,13 +298,26 @@ def test_ctrl_c_at_the_prompt_leaves_with_130(smol_args):
 def test_chat_pipe_a_reply_that_fills_the_context_says_so_once(smol_pair):
     target, draft = smol_pair
     args = ["-m", str(target), "-md", str(draft), "-c", "256", "--temp", "0"]
-    blocks, err = chat_pipe(args, ["Write a very long story about a dragon.", "Hi", "/stats"])
+    lines = ["Write a very long story about a dragon.", "Hi", "/stats"]
+    blocks, err = chat_pipe(args, lines, status=1)  # "Hi" did not fit after the story
     # the story as far as it fitted (it may hold blank lines itself); the stats on stderr
     assert blocks[0].strip() and stats_lines(err)[0][1] == "1"
     lines = [line for line in err.splitlines() if not STATS.fullmatch(line)]
     assert len(lines) == 2 and "Traceback" not in err
     assert "the context is full" in lines[0] and "context holds 256" in lines[1]
     assert all("/reset" in line for line in lines)
+
+
+def test_chat_pipe_a_message_not_sent_is_a_note_and_exit_1_once_the_rest_is_answered(
+    smol_pair,
+):
+    """A first message too long for the context alone is not answered: the note says so,
+    the next line is still answered, and the status tells a script one reply is missing."""
+    target, draft = smol_pair
+    args = ["-m", str(target), "-md", str(draft), "-c", "256", "--temp", "0", "-n", "8"]
+    blocks, err = chat_pipe(args, ["sea " * 600, "Hi"], status=1)
+    assert len(blocks) == 1 and blocks[0].strip()
+    assert "send less" in err and "Traceback" not in err
 
 
 def test_an_unknown_command_is_said_not_sent_and_a_path_is_sent(capsys) -> None:
@@ -355,8 +368,8 @@ def test_commands_in_any_case_help_and_a_refused_turn_keep_the_session(capsys) -
 
     session = Session()
     lines = ["huge", "/Help", "hello", "refused", "huge", "/Stats", "again", "/EXIT", "after"]
-    _turns(session, iter(lines), lambda s, line, events: None)  # type: ignore[arg-type]
-    assert session.sent == ["hello", "again"]
+    unsent = _turns(session, iter(lines), lambda s, line, events: None)  # type: ignore[arg-type]
+    assert session.sent == ["hello", "again"] and unsent == 3
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 5, err
     assert "900 tokens" in err[0] and "send less" in err[0] and "/reset" not in err[0]

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from typing import IO, TYPE_CHECKING, Annotated
 
+import typer
+
 from specgen.cli.loading import (
     note_seed,
     open_session,
@@ -80,14 +82,19 @@ def chat(
 
     /exit or Ctrl-D leaves, /reset starts over, /stats shows the totals; Ctrl-C stops a reply.
     """
-    chat_command(model, sampling, out, how)
+    raise typer.Exit(chat_command(model, sampling, out, how))
 
 
 def chat_command(
     model: ModelFlags, sampling: SamplingFlags, out: OutputFlags, how: PromptFlags
-) -> None:
+) -> int:
     """Load the pair, then one reply per user line until /exit or end of input, each
-    through the public API (`specgen.Pair.chat_session`)."""
+    through the public API (`specgen.Pair.chat_session`).
+
+    Returns:
+        The exit status: 1 when input from a pipe held a message that was not sent (too
+        long for the context, refused by the template; each said in a note), else 0.
+    """
     sampling.check_drafter(model.draft != DRAFT_NONE)  # before the models load
     live = wants_live(out)
     with open_session(model, out, sampling.params(), live=live) as opened:
@@ -101,7 +108,12 @@ def chat_command(
             else None
         )
         # a constrained reply -n cut is said as run says it
-        _loop(session, _lines(tty_in), show, lambda done: say_cut_constraint(done, sampling))
+        unsent = _loop(
+            session, _lines(tty_in), show, lambda done: say_cut_constraint(done, sampling)
+        )
+    # a script reading the replies learns from the status that one is missing; at a
+    # terminal the note was read and the session went on
+    return 1 if unsent and not tty_in else 0
 
 
 def _chat_session(opened: Session, sampling: SamplingFlags, how: PromptFlags) -> ChatSession:
@@ -152,11 +164,13 @@ def _loop(
     lines: Iterator[str],
     show: ShowReply | None,
     after: Callable[[Done], None] | None = None,
-) -> None:
+) -> int:
+    """`_turns` (how many messages were not sent); a reader gone away ends it quietly."""
     try:
-        _turns(session, lines, show, after)
+        return _turns(session, lines, show, after)
     except BrokenPipeError:  # the reader went away (`| head`): leave quietly
         output.discard_stdout()
+        return 0
 
 
 def _turns(
@@ -164,17 +178,17 @@ def _turns(
     lines: Iterator[str],
     show: ShowReply | None,
     after: Callable[[Done], None] | None = None,
-) -> None:
+) -> int:
     """One reply per line (`show`: the live view, or plain text when None), then `after`
-    with its Done; the commands, and the turns that cannot be sent, said in a note."""
-    from specgen.chat import ContextFullError  # start-up time: specgen.chat loads numpy
-
+    with its Done; the commands, and the turns that cannot be sent, said in a note.
+    Returns how many messages were not sent."""
+    unsent = 0
     for line in lines:
         command = line.strip().lower()
         if not command:
             continue
         if command in EXIT:
-            return
+            return unsent
         if command == "/reset":
             session.reset()
             output.status_line(RESET_DONE)
@@ -186,21 +200,31 @@ def _turns(
         if _COMMAND.fullmatch(command):  # a typo of one (/stat), not a message to send
             _note(f"unknown command {line.strip()}; {HELP}")
             continue
-        try:
-            events = session.reply(line)
-        except ContextFullError as e:
-            # /reset cannot help a message that does not fit alone
-            then = "type /reset to start over" if session.conversation.turns else "send less"
-            _note(f"{e.how}: {then} (or restart with a larger -c)")
-            continue
-        except ChatTemplateError as e:  # on this turn only (a template may refuse a turn)
-            _note(f"{e}: the message was not sent; type /reset to start over")
+        events = _sent(session, line)
+        if events is None:
+            unsent += 1
             continue
         done = show(session, line, events) if show is not None else _plain_reply(events)
         if done is not None and after is not None:
             after(done)
         if done is not None and session.context_full(done):
             _note("the context is full: type /reset to start over (or restart with a larger -c)")
+    return unsent
+
+
+def _sent(session: ChatSession, line: str) -> Events | None:
+    """The reply's events, or None where the message cannot be sent (said in a note)."""
+    from specgen.chat import ContextFullError  # start-up time: specgen.chat loads numpy
+
+    try:
+        return session.reply(line)
+    except ContextFullError as e:
+        # /reset cannot help a message that does not fit alone
+        then = "type /reset to start over" if session.conversation.turns else "send less"
+        _note(f"{e.how}: {then} (or restart with a larger -c)")
+    except ChatTemplateError as e:  # on this turn only (a template may refuse a turn)
+        _note(f"{e}: the message was not sent; type /reset to start over")
+    return None
 
 
 def _note(message: str) -> None:
