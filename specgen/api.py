@@ -26,12 +26,23 @@ from specgen.apiargs import (
     check_messages,
     prompt_list,
     sampling_flags,
-    token_ids,
 )
-from specgen.apiengine import Engines, Models, generate_many, make_scheduler, one_slot, warn_fit
-from specgen.chat import ChatFormatter, ChatSession, TemplateModel, load_template, prompt_tokens
+from specgen.apiengine import (
+    Engines,
+    Models,
+    chat_formatter,
+    generate_many,
+    make_scheduler,
+    one_slot,
+    prompt_ids,
+    prompts_ids,
+    text_of,
+    tokens_of,
+    warn_fit,
+)
+from specgen.chat import ChatFormatter, ChatSession, TemplateModel
 from specgen.engine import Drafter
-from specgen.errors import ConfigError, PromptError
+from specgen.errors import ConfigError
 from specgen.flags import ModelFlags, SamplingFlags, seed_or_random
 from specgen.genconfig import grammar_spec
 from specgen.generation import Busy, Event, Generation, Result, result_of
@@ -123,7 +134,7 @@ class Pair(Generic[M]):
                 or one that does not fit the context; BusyError: a stream of this Pair is
                 not finished, or another thread's call is running.
         """
-        ids = self._prompt_ids(prompt)
+        ids = prompt_ids(self.session.target, prompt)
         return result_of(self._start(ids, settings, kwargs, False, ordinary))
 
     def stream(
@@ -141,13 +152,17 @@ class Pair(Generic[M]):
         Arguments and errors as `generate`, all checked at the call (not at the first
         event); `trace` attaches a `RoundTrace` to every Step (`run --trace`). Closing the
         iterator early stops generating and leaves the models ready for the next call."""
-        return self._start(self._prompt_ids(prompt), settings, kwargs, trace, ordinary)
+        return self._start(
+            prompt_ids(self.session.target, prompt), settings, kwargs, trace, ordinary
+        )
 
     def generate_many(
         self,
         prompts: Iterable[Prompt],
         settings: SamplingFlags | None = None,
         /,
+        *,
+        ordinary: bool = False,
         **kwargs: object,
     ) -> list[Result]:
         """Generate from every prompt on the batch engine (`serve`'s): as many at once as
@@ -159,7 +174,7 @@ class Pair(Generic[M]):
 
         Args:
             prompts: texts (no chat template) or token ids, as `generate`'s.
-            settings, **kwargs: as `generate`'s, for every prompt.
+            settings, ordinary, **kwargs: as `generate`'s, for every prompt.
 
         Returns:
             One `Result` per prompt, in order (``controller`` None: the batch's controller
@@ -167,14 +182,13 @@ class Pair(Generic[M]):
 
         Raises:
             As `generate`: ConfigError, GrammarError, PromptError (no prompts, an empty
-            one, or one that with ``max_tokens`` does not fit the context).
+            one, or one that with ``max_tokens`` does not fit the context; the message
+            names the prompt's index).
         """
-        ids = [self._prompt_ids(p) for p in prompt_list(prompts)]  # type: ignore[arg-type]
-        if not ids:
-            raise PromptError("no prompts")
+        ids = prompts_ids(self.session.target, prompt_list(prompts))
         flags = sampling_flags(kwargs, settings)
         with self._busy.held(), argument_names() if settings is None else contextlib.nullcontext():
-            return generate_many(self.session, ids, flags, seed_or_random(flags.seed))
+            return generate_many(self.session, ids, flags, seed_or_random(flags.seed), ordinary)
 
     def chat(
         self,
@@ -362,40 +376,28 @@ class Pair(Generic[M]):
             observer=observer, deliver=deliver,
         )  # fmt: skip
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str | bytes):
-            text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
-            if not text:
-                raise PromptError("the prompt is empty")
-            return prompt_tokens(self.session.target, text)
-        ids = token_ids(prompt)
-        if not ids:
-            raise PromptError("the prompt is empty")
-        n_vocab = self.session.target.n_vocab
-        if not all(0 <= t < n_vocab for t in ids):
-            raise ConfigError(f"prompt token ids must be in [0, {n_vocab}) (the vocabulary)")
-        return ids
-
     def _chat_ids(
         self, messages: Sequence[Mapping[str, object]], chat_template: str | Path | None
     ) -> list[int]:
         return self._formatter(chat_template).tokens(check_messages(messages))
 
     def _formatter(self, path: str | Path | None, words: bool = True) -> ChatFormatter:
-        """The target's compiled chat template (or the file's), compiled once per Pair;
-        `words` as `_run`'s."""
+        """The target's chat template (or the file's), compiled once per Pair; `words` as
+        `_run`'s."""
         key = None if path is None else str(path)
         if key not in self._formatters:
-            target = self.session.target
-            with argument_names() if words else contextlib.nullcontext():
-                template = load_template(target, None if path is None else Path(path))
-            if template is None:
-                raise ConfigError(
-                    f"{target.name} has no chat template (a base model): pass"
-                    " chat_template=FILE, or use generate(), which continues the text as it is"
-                )
-            self._formatters[key] = ChatFormatter(template, target)
+            self._formatters[key] = chat_formatter(self.session.target, path, words)
         return self._formatters[key]
+
+    def tokenize(self, text: str | bytes, add_special: bool = True) -> list[int]:
+        """Token ids of `text` as `generate` tokenizes a prompt (special tokens parsed; no
+        start token with `add_special` False): for prompts of ids and ``logit_bias``."""
+        return tokens_of(self.session.target, text, add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of token ids as the vocabulary spells them (bytes that are not UTF-8
+        as U+FFFD); ConfigError for anything but ids in the vocabulary."""
+        return text_of(self.session.target, tokens)
 
     def _start(
         self,

@@ -69,10 +69,13 @@ def sampling_flags(
             )
             raise ConfigError(f"unknown setting {name!r}{hint}")
     draft_max = given.get("draft_max")
+    what = "draft_max must be an integer (1 to 64) or 'auto', got"
+    if _is_int(draft_max) and int(draft_max) == 0:  # type: ignore[call-overload]
+        raise ConfigError(f"{what} 0: for ordinary decoding (the target alone), ordinary=True")
     if _is_int(draft_max):  # numpy's too, as the other integer settings take them
         given["draft_max"] = str(int(draft_max))  # type: ignore[call-overload]
     elif "draft_max" in given and not isinstance(draft_max, str):
-        raise ConfigError(f'draft_max must be an integer (1 to 64) or "auto", got {draft_max!r}')
+        raise ConfigError(f"{what} {draft_max!r}")
     with argument_names():
         if base is not None:
             return replace(base, **given) if given else base  # type: ignore[arg-type]

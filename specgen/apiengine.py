@@ -7,13 +7,16 @@ several prompts are the engine with N slots (`generate_many`, behind
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 from specgen import session as _session
-from specgen.chat import TemplateModel, prompt_tokens
+from specgen.apiargs import argument_names, token_ids
+from specgen.chat import ChatFormatter, TemplateModel, load_template, prompt_tokens
 from specgen.engine import Drafter, as_batch
 from specgen.errors import ConfigError, EngineError, PromptError
 from specgen.flags import SamplingFlags, in_python_words
@@ -143,15 +146,96 @@ def one_slot(
     return OneSlot(opened.target, drafter, ids, config, policy, start_up=opened.start_up)
 
 
+def chat_formatter(target: TemplateModel, path: str | Path | None, words: bool) -> ChatFormatter:
+    """The target's chat template (or the file's at `path`), compiled; `words`: errors
+    named as keyword arguments.
+
+    Raises:
+        ConfigError: no template (a base model) and no file; ChatTemplateError: a template
+            that does not compile.
+    """
+    with argument_names() if words else contextlib.nullcontext():
+        template = load_template(target, None if path is None else Path(path))
+    if template is None:
+        raise ConfigError(
+            f"{target.name} has no chat template (a base model): pass"
+            " chat_template=FILE, or use generate(), which continues the text as it is"
+        )
+    return ChatFormatter(template, target)
+
+
+def prompt_ids(target: TemplateModel, prompt: object) -> list[int]:
+    """A call's prompt as token ids: text (str or bytes, no chat template) tokenized by
+    the target, or token ids checked against its vocabulary.
+
+    Raises:
+        PromptError: an empty prompt. ConfigError: ids outside the vocabulary, or a
+            prompt that is neither text nor token ids.
+    """
+    if isinstance(prompt, str | bytes):
+        text = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+        if not text:
+            raise PromptError("the prompt is empty")
+        return prompt_tokens(target, text)
+    ids = token_ids(prompt)
+    if not ids:
+        raise PromptError("the prompt is empty")
+    if not all(0 <= t < target.n_vocab for t in ids):
+        raise ConfigError(f"prompt token ids must be in [0, {target.n_vocab}) (the vocabulary)")
+    return ids
+
+
+def tokens_of(target: TemplateModel, text: str | bytes, add_special: bool) -> list[int]:
+    """`Pair.tokenize`: `text`'s token ids as a prompt's (`specgen.chat.prompt_tokens`)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return prompt_tokens(target, data, add_special)
+
+
+def text_of(target: TemplateModel, tokens: object) -> str:
+    """`Pair.detokenize`: the text of token ids, bytes that are not UTF-8 as U+FFFD.
+
+    Raises:
+        ConfigError: not a list of ints, or ids outside the vocabulary.
+    """
+    try:
+        ids = token_ids(tokens)
+    except ConfigError:  # its message speaks of a prompt
+        raise ConfigError(f"tokens must be a list of token ids, got {tokens!r:.60}") from None
+    if not all(0 <= t < target.n_vocab for t in ids):
+        raise ConfigError(f"token ids must be in [0, {target.n_vocab}) (the vocabulary)")
+    return b"".join(map(target.token_bytes, ids)).decode("utf-8", "replace")
+
+
+def prompts_ids(target: TemplateModel, prompts: Sequence[object]) -> list[list[int]]:
+    """`prompt_ids` of each prompt; an error names the prompt's index.
+
+    Raises:
+        PromptError: no prompts, or an empty one. ConfigError: as `prompt_ids`.
+    """
+    if not prompts:
+        raise PromptError("no prompts")
+    out = []
+    for i, prompt in enumerate(prompts):
+        try:
+            out.append(prompt_ids(target, prompt))
+        except (PromptError, ConfigError) as e:
+            raise type(e)(f"prompt {i}: {e}") from None
+    return out
+
+
 def generate_many(
-    opened: Models, prompts: Sequence[list[int]], flags: SamplingFlags, seed: int
+    opened: Models,
+    prompts: Sequence[list[int]],
+    flags: SamplingFlags,
+    seed: int,
+    ordinary: bool = False,
 ) -> list[Result]:
     """Generate from every prompt (token ids) on the batch engine, as many at once as the
     models hold sequences (`specgen.load`'s ``n_parallel``), in the caller's thread.
     Prompt i is seeded ``seed + i``; each result is distributed as the target's own
     output under `flags`, whatever shares the batch (a batched decode's rows can differ
     from a single stream's in their last bits, so a seeded text may differ from
-    `Pair.generate`'s with the same seed).
+    `Pair.generate`'s with the same seed). `ordinary`: the target alone, K = 0.
 
     Raises:
         PromptError: a prompt plus ``max_tokens`` beyond a slot's context (-c).
@@ -163,9 +247,8 @@ def generate_many(
 
         compile_grammar(config.grammar, tokenizer_for(opened.target))
     target = as_batch(opened.target)
-    sched = Scheduler(
-        target, opened.drafter, n_parallel=target.n_seq, queue_max=len(prompts), draft_max=flags.k
-    )
+    drafter, k = (None, 0) if ordinary else (opened.drafter, flags.k)
+    sched = Scheduler(target, drafter, n_parallel=target.n_seq, queue_max=len(prompts), draft_max=k)
     for slot in sched.slots.all:
         # from empty caches, as a single stream starts (`OneSlot`): the call's texts then
         # depend on its own settings and seed only

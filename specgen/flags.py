@@ -465,18 +465,17 @@ def _check_seed(seed: int) -> None:
 
 def parse_draft_max(value: str) -> int | None:
     """`--draft-max`: a block size K >= 1, or `auto` (None: the adaptive controller).
-
-    Raises:
-        ConfigError: anything else.
-    """
+    Raises ConfigError for anything else."""
     if value == "auto":
         return None
+    what = "--draft-max must be an integer (1 to 64) or 'auto', got"
     try:
         k = int(value)
     except ValueError:
-        raise ConfigError(f"--draft-max must be a number or 'auto', got {value!r}") from None
+        raise ConfigError(f"{what} {value!r}") from None
     if not 1 <= k <= 64:
-        raise ConfigError(f"--draft-max must be between 1 and 64, got {k}")
+        hint = ": for ordinary decoding (the target alone), --draft none" if k == 0 else ""
+        raise ConfigError(f"{what} {k}{hint}")
     return k
 
 

@@ -99,8 +99,9 @@ class Generation:
     ``throw(KeyboardInterrupt)`` ends it as Ctrl-C does (the next event is the `Done`,
     finish reason "interrupted"; before the first event it is raised at once), and
     ``cancel()`` does so from another thread; a ``with`` block closes it. Until it has
-    ended (its `Done`, ``close()``, or the object dropped), the Pair's other calls raise
-    `specgen.BusyError`.
+    ended (its `Done` handed out, ``close()``, or the object dropped), the Pair's other
+    calls raise `specgen.BusyError`. After an interrupted `Done`, the next call raises
+    ``KeyboardInterrupt``, as the generator it wraps does: Ctrl-C is never swallowed.
 
     Attributes:
         seed: the seed used (a random one when none was given).
@@ -122,6 +123,9 @@ class Generation:
         # its Pair busy, until the garbage collector ran)
         self._ended = _Once(release)
         self._events = run.events()
+        # what the events raised after their Done (Ctrl-C's KeyboardInterrupt), for the
+        # next call: the Done frees the Pair at once (`_finish`)
+        self._after: BaseException | None = None
         self.seed = seed
         self.settings = settings
         self.n_prompt = n_prompt
@@ -143,12 +147,34 @@ class Generation:
         return inspect.getgeneratorstate(self._events) != inspect.GEN_CLOSED
 
     def _advance(self, exc: BaseException | None) -> Event:
+        after, self._after = self._after, None
+        if exc is not None and not self.alive:
+            raise exc  # thrown after the end (Ctrl-C after the Done), as a generator does
+        if after is not None:
+            raise after
         try:
-            return next(self._events) if exc is None else self._events.throw(exc)
+            event = next(self._events) if exc is None else self._events.throw(exc)
         except BaseException:
             if not self.alive:  # it ended (its last event, an error, Ctrl-C after the Done)
                 self._ended()
             raise
+        if isinstance(event, Done):
+            self._finish()
+        return event
+
+    def _finish(self) -> None:
+        """After the Done: the events run to their end now, so that the Pair is free as
+        soon as the caller holds the Done (a caller may break out at the Done and call
+        again); what they raise then waits for the next call."""
+        try:
+            next(self._events)
+        except StopIteration:
+            pass
+        except BaseException as e:  # KeyboardInterrupt after an interrupted Done
+            self._after = e
+        else:  # nothing comes after a Done
+            self._events.close()
+        self._ended()
 
     def close(self) -> None:
         self._events.close()

@@ -109,7 +109,9 @@ def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(pair, o
         ({"top_k": 2.5}, "^top_k must be an integer"),
         ({"max_tokens": True}, "^max_tokens must be an integer"),
         ({"stop": 5}, "^stop must be a string or a list of strings"),
-        ({"draft_max": 4.0}, '^draft_max must be an integer \\(1 to 64\\) or "auto", got 4.0'),
+        ({"draft_max": 4.0}, "^draft_max must be an integer \\(1 to 64\\) or 'auto', got 4.0"),
+        ({"draft_max": 0}, "got 0: for ordinary decoding \\(the target alone\\), ordinary=True$"),
+        ({"draft_max": "x"}, "^draft_max must be an integer \\(1 to 64\\) or 'auto', got 'x'"),
         ({"temprature": 0}, "unknown setting 'temprature' \\(did you mean temperature\\?\\)"),
     ):
         with pytest.raises(ConfigError, match=said):
@@ -345,9 +347,35 @@ def test_generate_many_seeds_prompt_i_with_seed_plus_i_and_reproduces(many) -> N
     assert a[0].tokens != a[1].tokens  # 12 sampled tokens at temperature 1: other seeds
 
 
+def test_generate_many_takes_ordinary_as_generate_does(many, ordinary) -> None:
+    args = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    results = many.generate_many(PROMPTS[:2], ordinary=True, **args)
+    assert [r.tokens for r in results] == [ordinary.generate(p, **args).tokens for p in PROMPTS[:2]]
+    assert all(r.stats.n_drafted == 0 and r.stats.target_passes == 12 for r in results)
+
+
+def test_tokenize_and_detokenize_are_the_prompts_own(pair) -> None:
+    """`Pair.tokenize` gives the ids `generate` takes for the same text (start token
+    included), and `detokenize` gives the text back."""
+    ids = pair.tokenize("the cat")
+    assert ids == pair.session.target.tokenize(b"the cat", add_special=True)
+    assert ids[1:] == pair.tokenize("the cat", add_special=False)
+    args = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    assert pair.generate(ids, **args).tokens == pair.generate("the cat", **args).tokens
+    # as the vocabulary spells them: a SentencePiece model's word-start space included
+    assert pair.detokenize(ids[1:]) == " the cat" and pair.detokenize([]) == ""
+    n = pair.session.target.n_vocab
+    with pytest.raises(ConfigError, match=f"^token ids must be in \\[0, {n}\\)"):
+        pair.detokenize([n])
+    with pytest.raises(ConfigError, match="^tokens must be a list of token ids, got 'the cat'"):
+        pair.detokenize("the cat")
+
+
 def test_generate_many_refuses_what_it_cannot_do(many) -> None:
     with pytest.raises(PromptError, match="no prompts"):
         many.generate_many([])
+    with pytest.raises(PromptError, match="^prompt 1: the prompt is empty"):
+        many.generate_many(["the cat", ""])
     with pytest.raises(PromptError, match="prompt 0: the prompt .* context of 256"):
         many.generate_many(["the cat", "the cat"], max_tokens=400)  # beyond -c 256
     with pytest.raises(ConfigError, match="temperature"):
@@ -371,7 +399,7 @@ def test_the_scheduler_serve_drives_is_the_apis(many, ordinary) -> None:
     sched = many.scheduler(draft_max=2)
     flags = specgen.SamplingFlags(temp=0, max_tokens=10, ignore_eos=True)
     config = specgen.GenerateConfig.of(flags, seed=1)
-    ids = many._prompt_ids("the cat")
+    ids = many.tokenize("the cat")
     got: list[object] = []
     ticket = sched.submit(specgen.Job("a", ids, config), got.append)
     assert isinstance(ticket, specgen.Ticket)
@@ -422,6 +450,34 @@ def test_one_generation_at_a_time_and_never_a_silent_mix(pair) -> None:
     with pytest.raises(KeyboardInterrupt):
         it.throw(KeyboardInterrupt())
     assert pair.generate("the cat", **args).tokens == alone.tokens  # was BusyError until gc
+
+
+def test_the_pair_is_free_as_soon_as_the_done_is_handed_out(pair) -> None:
+    """A caller that breaks out of its loop at the Done, or holds the stream after it, may
+    call again at once (it was BusyError until one more next() or the stream's end); an
+    interrupted Done (`throw`) frees it too, and the KeyboardInterrupt after it still comes
+    on the next call: Ctrl-C is never swallowed."""
+    args = {"max_tokens": 8, "temperature": 0, "draft_max": 3, "ignore_eos": True}
+    alone = pair.generate("the cat", **args)
+    held = pair.stream("the cat", **args)
+    for ev in held:
+        if isinstance(ev, Done):
+            break
+    assert not held.alive and ev.tokens == alone.tokens
+    assert pair.generate("the cat", **args).tokens == alone.tokens
+    with pytest.raises(StopIteration):
+        next(held)
+    held = pair.stream("the cat", **args)
+    next(held)
+    done = held.throw(KeyboardInterrupt())
+    assert isinstance(done, Done) and done.finish_reason == "interrupted"
+    assert pair.generate("the cat", **args).tokens == alone.tokens
+    with pytest.raises(KeyboardInterrupt):
+        next(held)
+    with pytest.raises(StopIteration):
+        next(held)
+    with pytest.raises(KeyboardInterrupt):  # thrown after the end: raised as it is
+        held.throw(KeyboardInterrupt())
 
 
 def test_a_pairs_start_up_is_timed_by_its_first_call_and_kept(tiny_target, tiny_draft) -> None:

@@ -88,6 +88,14 @@ def test_list_options() -> None:
     for bad in ("", "4,", "4,x", "0", "65", "4,4"):
         with pytest.raises(ConfigError, match="--draft-max"):
             bench.parse_draft_max_list(bad)
+    from specgen.flags import parse_draft_max
+
+    with pytest.raises(ConfigError, match="got 0: for ordinary decoding .*, --draft none$"):
+        parse_draft_max("0")  # a K of 0 is what --draft none asks for
+    with pytest.raises(
+        ConfigError, match="^--draft-max must be an integer \\(1 to 64\\) or 'auto'"
+    ):
+        parse_draft_max("x")
     for bad in ("", "a", "0,-1", "0,0", "nan"):
         with pytest.raises(ConfigError, match="--temp"):
             bench.parse_temp_list(bad)
