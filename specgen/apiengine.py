@@ -186,7 +186,10 @@ def prompt_ids(target: TemplateModel, prompt: object) -> list[int]:
 
 
 def tokens_of(target: TemplateModel, text: str | bytes, add_special: bool) -> list[int]:
-    """`Pair.tokenize`: `text`'s token ids as a prompt's (`specgen.chat.prompt_tokens`)."""
+    """`Pair.tokenize`: `text`'s token ids as a prompt's (`specgen.chat.prompt_tokens`).
+    Raises ConfigError for what is not str or bytes."""
+    if not isinstance(text, str | bytes):
+        raise ConfigError(f"text must be str or bytes, got {text!r:.60}")
     data = text.encode("utf-8") if isinstance(text, str) else text
     return prompt_tokens(target, data, add_special)
 
@@ -219,7 +222,8 @@ def prompts_ids(target: TemplateModel, prompts: Sequence[object]) -> list[list[i
         try:
             out.append(prompt_ids(target, prompt))
         except (PromptError, ConfigError) as e:
-            raise type(e)(f"prompt {i}: {e}") from None
+            kind = PromptError if isinstance(e, PromptError) else ConfigError
+            raise kind(f"prompt {i}: {e}") from None
     return out
 
 

@@ -369,6 +369,8 @@ def test_tokenize_and_detokenize_are_the_prompts_own(pair) -> None:
         pair.detokenize([n])
     with pytest.raises(ConfigError, match="^tokens must be a list of token ids, got 'the cat'"):
         pair.detokenize("the cat")
+    with pytest.raises(ConfigError, match="^text must be str or bytes, got 5"):
+        pair.tokenize(5)  # type: ignore[arg-type]
 
 
 def test_generate_many_refuses_what_it_cannot_do(many) -> None:
