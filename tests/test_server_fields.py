@@ -275,6 +275,9 @@ def test_usage_in_every_chunk_is_refused_and_usage_once_is_served(served: Served
     err = r.json()["error"]
     assert err["param"] == "stream_options" and "continuous_usage_stats" in err["message"]
     once = {"include_usage": True, "continuous_usage_stats": False}
+    unstreamed = {**body, "stream": False, "stream_options": once}  # OpenAI's 400 too
+    r = served.post("/v1/chat/completions", unstreamed)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
     r = served.post("/v1/chat/completions", {**body, "stream_options": once})
     assert r.status_code == 200
     data = [

@@ -740,6 +740,7 @@ def test_shutdown_ends_a_stream_with_a_final_chunk(served: Served) -> None:
     final = chunks[-1]
     assert final["choices"][0]["finish_reason"] == "abort"
     assert final["error"]["code"] == "shutdown"
+    assert "param" in final["error"] and final["error"]["param"] is None  # as OpenAI's body
     assert final["speculative"]["finish"] == "interrupted"
 
 

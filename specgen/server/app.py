@@ -385,6 +385,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     ) -> Response:
         """Submit the request's jobs, n per prompt (choice ``p * n + i``: prompt p's i-th),
         and answer when they end (or stream them)."""
+        if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM answer
+            raise RequestError(400, "stream_options needs stream: true", param="stream_options")
         configs = []
         for p, prompt in enumerate(prompts):
             try:

@@ -100,7 +100,11 @@ FIELDS: dict[str, Field] = {
     "stop": Field(H, "up to 16 stop strings"),
     "n": Field(H, "1 up to the server's slots (--parallel); choice i is seeded seed + i"),
     "stream": Field(H, "server-sent events"),
-    "stream_options": Field(H, "include_usage (vLLM's continuous_usage_stats is refused)"),
+    "stream_options": Field(
+        H,
+        "include_usage, with stream true (else a 400, as OpenAI's); vLLM's"
+        " continuous_usage_stats is refused",
+    ),
     "user": Field(IG, "an end-user id for abuse monitoring: changes nothing generated"),
     "frequency_penalty": Field(H, "-2 to 2, per occurrence in the last repeat_last_n tokens"),
     "presence_penalty": Field(H, "-2 to 2, once for a token in the last repeat_last_n"),

@@ -441,9 +441,10 @@ class _Response(BaseModel):
 
     def wire(self) -> dict[str, Any]:
         """The JSON object sent: fields left None are omitted, except a choice's
-        ``finish_reason`` and ``logprobs``, and a message's ``content`` (null beside tool
-        calls), which OpenAI always sends."""
+        ``finish_reason`` and ``logprobs``, a message's ``content`` (null beside tool
+        calls) and an error's ``param``, which OpenAI always sends."""
         body = self.model_dump(exclude_none=True)
+        body.get("error", {}).setdefault("param", None)
         for choice, model in zip(
             body.get("choices", []), getattr(self, "choices", []), strict=True
         ):
