@@ -1,10 +1,12 @@
 """What the in-process benchmark scripts (choices, grammar, logprobs, penalty) share: the
 record's provenance, the progress line of one run, medians over the alternated runs, and
-the result written once (the summary on stdout, the summary and every run in --json).
+the result written once (the summary on stdout, the summary and every run in --json), and
+the options of a script that runs two builds side by side (`ab_parser`).
 scripts/ is on sys.path when a script runs, so each imports this as `bench_common`."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -48,3 +50,15 @@ def emit(out: dict[str, Any], path: Path | None, runs: Any = None) -> None:
     if path is not None:
         full = out if runs is None else {**out, "runs": runs}
         path.write_text(json.dumps(full, indent=1) + "\n")
+
+
+def ab_parser(doc: str, reps: int, n: int) -> argparse.ArgumentParser:
+    """The options of a script timing two builds of specgen side by side: --a and --b (the
+    command of each, before and after), --reps and -n (tokens per request) with these
+    defaults; the description is `doc`'s first line."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--a", required=True, help="the first build's command (before)")
+    ap.add_argument("--b", required=True, help="the second build's command (after)")
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("-n", type=int, default=n)
+    return ap

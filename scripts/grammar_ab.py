@@ -22,7 +22,6 @@ Usage (hold the model lock: two llama.cpp processes slow each other down):
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -30,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import emit, provenance
+from bench_common import ab_parser, emit, provenance
 
 STORY = "Once upon a time, in a small village by the sea, there lived"
 PERSON = {
@@ -76,11 +75,7 @@ def run(cmd: str, args: list[str], n: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--a", required=True, help="the first build's command (before)")
-    ap.add_argument("--b", required=True, help="the second build's command (after)")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("-n", type=int, default=128)
+    ap = ab_parser(__doc__, reps=3, n=128)
     ap.add_argument("--json", type=Path)
     opts = ap.parse_args()
     runs: dict[str, dict[str, list[dict]]] = {label: {"a": [], "b": []} for label, _ in cases()}

@@ -20,7 +20,6 @@ Usage (hold the model lock for the whole run: two llama.cpp processes slow each 
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from bench_common import ab_parser
 from serve_footprint import free_port, wait_ready
 
 from specgen.models.demo import ensure_demo_pair
@@ -84,12 +84,7 @@ def serve(cmd: str, target: str, draft: str, n: int) -> dict[float, tuple[float,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--a", required=True, help="the first build's command (before)")
-    ap.add_argument("--b", required=True, help="the second build's command (after)")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("-n", type=int, default=96)
-    opts = ap.parse_args()
+    opts = ab_parser(__doc__, reps=2, n=96).parse_args()
     target, draft = (str(p) for p in ensure_demo_pair())
     runs: dict[str, list] = {"a": [], "b": []}
     for rep in range(opts.reps):

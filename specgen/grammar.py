@@ -379,10 +379,8 @@ class Matcher:
     # -- what comes next -----------------------------------------------------------------
 
     def _bitmask(self) -> npt.NDArray[np.int32]:
-        if self._bits_at != len(self.tokens):
-            hit = self._cache.get(self.tokens) if self._cache is not None else None
-            self._bits = self._compute() if hit is None else hit
-            self._bits_at = len(self.tokens)
+        if not self._at_hand():
+            self._bits, self._bits_at = self._compute(), len(self.tokens)
         return self._bits[0]
 
     def _compute(self) -> npt.NDArray[np.int32]:

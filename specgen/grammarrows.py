@@ -5,7 +5,7 @@ tokens complete the grammar. The matcher and its masks are `specgen.grammar`'s."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -54,12 +54,8 @@ class GrammarProcessor:
         token the grammar forbids are masked in the state before it: that token has p = 0,
         so it is rejected and no later row is read."""
         out = np.empty(logits.shape, dtype=np.float32)
-        m = self.matcher
-        ok = m.sync(self._generated(context, ()))
-        for i in range(logits.shape[0]):
-            out[i] = m.mask(logits[i])
-            if ok and i < len(block) and i + 1 < logits.shape[0]:
-                ok = m._consume(int(block[i]))
+        for i in self._row_states(logits.shape[0], context, block):
+            out[i] = self.matcher.mask(logits[i])
         return out
 
     def argmax_rows(
@@ -71,14 +67,20 @@ class GrammarProcessor:
         np.argmax takes the first of equal maxima, and no allowed token before it can
         equal it. The same tokens as ``np.argmax(self.rows(...), axis=1)``."""
         out = np.argmax(logits, axis=1)
-        m = self.matcher
-        ok = m.sync(self._generated(context, ()))
-        for i in range(logits.shape[0]):
-            if not m.allows(int(out[i])):
-                out[i] = int(np.argmax(m.mask(logits[i])))
-            if ok and i < len(block) and i + 1 < logits.shape[0]:
-                ok = m._consume(int(block[i]))
+        for i in self._row_states(logits.shape[0], context, block):
+            if not self.matcher.allows(int(out[i])):
+                out[i] = int(np.argmax(self.matcher.mask(logits[i])))
         return out
+
+    def _row_states(self, n: int, context: Sequence[int], block: Sequence[int]) -> Iterator[int]:
+        """0..n-1, the matcher standing at each where row i is masked: after context +
+        block[:i], or, past a block token the grammar forbids, before that token (it has
+        p = 0, so it is rejected and no later row is read)."""
+        ok = self.matcher.sync(self._generated(context, ()))
+        for i in range(n):
+            yield i
+            if ok and i < len(block) and i + 1 < n:
+                ok = self.matcher._consume(int(block[i]))
 
     def allows(self, context: Sequence[int], block: Sequence[int], token: int) -> bool:
         """Whether `token` may follow context + block (`Matcher.allows`); False when the
