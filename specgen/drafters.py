@@ -152,12 +152,16 @@ class ModelDrafter:
         """`row` under the grammar. Greedy keeps it unmasked where that changes nothing:
         where the grammar allows its argmax (then the masked row's argmax too, so q is the
         same one-hot row) and the cut-off goes on without the mask (the top probability
-        over the allowed tokens alone is no lower, so it goes on with the mask too). A
+        over the allowed tokens alone is no lower, so it goes on with the mask too).
+        Sampled under top-k: the k allowed tokens top-k keeps (`top_k_row`). A
         full-vocabulary mask can cost more than a draft pass (`specgen.grammar`)."""
         assert self.grammar is not None
         if self.params.greedy and self.grammar.allows(context, block, int(np.argmax(row))):
             if self.p_min <= 0.0 or not should_stop(top_probability(row), self.p_min):
                 return row
+        if not self.params.greedy and 0 < self.params.top_k < row.shape[0]:
+            # the same q, the cut-off reading q alone (`_confident`)
+            return self.grammar.top_k_row(row, context, block, self.params.top_k)
         return self.grammar.row(row, context, block)
 
     def begin(
@@ -210,10 +214,15 @@ class ModelDrafter:
 
 class GrammarRows(Protocol):
     """A grammar as the drafter needs it (`specgen.grammarrows.GrammarProcessor`): its mask on
-    a row, whether it allows a token, the token it alone allows, and the tokens it forces (a
-    forced string, tokenized canonically), after the history context + block."""
+    a row (or the k allowed tokens top-k keeps), whether it allows a token, the token it
+    alone allows, and the tokens it forces (a forced string, tokenized canonically), after
+    the history context + block."""
 
     def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits: ...
+
+    def top_k_row(
+        self, logits: Logits, context: Sequence[int], block: Sequence[int], k: int
+    ) -> Logits: ...
 
     def allows(self, context: Sequence[int], block: Sequence[int], token: int) -> bool: ...
 

@@ -408,19 +408,26 @@ class Matcher:
         return self._bits_at == len(self.tokens)
 
     def allows(self, token: int) -> bool:
-        """Whether the mask allows `token` next: read off the mask when it is at hand
-        (computed here or cached), else asked of llguidance for this token alone (about
-        1 us against up to 8 ms for a mask) where that is the same answer. Not where bytes
-        are forced: the mask then allows their canonical tokens only, while llguidance
+        """Whether the mask allows `token` next (`quick_allows`, else read off the mask)."""
+        known = self.quick_allows(token)
+        if known is not None:
+            return known
+        return bool((int(self._bitmask()[token >> 5]) >> (token & 31)) & 1)
+
+    def quick_allows(self, token: int) -> bool | None:
+        """`allows` where no new mask is needed: read off the mask at hand (computed here or
+        cached), else asked of llguidance for this token alone (1-3 us against up to 8 ms
+        for a mask) where that is the same answer; None elsewhere. Not where bytes are
+        forced: the mask then allows their canonical tokens only, while llguidance
         validates any spelling of them; nor for an end-of-generation token: in a state
         past any text (`_compute`'s error) llguidance validates the end alone."""
-        if not self._at_hand():
-            if not 0 <= token < self.n_vocab:
-                return False
-            if token not in self.grammar.tokenizer.eog and not self._m.compute_ff_bytes():
-                return bool(self._m.validate_tokens([token]) == 1)
-        word = int(self._bitmask()[token >> 5]) if 0 <= token < self.n_vocab else 0
-        return bool((word >> (token & 31)) & 1)
+        if not 0 <= token < self.n_vocab:
+            return False
+        if self._at_hand():
+            return bool((int(self._bits[0][token >> 5]) >> (token & 31)) & 1)
+        if token in self.grammar.tokenizer.eog or self._m.compute_ff_bytes():
+            return None
+        return bool(self._m.validate_tokens([token]) == 1)
 
     def allowed(self) -> npt.NDArray[np.bool_]:
         """(n_vocab,) bool: the tokens allowed next."""

@@ -1,11 +1,18 @@
 """A grammar as a per-sequence logits processor (specgen.constraints' `Processor`): the
 target's rows and the draft's masked under the output each follows, greedy's argmax with no
-mask where a row's own argmax is allowed, forced and sole tokens, and where a round's new
-tokens complete the grammar. The matcher and its masks are `specgen.grammar`'s."""
+mask where a row's own argmax is allowed, sampled rows under top-k with no mask where the
+top-k allowed tokens are found by asking token by token, forced and sole tokens, and where
+a round's new tokens complete the grammar. The matcher and its masks are
+`specgen.grammar`'s."""
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +26,75 @@ from specgen.grammar import (
     tokenizer_for,
 )
 from specgen.grammarspec import GrammarSpec
+from specgen.sampling import top_k_one
+
+_WALK_EXTRA = 16
+"""Candidates a top-k walk reads past 2k before it gives up for the mask."""
+
+
+def first_allowed(
+    ids: npt.NDArray[np.int64],
+    zs: npt.NDArray[np.float64],
+    k: int,
+    allows: Callable[[int], bool | None],
+) -> list[int] | None:
+    """The first `k` of the candidates `ids` (a row's first tokens in the order logit
+    descending, then id: `specgen.sampling.top_k_one`; `zs` their logits) that `allows`
+    allows, in that order; None where that is not decided among them: `allows` answers
+    None (only a mask can say), a candidate at -inf comes first (the masked row has fewer
+    than k finite logits), or fewer than k of the candidates are allowed."""
+    out: list[int] = []
+    for t, z in zip(ids.tolist(), zs.tolist(), strict=True):
+        if z == -np.inf:
+            return None
+        ok = allows(t)
+        if ok is None:
+            return None
+        if ok:
+            out.append(t)
+            if len(out) == k:
+                return out
+    return None
+
+
+@dataclass
+class RowCosts:
+    """What a sampled row under top-k has cost with one grammar, to choose between a mask
+    and a walk (`GrammarProcessor._walks`; timing only: both give the same row).
+
+    Attributes:
+        mask_s: seconds, running mean (weight 1/8) of a full-vocabulary mask at a new state.
+        walk_s: seconds, the same of a walk (`first_allowed`), its fallback mask included.
+        masks: masks since the last walk: one in `RETRY` re-times the walk, whose cost
+            may have changed with the state (free text, then JSON).
+    """
+
+    mask_s: float | None = None
+    walk_s: float | None = None
+    masks: int = 0
+
+    RETRY: ClassVar[int] = 32
+
+    def add(self, walk: bool, seconds: float) -> None:
+        old = self.walk_s if walk else self.mask_s
+        new = seconds if old is None else old + (seconds - old) / 8
+        if walk:
+            self.walk_s, self.masks = new, 0
+        else:
+            self.mask_s, self.masks = new, self.masks + 1
+
+
+_COSTS: weakref.WeakKeyDictionary[Grammar, RowCosts] = weakref.WeakKeyDictionary()
+_COSTS_LOCK = threading.Lock()
+
+
+def costs_of(grammar: Grammar) -> RowCosts:
+    """The `RowCosts` of `grammar`, shared by every sequence it constrains."""
+    with _COSTS_LOCK:
+        c = _COSTS.get(grammar)
+        if c is None:
+            c = _COSTS[grammar] = RowCosts()
+        return c
 
 
 class GrammarProcessor:
@@ -36,6 +112,7 @@ class GrammarProcessor:
     def __init__(self, grammar: Grammar, n_prompt: int, cache: MaskCache | None = None) -> None:
         self.matcher = Matcher(grammar, cache)
         self.n_prompt = n_prompt
+        self.costs = costs_of(grammar)
 
     def _generated(self, context: Sequence[int], block: Sequence[int]) -> list[int]:
         return [*context[self.n_prompt :], *block]
@@ -56,6 +133,74 @@ class GrammarProcessor:
         out = np.empty(logits.shape, dtype=np.float32)
         for i in self._row_states(logits.shape[0], context, block):
             out[i] = self.matcher.mask(logits[i])
+        return out
+
+    def top_k_rows(
+        self,
+        logits: npt.NDArray[np.float32],
+        context: Sequence[int],
+        block: Sequence[int],
+        k: int,
+    ) -> npt.NDArray[np.float32]:
+        """(n, n_vocab) float32 rows that warp as `rows`' rows do under top-k = `k` > 0:
+        row i holds, of the tokens allowed after context + block[:i], the first k in the
+        order logit descending then id (the k that top-k keeps of the masked row: its
+        `specgen.sampling.top_k_one` order) at their logits, every other token at -inf.
+        Top-p, min-p and the temperature then see the same k values, so p is the same to
+        the bit. Where a full-vocabulary mask costs more than asking llguidance candidate
+        by candidate (free text on a large vocabulary: 2.5-8 ms against about 0.3 ms), the
+        k are found that way (`first_allowed`); else, or where that is not decided, the
+        row is masked (`rows`). Which way is timing only (`RowCosts`)."""
+        out = np.empty(logits.shape, dtype=np.float32)
+        for i in self._row_states(logits.shape[0], context, block):
+            out[i] = self._top_k(logits[i], k)
+        return out
+
+    def top_k_row(
+        self,
+        row: npt.NDArray[np.float32],
+        context: Sequence[int],
+        block: Sequence[int],
+        k: int,
+    ) -> npt.NDArray[np.float32]:
+        """(n_vocab,) float32: `top_k_rows` for one row after context + block (a draft's)."""
+        self.matcher.sync(self._generated(context, block))
+        return self._top_k(row, k)
+
+    def _walks(self) -> bool:
+        """Whether a row here looks for its top-k allowed tokens by asking (`_top_k`): not
+        where the mask is at hand; else once a mask has been timed, where walks have cost
+        less than masks so far, the first walk and one in `RowCosts.RETRY` masks
+        included (to time it)."""
+        if self.matcher._at_hand():
+            return False
+        c = self.costs
+        if c.mask_s is None:
+            return False
+        return c.walk_s is None or c.walk_s < c.mask_s or c.masks >= c.RETRY
+
+    def _top_k(self, z: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.float32]:
+        if not self._walks():
+            return self._mask(z)
+        t0 = time.perf_counter()
+        ids, zs = top_k_one(z, min(2 * k + _WALK_EXTRA, z.shape[0]))
+        kept = first_allowed(ids, zs, k, self.matcher.quick_allows)
+        if kept is None:
+            out = self.matcher.mask(z)
+        else:
+            out = np.full(z.shape, -np.inf, dtype=np.float32)
+            out[kept] = z[kept]
+        self.costs.add(True, time.perf_counter() - t0)
+        return out
+
+    def _mask(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """`Matcher.mask`, timed into `RowCosts.mask_s` where it computes a new mask."""
+        m = self.matcher
+        if m._at_hand():
+            return m.mask(z)
+        t0 = time.perf_counter()
+        out = m.mask(z)
+        self.costs.add(False, time.perf_counter() - t0)
         return out
 
     def argmax_rows(

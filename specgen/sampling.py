@@ -391,7 +391,7 @@ def warp_rows(logits: npt.NDArray[np.floating], params: SamplingParams) -> Dists
     return Dists(ids[:, :m], p[:, :m], v)
 
 
-def _top_k_one(z: np.ndarray, k: int) -> tuple[TokenIds, Floats]:
+def top_k_one(z: np.ndarray, k: int) -> tuple[TokenIds, Floats]:
     """One row's top-k candidates: (m,) int64 ids and float64 logits, m <= k, sorted by
     logit descending, ties by id, -inf logits included only to fill k. The same set and
     order as `_at_least` at `_top_k_floor`'s threshold cut to k (`_warp_one`'s caller
@@ -426,7 +426,7 @@ def _top_k_one(z: np.ndarray, k: int) -> tuple[TokenIds, Floats]:
 def _warp_one(z: np.ndarray, params: SamplingParams, k: int) -> Dists:
     """`warp_rows` for one row with top-k on (the draft's and ordinary decoding's case):
     the same candidates and the same float operations, on 1-d arrays after the top-k."""
-    ids, zs = _top_k_one(z, k)
+    ids, zs = top_k_one(z, k)
     m = k
     if params.top_p < 1.0:
         w = np.exp(zs - zs[0])

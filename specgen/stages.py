@@ -142,14 +142,19 @@ def target_distributions(
         grammar: the request's grammar, masking after `processor` (its -inf commutes
             with a bias, a penalty and min_tokens' -inf), or None. Greedy with `lazy`
             masks only the rows whose own argmax it does not allow
-            (`GrammarProcessor.argmax_rows`: the same tokens), and `rows` stay unmasked.
+            (`GrammarProcessor.argmax_rows`: the same tokens), and `rows` stay unmasked;
+            sampling under top-k with `lazy` keeps the k allowed tokens top-k keeps
+            (`GrammarProcessor.top_k_rows`: the same p), and `rows` hold those alone.
     """
     if processor is not None:
         logits = processor.rows(logits, context, block)
     if grammar is not None:
         if params.greedy and lazy:
             return Verified(None, grammar.argmax_rows(logits, context, block), logits)
-        logits = grammar.rows(logits, context, block)
+        if lazy and 0 < params.top_k < logits.shape[1]:
+            logits = grammar.top_k_rows(logits, context, block, params.top_k)
+        else:
+            logits = grammar.rows(logits, context, block)
     if params.greedy:
         return Verified(p=None, argmax=np.argmax(logits, axis=1), rows=logits)
     return Verified(p=warp_rows(logits, params), argmax=None, rows=logits)

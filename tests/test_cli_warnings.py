@@ -108,11 +108,15 @@ def test_chat_says_the_seed_note_where_run_does(capsys) -> None:
     from types import SimpleNamespace
 
     from specgen.cli import chat
-    from specgen.cli.loading import SEED_NOTE, note_seed
+    from specgen.cli.loading import SEED_NOTE, show_messages
     from specgen.flags import SamplingFlags
 
-    assert "note_seed(sampling, opened)" in inspect.getsource(chat.chat_command)
-    drafted, alone = SimpleNamespace(drafter=object()), SimpleNamespace(drafter=None)
+    assert "show_messages(opened, sampling)" in inspect.getsource(chat.chat_command)
+    quiet = {"warnings": (), "notes": ()}
+    drafted, alone = (
+        SimpleNamespace(drafter=object(), **quiet),
+        SimpleNamespace(drafter=None, **quiet),
+    )
     for flags, opened, said in (
         (SamplingFlags(temp=0.8, seed=42), drafted, True),
         (SamplingFlags(temp=0.8, seed=42, draft_max="4"), drafted, False),
@@ -120,8 +124,10 @@ def test_chat_says_the_seed_note_where_run_does(capsys) -> None:
         (SamplingFlags(temp=0.8), drafted, False),
         (SamplingFlags(temp=0.8, seed=42), alone, False),
     ):
-        note_seed(flags, opened)  # type: ignore[arg-type]
+        show_messages(opened, flags)  # type: ignore[arg-type]
         assert (SEED_NOTE in capsys.readouterr().err) == said, flags
+        show_messages(opened)  # type: ignore[arg-type]
+        assert SEED_NOTE not in capsys.readouterr().err  # bench and verify: no seed note
 
 
 def test_a_seed_with_a_fixed_block_size_reproduces_the_text(tiny) -> None:

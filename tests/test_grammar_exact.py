@@ -186,6 +186,21 @@ def test_each_planted_bug_fails_the_joint_law(monkeypatch, bug, rule):
     assert output_pvalue(params, n=200, check_accepted=False, rule=rule) < ALPHA
 
 
+@pytest.mark.parametrize("planted", [False, True], ids=["walks", "walk-ignores-the-grammar"])
+def test_rows_that_walk_for_their_top_k_keep_the_joint_law(monkeypatch, planted):
+    """Every sampled row, the target's and the draft's, looks for its top-k allowed tokens
+    by asking (`GrammarProcessor.top_k_rows`, `top_k_row`) wherever no mask is at hand;
+    planted: the walk keeps the first k candidates, allowed or not."""
+    from specgen import grammarrows
+    from specgen.grammarrows import GrammarProcessor
+
+    monkeypatch.setattr(GrammarProcessor, "_walks", lambda self: True)
+    if planted:
+        monkeypatch.setattr(grammarrows, "first_allowed", lambda ids, zs, k, a: list(ids[:k]))
+    pvalue = output_pvalue(SETTINGS[1], n=200 if planted else N_SAMPLES, check_accepted=not planted)
+    assert (pvalue < ALPHA) if planted else (pvalue > ALPHA)
+
+
 # -- the draft's proposals -----------------------------------------------------------------
 
 

@@ -17,13 +17,7 @@ from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen.cli.loading import (
-    note_seed,
-    open_session,
-    say_cut_constraint,
-    show_messages,
-    wants_live,
-)
+from specgen.cli.loading import open_session, say_cut_constraint, show_messages, wants_live
 from specgen.cli.options import (
     GRAMMAR,
     MODEL,
@@ -99,8 +93,7 @@ def chat_command(
     live = wants_live(out)
     with open_session(model, out, sampling.params(), live=live) as opened:
         session = _chat_session(opened, sampling, how)
-        show_messages(opened)
-        note_seed(sampling, opened)
+        show_messages(opened, sampling)
         tty_in = sys.stdin.isatty()
         show = (
             _live_reply(opened.target.name, opened.draft_name, out.show_rejected, echo=not tty_in)

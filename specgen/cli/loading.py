@@ -46,15 +46,6 @@ def open_session(
         return session.open(model, params, s.update)
 
 
-def show_messages(opened: Session) -> None:
-    """The session's warnings ("specgen: warning: ...") then its notes ("specgen: note:
-    ..."), one line each on stderr."""
-    for w in opened.warnings:
-        output.warning(w)
-    for n in opened.notes:
-        output.notice(n)
-
-
 # why a seeded `auto` run is not reproducible (issue 15): K follows measured timings, and
 # each block size draws a different number of random numbers
 SEED_NOTE = (
@@ -63,10 +54,17 @@ SEED_NOTE = (
 )
 
 
-def note_seed(sampling: SamplingFlags, opened: Session) -> None:
-    """`SEED_NOTE`, where a seed is given that cannot reproduce the text: sampled, drafted,
-    under --draft-max auto (run and chat)."""
-    if sampling.seed_given and sampling.k is None and sampling.temp > 0 and opened.drafter:
+def show_messages(opened: Session, sampling: SamplingFlags | None = None) -> None:
+    """The session's warnings ("specgen: warning: ...") then its notes ("specgen: note:
+    ..."), one line each on stderr; with the command's `sampling` (run and chat), then
+    `SEED_NOTE` where a seed is given that cannot reproduce the text: sampled, drafted,
+    under --draft-max auto."""
+    for w in opened.warnings:
+        output.warning(w)
+    for n in opened.notes:
+        output.notice(n)
+    s = sampling
+    if s is not None and s.seed_given and s.k is None and s.temp > 0 and opened.drafter:
         output.notice(SEED_NOTE)
 
 

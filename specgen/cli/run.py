@@ -14,13 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from specgen.cli.loading import (
-    note_seed,
-    open_session,
-    say_cut_constraint,
-    show_messages,
-    wants_live,
-)
+from specgen.cli.loading import open_session, say_cut_constraint, show_messages, wants_live
 from specgen.cli.options import (
     GRAMMAR,
     LOGPROBS,
@@ -153,8 +147,7 @@ def _prompt_ids(opened: Session, prompt: bytes, sampling: SamplingFlags, how: Pr
         opened.target, prompt, raw=how.raw, system=how.system, template_file=how.chat_template
     )
     check_prompt(ids, opened.target.n_ctx)  # an error is said alone, before the messages
-    show_messages(opened)
-    note_seed(sampling, opened)
+    show_messages(opened, sampling)
     if (note := fit_note(len(ids), sampling.max_tokens, opened.target.n_ctx)) is not None:
         output.notice(note)
     return ids, template
