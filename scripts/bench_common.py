@@ -1,13 +1,16 @@
 """What the in-process benchmark scripts (choices, grammar, logprobs, penalty) share: the
 record's provenance, the progress line of one run, medians over the alternated runs, and
 the result written once (the summary on stdout, the summary and every run in --json), and
-the options of a script that runs two builds side by side (`ab_parser`).
+the options, environment and check of a script that runs two builds side by side
+(`ab_parser`, `AB_ENV`, `check_builds`).
 scripts/ is on sys.path when a script runs, so each imports this as `bench_common`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -50,6 +53,31 @@ def emit(out: dict[str, Any], path: Path | None, runs: Any = None) -> None:
     if path is not None:
         full = out if runs is None else {**out, "runs": runs}
         path.write_text(json.dumps(full, indent=1) + "\n")
+
+
+AB_ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
+"""The environment of each build's command: ``python -m`` puts the working directory first
+on sys.path, before PYTHONPATH, so run from the repository ``PYTHONPATH=OLD python -m
+specgen`` would run the checkout's specgen, not OLD's; PYTHONSAFEPATH (Python 3.11) leaves
+it out."""
+
+
+def check_builds(a: str, b: str) -> None:
+    """Exit with a message unless the commands `a` and `b` import specgen from two places
+    (each one's ``--version`` says where from, under `AB_ENV`)."""
+    where = []
+    for cmd in (a, b):
+        done = subprocess.run(
+            [*shlex.split(cmd), "--version"], capture_output=True, text=True, env=AB_ENV
+        )
+        if done.returncode != 0:
+            sys.exit(f"{cmd!r} --version exited {done.returncode}: {done.stderr.strip()}")
+        said = done.stdout.strip()
+        # a build older than the location in --version: None, told apart by that
+        where.append(said.split(" from ", 1)[1].split(" (")[0] if " from " in said else None)
+        print(f"{cmd}: {said}", flush=True)
+    if where[0] is not None and where[0] == where[1]:
+        sys.exit(f"--a and --b both run the specgen in {where[0]}: nothing to compare")
 
 
 def ab_parser(doc: str, reps: int, n: int) -> argparse.ArgumentParser:

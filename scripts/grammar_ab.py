@@ -9,15 +9,19 @@ each at temperature 0 and 0.8 (seed 1), with the draft under ``--draft-max auto`
 ``--draft none`` (ordinary decoding under the same grammar). Per repetition every case runs
 under A then B, or B then A on odd repetitions, so drift of a shared machine hits both
 alike. Reported per case: median tokens/s of each build, the median of the per-repetition
-ratios B/A, tokens per target pass, and whether greedy texts are the same (both builds
-being exact, they must be).
+ratios B/A, tokens per target pass, and whether the texts are the same where both builds
+being exact makes them so: greedy, and seeded with ``--draft none`` (one law, one random
+stream).
 
 Usage (hold the model lock: two llama.cpp processes slow each other down):
 
     git worktree add /tmp/old OLD_COMMIT
     flock /tmp/specgen-model.lock .venv/bin/python scripts/grammar_ab.py \\
         --a "env PYTHONPATH=/tmp/old .venv/bin/python -m specgen" \\
-        --b ".venv/bin/python -m specgen" [--reps 3] [--json out.json]
+        --b ".venv/bin/python -m specgen" [--reps 3] [--only "free text"] [--json out.json]
+
+Each command runs with PYTHONSAFEPATH=1 (`bench_common.AB_ENV`): run from the repository,
+``python -m`` would otherwise put it before PYTHONPATH and both sides would run its code.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import ab_parser, emit, provenance
+from bench_common import AB_ENV, ab_parser, check_builds, emit, provenance
 
 STORY = "Once upon a time, in a small village by the sea, there lived"
 PERSON = {
@@ -61,7 +65,7 @@ def cases() -> list[tuple[str, list[str]]]:
 
 def run(cmd: str, args: list[str], n: int) -> dict:
     argv = [*shlex.split(cmd), "run", "-n", str(n), "--json", "--no-live", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=AB_ENV)
     if done.returncode != 0:
         sys.exit(f"grammar_ab: {' '.join(argv[:4])}... exited {done.returncode}: {done.stderr}")
     out = json.loads(done.stdout)
@@ -77,10 +81,13 @@ def run(cmd: str, args: list[str], n: int) -> dict:
 def main() -> int:
     ap = ab_parser(__doc__, reps=3, n=128)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", default="", help="the cases whose label holds this text")
     opts = ap.parse_args()
-    runs: dict[str, dict[str, list[dict]]] = {label: {"a": [], "b": []} for label, _ in cases()}
+    check_builds(opts.a, opts.b)
+    chosen = [(label, args) for label, args in cases() if opts.only in label]
+    runs: dict[str, dict[str, list[dict]]] = {label: {"a": [], "b": []} for label, _ in chosen}
     for rep in range(opts.reps):
-        for label, args in cases():
+        for label, args in chosen:
             for side in ("a", "b") if rep % 2 == 0 else ("b", "a"):
                 r = run(getattr(opts, side), args, opts.n)
                 runs[label][side].append(r)
@@ -100,7 +107,8 @@ def main() -> int:
             "ratio": ratio,
             "a_tokens_per_pass": statistics.median(x["tokens_per_pass"] for x in a),
             "b_tokens_per_pass": statistics.median(y["tokens_per_pass"] for y in b),
-            "texts": same if "temp 0," in label else "-",
+            # greedy, or seeded with the target alone: the same p must give the same text
+            "texts": same if "temp 0," in label or "--draft none" in label else "-",
         }
         rows.append(row)
         print(

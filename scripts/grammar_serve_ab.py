@@ -16,6 +16,10 @@ Usage (hold the model lock for the whole run: two llama.cpp processes slow each 
     flock /tmp/specgen-model.lock .venv/bin/python scripts/grammar_serve_ab.py \\
         --a "env PYTHONPATH=/tmp/old .venv/bin/python -m specgen" \\
         --b ".venv/bin/python -m specgen" [--reps 2]
+
+Each server runs with PYTHONSAFEPATH=1 (`bench_common.AB_ENV`), so that PYTHONPATH, not
+the working directory, says which specgen it runs; `bench_common.check_builds` refuses
+two commands that run the same one.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from bench_common import ab_parser
+from bench_common import AB_ENV, ab_parser, check_builds
 from serve_footprint import free_port, wait_ready
 
 from specgen.models.demo import ensure_demo_pair
@@ -71,7 +75,10 @@ def serve(cmd: str, target: str, draft: str, n: int) -> dict[float, tuple[float,
     port = free_port()
     argv = [*shlex.split(cmd), "serve", "-m", target, "-md", draft, "-np", "4", "-c", "1024"]
     proc = subprocess.Popen(
-        [*argv, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=AB_ENV,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -85,6 +92,7 @@ def serve(cmd: str, target: str, draft: str, n: int) -> dict[float, tuple[float,
 
 def main() -> int:
     opts = ab_parser(__doc__, reps=2, n=96).parse_args()
+    check_builds(opts.a, opts.b)
     target, draft = (str(p) for p in ensure_demo_pair())
     runs: dict[str, list] = {"a": [], "b": []}
     for rep in range(opts.reps):

@@ -148,7 +148,7 @@ class GrammarProcessor:
         `specgen.sampling.top_k_one` order) at their logits, every other token at -inf.
         Top-p, min-p and the temperature then see the same k values, so p is the same to
         the bit. Where a full-vocabulary mask costs more than asking llguidance candidate
-        by candidate (free text on a large vocabulary: 2.5-8 ms against about 0.3 ms), the
+        by candidate (free text on Gemma 3's vocabulary: 7 ms a mask, 1 ms a walk), the
         k are found that way (`first_allowed`); else, or where that is not decided, the
         row is masked (`rows`). Which way is timing only (`RowCosts`)."""
         out = np.empty(logits.shape, dtype=np.float32)

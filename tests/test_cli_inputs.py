@@ -490,11 +490,13 @@ def test_plain_text_on_a_terminal_ends_with_a_newline_a_pipe_stays_exact(
 def test_version() -> None:
     from typer.testing import CliRunner
 
+    import specgen
     from specgen import __version__
     from specgen.cli.app import app
 
     r = CliRunner().invoke(app, ["--version"])
-    assert r.exit_code == 0 and r.output.startswith(f"specgen {__version__}")
+    here = Path(specgen.__file__).resolve().parent
+    assert r.exit_code == 0 and r.output.startswith(f"specgen {__version__} from {here} (")
 
 
 def test_implied_size_is_the_size_of_a_whole_file(tmp_path: Path, tiny_target: Path) -> None:

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -61,7 +62,10 @@ def _version(value: bool) -> None:
         bindings = f" (llama-cpp-python {version('llama_cpp_python')})"
     except PackageNotFoundError:
         bindings = ""
-    output.write_line(f"specgen {__version__}{bindings}")
+    # where it was imported from, as pip says: two checkouts side by side (an A/B run)
+    # can then tell which one a command runs
+    here = Path(__file__).resolve().parent.parent
+    output.write_line(f"specgen {__version__} from {here}{bindings}")
     raise typer.Exit(0)
 
 
