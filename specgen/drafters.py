@@ -153,7 +153,7 @@ class ModelDrafter:
         where the grammar allows its argmax (then the masked row's argmax too, so q is the
         same one-hot row) and the cut-off goes on without the mask (the top probability
         over the allowed tokens alone is no lower, so it goes on with the mask too).
-        Sampled under top-k: the k allowed tokens top-k keeps (`top_k_row`). A
+        Sampled under top-k: the k allowed tokens top-k keeps (`top_k_rows`). A
         full-vocabulary mask can cost more than a draft pass (`specgen.grammar`)."""
         assert self.grammar is not None
         if self.params.greedy and self.grammar.allows(context, block, int(np.argmax(row))):
@@ -161,7 +161,8 @@ class ModelDrafter:
                 return row
         if not self.params.greedy and 0 < self.params.top_k < row.shape[0]:
             # the same q, the cut-off reading q alone (`_confident`)
-            return self.grammar.top_k_row(row, context, block, self.params.top_k)
+            ahead = [*context, *block]  # the row follows them all: no block of its own
+            return self.grammar.top_k_rows(row[None, :], ahead, (), self.params.top_k)[0]
         return self.grammar.row(row, context, block)
 
     def begin(
@@ -220,7 +221,7 @@ class GrammarRows(Protocol):
 
     def row(self, logits: Logits, context: Sequence[int], block: Sequence[int]) -> Logits: ...
 
-    def top_k_row(
+    def top_k_rows(
         self, logits: Logits, context: Sequence[int], block: Sequence[int], k: int
     ) -> Logits: ...
 

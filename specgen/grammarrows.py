@@ -156,17 +156,6 @@ class GrammarProcessor:
             out[i] = self._top_k(logits[i], k)
         return out
 
-    def top_k_row(
-        self,
-        row: npt.NDArray[np.float32],
-        context: Sequence[int],
-        block: Sequence[int],
-        k: int,
-    ) -> npt.NDArray[np.float32]:
-        """(n_vocab,) float32: `top_k_rows` for one row after context + block (a draft's)."""
-        self.matcher.sync(self._generated(context, block))
-        return self._top_k(row, k)
-
     def _walks(self) -> bool:
         """Whether a row here looks for its top-k allowed tokens by asking (`_top_k`): not
         where the mask is at hand; else once a mask has been timed, where walks have cost

@@ -1,5 +1,5 @@
 """Sampled rows under top-k with a grammar, without the full-vocabulary mask:
-`first_allowed` (exact cases), `GrammarProcessor.top_k_rows` and `top_k_row` against the
+`first_allowed` (exact cases), `GrammarProcessor.top_k_rows` against the
 masked rows (`rows`) on every state of seeded walks, rows with ties and -inf logits, under
 several settings: the same p to the bit, batched and one row at a time; and the choice
 between a mask and a walk (`RowCosts`). Each comparison fails on a planted bug. The
@@ -81,7 +81,8 @@ def _mismatches(
                 walked = GrammarProcessor(g, 0)
                 got = warp_rows(walked.top_k_rows(z, state, block, params.top_k), params)
                 for i in range(z.shape[0]):
-                    one = walked.top_k_row(z[i], state, block[:i], params.top_k)
+                    ahead = [*state, *block[:i]]
+                    one = walked.top_k_rows(z[i : i + 1], ahead, (), params.top_k)[0]
                     alone = warp_rows(one[None, :], params)
                     same = all(
                         np.array_equal(a, b) for a, b in zip(want.row(i), got.row(i), strict=True)
