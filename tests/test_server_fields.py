@@ -285,3 +285,33 @@ def test_usage_in_every_chunk_is_refused_and_usage_once_is_served(served: Served
     ]
     chunks = [json.loads(d) for d in data if d != "[DONE]"]
     assert [c["usage"] is not None for c in chunks if "usage" in c][-1:] == [True]
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "said", "param"),
+    [
+        ({"function": {"name": "f"}}, "tool_choice.type is required", "tool_choice.type"),
+        ({"type": "function"}, "tool_choice.function is required", "tool_choice.function"),
+        (
+            {"type": "function", "function": {"name": 3}},
+            "tool_choice.function.name: Input should be a valid string",
+            "tool_choice.function.name",
+        ),
+        ("sometimes", "tool_choice: Input should be 'none', 'auto' or 'required'", "tool_choice"),
+    ],
+)
+def test_an_object_in_a_union_is_refused_for_what_is_wrong_inside_it(
+    tool_choice, said, param
+) -> None:
+    """A `tool_choice` object was refused with the message of the union's strings
+    ("should be 'none', 'auto' or 'required'"), naming neither the object form nor the
+    field it lacked."""
+    from pydantic import ValidationError
+
+    from specgen.server.invalid import validation_error
+    from specgen.server.schemas import ChatCompletionRequest
+
+    body = {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({**body, "tool_choice": tool_choice})
+    assert validation_error(e.value) == (said, param)

@@ -48,6 +48,7 @@ from specgen.server.guard import (
     LoopbackHosts,
     Origins,
 )
+from specgen.server.invalid import validation_error
 from specgen.server.logprobs import Echo
 from specgen.server.metrics import CONTENT_TYPE, Metrics
 from specgen.server.requestconfig import (
@@ -62,7 +63,6 @@ from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     _Generation,
-    validation_error,
 )
 from specgen.server.shapes import Shape
 from specgen.server.vocabulary import Vocabulary, check_ids

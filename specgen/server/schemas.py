@@ -18,7 +18,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -468,33 +467,3 @@ class ChatCompletionChunk(_Response):
 class Completion(_Response):
     object: Literal["text_completion"] = "text_completion"
     choices: list[TextChoice]
-
-
-def validation_error(e: ValidationError) -> tuple[str, str | None]:
-    """One line and the `param` for the first problem pydantic found.
-
-    Returns:
-        (message, param): param is the field's path (``messages[0].role``), None for a
-        body that is no JSON object.
-    """
-    first = e.errors(include_url=False)[0]
-    if first["type"] == "refused_field":
-        return str(first["msg"]), str(first["ctx"]["param"])
-    if first["type"] == "json_invalid":
-        return f"the request body is not valid JSON: {first['ctx']['error']}", None
-    loc = [p for p in first["loc"] if not _is_type_tag(p)]
-    if not loc:
-        return f"the request body must be a JSON object: {first['msg']}", None
-    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    msg = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        return f"{param} is required", param
-    return f"{param}: {msg}", param
-
-
-def _is_type_tag(part: object) -> bool:
-    # pydantic names the union member it tried (`str`, `list[int]`): not part of the path
-    return isinstance(part, str) and (
-        part in ("str", "int", "float", "bool")
-        or part.startswith(("list[", "dict[", "literal[", "function-"))
-    )

@@ -1,0 +1,43 @@
+"""A request body pydantic refused (`specgen.server.schemas`' models), said as one line
+and the ``param`` of OpenAI's error body."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+def validation_error(e: ValidationError) -> tuple[str, str | None]:
+    """One line and the `param` for the first problem pydantic found.
+
+    Returns:
+        (message, param): param is the field's path (``messages[0].role``), None for a
+        body that is no JSON object.
+    """
+    errors = e.errors(include_url=False)
+    first, whole = errors[0], errors[0].get("input")
+    if isinstance(whole, dict):  # an object member of a union says what is wrong inside it
+        wrong_kind = ("literal_error", "model_type", "string_type", "list_type", "int_type")
+        inside = (x for x in errors if x.get("input") is not whole or x["type"] not in wrong_kind)
+        first = next(inside, first)
+    if first["type"] == "refused_field":
+        return str(first["msg"]), str(first["ctx"]["param"])
+    if first["type"] == "json_invalid":
+        return f"the request body is not valid JSON: {first['ctx']['error']}", None
+    loc = [p for p in first["loc"] if not _is_type_tag(p)]
+    if not loc:
+        return f"the request body must be a JSON object: {first['msg']}", None
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return f"{param} is required", param
+    return f"{param}: {msg}", param
+
+
+def _is_type_tag(part: object) -> bool:
+    # pydantic names the union member it tried (`str`, `list[int]`, `ToolChoiceNamed`): not
+    # part of the path (every field's name is lower case)
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool")
+        or part[:1].isupper()
+        or part.startswith(("list[", "dict[", "literal[", "function-"))
+    )
