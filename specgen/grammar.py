@@ -421,10 +421,15 @@ class Matcher:
         forced: the mask then allows their canonical tokens only, while llguidance
         validates any spelling of them; nor for an end-of-generation token: in a state
         past any text (`_compute`'s error) llguidance validates the end alone."""
+        if 0 <= token < self.n_vocab and self._at_hand():
+            return bool((int(self._bits[0][token >> 5]) >> (token & 31)) & 1)
+        return self.ask(token)
+
+    def ask(self, token: int) -> bool | None:
+        """`quick_allows` without looking for a mask at hand (a caller that knows there is
+        none, asking about many tokens in one state)."""
         if not 0 <= token < self.n_vocab:
             return False
-        if self._at_hand():
-            return bool((int(self._bits[0][token >> 5]) >> (token & 31)) & 1)
         if token in self.grammar.tokenizer.eog or self._m.compute_ff_bytes():
             return None
         return bool(self._m.validate_tokens([token]) == 1)

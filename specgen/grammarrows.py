@@ -172,8 +172,10 @@ class GrammarProcessor:
         if not self._walks():
             return self._mask(z)
         t0 = time.perf_counter()
+        # float32 as the masked row is warped: values equal there must tie here too
+        z = np.asarray(z, dtype=np.float32)
         ids, zs = top_k_one(z, min(2 * k + _WALK_EXTRA, z.shape[0]))
-        kept = first_allowed(ids, zs, k, self.matcher.quick_allows)
+        kept = first_allowed(ids, zs, k, self.matcher.ask)  # no mask at hand (`_walks`)
         if kept is None:
             out = self.matcher.mask(z)
         else:

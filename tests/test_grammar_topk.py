@@ -12,6 +12,7 @@ import pytest
 from fakes import TextEngine
 
 from specgen import grammarrows
+from specgen.drafters import ModelDrafter
 from specgen.grammar import GrammarTokenizer, compile_grammar, tokenizer_for
 from specgen.grammarrows import GrammarProcessor, RowCosts, first_allowed
 from specgen.grammarspec import GrammarSpec
@@ -132,6 +133,39 @@ def test_a_planted_bug_in_the_walk_breaks_the_rows(monkeypatch, bug) -> None:
     # `_mismatches` wraps whatever first_allowed is in place: the planted one
     bad, _ = _mismatches(monkeypatch)
     assert bad > 0
+
+
+def _drafted(monkeypatch, walk: bool) -> list:
+    """Sampled draft blocks of four after the states of seeded walks, each spec, one seed
+    per state: tokens and q rows, every row walking (`walk`) or masked in full."""
+    monkeypatch.setattr(GrammarProcessor, "_walks", lambda self: walk)
+    target, draft = TextEngine(seed=0), TextEngine(seed=0, noise=1.0)
+    params = SamplingParams(temp=0.8, top_k=3, top_p=0.95, min_p=0.0)
+    tok, prompt, out = tokenizer_for(target), [7, 1, 7], []
+    drafter = ModelDrafter(draft, params, target.n_vocab)
+    for spec in SPECS:
+        g = compile_grammar(spec, tok)
+        for n, state in enumerate(_states(GrammarProcessor(g, 0), 8, np.random.default_rng(1))):
+            drafter.grammar = GrammarProcessor(g, len(prompt))
+            block = drafter.draft([*prompt, *state], 4, np.random.default_rng(n))
+            rows = [tuple(a.tolist() for a in block.q.row(i)) for i in range(len(block.q))]
+            out.append((block.tokens.tolist(), rows))
+    return out
+
+
+def test_the_sampled_drafts_blocks_are_those_of_full_masks(monkeypatch) -> None:
+    """Each draft row walks after the context and the block's proposals so far: the same
+    proposals and q as with full masks. Planted: the row walked after the context alone
+    (the block's proposals left out: the output law stays exact, acceptance drops)."""
+    masked = _drafted(monkeypatch, walk=False)
+    assert _drafted(monkeypatch, walk=True) == masked
+    monkeypatch.setattr(ModelDrafter, "_masked", _blind_masked)
+    assert _drafted(monkeypatch, walk=True) != masked
+
+
+def _blind_masked(self, row, context, block):
+    """`ModelDrafter._masked` walking a sampled row after the context only (planted)."""
+    return self.grammar.top_k_rows(row[None, :], context, (), self.params.top_k)[0]
 
 
 def test_the_choice_walks_where_walks_cost_less_and_retimes_them(monkeypatch) -> None:
