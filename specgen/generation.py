@@ -28,8 +28,8 @@ class Result:
     Attributes:
         text: the generated text (the prompt excluded).
         tokens: the generated token ids.
-        finish: why it ended: "length" (max_tokens), "eos", "stop", "context" or
-            "interrupted".
+        finish: why it ended (also `finish_reason`): "length" (max_tokens), "eos", "stop",
+            "context" or "interrupted".
         stats: the counts and timings of `specgen run --json`'s ``stats`` (seconds; see
             docs/reference/json.md), typed: ``stats.n_drafted``, ``stats.n_accepted``,
             ``stats.acceptance_rate``, ``stats.acceptance_how``, ``stats.k_history`` (the
@@ -55,6 +55,11 @@ class Result:
     def acceptance_rate(self) -> float:
         """Accepted proposals over tested proposals (0 when nothing was drafted)."""
         return self.stats.acceptance_rate
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        """`finish`, under the name `Done` and OpenAI's responses give it."""
+        return self.finish
 
 
 class Busy:

@@ -29,7 +29,7 @@ def test_generate_greedy_equals_ordinary_decoding(pair, tiny_target: Path) -> No
     with specgen.load(tiny_target, "none", ctx_size=256) as plain:
         ordinary = plain.generate("the cat", max_tokens=16, temperature=0, ignore_eos=True)
     assert spec.tokens == ordinary.tokens and len(spec.tokens) == 16
-    assert spec.text == ordinary.text and spec.finish == "length"
+    assert spec.text == ordinary.text and spec.finish == spec.finish_reason == "length"
     assert spec.stats.n_drafted > 0 and 0.0 <= spec.acceptance_rate <= 1.0
     assert max(spec.stats.k_history) == 3 and ordinary.stats.n_drafted == 0  # K <= what is left
 
