@@ -408,26 +408,23 @@ class Matcher:
         return self._bits_at == len(self.tokens)
 
     def allows(self, token: int) -> bool:
-        """Whether the mask allows `token` next (`quick_allows`, else read off the mask)."""
-        known = self.quick_allows(token)
+        """Whether the mask allows `token` next: read off the mask when it is at hand
+        (computed here or cached), else `ask`ed of llguidance where that is the same
+        answer, else read off a new mask."""
+        if 0 <= token < self.n_vocab and self._at_hand():
+            return bool((int(self._bits[0][token >> 5]) >> (token & 31)) & 1)
+        known = self.ask(token)
         if known is not None:
             return known
         return bool((int(self._bitmask()[token >> 5]) >> (token & 31)) & 1)
 
-    def quick_allows(self, token: int) -> bool | None:
-        """`allows` where no new mask is needed: read off the mask at hand (computed here or
-        cached), else asked of llguidance for this token alone (1-3 us against up to 8 ms
-        for a mask) where that is the same answer; None elsewhere. Not where bytes are
-        forced: the mask then allows their canonical tokens only, while llguidance
-        validates any spelling of them; nor for an end-of-generation token: in a state
-        past any text (`_compute`'s error) llguidance validates the end alone."""
-        if 0 <= token < self.n_vocab and self._at_hand():
-            return bool((int(self._bits[0][token >> 5]) >> (token & 31)) & 1)
-        return self.ask(token)
-
     def ask(self, token: int) -> bool | None:
-        """`quick_allows` without looking for a mask at hand (a caller that knows there is
-        none, asking about many tokens in one state)."""
+        """Whether the mask allows `token` next, asked of llguidance for this token alone
+        (1-3 us against up to 8 ms for a mask), without looking for a mask at hand; None
+        where that is not the mask's answer. Not where bytes are forced: the mask then
+        allows their canonical tokens only, while llguidance validates any spelling of
+        them; nor for an end-of-generation token: in a state past any text (`_compute`'s
+        error) llguidance validates the end alone."""
         if not 0 <= token < self.n_vocab:
             return False
         if token in self.grammar.tokenizer.eog or self._m.compute_ff_bytes():

@@ -157,41 +157,33 @@ class GrammarProcessor:
         return out
 
     def _walks(self) -> bool:
-        """Whether a row here looks for its top-k allowed tokens by asking (`_top_k`): not
-        where the mask is at hand; else once a mask has been timed, where walks have cost
-        less than masks so far, the first walk and one in `RowCosts.RETRY` masks
-        included (to time it)."""
-        if self.matcher._at_hand():
-            return False
+        """Whether a row with no mask at hand looks for its top-k allowed tokens by asking
+        (`_top_k`): once a mask has been timed, where walks have cost less than masks so
+        far, the first walk and one in `RowCosts.RETRY` masks included (to time it)."""
         c = self.costs
         if c.mask_s is None:
             return False
         return c.walk_s is None or c.walk_s < c.mask_s or c.masks >= c.RETRY
 
     def _top_k(self, z: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.float32]:
-        if not self._walks():
-            return self._mask(z)
+        m = self.matcher
+        if m._at_hand():  # computed or cached: it costs nothing
+            return m.mask(z)
+        walk = self._walks()
         t0 = time.perf_counter()
-        # float32 as the masked row is warped: values equal there must tie here too
-        z = np.asarray(z, dtype=np.float32)
-        ids, zs = top_k_one(z, min(2 * k + _WALK_EXTRA, z.shape[0]))
-        kept = first_allowed(ids, zs, k, self.matcher.ask)  # no mask at hand (`_walks`)
+        kept = None
+        if walk:
+            # float32 as the masked row is warped: values equal there must tie here too
+            z = np.asarray(z, dtype=np.float32)
+            ids, zs = top_k_one(z, min(2 * k + _WALK_EXTRA, z.shape[0]))
+            kept = first_allowed(ids, zs, k, m.ask)
         if kept is None:
-            out = self.matcher.mask(z)
+            out = m.mask(z)
         else:
             out = np.full(z.shape, -np.inf, dtype=np.float32)
             out[kept] = z[kept]
-        self.costs.add(True, time.perf_counter() - t0)
-        return out
-
-    def _mask(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """`Matcher.mask`, timed into `RowCosts.mask_s` where it computes a new mask."""
-        m = self.matcher
-        if m._at_hand():
-            return m.mask(z)
-        t0 = time.perf_counter()
-        out = m.mask(z)
-        self.costs.add(False, time.perf_counter() - t0)
+        # a walk's time includes its fallback mask: what choosing to walk costs
+        self.costs.add(walk, time.perf_counter() - t0)
         return out
 
     def argmax_rows(

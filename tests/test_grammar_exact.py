@@ -189,8 +189,8 @@ def test_each_planted_bug_fails_the_joint_law(monkeypatch, bug, rule):
 @pytest.mark.parametrize("planted", [False, True], ids=["walks", "walk-ignores-the-grammar"])
 def test_rows_that_walk_for_their_top_k_keep_the_joint_law(monkeypatch, planted):
     """Every sampled row, the target's and the draft's, looks for its top-k allowed tokens
-    by asking (`GrammarProcessor.top_k_rows` with `_walks` forced, whatever masks are at
-    hand); planted: the walk keeps the first k candidates, allowed or not."""
+    by asking (`GrammarProcessor.top_k_rows` with `_walks` forced) wherever no mask is at
+    hand; planted: the walk keeps the first k candidates, allowed or not."""
     from specgen import grammarrows
     from specgen.grammarrows import GrammarProcessor
 

@@ -189,9 +189,15 @@ def test_the_choice_walks_where_walks_cost_less_and_retimes_them(monkeypatch) ->
     assert proc._walks()
     proc.costs = RowCosts(mask_s=1e-3, walk_s=5e-4)
     assert proc._walks()
-    proc.matcher.sync([])
-    proc.matcher.allowed()  # the mask is at hand: read it
-    assert not proc._walks()
+    walked: list[int] = []
+    real = grammarrows.first_allowed
+    monkeypatch.setattr(grammarrows, "first_allowed", lambda *a: walked.append(1) or real(*a))
+    z = np.zeros((1, proc.matcher.n_vocab), dtype=np.float32)
+    proc.top_k_rows(z, [], (), 2)
+    assert walked == [1]  # no mask at hand: it walks
+    proc.matcher.allowed()  # the mask is at hand: read it, untimed
+    proc.top_k_rows(z, [], (), 2)
+    assert walked == [1] and proc.costs.masks == 0
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["gemma", "smollm2"])
