@@ -7,7 +7,9 @@ it (a step's events for all requests in one ``loop.call_soon_threadsafe``: `deli
 into OpenAI bodies (`specgen.server.responses`). A client that goes away mid-request has
 its job cancelled, which frees the slot within one step.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(OpenAI's Responses API, served as a chat request: `specgen.server.resprequest`),
+``GET /v1/models``,
 ``GET /health`` (503 while loading or shutting down; the one route without the API key)
 and ``GET /metrics``.
 """
@@ -15,6 +17,7 @@ and ``GET /metrics``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import time
@@ -58,7 +61,9 @@ from specgen.server.requestconfig import (
     generate_config,
     messages_of,
 )
+from specgen.server.respbody import respond
 from specgen.server.responses import Run, Streamed, submit
+from specgen.server.resprequest import ResponsesRequest
 from specgen.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -312,6 +317,21 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         # what refusal needs of the template: whether it writes reasoning (`refusal`)
         thinks = b.tool_template.thinks
         req = _parse(ChatCompletionRequest, await request.body(), {"thinks": thinks})
+        return await _answer(req, await _chat(request, b, req), request)
+
+    @api.post("/v1/responses")
+    @api.post("/responses")
+    async def responses(request: Request) -> Response:
+        b = ready()
+        asked = ResponsesRequest.of(await request.body())
+        with asked.names_in_errors():  # the chat request's field names as the Responses API's
+            body = json.dumps(asked.chat).encode()
+            req = _parse(ChatCompletionRequest, body, {"thinks": b.tool_template.thinks})
+            run = await _chat(request, b, req)
+        return await respond(run, asked, request, settings.send_timeout_s)
+
+    async def _chat(request: Request, b: Backend, req: ChatCompletionRequest) -> Run:
+        """A chat request's run: its messages through the chat template, its tools."""
         if b.render_chat is None:
             raise RequestError(
                 400,
@@ -348,7 +368,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             if b.max_token_bytes is not None:  # more than a slot's output could follow
                 text = text[: b.scheduler.n_ctx_slot * b.max_token_bytes]
             predicted = await run_in_threadpool(b.tokenize, text, False)
-        return await _serve(request, b, req, [prompt], chat=True, calls=calls, predicted=predicted)
+        return await _start(b, req, [prompt], chat=True, calls=calls, predicted=predicted)
 
     @api.post("/v1/completions")
     @api.post("/completions")
@@ -371,10 +391,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                     raise RequestError(400, "this server does not echo prompts", param="echo")
                 piece = b.vocabulary.token_bytes
                 echoes.append(await run_in_threadpool(Echo.of, text, prompt, piece))
-        return await _serve(request, b, req, prompts, chat=False, echoes=echoes)
+        return await _answer(req, await _start(b, req, prompts, chat=False, echoes=echoes), request)
 
-    async def _serve(
-        request: Request,
+    async def _answer(req: _Generation, run: Run, request: Request) -> Response:
+        if req.streaming:
+            return Streamed(run, req.include_usage, settings.send_timeout_s)
+        return await run.whole(request)
+
+    async def _start(
         b: Backend,
         req: _Generation,
         prompts: list[list[int]],
@@ -382,9 +406,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         calls: tools.Choice | None = None,
         echoes: Sequence[Echo] = (),
         predicted: Sequence[int] = (),
-    ) -> Response:
-        """Submit the request's jobs, n per prompt (choice ``p * n + i``: prompt p's i-th),
-        and answer when they end (or stream them)."""
+    ) -> Run:
+        """Submit the request's jobs, n per prompt (choice ``p * n + i``: prompt p's i-th):
+        their run, to answer when they end (or to stream)."""
         if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM answer
             raise RequestError(400, "stream_options needs stream: true", param="stream_options")
         configs = []
@@ -445,10 +469,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             bool(req.return_tokens), req.n_logprobs is not None, tools=calls,
             echoes=tuple(echoes), n=n, predicted=bool(predicted),
         )  # fmt: skip
-        run = Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
-        if req.streaming:
-            return Streamed(run, req.include_usage, settings.send_timeout_s)
-        return await run.whole(request)
+        return Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
 
     def refused(scope: Scope, status: int, why: str) -> None:
         state.metrics.observe_refusal(status)

@@ -227,16 +227,22 @@ class Run:
         if index % self.shape.n == 0 and echo is not None:
             echo.logprobs = event.prompt_logprobs
 
-    def _cancel(self) -> None:
+    def cancel(self) -> None:
         if not self.ended:
             for t in self.tickets:
                 self.backend.scheduler.cancel(t)
             self._finish([o or Outcome("", self.cut, None, None) for o in self.outcomes])
 
     async def whole(self, request: Request) -> Response:
-        """Wait for every choice's end; cancel the jobs if the client leaves first (looked
-        for every `_POLL_S`, between events too: a job that sends them all the time kept
-        its slot to its end when only a pause in them was checked)."""
+        """The non-streaming response (`body`), or 499 when the client left first."""
+        body = await self.body(request)
+        return Response(status_code=499) if body is None else JSONResponse(body)
+
+    async def body(self, request: Request) -> dict[str, Any] | None:
+        """Wait for every choice's end, then the response body; cancel the jobs and return
+        None if the client leaves first (looked for every `_POLL_S`, between events too: a
+        job that sends them all the time kept its slot to its end when only a pause in them
+        was checked)."""
         checked = time.perf_counter()
         while True:
             ev: Prefilled | Step | Done | Failed | None = None
@@ -247,8 +253,8 @@ class Run:
             if ev is None or time.perf_counter() - checked >= _POLL_S:
                 checked = time.perf_counter()
                 if await request.is_disconnected():
-                    self._cancel()
-                    return Response(status_code=499)
+                    self.cancel()
+                    return None
             if ev is None:
                 continue
             if isinstance(ev, Prefilled):
@@ -260,16 +266,25 @@ class Run:
                 if all(o is not None for o in self.outcomes):
                     outcomes = [o for o in self.outcomes if o is not None]
                     self._finish(outcomes)
-                    return JSONResponse(self.shape.full_n(self.steps, outcomes))
+                    return self.shape.full_n(self.steps, outcomes)
             else:
                 self.outcomes[i] = Outcome("", _failed(ev), None, None)
-                self._cancel()
+                self.cancel()
                 raise _failure(ev, self.jobs[i])
 
     async def stream(self, include_usage: bool) -> AsyncIterator[dict[str, str]]:
-        """Server-sent events: the role, one chunk per round of a choice (its ``index``),
-        each choice's final chunk with finish_reason and statistics, the usage chunk when
-        asked, then ``[DONE]``."""
+        """Server-sent events: `chunks`, then ``[DONE]``."""
+        try:
+            async for chunk in self.chunks(include_usage):
+                yield _sse(chunk)
+            yield {"data": "[DONE]"}
+        finally:  # closed at a yield of ours, `chunks` would be finished only when collected
+            self.cancel()
+
+    async def chunks(self, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunks: the role, one chunk per round of a choice (its ``index``),
+        each choice's final chunk with finish_reason and statistics, then the usage chunk
+        when asked. Closing it early (the client went away) frees the slots."""
         written = [0 for _ in self.jobs]
         # with tool calls, content streams through a gate per choice (`tools.ContentGate`)
         calls = self.shape.tools
@@ -293,17 +308,17 @@ class Run:
                     opened[i] = True
                     first = self.shape.first_chunk(i)
                     if first is not None:
-                        yield _sse(first)
+                        yield first
                 if not echoed[i]:  # the prompt first, with its log-probabilities by now
                     echoed[i] = True
-                    yield _sse(self.shape.echo_chunk(i))
+                    yield self.shape.echo_chunk(i)
                 if isinstance(ev, Step):
                     self._step(i, ev)
                     gate = gates[i]
                     if gate is not None:  # calls are sent whole, as delta.tool_calls, at the end
                         content = gate.feed(ev.text)
                         if content:
-                            yield _sse(self.shape.step_chunk(ev, content, i, held[i]))
+                            yield self.shape.step_chunk(ev, content, i, held[i])
                             held[i] = []
                         else:
                             held[i].append(ev)
@@ -311,7 +326,7 @@ class Run:
                     written[i] += len(ev.text)
                     if ev.text or self.shape.logprobs:  # a round that released no text
                         # (a character's first bytes) has nothing to send, but its logprobs
-                        yield _sse(self.shape.step_chunk(ev, index=i))
+                        yield self.shape.step_chunk(ev, index=i)
                     continue
                 if isinstance(ev, Done):
                     outcome = Outcome.of_done(ev)
@@ -326,19 +341,18 @@ class Run:
                 for chunk in self.shape.final_chunks(
                     self.steps[i], outcome, rest, released, i, held[i]
                 ):
-                    yield _sse(chunk)
+                    yield chunk
                 if any(o is None for o in self.outcomes):
                     continue
                 outcomes = [o for o in self.outcomes if o is not None]
                 self._finish(outcomes)
                 if include_usage:
-                    yield _sse(self.shape.usage_chunk_n(self.steps, outcomes))
-                yield {"data": "[DONE]"}
+                    yield self.shape.usage_chunk_n(self.steps, outcomes)
                 return
         finally:
             # the client went away (sse-starlette cancels this generator) or the
             # response failed: free the slots
-            self._cancel()
+            self.cancel()
 
 
 def _failed(ev: Failed) -> str:
@@ -376,8 +390,15 @@ class Streamed(EventSourceResponse):
     of the log): ClientStalled.
     """
 
-    def __init__(self, run: Run, include_usage: bool, timeout_s: float) -> None:
-        super().__init__(run.stream(include_usage), sep="\n")
+    def __init__(
+        self,
+        run: Run,
+        include_usage: bool,
+        timeout_s: float,
+        events: AsyncIterator[dict[str, str]] | None = None,
+    ) -> None:
+        """`events`: what is sent (sse-starlette's dicts); `run.stream` when None."""
+        super().__init__(events or run.stream(include_usage), sep="\n")
         self.run, self.timeout_s = run, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
