@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import fake_server as fake
 import httpx
@@ -253,3 +254,14 @@ def test_input_items_become_the_chat_messages_they_stand_for() -> None:
         "max_completion_tokens": 7,
         "top_k": 5,
     }  # fmt: skip
+
+
+def test_every_field_has_its_row_in_the_http_reference() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs/reference/http.md").read_text()
+    section = page[page.index("## The Responses API") : page.index("## Errors")]
+    missing = [
+        name
+        for name, rule in RULES.items()
+        if f"| `{name}` | {rule.status} | {rule.note} |" not in section
+    ]
+    assert not missing, f"Responses fields without their row in docs/reference/http.md: {missing}"
