@@ -17,6 +17,7 @@ import pytest
 from openai.types.responses import response_create_params
 from support.served import Served, serving
 
+from specgen.server.respbody import Built
 from specgen.server.resprequest import CHAT_NAMES, RULES, ResponsesRequest, renamed
 
 
@@ -265,3 +266,54 @@ def test_every_field_has_its_row_in_the_http_reference() -> None:
         if f"| `{name}` | {rule.status} | {rule.note} |" not in section
     ]
     assert not missing, f"Responses fields without their row in docs/reference/http.md: {missing}"
+
+
+def _lp(token: str) -> dict:
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_a_streamed_text_and_call_make_the_whole_responses_items() -> None:
+    """Text with its logprobs, a round that released no text, then a call: the events
+    open, fill and close the message before the call, and the last event's response is
+    the one the whole chat answer makes."""
+    asked = ResponsesRequest.of(b'{"input": "Hi", "include": ["message.output_text.logprobs"]}')
+    call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+    def chunk(delta: dict, lps: list | None = None, finish: str | None = None) -> dict:
+        logprobs = {"content": lps} if lps is not None else None
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"id": "chatcmpl-abc", "choices": [choice]}
+
+    built = Built(asked, "chatcmpl-abc", 5, "m")
+    events = built.start()
+    for c in (
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Let"}, [_lp("Let")]),
+        chunk({"content": ""}, [_lp("<")]),  # a character's first bytes: no text yet
+        chunk({"content": " me"}, [_lp(" me")]),
+        chunk({"tool_calls": [{"index": 0, **call}]}),
+        chunk({}, None, "tool_calls"),
+        {"id": "chatcmpl-abc", "choices": [], "usage": usage},
+    ):
+        events += built.feed(c)
+    events += built.close()
+    assert [e["type"].removeprefix("response.") for e in events] == [
+        "created", "in_progress", "output_item.added", "content_part.added",
+        "output_text.delta", "output_text.delta", "output_text.done",
+        "content_part.done", "output_item.done", "output_item.added",
+        "function_call_arguments.delta", "function_call_arguments.done",
+        "output_item.done", "completed",
+    ]  # fmt: skip
+    assert events[3]["part"]["logprobs"] == [] and events[3]["part"]["text"] == ""
+    assert [e["logprobs"] for e in events[4:6]] == [[_lp("Let")], [_lp("<"), _lp(" me")]]
+    assert events[6]["logprobs"] == [_lp("Let"), _lp("<"), _lp(" me")]
+    assert events[10]["delta"] == "{}" and events[11]["name"] == "w"
+    message = {"role": "assistant", "content": "Let me", "tool_calls": [call]}
+    choice = {"message": message, "logprobs": {"content": [_lp("Let"), _lp("<"), _lp(" me")]},
+              "finish_reason": "tool_calls"}  # fmt: skip
+    whole = Built(asked, "chatcmpl-abc", 5, "m").whole(
+        {"id": "chatcmpl-abc", "choices": [choice], "usage": usage}
+    )
+    assert events[-1]["response"] == whole
+    assert whole["output"][1]["call_id"] == "call_1" and whole["usage"]["total_tokens"] == 7

@@ -179,7 +179,7 @@ class Built:
         self.message = self._message_item()
         self.output.append(self.message)
         index = len(self.output) - 1
-        part = dict(self.message["content"][0])
+        part = {**self.message["content"][0], "logprobs": []}  # not the list that grows
         shown = {**self.message, "content": []}
         return [
             self._event("response.output_item.added", output_index=index, item=shown),
