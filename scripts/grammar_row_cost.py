@@ -4,7 +4,7 @@ state against the top-k walk (`specgen.grammarrows.GrammarProcessor.top_k_rows`)
 over the states of a seeded walk through each grammar.
 
 Grammars: free text at the top level (``root ::= [^\\n]*``), the grammar of
-``tool_choice: "auto"`` (free text, then tagged calls: `specgen.server.tools.call_grammar`),
+``tool_choice: "auto"`` (free text, then tagged calls: `specgen.server.callgrammar.call_grammar`),
 and a JSON Schema (a person record). Vocabularies: the GGUF files given (their tokenizers
 only matter: a model is loaded with a 256-token context to read its vocabulary). Rows: the
 model's own logits would need a decode per state; a row of standard normal logits times 3
@@ -34,8 +34,9 @@ from specgen.grammar import compile_grammar, tokenizer_for
 from specgen.grammarrows import GrammarProcessor
 from specgen.grammarspec import GrammarSpec
 from specgen.llamacpp import EngineConfig, LlamaEngine
+from specgen.server.callgrammar import call_grammar
 from specgen.server.schemas import Tool
-from specgen.server.tools import Choice, call_grammar
+from specgen.server.tools import Choice
 
 PERSON = {
     "type": "object",

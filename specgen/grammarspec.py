@@ -101,6 +101,14 @@ class GrammarSpec:
         return cls("json_schema", text, source)
 
     @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of a ``json_schema`` or ``json_object`` spec (``{"type":
+        "object"}``); None for a grammar or a regex."""
+        if self.kind == "json_object":
+            return {"type": "object"}
+        return json.loads(self.text) if self.kind == "json_schema" else None
+
+    @property
     def label(self) -> str:
         """One word for the output: the kind, e.g. ``json_schema``."""
         return self.kind

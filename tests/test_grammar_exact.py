@@ -457,7 +457,7 @@ def test_forced_bytes_several_tokens_could_spell_keep_their_rows_and_the_law(mon
 # -- a lazy grammar: free text, then a structure from a trigger on (tool_choice "auto") -----
 
 #: free text over a, b, c until the trigger "x", then "a" or "ab" and "}": the shape of
-#: `specgen.server.tools.call_grammar`'s auto grammar (a lazy lexeme ending at the tag)
+#: `specgen.server.callgrammar.call_grammar`'s auto grammar (a lazy lexeme ending at the tag)
 LAZY = GrammarSpec(
     "lark",
     '%llguidance {}\nstart: TEXT | call_open ("a" | "ab") "}"\n'

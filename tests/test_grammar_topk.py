@@ -207,8 +207,9 @@ def test_on_real_vocabularies_top_k_rows_warp_as_the_masked_rows(
     """Gemma 3's 262,144 tokens and SmolLM2's 49,152, under free text, a tool call's
     grammar with text before it (`tool_choice: "auto"`) and a JSON schema."""
     from specgen.llamacpp import EngineConfig, LlamaEngine
+    from specgen.server.callgrammar import call_grammar
     from specgen.server.schemas import Tool
-    from specgen.server.tools import Choice, call_grammar
+    from specgen.server.tools import Choice
 
     tool = Tool.model_validate(
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

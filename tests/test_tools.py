@@ -13,7 +13,9 @@ import pytest
 from fakes import TextEngine
 
 from specgen.grammar import compile_grammar, tokenizer_for
+from specgen.grammarspec import GrammarSpec
 from specgen.llamacpp import compile_chat_template
+from specgen.server.callgrammar import call_grammar, with_format
 from specgen.server.requestconfig import messages_of
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 from specgen.server.shapes import Outcome, Shape
@@ -21,7 +23,6 @@ from specgen.server.tools import (
     Choice,
     ContentGate,
     TemplateTools,
-    call_grammar,
     choice_of,
     parse,
     render_messages,
@@ -277,6 +278,36 @@ def test_auto_is_free_text_until_the_tag_then_the_call() -> None:
     assert call_grammar([WEATHER], Choice("none", syntax="hermes")) is None
     bare = call_grammar([WEATHER], Choice("required"))
     assert bare is not None and bare.kind == "json_schema"
+
+
+def test_auto_beside_a_json_format_is_that_json_or_the_calls() -> None:
+    """`response_format` (or Responses' ``text.format``) beside tools under auto: the
+    answer is JSON that follows the format, with its own whitespace, or the calls; never
+    free text, never JSON of another shape. Under required the calls alone; a grammar
+    that is not JSON beside calls is refused."""
+    eng = TextEngine()
+    city = GrammarSpec.json_schema(
+        {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+         "additionalProperties": False}, "response_format.json_schema.schema",
+    )  # fmt: skip
+    spec = with_format([WEATHER], Choice("auto", syntax="hermes"), city)
+    assert spec is not None
+    g = compile_grammar(spec, tokenizer_for(eng))
+    assert g.matcher().sync(B('{"name": "Paris"}'))
+    assert g.matcher().sync(
+        B('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    )
+    for wrong in ("Hi <tool_call>", '{"name":"Paris"}', '{"town": "Paris"}', "Paris"):
+        assert not g.matcher().sync(B(wrong)), wrong
+    done = g.matcher()
+    assert done.sync(B('{"name": "Paris"}')) and done.accepting
+    required = with_format([WEATHER], Choice("required", syntax="hermes"), city)
+    assert required == call_grammar([WEATHER], Choice("required", syntax="hermes"))
+    assert with_format([WEATHER], Choice("none", syntax="hermes"), city) is None
+    with pytest.raises(ValueError, match="only a JSON format"):
+        with_format([WEATHER], Choice("auto", syntax="hermes"), GrammarSpec("regex", "a+", "x"))
+    mode = with_format([WEATHER], Choice("auto", syntax="hermes"), GrammarSpec("json_object"))
+    assert mode is not None and compile_grammar(mode, tokenizer_for(eng)).matcher().sync(B("{"))
 
 
 def test_auto_rows_are_masked_alike_for_p_and_q_and_follow_rollback() -> None:

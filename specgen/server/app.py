@@ -41,7 +41,7 @@ from specgen import (
 )
 from specgen.constraints import check_vocab
 from specgen.grammarspec import GrammarSpec
-from specgen.server import tools
+from specgen.server import callgrammar, tools
 from specgen.server.guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -422,16 +422,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             except RequestError as e:  # which of several prompts
                 raise e.within(f"prompt {p}") if len(prompts) > 1 else e from None
         config = configs[0]
-        call = None
+        call, fmt = None, config.grammar  # the request's own format, if any
         if calls is not None:  # tool_choice: the answer is, or may hold, tool calls
             assert isinstance(req, ChatCompletionRequest) and req.tools
-            call = tools.call_grammar(req.tools, calls)
+            try:
+                call = callgrammar.with_format(req.tools, calls, fmt)
+            except ValueError as e:
+                raise RequestError(400, str(e), param=fmt.source if fmt else None) from None
         if call is not None:
-            if config.grammar is not None:
-                raise RequestError(
-                    400, f"tool_choice and {config.grammar.source} both constrain the output",
-                    param="tool_choice",
-                )  # fmt: skip
             if config.min_tokens:
                 raise RequestError(
                     400, "min_tokens cannot be used with tool_choice: the tool call's grammar"
@@ -457,7 +455,9 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 if call is not None:  # which tool, in its own words, not the calls' grammar's
                     assert isinstance(req, ChatCompletionRequest) and req.tools and calls
                     check = b.check_grammar
-                    found = await run_in_threadpool(tools.culprit, req.tools, calls, check)
+                    found = await run_in_threadpool(
+                        callgrammar.culprit, req.tools, calls, check, fmt
+                    )
                     source, message = found or (source, message)
                 raise RequestError(400, message, param=source, code="invalid_grammar") from None
         n = req.n or 1

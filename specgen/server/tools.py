@@ -51,7 +51,6 @@ before a call); the calls go out whole in the final chunk as ``delta.tool_calls`
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import secrets
@@ -59,8 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specgen import ChatTemplateError, GrammarError
-from specgen.grammarspec import JSON_DEFAULTS, GrammarSpec
+from specgen import ChatTemplateError
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 
 Syntax = Literal["hermes", "json"]
@@ -200,112 +198,6 @@ def choice_of(
     # a named function is called once: the client forced that call, and asked for no other
     # (OpenAI answers it with one; the grammar's repeats let a small model call it again)
     return Choice("named", choice.function.name, syntax, False)
-
-
-_DATA_KEYS = frozenset({"const", "enum", "default", "examples"})
-"""Keys whose values are JSON data, not schemas: a ``$ref`` inside them is not a reference."""
-
-
-def _rebased(node: Any, root: str) -> Any:
-    """`node` (a schema) with every local ``$ref`` (``#``, ``#/...``) moved under the JSON
-    pointer `root`, where the schema now stands inside a larger one: a pointer resolves
-    against the whole document's root (JSON Schema 2020-12, section 8.2.3.1), so a tool's
-    ``#/$defs/Address`` names ``root/$defs/Address`` once its parameters are wrapped in
-    the call's schema (else "Pointer does not exist", or ``#`` meaning the wrapper)."""
-    if isinstance(node, list):
-        return [_rebased(v, root) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            out[key] = root + value[1:]
-        elif key in _DATA_KEYS:
-            out[key] = value
-        else:
-            out[key] = _rebased(value, root)
-    return out
-
-
-def call_schema(tool: Tool, at: str = "#") -> dict[str, Any]:
-    """The JSON Schema of one call of `tool`: ``{"name": NAME, "arguments": {...}}``, the
-    parameters' local references rebased for a call schema standing at the pointer `at`
-    of the grammar's schema (`_rebased`). A function without ``parameters`` takes none
-    (OpenAI's reference: "an empty parameter list"), so its arguments are ``{}``."""
-    params = tool.function.parameters
-    if params is None:
-        params = {"type": "object", "properties": {}, "additionalProperties": False}
-    elif not params:
-        params = {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {
-            "name": {"const": tool.function.name},
-            "arguments": _rebased(params, f"{at}/properties/arguments"),
-        },
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
-def _calls_schema(tools: list[Tool], name: str) -> tuple[dict[str, Any], str]:
-    """The calls' schema, and the field an error in it is named by: the one tool's
-    ``tools[i].function.parameters``, or ``tools[].function.parameters`` for several."""
-    chosen = [t for t in tools if name in ("", t.function.name)]
-    if len(chosen) == 1:
-        at = next(i for i, t in enumerate(tools) if t is chosen[0])
-        return call_schema(chosen[0]), f"tools[{at}].function.parameters"
-    calls = [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(chosen)]
-    return {"anyOf": calls}, "tools[].function.parameters"
-
-
-def culprit(
-    tools: list[Tool], choice: Choice, check: Callable[[GrammarSpec], object]
-) -> tuple[str, str] | None:
-    """The first tool `choice` may call whose calls' grammar alone fails `check` (a
-    compile): its field, ``tools[i].function.parameters``, and its error; None where each
-    compiles alone. For the error of a calls' grammar that failed, which named no tool (or
-    all of them) and could list the whole grammar."""
-    for i, tool in enumerate(tools):
-        if choice.name not in ("", tool.function.name):
-            continue
-        source = f"tools[{i}].function.parameters"
-        try:
-            spec = call_grammar([tool], choice)
-            if spec is not None:
-                check(dataclasses.replace(spec, source=source))
-        except GrammarError as e:
-            return source, str(e).replace("tools[0].function.parameters", source, 1)
-    return None
-
-
-def call_grammar(tools: list[Tool], choice: Choice) -> GrammarSpec | None:
-    """The grammar of the answer for `choice` (None for ``none``: plain text).
-
-    Bare JSON syntax: a JSON Schema (one call). Hermes syntax: a Lark grammar (llguidance's
-    dialect) with the call's JSON Schema inline (``%json``, under `JSON_DEFAULTS`'
-    whitespace, as every schema here): the tagged calls, preceded for ``auto`` by free
-    text that ends at the first ``<tool_call>`` (a lazy lexeme).
-    """
-    if choice.kind == "none":
-        return None
-    schema, source = _calls_schema(tools, choice.name)
-    if choice.syntax == "json":
-        return GrammarSpec.json_schema(schema, source)
-    inline = json.dumps({**schema, "x-guidance": JSON_DEFAULTS}, ensure_ascii=False)
-    more = f' ("\\n" "{OPEN}" call_body)*' if choice.parallel else ""
-    lines = ["%llguidance {}"]
-    if choice.kind == "auto":
-        lines += [
-            "start: TEXT | calls",
-            f"calls: call_open call_body{more}",
-            f'call_open[lazy]: TEXT "{OPEN}"',
-            "TEXT: /(.|\\n)*/",
-        ]
-    else:
-        lines += ["start: calls", f'calls: "{OPEN}" call_body{more}']
-    lines.append(f'call_body: "\\n" %json {inline} "\\n{CLOSE}"')
-    return GrammarSpec("lark", "\n".join(lines) + "\n", source)
 
 
 def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
