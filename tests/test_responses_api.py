@@ -13,12 +13,15 @@ from pathlib import Path
 
 import fake_server as fake
 import httpx
+import pydantic
 import pytest
-from openai.types.responses import response_create_params
+from openai.types.responses import Response, ResponseStreamEvent, response_create_params
 from support.served import Served, serving
 
 from specgen.server.respbody import Built
 from specgen.server.resprequest import CHAT_NAMES, RULES, ResponsesRequest, renamed
+
+EVENT: pydantic.TypeAdapter = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture
@@ -79,9 +82,12 @@ def test_max_output_tokens_makes_an_incomplete_response(served: Served) -> None:
     assert r.usage.output_tokens == 5 and r.max_output_tokens == 5
 
 
-def test_the_stream_adds_up_to_the_whole_response(served: Served) -> None:
-    whole = served.post("/v1/responses", {"input": "Hi", "metadata": {"a": "b"}}).json()
-    events = events_of(served, {"input": "Hi", "metadata": {"a": "b"}})
+@pytest.mark.parametrize("limit", [None, 9], ids=["whole", "cut"])
+def test_the_stream_adds_up_to_the_whole_response(served: Served, limit: int | None) -> None:
+    body = {"input": "Hi", "metadata": {"a": "b"}, "max_output_tokens": limit}
+    whole = served.post("/v1/responses", body).json()
+    events = events_of(served, body)
+    end = "response.completed" if limit is None else "response.incomplete"
     kinds = [e["type"] for e in events]
     assert kinds[:4] == [
         "response.created",
@@ -93,11 +99,16 @@ def test_the_stream_adds_up_to_the_whole_response(served: Served) -> None:
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.completed",
+        end,
     ]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    Response.model_validate(whole)  # the client's own types: every field they require
+    for e in events:
+        EVENT.validate_python(e)
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
-    assert len(deltas) > 1 and "".join(deltas) == fake.REPLY
+    assert len(deltas) > 1 and "".join(deltas) == fake.REPLY[:limit]
+    status = "completed" if limit is None else "incomplete"  # the message the limit cut
+    assert whole["status"] == whole["output"][0]["status"] == status
     assert events[0]["response"]["status"] == "in_progress"
     assert events[0]["response"]["output"] == []
     final = events[-1]["response"]
@@ -120,6 +131,7 @@ def test_the_sdks_stream_helper_reads_the_events(served: Served) -> None:
 def test_a_failure_inside_a_round_fails_the_response(served: Served) -> None:
     events = events_of(served, {"input": "FAIL"})
     final = events[-1]
+    EVENT.validate_python(final)  # an error code of OpenAI's
     assert final["type"] == "response.failed"
     assert final["response"]["status"] == "failed"
     assert "planted" in final["response"]["error"]["message"]
@@ -157,13 +169,17 @@ def test_a_field_not_honoured_is_refused_by_name(served: Served, name: str, valu
 
 def test_inert_values_of_refused_fields_are_served(served: Served) -> None:
     body = {"input": "Hi", "truncation": "disabled", "background": False, "reasoning": {}}
-    r = served.post("/v1/responses", {**body, "store": True, "include": []})
+    r = served.post("/v1/responses", {**body, "store": True, "include": [], "n": 1})
     assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == fake.REPLY
+    # a response's own reasoning object, sent back with the rest of it
+    again = {"input": "Hi", "reasoning": r.json()["reasoning"], "logprobs": False}
+    assert served.post("/v1/responses", again).status_code == 200
 
 
 @pytest.mark.parametrize("name", sorted(CHAT_NAMES))
 def test_chat_fields_are_refused_with_what_to_send(served: Served, name: str) -> None:
-    value = {"messages": [], "response_format": {"type": "text"}}.get(name, 1)
+    asks = {"messages": [], "response_format": {"type": "text"}, "n": 2, "logprobs": True}
+    value = asks.get(name, 1)
     err = refusal(served, {"input": "Hi", name: value})
     assert err["param"] == name and CHAT_NAMES[name] in err["message"]
 
@@ -187,6 +203,32 @@ def test_chat_fields_are_refused_with_what_to_send(served: Served, name: str) ->
         ({"input": "Hi", "max_output_tokn": 3}, "max_output_tokn", "max_output_tokens"),
         ({"input": "Hi", "top_logprobs": 2}, "top_logprobs", "include"),
         ({"instructions": "x"}, "input", "required"),
+        (
+            {"input": "Hi", "tools": [{"type": "function", "name": "f", "paramters": {}}]},
+            "tools[0]",
+            "did you mean 'parameters'?",
+        ),
+        ({"input": "Hi", "text": {"fromat": {"type": "text"}}}, "text", "'format'?"),
+        (
+            {
+                "input": "Hi",
+                "text": {"format": {"type": "json_schema", "name": "x", "json_schema": {}}},
+            },
+            "text.format",
+            "schema is required",
+        ),
+        ({"input": [{"role": "user", "contnt": "x"}]}, "input[0]", "'content'?"),
+        ({"input": "Hi", "tools": {"type": "function"}}, "tools", "a list"),
+        (
+            {"input": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools[0]",
+            "is flat",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": {"a": 1}}]},
+            "input[0].output",
+            "string",
+        ),
     ],
 )
 def test_what_cannot_be_read_is_refused_naming_it(
@@ -202,6 +244,9 @@ def test_the_chat_routes_errors_name_the_responses_fields(served: Served) -> Non
     assert renamed("response_format.json_schema.schema") == "text.format.schema"
     assert renamed("messages[3].content") == "input.content"
     assert renamed("tools[2].function.parameters") == "tools[2].parameters"
+    assert renamed("min_tokens 9 is over the limit (its max_tokens)") == (
+        "min_tokens 9 is over the limit (its max_output_tokens)"
+    )
 
 
 def test_input_items_become_the_chat_messages_they_stand_for() -> None:

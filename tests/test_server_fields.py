@@ -200,6 +200,38 @@ def test_a_misspelt_setting_is_a_400_over_http(served: Served) -> None:
     assert "did you mean temperature?" in err["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "near"),
+    [
+        ({"messages": [{"role": "user", "contnt": "x"}]}, "messages[0]", "content"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [
+                {"type": "function", "function": {"name": "f", "paramters": {}}}]},
+            "tools[0].function",
+            "parameters",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {
+                "type": "json_schema", "json_schema": {"name": "s", "shema": {}}}},
+            "response_format.json_schema",
+            "schema",
+        ),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_inside_the_body_is_a_400_naming_both(
+    served: Served, body: dict, param: str, near: str
+) -> None:
+    """A nested key near one the server reads: a tool whose ``paramters`` were ignored
+    took no arguments, a format whose ``shema`` was ignored constrained to any object."""
+    r = served.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and f"did you mean {near!r}?" in err["message"]
+    keys = {"reasoning_content": "r", "refusal": None, "annotations": []}  # far from any
+    fine = {"messages": [{"role": "user", "content": "x", **keys}]}
+    assert served.post("/v1/chat/completions", fine).status_code == 200
+
+
 def test_a_tool_call_answer_says_content_null_as_openai_does() -> None:
     """Strict clients (JS, Rust) read `message.content` as a key that is always there: null
     beside tool calls, not absent, while other fields left None stay out of the JSON."""

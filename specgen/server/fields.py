@@ -38,6 +38,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from specgen.server.inert import DEFAULT_CHAIN, NO_REASONING, Beside, When, off, same
+from specgen.server.invalid import NEAR
 
 Route = Literal["chat", "completions"]
 BOTH: frozenset[Route] = frozenset({"chat", "completions"})
@@ -406,11 +407,6 @@ FIELDS: dict[str, Field] = {
     ),  # fmt: skip
 }
 """Field name -> its status on this server (`Field`)."""
-
-
-NEAR = 0.8
-"""How close (difflib's ratio) an unknown field's name must be to a known field that changes
-the output to be taken for a misspelling of it and refused."""
 
 
 _CHANGING = tuple(n for n, f in FIELDS.items() if f.status is not Status.IGNORED)

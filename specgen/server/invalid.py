@@ -3,7 +3,33 @@ and the ``param`` of OpenAI's error body."""
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError, model_validator
+
+NEAR = 0.8
+"""How close (difflib's ratio) an unknown field's name must be to a known field that changes
+the output to be taken for a misspelling of it and refused."""
+
+
+class NoNearMisses(BaseModel):
+    """A request object inside the body (a message, a tool, a format): keys it does not
+    read are ignored, except one whose name is near one it reads (`NEAR`: ``paramters``,
+    ``contnt``, ``shema``), which would be served as if it had not been sent, so it is
+    refused, naming both (the path is the object's)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_near_misses(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = {f.alias or name for name, f in cls.model_fields.items()}
+            for key in data:
+                if isinstance(key, str) and key not in known:
+                    close = difflib.get_close_matches(key, known, n=1, cutoff=NEAR)
+                    if close:
+                        raise ValueError(f"unknown field {key!r}: did you mean {close[0]!r}?")
+        return data
 
 
 def validation_error(e: ValidationError) -> tuple[str, str | None]:

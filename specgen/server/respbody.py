@@ -34,7 +34,10 @@ def _usage(chat: dict[str, Any] | None) -> dict[str, Any] | None:
     details = chat.get("prompt_tokens_details") or {}
     return {
         "input_tokens": chat["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
+        "input_tokens_details": {
+            "cached_tokens": details.get("cached_tokens", 0),
+            "cache_write_tokens": 0,  # (OpenAI bills writes to its cache: none here)
+        },
         "output_tokens": chat["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat["total_tokens"],
@@ -114,10 +117,10 @@ class Built:
         if finish == "abort" or err:
             self.status = "failed"
             err = err or {}
-            self.error = {
-                "code": err.get("code") or "server_error",
-                "message": err.get("message") or "the generation stopped before its end",
-            }
+            # OpenAI's codes: a grammar given up on mid-generation is the request's
+            code = "invalid_prompt" if err.get("code") == "invalid_grammar" else "server_error"
+            message = err.get("message") or "the generation stopped before its end"
+            self.error = {"code": code, "message": message}
         elif finish == "length":
             self.status = "incomplete"
         else:
@@ -160,8 +163,10 @@ class Built:
         for call in message.get("tool_calls") or ():
             self.output.append(self._call_item(call))
         self._end(chat, choice["finish_reason"])
-        for item in self.output:
-            item["status"] = "completed" if self.status == "completed" else "incomplete"
+        for item in self.output:  # the calls returned are whole: a cut one is dropped
+            item["status"] = "completed"
+        if self.status != "completed" and self.output and self.output[-1]["type"] == "message":
+            self.output[-1]["status"] = "incomplete"  # the item the end cut, as streamed
         self.usage = _usage(chat.get("usage"))
         return self.response()
 

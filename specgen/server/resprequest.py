@@ -37,11 +37,12 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    model_validator,
 )
 
 from specgen.logprobs import MAX_TOP
-from specgen.server.fields import FIELDS, NEAR
-from specgen.server.invalid import validation_error
+from specgen.server.fields import FIELDS
+from specgen.server.invalid import NEAR, NoNearMisses, validation_error
 from specgen.server.requestconfig import RequestError
 
 LOGPROBS = "message.output_text.logprobs"
@@ -105,16 +106,20 @@ checks the list against the installed ``openai`` package)."""
 
 CHAT_NAMES: dict[str, str] = {
     "messages": "send input",
+    "max_tokens": "send max_output_tokens",
     "max_completion_tokens": "send max_output_tokens",
     "response_format": "send text.format",
     "logprobs": f'send include: ["{LOGPROBS}"]',
     "n": "a response holds one output",
 }
 """Chat fields refused here, with what to send instead: they have a Responses name, or
-ask for what a response cannot hold (``n``: several choices)."""
+ask for what a response cannot hold (``n``: several choices). Values that ask for
+nothing (`_CHAT_INERT`) are accepted."""
+
+_CHAT_INERT: dict[str, tuple[Any, ...]] = {"n": (None, 1), "logprobs": (None, False)}
 
 
-class _Model(BaseModel):
+class _Model(NoNearMisses):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
@@ -186,14 +191,28 @@ class TextFormat(_Model):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:  # OpenAI requires it too
+            raise ValueError("schema is required with type json_schema")
+        return self
+
 
 class TextConfig(_Model):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # others: `_check_kinds`
 
 
-class Body(_Model):
-    """The Responses fields this module reads (the others go to the chat body as sent)."""
+class _Items(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    input: list[Item]
+
+
+class Body(BaseModel):
+    """The Responses fields this module reads (the others go to the chat body as sent;
+    a misspelt one is refused by `ResponsesRequest.of`)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     input: list[Item] | str = Field(union_mode="left_to_right")
     instructions: str | None = None
@@ -205,6 +224,15 @@ class Body(_Model):
     include: list[Literal["message.output_text.logprobs"]] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     metadata: dict[str, str] | None = None
+
+
+def _asks_nothing(value: Any, inert: tuple[Any, ...]) -> bool:
+    """`value` is one of `inert` (the same type: ``0`` is not ``False``), or an object whose
+    every member is null (a response's own ``"reasoning": {"effort": null, ...}`` sent
+    back)."""
+    if isinstance(value, dict) and value and all(v is None for v in value.values()):
+        return True
+    return any(value == x and type(value) is type(x) for x in inert)
 
 
 _CHANGING = tuple(n for n, r in RULES.items() if r.status != "ignored")
@@ -231,8 +259,16 @@ def _check_kinds(given: dict[str, Any]) -> None:
     """What this server cannot serve, refused by name where pydantic would say only that
     a value is not one of those it reads: items and parts that are not text, tools and
     tool choices that are not functions, other ``include`` values, ``text.verbosity``."""
-    for i, tool in enumerate(given.get("tools") or ()):
+    tools = given.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _refuse("tools", "a list of function tools")
+    for i, tool in enumerate(tools or ()):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function" and "function" in tool and "name" not in tool:
+            raise _refuse(
+                f"tools[{i}]", "a Responses function tool is flat: "
+                '{"type": "function", "name": ..., "parameters": ...}',
+            )  # fmt: skip
         if kind != "function":
             raise _refuse(
                 f"tools[{i}]", f"tools of type {kind!r} are not served: only function tools"
@@ -310,7 +346,7 @@ def messages_of(body: Body) -> list[dict[str, Any]]:
 _RENAMED = (
     (re.compile(r"\bmessages\[\d+\]"), "input"),
     (re.compile(r"\bmessages\b"), "input"),
-    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bmax_(completion_)?tokens\b"), "max_output_tokens"),
     (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "text.format.schema"),
     (re.compile(r"\bresponse_format(\.json_schema)?\b"), "text.format"),
     (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
@@ -351,15 +387,12 @@ class ResponsesRequest:
         if not isinstance(given, dict):
             raise RequestError(400, "the request body must be a JSON object")
         for name, rule in RULES.items():
-            value = given.get(name)
-            if rule.status == "refused" and not any(
-                value == x and type(value) is type(x) for x in rule.inert
-            ):
+            if rule.status == "refused" and not _asks_nothing(given.get(name), rule.inert):
                 raise RequestError(
                     400, f"{name} is not supported by this server: {rule.note}", param=name
                 )
         for name, instead in CHAT_NAMES.items():
-            if given.get(name) is not None:
+            if not _asks_nothing(given.get(name), _CHAT_INERT.get(name, (None,))):
                 raise RequestError(
                     400, f"{name} is a chat completions field; {instead}", param=name
                 )
@@ -372,6 +405,8 @@ class ResponsesRequest:
                 )  # fmt: skip
         _check_kinds(given)
         try:
+            if isinstance(given.get("input"), list):  # its items' errors, not the str branch's
+                _Items.model_validate({"input": given["input"]})
             body = Body.model_validate(given)
         except ValidationError as e:
             message, param = validation_error(e)

@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 from specgen.logprobs import MAX_TOP
 from specgen.server.fields import Route, refusal
 from specgen.server.inert import normalized
+from specgen.server.invalid import NoNearMisses
 from specgen.server.stats import Speculative, Timings
 
 MAX_STOP = 16
@@ -37,14 +38,18 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-class ContentPart(_Request):
+class _Nested(NoNearMisses, _Request):
+    """An object inside a request body: a misspelt key is refused (`NoNearMisses`)."""
+
+
+class ContentPart(_Nested):
     """One part of a message's content; only ``{"type": "text", "text": ...}`` is served."""
 
     type: str
     text: str | None = None
 
 
-class Prediction(_Request):
+class Prediction(_Nested):
     """OpenAI's Predicted Outputs: text the answer is expected to contain (an edited
     file's unchanged parts), which prompt lookup drafts from (`GenerateConfig.prediction`)."""
 
@@ -64,20 +69,20 @@ class Prediction(_Request):
         return c if isinstance(c, str) else "".join(p.text or "" for p in c)
 
 
-class FunctionCall(_Request):
+class FunctionCall(_Nested):
     """A call an assistant message made: the function's name and its arguments (JSON text)."""
 
     name: str
     arguments: str
 
 
-class ToolCall(_Request):
+class ToolCall(_Nested):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Request):
+class ChatMessage(_Nested):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
@@ -85,7 +90,7 @@ class ChatMessage(_Request):
     name: str | None = None
 
 
-class FunctionDef(_Request):
+class FunctionDef(_Nested):
     """A tool's function: its name and the JSON Schema of its arguments."""
 
     name: str = Field(min_length=1, max_length=64)
@@ -94,23 +99,23 @@ class FunctionDef(_Request):
     strict: bool | None = None
 
 
-class Tool(_Request):
+class Tool(_Nested):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Request):
+class NamedFunction(_Nested):
     name: str
 
 
-class ToolChoiceNamed(_Request):
+class ToolChoiceNamed(_Nested):
     """``{"type": "function", "function": {"name": ...}}``: call that function."""
 
     type: Literal["function"]
     function: NamedFunction
 
 
-class StreamOptions(_Request):
+class StreamOptions(_Nested):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (refused)
 
@@ -126,7 +131,7 @@ class StreamOptions(_Request):
         return every
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(_Nested):
     """OpenAI's ``response_format.json_schema``: the schema the answer must follow
     (``strict`` is accepted: the output always follows the schema)."""
 
@@ -136,7 +141,7 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(_Nested):
     """OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``); llama-server
     also takes ``{"type": "json_object", "schema": {...}}``."""
 
