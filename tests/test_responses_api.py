@@ -15,11 +15,29 @@ import fake_server as fake
 import httpx
 import pydantic
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent, response_create_params
+from openai.types.responses import (
+    Response,
+    ResponseStreamEvent,
+    easy_input_message_param,
+    function_tool_param,
+    response_create_params,
+    response_function_tool_call_param,
+    response_input_item_param,
+    response_output_message_param,
+)
 from support.served import Served, serving
 
 from specgen.server.respbody import Built
-from specgen.server.resprequest import CHAT_NAMES, RULES, ResponsesRequest, renamed
+from specgen.server.resprequest import (
+    CHAT_NAMES,
+    RULES,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    MessageItem,
+    ResponsesRequest,
+    renamed,
+)
 
 EVENT: pydantic.TypeAdapter = pydantic.TypeAdapter(ResponseStreamEvent)
 
@@ -49,6 +67,25 @@ def events_of(served: Served, body: dict) -> list[dict]:
 def test_every_field_of_the_clients_request_type_has_a_rule() -> None:
     fields = set(response_create_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
     assert fields == set(RULES)
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (FunctionTool, function_tool_param.FunctionToolParam),
+        (MessageItem, easy_input_message_param.EasyInputMessageParam),
+        (MessageItem, response_input_item_param.Message),
+        (MessageItem, response_output_message_param.ResponseOutputMessageParam),
+        (FunctionCallItem, response_function_tool_call_param.ResponseFunctionToolCallParam),
+        (FunctionCallOutputItem, response_input_item_param.FunctionCallOutput),
+    ],
+    ids=lambda x: x.__name__,
+)
+def test_every_field_of_the_clients_tools_and_items_is_read_or_ignored(ours, theirs) -> None:
+    """Each key the client's own types may send is read (and refused where not served) or
+    listed as changing nothing generated, so a new one is a decision, not a silent drop."""
+    read = {f.alias or name for name, f in ours.model_fields.items()}
+    assert set(theirs.__annotations__) - read - ours.ignored == set()
 
 
 def test_a_response_is_the_chat_answer_to_the_same_request(served: Served) -> None:
@@ -174,6 +211,9 @@ def test_inert_values_of_refused_fields_are_served(served: Served) -> None:
     # a response's own reasoning object, sent back with the rest of it
     again = {"input": "Hi", "reasoning": r.json()["reasoning"], "logprobs": False}
     assert served.post("/v1/responses", again).status_code == 200
+    # what Codex and the Agents SDK send: no reasoning is generated, no tool is listed
+    codex = {"input": "Hi", "include": ["reasoning.encrypted_content"], "tool_choice": "auto"}
+    assert served.post("/v1/responses", codex).status_code == 200
 
 
 @pytest.mark.parametrize("name", sorted(CHAT_NAMES))
@@ -218,6 +258,16 @@ def test_chat_fields_are_refused_with_what_to_send(served: Served, name: str) ->
             "schema is required",
         ),
         ({"input": [{"role": "user", "contnt": "x"}]}, "input[0]", "'content'?"),
+        (
+            {"input": "Hi", "tools": [{"type": "function", "name": "f", "defer_loading": True}]},
+            "tools[0].defer_loading",
+            "tool search",
+        ),
+        (
+            {"input": "Hi", "tools": [{"type": "function", "name": "f", "async": True}]},
+            "tools[0].async",
+            "awaited",
+        ),
         ({"input": "Hi", "tools": {"type": "function"}}, "tools", "a list"),
         (
             {"input": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
@@ -313,14 +363,20 @@ def test_every_field_has_its_row_in_the_http_reference() -> None:
     assert not missing, f"Responses fields without their row in docs/reference/http.md: {missing}"
 
 
-def _lp(token: str) -> dict:
-    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+def _lp(token: str, raw: bytes | None = None) -> dict:
+    raw = token.encode() if raw is None else raw
+    return {"token": token, "logprob": -0.5, "bytes": list(raw), "top_logprobs": []}
+
+
+E1, E2 = _lp("\\xc3", b"\xc3"), _lp("\\xa9", b"\xa9")  # the two bytes of "é"
+CALL_LPS = [_lp("<tool_call>"), _lp('{"name"')]
 
 
 def test_a_streamed_text_and_call_make_the_whole_responses_items() -> None:
-    """Text with its logprobs, a round that released no text, then a call: the events
-    open, fill and close the message before the call, and the last event's response is
-    the one the whole chat answer makes."""
+    """Text with its logprobs, a round that released no text (a character's first byte),
+    then the rest of the text with a call: the events open, fill and close the message
+    before the call, the text's logprobs are its tokens' only (not the call's), and the
+    last event's response is the one the whole chat answer makes."""
     asked = ResponsesRequest.of(b'{"input": "Hi", "include": ["message.output_text.logprobs"]}')
     call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
@@ -334,10 +390,10 @@ def test_a_streamed_text_and_call_make_the_whole_responses_items() -> None:
     events = built.start()
     for c in (
         chunk({"role": "assistant", "content": ""}),
-        chunk({"content": "Let"}, [_lp("Let")]),
-        chunk({"content": ""}, [_lp("<")]),  # a character's first bytes: no text yet
-        chunk({"content": " me"}, [_lp(" me")]),
-        chunk({"tool_calls": [{"index": 0, **call}]}),
+        chunk({"content": "Caf"}, [_lp("Caf")]),
+        chunk({"content": ""}, [E1]),  # "é"'s first byte: no text yet
+        chunk({"content": "é"}, [E2]),
+        chunk({"content": "!", "tool_calls": [{"index": 0, **call}]}, [_lp("!"), *CALL_LPS]),
         chunk({}, None, "tool_calls"),
         {"id": "chatcmpl-abc", "choices": [], "usage": usage},
     ):
@@ -345,17 +401,18 @@ def test_a_streamed_text_and_call_make_the_whole_responses_items() -> None:
     events += built.close()
     assert [e["type"].removeprefix("response.") for e in events] == [
         "created", "in_progress", "output_item.added", "content_part.added",
-        "output_text.delta", "output_text.delta", "output_text.done",
+        "output_text.delta", "output_text.delta", "output_text.delta", "output_text.done",
         "content_part.done", "output_item.done", "output_item.added",
         "function_call_arguments.delta", "function_call_arguments.done",
         "output_item.done", "completed",
     ]  # fmt: skip
     assert events[3]["part"]["logprobs"] == [] and events[3]["part"]["text"] == ""
-    assert [e["logprobs"] for e in events[4:6]] == [[_lp("Let")], [_lp("<"), _lp(" me")]]
-    assert events[6]["logprobs"] == [_lp("Let"), _lp("<"), _lp(" me")]
-    assert events[10]["delta"] == "{}" and events[11]["name"] == "w"
-    message = {"role": "assistant", "content": "Let me", "tool_calls": [call]}
-    choice = {"message": message, "logprobs": {"content": [_lp("Let"), _lp("<"), _lp(" me")]},
+    assert [e["logprobs"] for e in events[4:7]] == [[_lp("Caf")], [E1, E2], [_lp("!")]]
+    text_lps = [_lp("Caf"), E1, E2, _lp("!")]
+    assert events[7]["text"] == "Café!" and events[7]["logprobs"] == text_lps
+    assert events[11]["delta"] == "{}" and events[12]["name"] == "w"
+    message = {"role": "assistant", "content": "Café!", "tool_calls": [call]}
+    choice = {"message": message, "logprobs": {"content": [*text_lps, *CALL_LPS]},
               "finish_reason": "tool_calls"}  # fmt: skip
     whole = Built(asked, "chatcmpl-abc", 5, "m").whole(
         {"id": "chatcmpl-abc", "choices": [choice], "usage": usage}

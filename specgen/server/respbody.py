@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from specgen.server.responses import Run, Streamed
-from specgen.server.resprequest import ResponsesRequest
+from specgen.server.resprequest import ResponsesRequest, renamed
 
 _EXTRAS = ("timings", "speculative", "tokens")
 """specgen's fields of a chat answer, carried into the response as they are."""
@@ -100,7 +100,7 @@ class Built:
                 )
             },
             "tool_choice": given.get("tool_choice", "auto"),
-            "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()],
+            "tools": [t.model_dump(exclude_none=True, by_alias=True) for t in b.tools or ()],
             "top_logprobs": b.top_logprobs,
             "top_p": given.get("top_p"),
             "truncation": "disabled",
@@ -119,7 +119,7 @@ class Built:
             err = err or {}
             # OpenAI's codes: a grammar given up on mid-generation is the request's
             code = "invalid_prompt" if err.get("code") == "invalid_grammar" else "server_error"
-            message = err.get("message") or "the generation stopped before its end"
+            message = renamed(err.get("message") or "the generation stopped before its end")
             self.error = {"code": code, "message": message}
         elif finish == "length":
             self.status = "incomplete"
@@ -158,7 +158,10 @@ class Built:
             item = self._message_item()
             part = item["content"][0]
             part["text"] = message["content"]
-            part["logprobs"] = (choice.get("logprobs") or {}).get("content") or []
+            lps = (choice.get("logprobs") or {}).get("content") or []
+            # beside calls, the chat answer's logprobs run on through the calls' tokens
+            n_bytes = len(part["text"].encode("utf-8", "surrogatepass"))
+            part["logprobs"] = _covering(lps, n_bytes) if message.get("tool_calls") else lps
             self.output.append(item)
         for call in message.get("tool_calls") or ():
             self.output.append(self._call_item(call))
@@ -251,6 +254,14 @@ class Built:
             self._event("response.output_item.done", output_index=index, item=item),
         ]  # fmt: skip
 
+    def _uncovered(self) -> int:
+        """Bytes of the open message's text that its logprobs do not spell yet."""
+        if self.message is None:
+            return 0
+        part = self.message["content"][0]
+        covered = sum(_n_bytes(x) for x in part["logprobs"])
+        return len(part["text"].encode("utf-8", "surrogatepass")) - covered
+
     def start(self) -> list[dict[str, Any]]:
         """The stream's first events: ``response.created``, ``response.in_progress``."""
         return [self._snapshot("response.created"), self._snapshot("response.in_progress")]
@@ -263,15 +274,16 @@ class Built:
             return []
         choice = chunk["choices"][0]
         delta = choice.get("delta") or {}
-        logprobs = (choice.get("logprobs") or {}).get("content") or []
+        lps = [*self._pending, *((choice.get("logprobs") or {}).get("content") or [])]
+        self._pending = []
+        text, calls = delta.get("content") or "", delta.get("tool_calls")
+        if calls:  # the held rounds' logprobs: the text's, then the calls' (not listed)
+            lps = _covering(lps, self._uncovered() + len(text.encode("utf-8", "surrogatepass")))
         events: list[dict[str, Any]] = []
-        text = delta.get("content")
-        if text:
-            events += self._text(text, [*self._pending, *logprobs])
-            self._pending = []
+        if text or (lps and calls and self.message is not None):
+            events += self._text(text, lps)
         else:  # the role, a round that released no text yet, the end
-            self._pending += logprobs
-        calls = delta.get("tool_calls")
+            self._pending = lps
         if calls:
             events += self._close_message("completed")
             for call in calls:
@@ -290,6 +302,23 @@ class Built:
         events = self._close_message(item_status)
         kind = {"completed": "completed", "incomplete": "incomplete"}.get(self.status, "failed")
         return [*events, self._snapshot(f"response.{kind}")]
+
+
+def _n_bytes(logprob: dict[str, Any]) -> int:
+    raw = logprob.get("bytes")
+    return len(raw) if raw is not None else len(str(logprob["token"]).encode())
+
+
+def _covering(logprobs: list[dict[str, Any]], n_bytes: int) -> list[dict[str, Any]]:
+    """The first of `logprobs` (chat entries, with their tokens' ``bytes``) that spell
+    `n_bytes` bytes of text: the tokens that start within them."""
+    room, out = n_bytes, []
+    for x in logprobs:
+        if room <= 0:
+            break
+        out.append(x)
+        room -= _n_bytes(x)
+    return out
 
 
 def _sse(event: dict[str, Any]) -> dict[str, str]:
@@ -322,7 +351,8 @@ async def respond(
     built = Built(asked, run.shape.id, run.shape.created, run.shape.model)
     if asked.stream:
         return Streamed(run, True, send_timeout_s, events=_events(run, built))
-    chat = await run.body(request)
+    with asked.names_in_errors():  # a failure mid-generation (a grammar's) named as here
+        chat = await run.body(request)
     if chat is None:  # the client went away
         return Response(status_code=499)
     return JSONResponse(built.whole(chat))

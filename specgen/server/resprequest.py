@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -46,7 +46,10 @@ from specgen.server.invalid import NEAR, NoNearMisses, validation_error
 from specgen.server.requestconfig import RequestError
 
 LOGPROBS = "message.output_text.logprobs"
-"""The one ``include`` value served: the output text's log-probabilities."""
+"""The ``include`` value served: the output text's log-probabilities."""
+ENCRYPTED = "reasoning.encrypted_content"
+"""An ``include`` value that asks for nothing here (no reasoning item is generated), which
+Codex and the Agents SDK send with ``store: false``."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ RULES: dict[str, Rule] = {
     "parallel_tool_calls": Rule("honoured", "as the chat route's"),
     "text": Rule("honoured", "format: text, json_object or json_schema; verbosity refused"),
     "stream": Rule("honoured", "server-sent events, OpenAI's response.* events"),
-    "include": Rule("honoured", f"{LOGPROBS} only", inert=(None, [])),
+    "include": Rule("honoured", f"{LOGPROBS}; {ENCRYPTED} asks for nothing", inert=(None, [])),
     "top_logprobs": Rule("honoured", f"0-{MAX_TOP} alternatives per token, with include"),
     "reasoning": Rule("refused", "the model's reasoning is not controlled", inert=(None, {})),
     "previous_response_id": Rule("refused", _NOTHING_STORED),
@@ -132,12 +135,16 @@ Content = str | list[TextPart]
 
 
 class MessageItem(_Model):
+    # a response's item sent back: its id and status; phase (commentary or final answer,
+    # for OpenAI's models) has no place in a chat template
+    ignored: ClassVar = frozenset({"id", "status", "phase"})
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: Content
 
 
 class FunctionCallItem(_Model):
+    ignored: ClassVar = frozenset({"id", "status", "namespace", "caller", "async"})
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -145,8 +152,9 @@ class FunctionCallItem(_Model):
 
 
 class FunctionCallOutputItem(_Model):
+    ignored: ClassVar = frozenset({"id", "status", "name", "namespace", "caller"})
     type: Literal["function_call_output"]
-    call_id: str
+    call_id: str  # (it names the call: its name and namespace add nothing)
     output: Content
 
 
@@ -172,11 +180,16 @@ Item = Annotated[
 
 
 class FunctionTool(_Model):
+    # the schema of what the function returns, and who may call it: neither is written
+    # into the prompt, so neither changes what is generated
+    ignored: ClassVar = frozenset({"output_schema", "allowed_callers"})
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: Literal[False] | None = None  # true: refused (`_TOOL_SWITCHES`)
+    async_: Literal[False] | None = Field(default=None, alias="async")
 
 
 class NamedTool(_Model):
@@ -221,7 +234,9 @@ class Body(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     text: TextConfig | None = None
     stream: bool | None = None
-    include: list[Literal["message.output_text.logprobs"]] | None = None
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = (
+        None
+    )
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     metadata: dict[str, str] | None = None
 
@@ -255,6 +270,12 @@ def _refuse(param: str, message: str) -> RequestError:
     return RequestError(400, f"{param}: {message}", param=param)
 
 
+_TOOL_SWITCHES = {
+    "defer_loading": "every tool is in the prompt (OpenAI's tool search loads deferred ones)",
+    "async": "a call's output is awaited before the answer goes on",
+}
+
+
 def _check_kinds(given: dict[str, Any]) -> None:
     """What this server cannot serve, refused by name where pydantic would say only that
     a value is not one of those it reads: items and parts that are not text, tools and
@@ -269,6 +290,9 @@ def _check_kinds(given: dict[str, Any]) -> None:
                 f"tools[{i}]", "a Responses function tool is flat: "
                 '{"type": "function", "name": ..., "parameters": ...}',
             )  # fmt: skip
+        for key, why in _TOOL_SWITCHES.items():
+            if isinstance(tool, dict) and tool.get(key) not in (None, False):
+                raise _refuse(f"tools[{i}].{key}", f"not served: {why}")
         if kind != "function":
             raise _refuse(
                 f"tools[{i}]", f"tools of type {kind!r} are not served: only function tools"
@@ -281,7 +305,7 @@ def _check_kinds(given: dict[str, Any]) -> None:
             ' {"type": "function", "name": ...}',
         )  # fmt: skip
     for i, value in enumerate(given.get("include") or ()):
-        if value != LOGPROBS:
+        if value not in (LOGPROBS, ENCRYPTED):
             raise _refuse(f"include[{i}]", f"only {LOGPROBS!r} is served, not {value!r}")
     text = given.get("text")
     if isinstance(text, dict) and text.get("verbosity") not in (None, "medium"):
@@ -419,7 +443,7 @@ class ResponsesRequest:
 
     @contextlib.contextmanager
     def names_in_errors(self) -> Iterator[None]:
-        """Re-raise the chat route's `RequestError` with the fields named as here."""
+        """Re-raise the chat route's `RequestError` with the fields named as here (`renamed`)."""
         try:
             yield
         except RequestError as e:
@@ -428,6 +452,9 @@ class ResponsesRequest:
                 e.status, renamed(e.message), type_=e.type, param=param, code=e.code,
                 headers=e.headers,
             ) from None  # fmt: skip
+
+
+_NOT_CHAT = {"type", "defer_loading", "async_"}  # a tool's fields the chat route has not
 
 
 def _chat_body(body: Body, given: dict[str, Any]) -> dict[str, Any]:
@@ -442,10 +469,12 @@ def _chat_body(body: Body, given: dict[str, Any]) -> dict[str, Any]:
         chat["max_completion_tokens"] = body.max_output_tokens
     if body.tools is not None:
         chat["tools"] = [
-            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+            {"type": "function", "function": t.model_dump(exclude=_NOT_CHAT, exclude_none=True)}
             for t in body.tools
         ]
     choice = body.tool_choice
+    if choice in ("auto", "none") and not body.tools:  # asks nothing (a response's own)
+        choice = None
     if isinstance(choice, NamedTool):
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     elif choice is not None:
@@ -456,7 +485,7 @@ def _chat_body(body: Body, given: dict[str, Any]) -> dict[str, Any]:
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif fmt is not None:
         chat["response_format"] = {"type": fmt.type}
-    if body.include:
+    if LOGPROBS in (body.include or ()):
         chat["logprobs"] = True
         if body.top_logprobs:
             chat["top_logprobs"] = body.top_logprobs
