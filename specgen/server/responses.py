@@ -228,6 +228,8 @@ class Run:
             echo.logprobs = event.prompt_logprobs
 
     def cancel(self) -> None:
+        """Cancel the jobs still running and count the request as ended (once: a second
+        call does nothing)."""
         if not self.ended:
             for t in self.tickets:
                 self.backend.scheduler.cancel(t)
