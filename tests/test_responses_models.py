@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pydantic
 import pytest
 from support.serve import Server, start
+from support.weather import TAG_BIAS, TEMPLATE, WEATHER_FUNCTION
 
-TEMPLATE = Path(__file__).parent / "support" / "qwen2.5-chat-template.jinja"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"enum": ["Paris", "London"]}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = {"type": "function", **WEATHER_FUNCTION}
 ASK = "What is the weather in Paris?"
 
 
@@ -118,10 +107,8 @@ def test_a_json_schema_format_holds_the_answer(server: Server) -> None:
 def test_tools_beside_a_json_format_answer_json_or_a_call(server: Server, answer: str) -> None:
     """An agent's usual request (tools, and an output type as text.format) under auto: the
     answer is a valid call, or JSON of the format. A bias on the tokens of <tool_call>
-    (SmolLM2's "<", "tool", "_", "call", ">") makes the model call; one against "<" leaves
-    it the JSON alone."""
-    tags = (44, 19324, 79, 4350, 46)
-    bias = {str(t): 100 for t in tags} if answer == "call" else {"44": -100}
+    makes the model call; one against "<" (SmolLM2's token 44) leaves it the JSON alone."""
+    bias = TAG_BIAS if answer == "call" else {"44": -100}
     r = server.client().responses.parse(
         model=server.model_id, input=ASK, tools=[WEATHER], text_format=City,  # type: ignore[list-item]
         parallel_tool_calls=False, temperature=0, max_output_tokens=60,

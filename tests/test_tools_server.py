@@ -11,29 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from support.serve import Server, start
+from support.weather import TAG_BIAS, TEMPLATE, WEATHER_FUNCTION
 
-TEMPLATE = Path(__file__).parent / "support" / "qwen2.5-chat-template.jinja"
-# SmolLM2's tokens of "<tool_call>": "<", "tool", "_", "call", ">" (its BPE vocabulary)
-TAG_TOKENS = (44, 19324, 79, 4350, 46)
-TAG_BIAS = {str(t): 100 for t in TAG_TOKENS}
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"enum": ["Paris", "London"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = {"type": "function", "function": WEATHER_FUNCTION}
 WHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
