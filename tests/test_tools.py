@@ -15,7 +15,7 @@ from fakes import TextEngine
 from specgen.grammar import compile_grammar, tokenizer_for
 from specgen.grammarspec import GrammarSpec
 from specgen.llamacpp import compile_chat_template
-from specgen.server.callgrammar import call_grammar, with_format
+from specgen.server.callgrammar import call_grammar, culprit, with_format
 from specgen.server.requestconfig import messages_of
 from specgen.server.schemas import ChatMessage, Tool, ToolChoiceNamed
 from specgen.server.shapes import Outcome, Shape
@@ -308,6 +308,22 @@ def test_auto_beside_a_json_format_is_that_json_or_the_calls() -> None:
         with_format([WEATHER], Choice("auto", syntax="hermes"), GrammarSpec("regex", "a+", "x"))
     mode = with_format([WEATHER], Choice("auto", syntax="hermes"), GrammarSpec("json_object"))
     assert mode is not None and compile_grammar(mode, tokenizer_for(eng)).matcher().sync(B("{"))
+
+
+@pytest.mark.parametrize("kind", ["auto", "required"])
+def test_a_bad_tool_schema_is_named_in_the_schemas_own_words(kind: str) -> None:
+    """The calls' grammar fails whole with llguidance quoting its Lark rules; the culprit
+    says what is wrong with the tool's schema alone, and names the tool's field."""
+    eng = TextEngine()
+    bad = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}})  # fmt: skip
+
+    def check(spec: GrammarSpec) -> None:
+        compile_grammar(spec, tokenizer_for(eng))
+
+    found = culprit([WEATHER, bad], Choice(kind, syntax="hermes"), check)
+    assert found is not None and found[0] == "tools[1].function.parameters"
+    assert "unclosed group" in found[1] and "call_body" not in found[1], found[1]
 
 
 def test_auto_rows_are_masked_alike_for_p_and_q_and_follow_rollback() -> None:

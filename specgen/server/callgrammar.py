@@ -88,6 +88,8 @@ def culprit(
             continue
         source = f"tools[{i}].function.parameters"
         try:
+            # the call's schema alone first: llguidance's error then quotes no Lark rules
+            check(GrammarSpec.json_schema(call_schema(tool), source))
             spec = call_grammar([tool], choice)
             if spec is not None:
                 check(dataclasses.replace(spec, source=source))
