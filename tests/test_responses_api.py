@@ -13,6 +13,7 @@ from pathlib import Path
 
 import fake_server as fake
 import httpx
+import openai
 import pydantic
 import pytest
 from openai.types.responses import (
@@ -419,3 +420,11 @@ def test_a_streamed_text_and_call_make_the_whole_responses_items() -> None:
     )
     assert events[-1]["response"] == whole
     assert whole["output"][1]["call_id"] == "call_1" and whole["usage"]["total_tokens"] == 7
+
+
+def test_a_stored_response_is_not_found_saying_why(served: Served) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        served.client().responses.retrieve("resp_1")
+    assert (
+        isinstance(caught.value.body, dict) and "stores no response" in caught.value.body["message"]
+    )

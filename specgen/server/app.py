@@ -234,6 +234,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {e.detail}"
+        if request.url.path.startswith(("/v1/responses/", "/responses/")):  # retrieve, delete
+            message += " (this server stores no response: `store` changes nothing)"
         return _error_response(RequestError(e.status_code, message, type_=kind))
 
     @api.exception_handler(Exception)
