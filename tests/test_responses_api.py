@@ -428,3 +428,10 @@ def test_a_stored_response_is_not_found_saying_why(served: Served) -> None:
     assert (
         isinstance(caught.value.body, dict) and "stores no response" in caught.value.body["message"]
     )
+
+
+def test_a_response_is_counted_and_logged_under_its_own_route(served: Served) -> None:
+    served.client().responses.create(model="m", input="Hi", max_output_tokens=3)
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    assert 'specgen_requests_total{finish="length",route="responses"} 1.0' in text
+    assert any(" responses: prompt " in line for line in served.log), served.log

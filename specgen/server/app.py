@@ -329,11 +329,14 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         with asked.names_in_errors():  # the chat request's field names as the Responses API's
             body = json.dumps(asked.chat).encode()
             req = _parse(ChatCompletionRequest, body, {"thinks": b.tool_template.thinks})
-            run = await _chat(request, b, req)
+            run = await _chat(request, b, req, "responses")
         return await respond(run, asked, request, settings.send_timeout_s)
 
-    async def _chat(request: Request, b: Backend, req: ChatCompletionRequest) -> Run:
-        """A chat request's run: its messages through the chat template, its tools."""
+    async def _chat(
+        request: Request, b: Backend, req: ChatCompletionRequest, route: str = "chat"
+    ) -> Run:
+        """A chat request's run: its messages through the chat template, its tools;
+        `route`: its name in the log and the metrics."""
         if b.render_chat is None:
             raise RequestError(
                 400,
@@ -370,7 +373,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             if b.max_token_bytes is not None:  # more than a slot's output could follow
                 text = text[: b.scheduler.n_ctx_slot * b.max_token_bytes]
             predicted = await run_in_threadpool(b.tokenize, text, False)
-        return await _start(b, req, [prompt], chat=True, calls=calls, predicted=predicted)
+        return await _start(b, req, [prompt], route, calls=calls, predicted=predicted)
 
     @api.post("/v1/completions")
     @api.post("/completions")
@@ -393,7 +396,8 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                     raise RequestError(400, "this server does not echo prompts", param="echo")
                 piece = b.vocabulary.token_bytes
                 echoes.append(await run_in_threadpool(Echo.of, text, prompt, piece))
-        return await _answer(req, await _start(b, req, prompts, chat=False, echoes=echoes), request)
+        run = await _start(b, req, prompts, "completions", echoes=echoes)
+        return await _answer(req, run, request)
 
     async def _answer(req: _Generation, run: Run, request: Request) -> Response:
         if req.streaming:
@@ -404,7 +408,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         b: Backend,
         req: _Generation,
         prompts: list[list[int]],
-        chat: bool,
+        route: str,
         calls: tools.Choice | None = None,
         echoes: Sequence[Echo] = (),
         predicted: Sequence[int] = (),
@@ -464,6 +468,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
                 raise RequestError(400, message, param=source, code="invalid_grammar") from None
         n = req.n or 1
         check_choices(n, len(prompts), b.scheduler.n_parallel, b.scheduler.queue_max)
+        chat = route != "completions"  # /v1/responses is a chat request
         job_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         jobs, tickets, events = submit(b.scheduler, job_id, prompts, configs, n)
         shape = Shape(
@@ -471,7 +476,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
             bool(req.return_tokens), req.n_logprobs is not None, tools=calls,
             echoes=tuple(echoes), n=n, predicted=bool(predicted),
         )  # fmt: skip
-        return Run(state, b, jobs, tickets, events, shape, "chat" if chat else "completions")
+        return Run(state, b, jobs, tickets, events, shape, route)
 
     def refused(scope: Scope, status: int, why: str) -> None:
         state.metrics.observe_refusal(status)
