@@ -20,7 +20,8 @@ detects the Hermes format the same way) has the Hermes syntax: a call is
 line. Every other template has no known syntax: a call is the bare JSON object
 ``{"name": NAME, "arguments": {...}}``.
 
-What each ``tool_choice`` generates (`Choice`, `call_grammar`):
+What each ``tool_choice`` generates (`Choice`; the grammar:
+`specgen.server.callgrammar.call_grammar`):
 
 - ``"none"``: plain text; the tools are still rendered (the model knows them).
 - ``"required"`` or a named function: the whole answer is a call (of the named function, or
@@ -36,8 +37,9 @@ What each ``tool_choice`` generates (`Choice`, `call_grammar`):
   so far like any grammar's and speculation stays exact (the same mask on p and q,
   matchers rolled back with the caches: `specgen.grammarrows.GrammarProcessor`). Before the
   tag, the mask allows every token but the control tokens that are not end-of-generation
-  (``<|im_start|>``...: not text, so not in the free-text rule). Other syntaxes: a 400
-  saying to name the function or use ``required``.
+  (``<|im_start|>``...: not text, so not in the free-text rule). Beside a JSON
+  ``response_format`` the free text is that JSON instead (`callgrammar.with_format`).
+  Other syntaxes: a 400 saying to name the function or use ``required``.
 
 The answer (`parse`): the text before the first ``<tool_call>`` is the message's content
 (null when only whitespace), each complete call one entry of ``tool_calls`` with its
