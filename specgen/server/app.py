@@ -327,7 +327,7 @@ def create_app(state: State, settings: Settings) -> ASGIApp:
         b = ready()
         asked = ResponsesRequest.of(await request.body())
         with asked.names_in_errors():  # the chat request's field names as the Responses API's
-            body = json.dumps(asked.chat).encode()
+            body = json.dumps(asked.chat).encode()  # read as the chat route reads JSON
             req = _parse(ChatCompletionRequest, body, {"thinks": b.tool_template.thinks})
             run = await _chat(request, b, req, "responses")
         return await respond(run, asked, request, settings.send_timeout_s)

@@ -13,7 +13,7 @@ A field is
   with output as if it had not been sent.
 
 Fields in no entry (a client's own extras) are accepted and ignored, except a name close
-to a field that changes the output (`NEAR`: ``temprature``, ``maxtokens``,
+to a field that changes the output (`invalid.NEAR`: ``temprature``, ``maxtokens``,
 ``streaming``): a misspelt setting would otherwise be served as if never sent, so it is
 refused, naming the field it is near.
 
@@ -31,14 +31,13 @@ vLLM's ``ChatCompletionRequest`` / ``CompletionRequest``
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
 from specgen.server.inert import DEFAULT_CHAIN, NO_REASONING, Beside, When, off, same
-from specgen.server.invalid import NEAR
+from specgen.server.invalid import misspelt, near
 
 Route = Literal["chat", "completions"]
 BOTH: frozenset[Route] = frozenset({"chat", "completions"})
@@ -413,29 +412,24 @@ _CHANGING = tuple(n for n, f in FIELDS.items() if f.status is not Status.IGNORED
 """The fields that change the output, which an unknown field's name is compared with."""
 
 
-def _near(name: str) -> str | None:
-    """The field that changes the output whose name `name` is a likely misspelling of."""
-    close = difflib.get_close_matches(name, _CHANGING, n=1, cutoff=NEAR)
-    return close[0] if close else None
-
-
-def _is_inert(value: Any, inert: tuple[Any, ...]) -> bool:
+def is_inert(value: Any, inert: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `inert`, of the same type (``0`` is not ``False``)."""
     return any(type(value) is type(v) and value == v for v in inert)
 
 
 def _inert_field(name: str, value: Any) -> bool:
     """Whether `value` of field `name` asks for nothing by itself (None: not sent)."""
     f = FIELDS.get(name)
-    return value is None or (f is not None and _is_inert(value, f.inert))
+    return value is None or (f is not None and is_inert(value, f.inert))
 
 
 def _asks_nothing(f: Field, value: Any, body: dict[str, Any], beside: Beside) -> bool:
-    return _is_inert(value, f.inert) or any(w.test(value, body, beside) for w in f.inert_when)
+    return is_inert(value, f.inert) or any(w.test(value, body, beside) for w in f.inert_when)
 
 
 def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | None:
     """The first refused field the body gives a value that asks for something, or the
-    first unknown field whose name is near one that changes the output (`NEAR`).
+    first unknown field whose name is near one that changes the output (`invalid.NEAR`).
 
     Args:
         body: the request's decoded JSON (anything; only a dict is looked at).
@@ -454,13 +448,9 @@ def refusal(body: Any, route: Route, thinks: bool = False) -> tuple[str, str] | 
     for name, value in body.items():
         f = FIELDS.get(name)
         if f is None:
-            near = _near(name)
-            if near is not None:
-                return name, (
-                    f"unknown field {name}: did you mean {near}? A misspelt setting would be"
-                    " served as if it had not been sent, so the request is refused (a field"
-                    " whose name is near none this server knows is ignored)"
-                )
+            close = near(name, _CHANGING)
+            if close is not None:
+                return name, misspelt(name, close)
             continue
         if _asks_nothing(f, value, body, beside):
             continue

@@ -4,6 +4,7 @@ and the ``param`` of OpenAI's error body."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError, model_validator
@@ -11,6 +12,22 @@ from pydantic import BaseModel, ValidationError, model_validator
 NEAR = 0.8
 """How close (difflib's ratio) an unknown field's name must be to a known field that changes
 the output to be taken for a misspelling of it and refused."""
+
+
+def near(name: str, known: Iterable[str]) -> str | None:
+    """The one of `known` that `name` (a field not among them) is a likely misspelling of
+    (`NEAR`), or None."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=NEAR)
+    return close[0] if close else None
+
+
+def misspelt(name: str, known: str) -> str:
+    """The 400's message for an unknown top-level field `name` near the field `known`."""
+    return (
+        f"unknown field {name}: did you mean {known}? A misspelt setting would be served as"
+        " if it had not been sent, so the request is refused (a field whose name is near"
+        " none this server knows is ignored)"
+    )
 
 
 class NoNearMisses(BaseModel):
@@ -26,9 +43,9 @@ class NoNearMisses(BaseModel):
             known = {f.alias or name for name, f in cls.model_fields.items()}
             for key in data:
                 if isinstance(key, str) and key not in known:
-                    close = difflib.get_close_matches(key, known, n=1, cutoff=NEAR)
-                    if close:
-                        raise ValueError(f"unknown field {key!r}: did you mean {close[0]!r}?")
+                    close = near(key, known)
+                    if close is not None:
+                        raise ValueError(f"unknown field {key!r}: did you mean {close!r}?")
         return data
 
 

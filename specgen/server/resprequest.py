@@ -23,7 +23,6 @@ package's ``ResponseCreateParams`` and OpenAI's Responses API reference.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import re
 from collections.abc import Iterator
@@ -41,8 +40,8 @@ from pydantic import (
 )
 
 from specgen.logprobs import MAX_TOP
-from specgen.server.fields import FIELDS
-from specgen.server.invalid import NEAR, NoNearMisses, validation_error
+from specgen.server.fields import FIELDS, is_inert
+from specgen.server.invalid import NoNearMisses, misspelt, near, validation_error
 from specgen.server.requestconfig import RequestError
 
 LOGPROBS = "message.output_text.logprobs"
@@ -242,12 +241,11 @@ class Body(BaseModel):
 
 
 def _asks_nothing(value: Any, inert: tuple[Any, ...]) -> bool:
-    """`value` is one of `inert` (the same type: ``0`` is not ``False``), or an object whose
-    every member is null (a response's own ``"reasoning": {"effort": null, ...}`` sent
-    back)."""
+    """`value` is one of `inert` (`is_inert`), or an object whose every member is null (a
+    response's own ``"reasoning": {"effort": null, ...}`` sent back)."""
     if isinstance(value, dict) and value and all(v is None for v in value.values()):
         return True
-    return any(value == x and type(value) is type(x) for x in inert)
+    return is_inert(value, inert)
 
 
 _CHANGING = tuple(n for n, r in RULES.items() if r.status != "ignored")
@@ -256,10 +254,7 @@ _CHANGING = tuple(n for n, r in RULES.items() if r.status != "ignored")
 def _near(name: str) -> str | None:
     """The Responses field that changes the output whose name `name` is a likely
     misspelling of (the chat route checks its own names: `specgen.server.fields`)."""
-    if name in RULES or name in FIELDS:
-        return None
-    close = difflib.get_close_matches(name, _CHANGING, n=1, cutoff=NEAR)
-    return close[0] if close else None
+    return None if name in RULES or name in FIELDS else near(name, _CHANGING)
 
 
 _ITEM_KINDS = ("message", "function_call", "function_call_output")
@@ -421,12 +416,9 @@ class ResponsesRequest:
                     400, f"{name} is a chat completions field; {instead}", param=name
                 )
         for name in given:
-            near = _near(name)
-            if near is not None:
-                raise RequestError(
-                    400, f"unknown field {name}: did you mean {near}? A misspelt setting"
-                    " would be served as if it had not been sent", param=name,
-                )  # fmt: skip
+            close = _near(name)
+            if close is not None:
+                raise RequestError(400, misspelt(name, close), param=name)
         _check_kinds(given)
         try:
             if isinstance(given.get("input"), list):  # its items' errors, not the str branch's
